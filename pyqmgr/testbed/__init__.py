@@ -1,0 +1,1 @@
+"""Throwaway Postfix instances and a sink SMTP server, for tests, the demo and benchmarks."""
