@@ -1,0 +1,121 @@
+"""Log lines in Postfix's own format, through postlogd or syslog (``maillog_client.c``).
+
+Admins' scripts and pflogsumm parse these lines, so the format is stock's to the byte:
+``Mmm dd HH:MM:SS host postfix/qmgr[pid]: [severity: ]text``. With ``maillog_file`` set,
+each line is one datagram to ``public/postlog`` (connected before any chroot and kept for
+the life of the process); otherwise it goes to syslog with ident ``postfix/qmgr`` and the
+pid option, as Postfix's ``openlog(LOG_PID|LOG_NDELAY, LOG_MAIL)`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import syslog
+import time
+
+INFO = "info"
+WARNING = "warning"
+ERROR = "error"
+FATAL = "fatal"
+PANIC = "panic"
+
+#: Postfix cuts log text at this many characters.
+_TEXT_LIMIT = 2000
+
+_SYSLOG_LEVEL = {
+    INFO: syslog.LOG_INFO,
+    WARNING: syslog.LOG_WARNING,
+    ERROR: syslog.LOG_ERR,
+    FATAL: syslog.LOG_CRIT,
+    PANIC: syslog.LOG_CRIT,
+}
+
+_FACILITIES = {
+    "auth": syslog.LOG_AUTH,
+    "authpriv": getattr(syslog, "LOG_AUTHPRIV", syslog.LOG_AUTH),
+    "cron": syslog.LOG_CRON,
+    "daemon": syslog.LOG_DAEMON,
+    "ftp": getattr(syslog, "LOG_FTP", syslog.LOG_DAEMON),
+    "kern": syslog.LOG_KERN,
+    "lpr": syslog.LOG_LPR,
+    "mail": syslog.LOG_MAIL,
+    "news": syslog.LOG_NEWS,
+    "security": syslog.LOG_AUTH,
+    "syslog": syslog.LOG_SYSLOG,
+    "user": syslog.LOG_USER,
+    "uucp": syslog.LOG_UUCP,
+    **{f"local{i}": getattr(syslog, f"LOG_LOCAL{i}") for i in range(8)},
+}
+
+
+class MailLog:
+    """The process-wide logger; created early, re-pointed once main.cf is known."""
+
+    def __init__(self, tag: str, pid: int | None = None) -> None:
+        self.tag = tag
+        self.pid = pid if pid is not None else os.getpid()
+        self.hostname = "amnesiac"
+        self._sock: socket.socket | None = None
+        self._syslog = False
+        self.stderr = False
+
+    def use_postlog(self, socket_path: str, hostname: str) -> None:
+        """Send lines as datagrams to postlogd; connect now, before chroot."""
+        self._close()
+        self.hostname = hostname.split(".", 1)[0] or "amnesiac"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.connect(socket_path)
+        except OSError:
+            # Daemons have no fallback: like Postfix, drop lines silently.
+            sock.close()
+            sock = None  # type: ignore[assignment]
+        self._sock = sock
+        self._syslog = False
+
+    def use_syslog(self, facility: str = "mail") -> None:
+        self._close()
+        syslog.openlog(
+            self.tag, syslog.LOG_PID | syslog.LOG_NDELAY, _FACILITIES.get(facility, syslog.LOG_MAIL)
+        )
+        self._syslog = True
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._syslog:
+            syslog.closelog()
+            self._syslog = False
+
+    def log(self, severity: str, text: str) -> None:
+        if severity != INFO:
+            text = f"{severity}: {text}"
+        text = text[:_TEXT_LIMIT]
+        if self.stderr:
+            print(f"{self.tag}: {text}", file=sys.stderr, flush=True)
+        if self._syslog:
+            syslog.syslog(_SYSLOG_LEVEL[severity], text)
+            return
+        sock = self._sock
+        if sock is None:
+            return
+        stamp = time.strftime("%b %d %H:%M:%S", time.localtime())
+        line = f"{stamp} {self.hostname} {self.tag}[{self.pid}]: {text}"
+        with contextlib.suppress(OSError):
+            sock.send(line.encode("utf-8", "surrogateescape"))
+
+    def info(self, text: str) -> None:
+        self.log(INFO, text)
+
+    def warning(self, text: str) -> None:
+        self.log(WARNING, text)
+
+    def error(self, text: str) -> None:
+        self.log(ERROR, text)
+
+    def fatal(self, text: str) -> None:
+        self.log(FATAL, text)

@@ -1,0 +1,277 @@
+"""How a trigger-type service lives under master(8): argv, status, triggers, flow tokens.
+
+master starts the qmgr service with fixed file descriptors (3/4 the shared mail-flow
+pipe, 5 this service's status channel, 6 the ``public/qmgr`` listen socket), an argv
+built from master.cf, and ``GENERATION`` in octal. Everything here mirrors Postfix's
+trigger server skeleton closely because master is unforgiving: a status write that is
+not exactly 12 bytes desynchronises its stream, a child that reads a trigger until EOF
+hangs the client (which never closes), and a child that ignores EOF on fd 5 never
+restarts on ``postfix reload``.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+import termios
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+FLOW_READ_FD = 3
+FLOW_WRITE_FD = 4
+STATUS_FD = 5
+LISTEN_FD = 6
+
+STAT_TAKEN = 0
+STAT_AVAIL = 1
+
+#: Postfix's TRIGGER_BUF_SIZE: one read of at most this many bytes per trigger.
+TRIGGER_BUF_SIZE = 1024
+#: How long the skeleton waits for an accepted trigger connection to become readable.
+TRIGGER_READ_WAIT = 10.0
+
+_STATUS = struct.Struct("=iIi")
+
+# Options of Postfix's server skeletons; those that take an argument are followed by ':'.
+_OPTSTRING = "cdDi:lm:n:o:s:St:uvVz"
+
+
+class UsageError(Exception):
+    """Bad command line; the text is what stock logs after ``fatal: ``."""
+
+
+@dataclass
+class ServerOptions:
+    """What master told us on the command line (see master_trigger_logging.md §1.1)."""
+
+    progname: str
+    service_name: str
+    transport: str | None = None
+    alone: bool = False
+    unprivileged: bool = False
+    chroot: bool = False
+    debug: bool = False
+    verbose: int = 0
+    log_stderr: bool = False
+    stand_alone: bool = False
+    overrides: list[tuple[str, str]] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+
+
+def parse_argv(argv: list[str]) -> ServerOptions:
+    """Parse argv like the skeleton's ``getopt("+...")``: stop at the first non-option."""
+    progname = os.path.basename(argv[0]) if argv else "qmgr"
+    opts = ServerOptions(progname=progname, service_name=progname)
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            i += 1
+            break
+        if not word.startswith("-") or word == "-":
+            break
+        j = 1
+        while j < len(word):
+            letter = word[j]
+            pos = _OPTSTRING.find(letter)
+            if pos < 0 or letter == ":":
+                raise UsageError(f"invalid option -- '{letter}'")
+            value: str | None = None
+            if pos + 1 < len(_OPTSTRING) and _OPTSTRING[pos + 1] == ":":
+                if j + 1 < len(word):
+                    value = word[j + 1 :]
+                else:
+                    i += 1
+                    if i >= len(argv):
+                        raise UsageError(f"option requires an argument -- '{letter}'")
+                    value = argv[i]
+                j = len(word)
+            else:
+                j += 1
+            _apply_option(opts, letter, value)
+        i += 1
+    opts.args = argv[i:]
+    return opts
+
+
+def _apply_option(opts: ServerOptions, letter: str, value: str | None) -> None:
+    if letter == "c":
+        opts.chroot = True
+    elif letter == "d":
+        opts.debug = True
+    elif letter == "l":
+        opts.alone = True
+    elif letter == "n":
+        assert value is not None
+        opts.service_name = value
+    elif letter == "o":
+        assert value is not None
+        name, sep, val = value.partition("=")
+        if not sep:
+            raise UsageError(f"bad parameter override: {value}")
+        opts.overrides.append((name.strip(), val.strip()))
+    elif letter == "S":
+        opts.stand_alone = True
+    elif letter == "t":
+        opts.transport = value
+    elif letter == "u":
+        opts.unprivileged = True
+    elif letter == "v":
+        opts.verbose += 1
+    elif letter == "V":
+        opts.log_stderr = True
+    # -D, -i, -m, -s, -z: accepted and without effect for qmgr (it is persistent and has
+    # exactly one listen socket), as in stock.
+
+
+def generation_from_env(environ: dict[str, str] | os._Environ[str]) -> int:
+    """master exports the fork generation in octal; echo it in every status update."""
+    text = environ.get("GENERATION")
+    if text is None:
+        return 0
+    if not text.isdigit():
+        raise UsageError(f"bad generation: {text}")
+    return int(text, 8)
+
+
+class MasterStatus:
+    """The 12-byte TAKEN/AVAIL updates on fd 5 that keep master's bookkeeping right."""
+
+    __slots__ = ("fd", "pid", "generation")
+
+    def __init__(self, fd: int, pid: int, generation: int) -> None:
+        self.fd = fd
+        self.pid = pid
+        self.generation = generation
+
+    def notify(self, avail: int) -> bool:
+        """Write one status record in a single write; False when master is gone."""
+        try:
+            return os.write(self.fd, _STATUS.pack(self.pid, self.generation, avail)) == 12
+        except OSError:
+            return False
+
+
+class FlowControl:
+    """The in_flow_delay token bucket shared by master and all its children.
+
+    cleanup takes one token per message it accepts and waits in_flow_delay when none is
+    there; qmgr, the consumer of new mail, puts them back. Without tokens every new
+    message would wait a second in cleanup.
+    """
+
+    __slots__ = ("read_fd", "write_fd")
+
+    def __init__(self, read_fd: int = FLOW_READ_FD, write_fd: int = FLOW_WRITE_FD) -> None:
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+
+    def count(self) -> int:
+        buf = array.array("i", [0])
+        try:
+            fcntl.ioctl(self.read_fd, termios.FIONREAD, buf, True)
+        except OSError:
+            return -1
+        return buf[0]
+
+    def put(self, n: int) -> None:
+        if n > 0:
+            with contextlib.suppress(OSError):
+                os.write(self.write_fd, b"\0" * n)
+
+    def get(self, n: int) -> None:
+        if n > 0:
+            with contextlib.suppress(OSError):
+                os.read(self.read_fd, n)
+
+    def balance(self, limit: int) -> None:
+        """Top the bucket up to ``limit`` tokens, or drain the excess above it."""
+        count = self.count()
+        if count < 0:
+            return
+        if count < limit:
+            self.put(limit - count)
+        elif count > limit:
+            self.get(count - limit)
+
+
+class TriggerServer:
+    """Accept triggers on the listen socket and watch the status channel.
+
+    One trigger per connection: accept, wait at most 10 s for data, do exactly one read
+    (the client writes its request plus a NUL and then waits for us to close; it never
+    closes first), report TAKEN before and AVAIL after, close.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_trigger: Callable[[bytes], None],
+        on_master_gone: Callable[[], None],
+        status: MasterStatus | None,
+        listen_fd: int = LISTEN_FD,
+        status_fd: int = STATUS_FD,
+    ) -> None:
+        self.loop = loop
+        self.on_trigger = on_trigger
+        self.on_master_gone = on_master_gone
+        self.status = status
+        self.listen_sock = socket.socket(fileno=listen_fd)
+        self.status_fd = status_fd
+
+    def start(self) -> None:
+        for fd in (self.listen_sock.fileno(), self.status_fd, FLOW_READ_FD, FLOW_WRITE_FD):
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+        self.loop.add_reader(self.listen_sock.fileno(), self._accept)
+        self.loop.add_reader(self.status_fd, self.on_master_gone)
+
+    def _accept(self) -> None:
+        # master created the listen socket non-blocking; that flag lives in the shared
+        # open file description, so it must not be flipped here.
+        try:
+            conn, _ = self.listen_sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        conn.setblocking(False)
+        self.loop.create_task(self._serve(conn))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            readable: asyncio.Future[None] = self.loop.create_future()
+
+            def wake() -> None:
+                if not readable.done():
+                    readable.set_result(None)
+
+            self.loop.add_reader(conn.fileno(), wake)
+            try:
+                await asyncio.wait_for(readable, TRIGGER_READ_WAIT)
+            except TimeoutError:
+                return
+            finally:
+                self.loop.remove_reader(conn.fileno())
+            if self.status is not None:
+                self.status.notify(STAT_TAKEN)
+            try:
+                data = conn.recv(TRIGGER_BUF_SIZE)
+            except OSError:
+                data = b""
+            self.on_trigger(data)
+            if self.status is not None and not self.status.notify(STAT_AVAIL):
+                self.on_master_gone()
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.listen_sock.fileno())
+        with contextlib.suppress(Exception):
+            self.loop.remove_reader(self.status_fd)
