@@ -1,0 +1,67 @@
+"""The ``pyqmgr`` command: demo, install, uninstall.
+
+The daemon itself is not started from here: master(8) runs the launcher that
+``pyqmgr install`` writes, which calls :func:`pyqmgr.daemon.main` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _install(args: argparse.Namespace) -> int:
+    from pyqmgr.install import InstallError, install
+
+    try:
+        for line in install(args.config_dir):
+            print(line)
+    except InstallError as exc:
+        print(f"pyqmgr install: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    from pyqmgr.install import InstallError, uninstall
+
+    try:
+        for line in uninstall(args.config_dir):
+            print(line)
+    except InstallError as exc:
+        print(f"pyqmgr uninstall: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from pyqmgr.demo import run_demo
+
+    return run_demo(messages=args.messages, keep=args.keep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="pyqmgr", description="Postfix's queue manager, in Python."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="run a sandboxed Postfix with pyqmgr and send mail")
+    p.add_argument("--messages", type=int, default=40, help="messages to send (default 40)")
+    p.add_argument("--keep", action="store_true", help="keep the sandbox directory")
+    p.set_defaults(func=_demo)
+
+    p = sub.add_parser("install", help="make pyqmgr the qmgr service of a Postfix instance")
+    p.add_argument("--config-dir", required=True, help="the instance's config_directory")
+    p.set_defaults(func=_install)
+
+    p = sub.add_parser("uninstall", help="restore stock qmgr for a Postfix instance")
+    p.add_argument("--config-dir", required=True, help="the instance's config_directory")
+    p.set_defaults(func=_uninstall)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The scheduler core driven directly: bundling, windows, dead sites, retry rerouting."""
+
+from dataclasses import dataclass
+
+from pyqmgr.scheduler.core import RETRY, Route, Scheduler
+from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.queue import Dsn
+
+
+@dataclass
+class Params:
+    destination_concurrency_limit: int = 20
+    destination_recipient_limit: int = 50
+    initial_destination_concurrency: int = 5
+    failed_cohort_limit: int = 1
+    positive_feedback: str = "1"
+    positive_feedback_name: str = "default_destination_concurrency_positive_feedback"
+    negative_feedback: str = "1"
+    negative_feedback_name: str = "default_destination_concurrency_negative_feedback"
+
+
+def make(**kw):
+    return Scheduler(lambda name: Params(**kw), min_backoff_time=300, transport_retry_time=60)
+
+
+def routes(n, transport="smtp", queue="example.com"):
+    return [Route(transport, queue, queue, Recipient(i, f"u{i}@{queue}")) for i in range(n)]
+
+
+def test_recipients_bundle_up_to_the_recipient_limit():
+    s = make(destination_recipient_limit=3)
+    m = Message("Q1", 0.0)
+    s.assign(m, routes(7))
+    assert m.refcount == 3
+    sizes = [len(e.recipients) for e in s.transport("smtp").queues["example.com"].todo]
+    assert sizes == [3, 3, 1]
+
+
+def test_window_limits_concurrency_and_grows_with_success():
+    s = make(initial_destination_concurrency=2, destination_recipient_limit=1)
+    m = Message("Q1", 0.0)
+    s.assign(m, routes(10))
+    picked = [s.select("smtp") for _ in range(3)]
+    assert picked[2] is None, "window of 2 admits two deliveries"
+    s.done(picked[0], 0, None, False, 1.0)
+    assert s.transport("smtp").queues["example.com"].window == 3
+    assert s.select("smtp") is not None and s.select("smtp") is not None
+    assert s.select("smtp") is None
+
+
+def test_hop_failure_kills_site_and_reroutes_todo_to_retry():
+    s = make(initial_destination_concurrency=1, destination_recipient_limit=1)
+    m = Message("Q1", 0.0)
+    s.assign(m, routes(3))
+    e = s.select("smtp")
+    s.done(e, -1, Dsn("4.4.1", "connect refused"), False, 10.0)
+    q = s.transport("smtp").queues["example.com"]
+    assert q.throttled and q.revive_at == 310.0
+    retry = s.transport(RETRY)
+    assert retry.todo_count == 2
+    (rq,) = retry.queues.values()
+    assert rq.nexthop == "4.4.1 delivery temporarily suspended: connect refused"
+    assert m.deferred and m.refcount == 2
+    # New mail for the dead site goes straight to retry.
+    m2 = Message("Q2", 0.0)
+    s.assign(m2, routes(1))
+    assert retry.todo_count == 3
+    s.tick(310.0)
+    assert not q.throttled
+
+
+def test_dead_transport_and_dead_retry_means_synchronous_defer():
+    s = make()
+    m = Message("Q1", 0.0)
+    s.throttle_transport(RETRY, Dsn("4.3.0", "mail transport unavailable"), 0.0)
+    s.throttle_transport("smtp", Dsn("4.3.0", "mail transport unavailable"), 0.0)
+    s.assign(m, routes(2))
+    assert [d.recipient.address for d in s.deferrals] == ["u0@example.com", "u1@example.com"]
+    assert m.deferred and m.refcount == 0
+
+
+def test_finished_message_is_reported_once():
+    s = make()
+    m = Message("Q1", 0.0)
+    s.assign(m, routes(2))
+    e = s.select("smtp")
+    s.done(e, 0, None, False, 0.0)
+    assert s.finished == [m]
