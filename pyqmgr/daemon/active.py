@@ -1,0 +1,556 @@
+"""The active queue: bringing a queue file in, routing its recipients, and finishing it.
+
+This is stock's ``qmgr_active.c`` plus the message half of ``qmgr_message.c``: a file
+moves from incoming or deferred into ``active/``, is locked, read in recipient batches,
+its recipients are resolved through trivial-rewrite and handed to the scheduler; when the
+scheduler says the message's last delivery finished, the bounce/trace/defer services are
+asked for notices and the file is removed or moved to ``deferred/`` with its next retry
+time as mtime. Every failure path leaves the file on disk (deferred or corrupt): a
+queue manager may lose time, never mail.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyqmgr.postfix import bounce, mail_queue, queue_file
+from pyqmgr.postfix.deliver_request import (
+    DEL_REQ_FLAG_BOUNCE,
+    DEL_REQ_FLAG_DEFLT,
+    DEL_REQ_FLAG_MTA_VRFY,
+    DEL_REQ_FLAG_REC_DLY_SENT,
+    DEL_REQ_FLAG_RECORD,
+    DEL_REQ_FLAG_USR_VRFY,
+    RequestMessage,
+    msg_stats,
+)
+from pyqmgr.postfix.log_adhoc import log_adhoc_line
+from pyqmgr.postfix.resolve import (
+    RESOLVE_CLASS_LOCAL,
+    RESOLVE_FLAG_ERROR,
+    RESOLVE_FLAG_FAIL,
+    ResolverFailure,
+)
+from pyqmgr.scheduler.core import ERROR, RETRY, Route
+from pyqmgr.scheduler.message import Message, Recipient
+
+if TYPE_CHECKING:
+    from pyqmgr.daemon.qmgr import Qmgr
+
+# Scan and per-message flags (``qmgr.h``).
+SCAN_START = 1 << 0
+SCAN_ALL = 1 << 1
+FLUSH_ONCE = 1 << 2
+FLUSH_DFXP = 1 << 3
+FLUSH_EACH = 1 << 4
+FORCE_EXPIRE = 1 << 5
+
+#: Stock caps one recipient batch at this size to keep the event loop responsive.
+MAX_BATCH = 5000
+#: Size-record flag bit: some recipient asked for NOTIFY=SUCCESS (``qmgr_user.h``).
+READ_FLAG_NOTIFY_SUCCESS = 1 << 2
+#: A file whose lock is busy goes back to incoming this far in the future.
+LOCKED_RETRY_DELAY = 60
+
+
+@dataclass(eq=False)
+class ActiveMessage:
+    """The daemon's half of a message: the queue file and its disposition."""
+
+    queue_id: str
+    qf: queue_file.Message
+    sched: Message
+    scan_flags: int
+    active_time: tuple[int, int]
+    request: RequestMessage
+    tflags: int
+    #: Stock's message->flags: non-zero when something must be tried again.
+    flags: int = 0
+    in_core: int = 0
+    done_task: object = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return f"active/{self.queue_id}"
+
+
+def _now_tv() -> tuple[int, int]:
+    t = time.time()
+    sec = int(t)
+    return sec, int((t - sec) * 1_000_000)
+
+
+def _lower_domain_key(address: str) -> str:
+    at = address.rfind("@")
+    return address[at:].lower() if at >= 0 else ""
+
+
+def sort_key(route: Route) -> tuple[str, str, int, str, str]:
+    """Stock's recipient order: transport, queue, domain (no domain last), address."""
+    address = route.recipient.address
+    has_at = 0 if "@" in address else 1
+    return (route.transport, route.queue_name, has_at, _lower_domain_key(address), address)
+
+
+class ActiveQueue:
+    """Moves files in and out of ``active/`` and drives each message's life cycle."""
+
+    def __init__(self, qmgr: Qmgr) -> None:
+        self.qmgr = qmgr
+        self.cfg = qmgr.cfg
+        self.log = qmgr.log
+        self.messages: dict[str, ActiveMessage] = {}
+        self.in_core_recipients = 0
+
+    # -- start-up ---------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Move everything left in ``active/`` back to incoming (``qmgr_move``).
+
+        A previous qmgr (killed, or restarted by reload) may have left files there;
+        they are retried at once, and any still locked by a surviving delivery agent
+        is noticed when it is opened again.
+        """
+        now = time.time()
+        for qid in mail_queue.scan_all("active"):
+            if not mail_queue.queue_id_ok(qid):
+                self.log.info(f"qmgr_move: ignored: queue active id {qid}")
+                continue
+            src = f"active/{qid}"
+            try:
+                os.utime(src, (now, now))
+            except FileNotFoundError:
+                continue
+            self._move(src, "incoming", qid)
+
+    def _move(self, src: str, queue: str, qid: str) -> bool:
+        dst = mail_queue.queue_path(queue, qid, self.cfg.hash_queue_names,
+                                    self.cfg.hash_queue_depth)
+        try:
+            mail_queue.rename_path(src, dst)
+            return True
+        except FileNotFoundError:
+            self.log.warning(f"{qid}: rename {src} to {dst}: No such file or directory")
+            return False
+
+    # -- feeding ------------------------------------------------------------------------
+
+    def feed(self, queue: str, qid: str, scan_flags: int) -> ActiveMessage | None:
+        """Try to bring one file from ``queue`` into the active queue.
+
+        Returns the message when it was read (resolution still to come), or None when
+        the file was skipped, requeued or found corrupt.
+        """
+        cfg = self.cfg
+        if not mail_queue.queue_id_ok(qid):
+            return None
+        src = mail_queue.queue_path(queue, qid, cfg.hash_queue_names, cfg.hash_queue_depth)
+        st = mail_queue.mail_open_ok(src)
+        if st is None:
+            return None
+        if st.st_mtime > time.time() + 1 and not (scan_flags & SCAN_ALL):
+            return None
+        try:
+            os.rename(src, f"active/{qid}")
+        except FileNotFoundError:
+            self.log.warning(f"{qid}: rename {src} to active/{qid}: No such file or directory")
+            return None
+        flags = scan_flags
+        if st.st_mode & stat.S_IRGRP:
+            flags |= FLUSH_EACH | FLUSH_DFXP
+        if st.st_mode & stat.S_IXGRP:
+            flags |= FORCE_EXPIRE
+        return self._open(qid, flags, st.st_mode)
+
+    def _open(self, qid: str, flags: int, mode: int) -> ActiveMessage | None:
+        path = f"active/{qid}"
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            self.log.warning(f"{qid}: open {path}: No such file or directory")
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.log.info(f"{qid}: skipped, still being delivered")
+                os.close(fd)
+                fd = -1
+                later = time.time() + LOCKED_RETRY_DELAY
+                os.utime(path, (later, later))
+                self._move(path, "incoming", qid)
+                return None
+            qf = queue_file.Message(queue_id=qid)
+            data = _read_all(fd)
+            limit = max(self.cfg.qmgr_message_recipient_limit - self.in_core_recipients,
+                        self.cfg.qmgr_message_recipient_minimum)
+            batch = queue_file.read_batch(data, qf, min(limit, MAX_BATCH))
+            if batch.sender_seen_now:
+                self._log_opened(qf)
+            for text in batch.warnings:
+                self.log.warning(text)
+            if not batch.ok:
+                os.close(fd)
+                fd = -1
+                self.corrupt(qid)
+                return None
+            if flags & FLUSH_EACH:
+                os.fchmod(fd, stat.S_IMODE(mode) & ~stat.S_IRGRP)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return self._activate(qid, qf, flags, batch.recipients)
+
+    def _log_opened(self, qf: queue_file.Message) -> None:
+        self.log.info(
+            f"{qf.queue_id}: from=<{qf.sender}>, size={qf.cont_length}, "
+            f"nrcpt={qf.rcpt_count} (queue active)"
+        )
+
+    def _activate(self, qid: str, qf: queue_file.Message, flags: int,
+                  recipients: list[queue_file.Recipient]) -> ActiveMessage:
+        cfg = self.cfg
+        active_time = _now_tv()
+        tflags = qf.trace_flags
+        if cfg.confirm_delay_cleared and qf.warn_time < 0:
+            tflags |= DEL_REQ_FLAG_REC_DLY_SENT
+        request = RequestMessage(
+            queue_id=qid,
+            data_offset=qf.data_offset,
+            cont_length=qf.cont_length,
+            encoding=qf.encoding,
+            smtputf8=qf.smtputf8,
+            sender=qf.sender or "",
+            envelope_id=qf.envelope_id,
+            ret_flags=qf.ret_flags,
+            stats=msg_stats(qf.arrival_time, active_time),
+            client_name=qf.client_name,
+            client_address=qf.client_address,
+            client_port=qf.client_port,
+            protocol_name=qf.protocol_name,
+            helo_name=qf.helo_name,
+            sasl_method=qf.sasl_method,
+            sasl_username=qf.sasl_username,
+            sasl_sender=qf.sasl_sender,
+            log_ident=qf.log_ident,
+            rewrite_context=qf.rewrite_context,
+        )
+        sched = Message(qid, time.monotonic(), rcpt_unread=qf.rcpt_unread,
+                        single_rcpt=bool(qf.verp_delims))
+        am = ActiveMessage(qid, qf, sched, flags, active_time, request, tflags)
+        sched.owner = am
+        am.extra["pending"] = recipients
+        self.messages[qid] = am
+        return am
+
+    def prepare(self, am: ActiveMessage) -> bool:
+        """Before resolution: the force-expire shortcut, else reset the defer log.
+
+        Returns False when the message needs no resolution (force-expired with an
+        existing defer log: go straight to completion).
+        """
+        cfg = self.cfg
+        defer_log = mail_queue.queue_path("defer", am.queue_id, cfg.hash_queue_names,
+                                          cfg.hash_queue_depth)
+        if am.scan_flags & FORCE_EXPIRE:
+            try:
+                if os.stat(defer_log).st_size > 0:
+                    am.flags = 1
+                    am.extra["pending"] = []
+                    return False
+            except FileNotFoundError:
+                pass
+        try:
+            os.unlink(defer_log)
+        except FileNotFoundError:
+            pass
+        return True
+
+    # -- routing ----------------------------------------------------------------------
+
+    async def route(self, am: ActiveMessage,
+                    recipients: list[queue_file.Recipient]) -> list[Route] | None:
+        """Resolve each recipient as ``qmgr_message_resolve`` does; None = resolver down."""
+        qf = am.qf
+        cfg = self.cfg
+        sender = qf.sender or ""
+        verify = bool(am.tflags & DEL_REQ_FLAG_MTA_VRFY)
+        probe = bool(am.tflags & (DEL_REQ_FLAG_MTA_VRFY | DEL_REQ_FLAG_USR_VRFY))
+        resolver = self.qmgr.resolver
+        routes: list[Route] = []
+        for r in recipients:
+            rcpt = Recipient(r.offset, r.address, r.orig_addr, r.dsn_orcpt, r.dsn_notify)
+            if am.scan_flags & FORCE_EXPIRE:
+                routes.append(_error_route(RETRY, "4.7.0 message is administratively expired",
+                                           rcpt))
+                continue
+            if not r.address:
+                routes.append(_error_route(ERROR, "5.1.3 null recipient address", rcpt))
+                continue
+            if qf.filter and not probe:
+                transport, _, nexthop = qf.filter.partition(":")
+                if not nexthop:
+                    nexthop = cfg.default_filter_nexthop or _domain(r.address) or cfg.myhostname
+                routes.append(Route(transport, nexthop.lower(), nexthop, rcpt))
+                continue
+            try:
+                res = await resolver.resolve(sender, r.address, verify=verify)
+            except ResolverFailure:
+                return None
+            if res.recipient != rcpt.address:
+                rcpt.address = res.recipient
+            if res.flags & RESOLVE_FLAG_FAIL:
+                routes.append(_error_route(RETRY, "4.3.0 address resolver failure", rcpt))
+                continue
+            if res.flags & RESOLVE_FLAG_ERROR:
+                routes.append(_error_route(ERROR, "5.1.3 bad address syntax", rcpt))
+                continue
+            if res.flags & RESOLVE_CLASS_LOCAL:
+                local = rcpt.address.rpartition("@")[0] if "@" in rcpt.address else rcpt.address
+                if local.lower() == cfg.double_bounce_sender.lower():
+                    self._discard_double_bounce(am, rcpt)
+                    continue
+            if (res.transport in cfg.defer_transports
+                    and not (am.scan_flags & FLUSH_DFXP)):
+                routes.append(_error_route(RETRY, "4.3.2 deferred transport", rcpt))
+                continue
+            routes.append(Route(res.transport, self._queue_name(res.transport, res.nexthop,
+                                                                rcpt.address),
+                                res.nexthop, rcpt))
+        routes.sort(key=sort_key)
+        return routes
+
+    def _queue_name(self, transport: str, nexthop: str, address: str) -> str:
+        if transport not in (ERROR, RETRY):
+            params = self.qmgr.transport_params(transport)
+            if params.destination_recipient_limit == 1:
+                return per_recipient_queue_name(
+                    address, nexthop, self.cfg.recipient_delimiter,
+                    self.cfg.owner_request_special, self.cfg.double_bounce_sender,
+                )
+        return nexthop.lower()
+
+    def _discard_double_bounce(self, am: ActiveMessage, rcpt: Recipient) -> None:
+        """Mail to the local double-bounce address is logged as sent and marked done."""
+        self.log.info(log_adhoc_line(
+            am.queue_id, rcpt.address, rcpt.orig_addr, "none", am.qf.arrival_time,
+            am.active_time, _now_tv(), "2.0.0", "sent",
+            "undeliverable postmaster notification discarded",
+            self.cfg.delay_logging_resolution_limit,
+        ))
+        try:
+            fd = os.open(am.path, os.O_RDWR)
+        except OSError:
+            return
+        try:
+            queue_file.mark_done(fd, rcpt.offset)
+        finally:
+            os.close(fd)
+
+    # -- completion ---------------------------------------------------------------------
+
+    async def finish(self, am: ActiveMessage) -> None:
+        """The message's last delivery finished (``qmgr_active_done``)."""
+        cfg = self.cfg
+        qid = am.queue_id
+        qf = am.qf
+        if am.sched.deferred:
+            am.flags |= 1
+        bounce_log = mail_queue.queue_path("bounce", qid, cfg.hash_queue_names,
+                                           cfg.hash_queue_depth)
+        try:
+            size = os.stat(bounce_log).st_size
+        except FileNotFoundError:
+            size = -1
+        if size == 0:
+            _unlink_quiet(bounce_log)
+        elif size > 0:
+            status = await self._notify(am, "bounce", _bounce_cmd(am, cfg), 0)
+            am.flags |= status != 0
+
+        if am.flags and mail_queue.mail_open_ok(am.path) is None:
+            self._forget(am)
+            self.corrupt(qid)
+            return
+
+        if qf.rcpt_offset > 0:
+            await self.qmgr.next_batch(am)
+            return
+
+        if (am.tflags & (DEL_REQ_FLAG_USR_VRFY | DEL_REQ_FLAG_RECORD | DEL_REQ_FLAG_REC_DLY_SENT)
+                or qf.rflags & READ_FLAG_NOTIFY_SUCCESS):
+            status = await self._notify(am, "trace", bounce.BOUNCE_CMD_TRACE, am.tflags)
+            if status == 0 and qf.trace_offset > 0:
+                self._update_file(am, lambda fd: queue_file.kill_record(fd, qf.trace_offset))
+            am.flags |= status != 0
+
+        if am.flags:
+            lifetime = cfg.maximal_queue_lifetime if qf.sender else cfg.bounce_queue_lifetime
+            expired = None
+            if am.scan_flags & FORCE_EXPIRE:
+                expired = "force-expired"
+            elif time.time() >= qf.create_time + lifetime:
+                expired = "expired"
+            if expired:
+                self.log.info(f"{qid}: from=<{qf.sender}>, status={expired}, returned to sender")
+                cmd = bounce.BOUNCE_CMD_VERP if _use_verp(am, cfg) else bounce.BOUNCE_CMD_FLUSH
+                am.flags = await self._notify(am, "defer", cmd, bounce.BOUNCE_FLAG_DELRCPT) != 0
+            elif qf.warn_time > 0 and time.time() >= qf.warn_time - 1:
+                if await self._notify(am, "defer", bounce.BOUNCE_CMD_WARN, 0) == 0:
+                    self._update_file(am, lambda fd: queue_file.update_warn(fd, qf.warn_offset, -1))
+
+        self._forget(am)
+        if am.flags:
+            self.defer(am)
+        else:
+            self.remove(qid)
+
+    async def _notify(self, am: ActiveMessage, service: str, command: int, flags: int) -> int:
+        qf = am.qf
+        verp = qf.verp_delims if command == bounce.BOUNCE_CMD_VERP else None
+        status = await bounce.notify(
+            service, command, flags, am.queue_id, qf.encoding, qf.smtputf8, qf.sender or "",
+            qf.envelope_id, qf.ret_flags, verp,
+        )
+        if status != 0:
+            what = {"bounce": "bounce failed", "trace": "trace failed"}.get(service)
+            if command == bounce.BOUNCE_CMD_WARN:
+                what = "delay warning failed"
+            elif command == bounce.BOUNCE_CMD_VERP:
+                what = "verp failed"
+            elif what is None:
+                what = "bounce failed"
+            self.log.info(f"{am.queue_id}: status=deferred ({what})")
+        return status
+
+    def _update_file(self, am: ActiveMessage, action: Callable[[int], None]) -> None:
+        try:
+            fd = os.open(am.path, os.O_RDWR)
+        except OSError as exc:
+            self.log.warning(f"{am.queue_id}: open {am.path}: {exc.strerror}")
+            return
+        try:
+            action(fd)
+        finally:
+            os.close(fd)
+
+    def _forget(self, am: ActiveMessage) -> None:
+        if self.messages.pop(am.queue_id, None) is not None:
+            self.qmgr.message_left()
+
+    def defer(self, am: ActiveMessage) -> None:
+        """Move to deferred/ with the next retry time as mtime (``qmgr_active_done_3``)."""
+        cfg = self.cfg
+        now = time.time()
+        create = am.qf.create_time
+        if create > 0:
+            delay = min(max(now - create, cfg.minimal_backoff_time), cfg.maximal_backoff_time)
+        else:
+            delay = cfg.minimal_backoff_time
+        when = int(now) + int(delay)
+        try:
+            os.utime(am.path, (when, when))
+        except FileNotFoundError:
+            self.log.warning(f"{am.queue_id}: update {am.path} time stamps: "
+                             "No such file or directory")
+            return
+        self._move(am.path, "deferred", am.queue_id)
+
+    def remove(self, qid: str) -> None:
+        path = f"active/{qid}"
+        try:
+            if self.cfg.dont_remove:
+                mail_queue.save_removed(path, qid)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            self.log.warning(f"{qid}: remove {path}: No such file or directory")
+            return
+        self.log.info(f"{qid}: removed")
+
+    def corrupt(self, qid: str) -> None:
+        self.log.warning(f'saving corrupt file "{qid}" from queue "active" to queue "corrupt"')
+        try:
+            mail_queue.rename_path(f"active/{qid}", f"corrupt/{qid}")
+        except FileNotFoundError:
+            pass
+
+    def abandon(self, am: ActiveMessage) -> None:
+        """A message we cannot route now (resolver down): defer it untouched."""
+        self._forget(am)
+        self.defer(am)
+
+
+def split_localpart(local: str, delimiters: str, owner_request_special: bool,
+                    double_bounce: str) -> str:
+    """Strip the address extension as ``split_addr_internal`` does, with its exceptions."""
+    low = local.lower()
+    if low in ("postmaster", "mailer-daemon", double_bounce.lower()):
+        return local
+    if "-" in delimiters and owner_request_special:
+        if low.startswith("owner-") or (len(low) > 8 and low.endswith("-request")):
+            return local
+    for i, ch in enumerate(local):
+        if ch in delimiters:
+            return local if i == 0 else local[:i]
+    return local
+
+
+def per_recipient_queue_name(address: str, nexthop: str, delimiters: str,
+                             owner_request_special: bool, double_bounce: str) -> str:
+    """``localpart@nexthop`` for transports that deliver one recipient per request.
+
+    With a destination recipient limit of 1, stock turns per-destination concurrency
+    into per-recipient concurrency by naming the queue after the recipient.
+    """
+    at = address.rfind("@")
+    local = address[:at] if at >= 0 else address
+    if delimiters:
+        local = split_localpart(local, delimiters, owner_request_special, double_bounce)
+    return f"{local}@{nexthop}".lower()
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+
+
+def _domain(address: str) -> str:
+    return address.rpartition("@")[2] if "@" in address else ""
+
+
+def _error_route(service: str, nexthop: str, rcpt: Recipient) -> Route:
+    return Route(service, nexthop, nexthop, rcpt)
+
+
+def _use_verp(am: ActiveMessage, cfg: object) -> bool:
+    return bool(am.qf.verp_delims) and not getattr(cfg, "disable_verp_bounces", False)
+
+
+def _bounce_cmd(am: ActiveMessage, cfg: object) -> int:
+    return bounce.BOUNCE_CMD_VERP if _use_verp(am, cfg) else bounce.BOUNCE_CMD_FLUSH
+
+
+def request_flags(am: ActiveMessage, dflags: int) -> int:
+    base = DEL_REQ_FLAG_BOUNCE if am.qf.inspector else DEL_REQ_FLAG_DEFLT
+    return am.tflags | dflags | base

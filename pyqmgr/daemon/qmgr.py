@@ -1,0 +1,427 @@
+"""The running queue manager: asyncio glue between Postfix and the scheduler core.
+
+Stock qmgr's main loop (``qmgr.c:qmgr_loop``) feeds at most one message per event-loop
+pass, alternating incoming and deferred scans, and between passes services agent
+connections. Here the same happens in one feeder task; agent connections and message
+completions are tasks of their own. Resolution through trivial-rewrite is the slow part
+of feeding, so several messages are resolved at once, but they are handed to the
+scheduler strictly in the order they were read, keeping stock's enqueue order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from pyqmgr.daemon.active import (
+    FLUSH_DFXP,
+    FLUSH_ONCE,
+    MAX_BATCH,
+    SCAN_ALL,
+    SCAN_START,
+    ActiveMessage,
+    ActiveQueue,
+    request_flags,
+)
+from pyqmgr.postfix import bounce, mail_queue, queue_file
+from pyqmgr.postfix.attr import AttrError
+from pyqmgr.postfix.config import QmgrConfig, TransportConfig
+from pyqmgr.postfix.deliver_request import (
+    PROTOCOL as DELIVERY_PROTOCOL,
+)
+from pyqmgr.postfix.deliver_request import (
+    RequestRecipient,
+    decode_reply,
+    encode_request,
+)
+from pyqmgr.postfix.log_adhoc import log_adhoc_line
+from pyqmgr.postfix.mail_connect import AttrConnection, PrematureDisconnect, ServiceUnavailable
+from pyqmgr.postfix.maillog_client import MailLog
+from pyqmgr.postfix.master import FlowControl
+from pyqmgr.postfix.resolve import ResolveClient
+from pyqmgr.scheduler.core import DeferRecipient, Scheduler
+from pyqmgr.scheduler.entry import Entry
+from pyqmgr.scheduler.queue import Dsn
+
+#: Stock keeps at most this many agent connections per transport waiting for an agent.
+MAX_PENDING_PER_TRANSPORT = 2
+#: Messages resolved concurrently while feeding; assignment stays in read order.
+RESOLVE_AHEAD = 16
+
+INCOMING = 0
+DEFERRED = 1
+
+
+class QueueScan:
+    """One queue directory scan with stock's start/restart flag semantics."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.handle: Iterator[str] | None = None
+        self.flags = 0
+        self.nflags = 0
+
+    def request(self, flags: int) -> None:
+        if self.handle is not None and flags & SCAN_ALL:
+            self.flags |= SCAN_ALL
+        if self.handle is not None and flags & FLUSH_DFXP:
+            self.flags |= FLUSH_DFXP
+        self.nflags |= flags
+        if self.handle is None and flags & SCAN_START:
+            self.nflags &= ~SCAN_START
+            self._start()
+
+    def _start(self) -> None:
+        self.flags = self.nflags
+        self.nflags = 0
+        self.handle = mail_queue.scan_all(self.queue)
+
+    def next(self) -> str | None:
+        qid = None
+        if self.handle is not None:
+            qid = next(self.handle, None)
+            if qid is None:
+                self.handle = None
+        if self.handle is None and self.nflags & SCAN_START:
+            self._start()
+            assert self.handle is not None
+            qid = next(self.handle, None)
+            if qid is None:
+                self.handle = None
+        return qid
+
+
+class Qmgr:
+    def __init__(self, cfg: QmgrConfig, log: MailLog, flow: FlowControl | None) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.flow = flow
+        self.scheduler = Scheduler(
+            self.transport_params,
+            min_backoff_time=cfg.minimal_backoff_time,
+            transport_retry_time=cfg.transport_retry_time,
+            initial_concurrency=cfg.initial_destination_concurrency,
+            feedback_debug=cfg.destination_concurrency_feedback_debug,
+        )
+        self.resolver = ResolveClient(
+            f"private/{cfg.rewrite_service_name}",
+            ipc_timeout=cfg.qmgr_ipc_timeout,
+            ipc_idle=cfg.ipc_idle,
+            ipc_ttl=cfg.ipc_ttl,
+            warn=log.warning,
+        )
+        self.active = ActiveQueue(self)
+        self.scans = [QueueScan("incoming"), QueueScan("deferred")]
+        self.first_scan = INCOMING
+        self.message_count = 0
+        self.pending: dict[str, int] = {}
+        self.wakeup = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.loading: deque[tuple[ActiveMessage, asyncio.Task[object]]] = deque()
+        self._params: dict[str, TransportConfig] = {}
+
+    def transport_params(self, name: str) -> TransportConfig:
+        params = self._params.get(name)
+        if params is None:
+            params = self.cfg.transport(name)
+            self._params[name] = params
+        return params
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Stock's post-init: recover active/, start both scans and the deferred timer."""
+        self.active.recover()
+        self.scans[INCOMING].request(SCAN_START)
+        self.scans[DEFERRED].request(SCAN_START)
+        self.spawn(self._feeder())
+        self.spawn(self._deferred_timer())
+        self.spawn(self._ticker())
+
+    def spawn(self, coro: object) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.log.warning(f"internal error: {type(exc).__name__}: {exc}")
+
+    def trigger(self, data: bytes) -> None:
+        """A trigger arrived on ``public/qmgr``: OR all request bytes, act once."""
+        incoming = deferred = 0
+        for byte in set(data):
+            ch = chr(byte)
+            if ch in "WI":
+                incoming |= SCAN_START
+            elif ch == "D":
+                deferred |= SCAN_START
+            elif ch == "A":
+                incoming |= SCAN_ALL
+                deferred |= SCAN_ALL
+            elif ch == "F":
+                incoming |= FLUSH_ONCE | FLUSH_DFXP
+                deferred |= FLUSH_ONCE | FLUSH_DFXP
+        if (incoming | deferred) & FLUSH_ONCE:
+            self.scheduler.enable_all()
+        if incoming:
+            self.scans[INCOMING].request(incoming)
+        if deferred:
+            self.scans[DEFERRED].request(deferred)
+        self.dispatch()
+        self.wakeup.set()
+
+    async def _deferred_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.queue_run_delay)
+            self.scans[DEFERRED].request(SCAN_START)
+            self.wakeup.set()
+
+    async def _ticker(self) -> None:
+        """Revive dead transports and destinations when their timers expire."""
+        while True:
+            await asyncio.sleep(1.0)
+            self.scheduler.tick(time.monotonic())
+            self.resolver.expire_idle()
+            self.dispatch()
+
+    # -- feeding ------------------------------------------------------------------------
+
+    async def _feeder(self) -> None:
+        limit = self.cfg.qmgr_message_active_limit
+        passes = 0
+        while True:
+            fed_any = False
+            while self.message_count < limit and len(self.loading) < RESOLVE_AHEAD:
+                fed, scanned_incoming = self._feed_once()
+                self._flow_tokens(fed, scanned_incoming)
+                if fed is None:
+                    break
+                fed_any = True
+                passes += 1
+                if passes % 64 == 0:
+                    await asyncio.sleep(0)
+            self._flow_tokens(False, False)
+            if self.loading:
+                await self._commit_next()
+                continue
+            if not fed_any:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+
+    def _feed_once(self) -> tuple[bool | None, bool]:
+        """One pass over both scans in priority order; at most one message loaded.
+
+        Returns (None when no scan had a name, else whether a message was loaded),
+        and whether that name came from the incoming queue.
+        """
+        saw_name = False
+        last = self.first_scan
+        loaded = False
+        for i in range(2):
+            last = (self.first_scan + i) % 2
+            scan = self.scans[last]
+            qid = scan.next()
+            if qid is None:
+                continue
+            saw_name = True
+            am = self.active.feed(scan.queue, qid, scan.flags)
+            if am is not None:
+                self.message_count += 1
+                self._start_loading(am)
+                loaded = True
+                break
+        if self.message_count < self.cfg.qmgr_message_active_limit:
+            self.first_scan = (last + 1) % 2
+        else:
+            self.first_scan = INCOMING
+        if not saw_name:
+            return None, False
+        return loaded, loaded and last == INCOMING
+
+    def _flow_tokens(self, fed: bool | None, from_incoming: bool) -> None:
+        flow = self.flow
+        if flow is None or self.cfg.in_flow_delay <= 0:
+            return
+        limit = self.cfg.default_process_limit
+        count = flow.count()
+        if count < 0:
+            return
+        if count < limit:
+            if fed and from_incoming:
+                flow.put(1)
+            elif self.scans[INCOMING].handle is None:
+                flow.put(limit - count)
+        elif count > limit:
+            flow.get(count - limit)
+
+    def _start_loading(self, am: ActiveMessage) -> None:
+        recipients = am.extra.pop("pending")
+        assert isinstance(recipients, list)
+        if not self.active.prepare(am):
+            task = asyncio.get_running_loop().create_task(_none())
+        else:
+            task = asyncio.get_running_loop().create_task(self.active.route(am, recipients))
+        self.loading.append((am, task))
+
+    async def _commit_next(self) -> None:
+        """Assign the oldest loading message once its recipients are routed."""
+        am, task = self.loading[0]
+        routes = await task
+        self.loading.popleft()
+        self._assign(am, routes)
+
+    def _assign(self, am: ActiveMessage, routes: object) -> None:
+        if routes is None and am.flags == 0:
+            # trivial-rewrite is unreachable: defer the whole message, lose nothing.
+            self.log.warning(f"{am.queue_id}: address resolver failure -- deferring message")
+            self.active.abandon(am)
+            return
+        if isinstance(routes, list):
+            self.scheduler.assign(am.sched, routes)
+            am.in_core += len(routes)
+            self.active.in_core_recipients += len(routes)
+        self._process_decisions()
+        if am.sched.refcount == 0 and am.sched not in self.scheduler.finished:
+            self.spawn(self._finish(am))
+        self.dispatch()
+
+    async def next_batch(self, am: ActiveMessage) -> None:
+        """Read and route the next recipient batch of a large message."""
+        limit = max(self.cfg.qmgr_message_recipient_limit - self.active.in_core_recipients,
+                    self.cfg.qmgr_message_recipient_minimum)
+        try:
+            with open(am.path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            self.log.warning(f"{am.queue_id}: open {am.path}: {exc.strerror}")
+            self.active.abandon(am)
+            return
+        batch = queue_file.read_batch(data, am.qf, min(limit, MAX_BATCH))
+        for text in batch.warnings:
+            self.log.warning(text)
+        if not batch.ok:
+            self.active.messages.pop(am.queue_id, None)
+            self.message_left()
+            self.active.corrupt(am.queue_id)
+            return
+        routes = await self.active.route(am, batch.recipients)
+        self._assign(am, routes)
+
+    def message_left(self) -> None:
+        self.message_count -= 1
+        self.wakeup.set()
+
+    async def _finish(self, am: ActiveMessage) -> None:
+        self.active.in_core_recipients -= am.in_core
+        am.in_core = 0
+        await self.active.finish(am)
+        self.wakeup.set()
+
+    # -- delivery -----------------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Open agent connections for transports that have deliverable work."""
+        for name in self.scheduler.transports_with_work():
+            while self.pending.get(name, 0) < MAX_PENDING_PER_TRANSPORT:
+                self.pending[name] = self.pending.get(name, 0) + 1
+                self.spawn(self._deliver(name))
+                if self.pending[name] >= self.scheduler.transport(name).todo_count:
+                    break
+
+    async def _deliver(self, name: str) -> None:
+        path = f"private/{name}"
+        try:
+            conn = await AttrConnection.open(path, DELIVERY_PROTOCOL, self.cfg.daemon_timeout)
+        except ServiceUnavailable as exc:
+            self.pending[name] -= 1
+            self.log.warning(f"connect to transport {path}: {exc}")
+            self.scheduler.throttle_transport(
+                name, Dsn("4.3.0", "mail transport unavailable"), time.monotonic()
+            )
+            self._process_decisions()
+            self.dispatch()
+            return
+        self.pending[name] -= 1
+        entry = self.scheduler.select(name)
+        if entry is None:
+            conn.close()
+            return
+        self.dispatch()
+        status, hop, crashed = await self._exchange(conn, path, entry)
+        self.scheduler.done(entry, status, hop, crashed, time.monotonic())
+        self._process_decisions()
+        self.dispatch()
+
+    async def _exchange(self, conn: AttrConnection, path: str,
+                        entry: Entry) -> tuple[int, Dsn | None, bool]:
+        am: ActiveMessage = entry.message.owner
+        queue = entry.queue
+        recipients = [RequestRecipient(r.orig_addr, r.address, r.offset, r.dsn_orcpt,
+                                       r.dsn_notify) for r in entry.recipients]
+        smtputf8 = am.request.smtputf8
+        if self.cfg.smtputf8_enable and any(not r.address.isascii() for r in recipients):
+            smtputf8 |= 8
+        try:
+            conn.write(encode_request(request_flags(am, 0), am.request, queue.nexthop,
+                                      smtputf8, am.request.sender, recipients))
+            reply = decode_reply(await conn.read_list(self.cfg.daemon_timeout))
+        except PrematureDisconnect:
+            self.log.warning(f"{path} socket: malformed response")
+            return -1, None, True
+        except AttrError:
+            self.log.warning(f"{path} socket: malformed response")
+            return -1, None, True
+        except TimeoutError:
+            self.log.warning(f"{am.queue_id}: timeout receiving delivery status from "
+                             f"transport: {entry.transport}")
+            return -1, None, True
+        finally:
+            conn.close()
+        hop = reply.hop
+        return reply.status, Dsn(hop.status, hop.reason) if hop.status else None, False
+
+    def _process_decisions(self) -> None:
+        sched = self.scheduler
+        for severity, text in sched.log:
+            self.log.log(severity, text)
+        sched.log.clear()
+        if sched.deferrals:
+            deferrals = list(sched.deferrals)
+            sched.deferrals.clear()
+            for d in deferrals:
+                self.spawn(self._defer_recipient(d))
+        if sched.finished:
+            finished = list(sched.finished)
+            sched.finished.clear()
+            for message in finished:
+                am = message.owner
+                if am is not None and not self.loading_contains(am):
+                    self.spawn(self._finish(am))
+
+    def loading_contains(self, am: ActiveMessage) -> bool:
+        return any(item[0] is am for item in self.loading)
+
+    async def _defer_recipient(self, d: DeferRecipient) -> None:
+        """The retry transport is dead too: append to the defer log ourselves."""
+        am: ActiveMessage = d.message.owner
+        r = d.recipient
+        am.flags |= 1
+        await bounce.append("defer", am.tflags, am.queue_id, r.orig_addr, r.address,
+                            r.offset, r.dsn_orcpt, r.dsn_notify, d.dsn.status, "delayed",
+                            d.dsn.reason)
+        now = time.time()
+        sec = int(now)
+        self.log.info(log_adhoc_line(
+            am.queue_id, r.address, r.orig_addr, "none", am.qf.arrival_time, am.active_time,
+            (sec, int((now - sec) * 1e6)), d.dsn.status, "deferred", d.dsn.reason,
+            self.cfg.delay_logging_resolution_limit,
+        ))
+
+
+async def _none() -> None:
+    return None

@@ -1,0 +1,142 @@
+"""Start-up in the order of Postfix's trigger-server skeleton (``trigger_server.c``).
+
+The order matters: logging must be connected before chroot (postlog is an absolute
+path), main.cf is read before the ``-o`` overrides are applied, every module must be
+imported before privileges are dropped (the interpreter's files may not be readable by
+mail_owner), and fd 5 must be watched so that ``postfix reload`` restarts us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import signal
+import sys
+
+from pyqmgr.daemon.qmgr import Qmgr
+from pyqmgr.postfix.config import ConfigError, QmgrConfig
+from pyqmgr.postfix.maillog_client import MailLog
+from pyqmgr.postfix.master import (
+    STATUS_FD,
+    FlowControl,
+    MasterStatus,
+    TriggerServer,
+    UsageError,
+    generation_from_env,
+    parse_argv,
+)
+
+#: Exit status for start-up failures: non-zero so master throttles instead of re-forking.
+EXIT_FATAL = 1
+
+
+def _tag(syslog_name: str, progname: str) -> str:
+    return f"{syslog_name}/{progname}"
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    progname = os.path.basename(argv[0]) if argv else "qmgr"
+    log = MailLog(_tag(os.environ.get("MAIL_LOGTAG", "postfix"), progname))
+    if os.environ.get("POSTLOG_SERVICE"):
+        log.use_postlog(os.environ["POSTLOG_SERVICE"],
+                        os.environ.get("POSTLOG_HOSTNAME", "amnesiac"))
+    else:
+        log.use_syslog()
+    try:
+        return _run(argv, log)
+    except (UsageError, ConfigError) as exc:
+        log.fatal(str(exc))
+        return EXIT_FATAL
+
+
+def _run(argv: list[str], log: MailLog) -> int:
+    opts = parse_argv(argv)
+    if opts.log_stderr:
+        log.stderr = True
+    config_dir = os.environ.get("MAIL_CONFIG", "/etc/postfix")
+    cfg = QmgrConfig.load(config_dir, opts.overrides)
+    if opts.args:
+        raise UsageError(f"unexpected command-line argument: {opts.args[0]}")
+    if not opts.alone and not opts.stand_alone:
+        raise UsageError(f"service {opts.service_name} requires a process limit of 1")
+    if opts.transport not in ("unix", "fifo", "pass"):
+        if opts.transport is None:
+            raise UsageError("no transport type specified")
+        raise UsageError(f"unsupported transport type: {opts.transport}")
+
+    # Re-point logging at the configured destination (syslog_name, maillog_file).
+    log.tag = _tag(cfg.syslog_name, opts.progname)
+    os.environ["MAIL_LOGTAG"] = cfg.syslog_name
+    if cfg.maillog_file:
+        postlog = os.path.join(cfg.queue_directory, "public", cfg.postlog_service_name)
+        log.use_postlog(postlog, cfg.myhostname)
+    else:
+        log.use_syslog(cfg.syslog_facility)
+    for text in cfg.warnings:
+        log.warning(text)
+
+    if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
+        raise UsageError("do not run this command by hand")
+    generation = generation_from_env(os.environ)
+
+    os.chdir(cfg.queue_directory)
+    _drop_privileges(cfg, chroot=opts.chroot, unprivileged=opts.unprivileged)
+
+    status = MasterStatus(STATUS_FD, os.getpid(), generation) if _fd_open(STATUS_FD) else None
+    flow = FlowControl() if _fd_open(3) and _fd_open(4) else None
+    return asyncio.run(_serve(cfg, log, status, flow))
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> None:
+    """setgid, initgroups, chroot, setuid: the order of Postfix's ``chroot_uid()``."""
+    if not unprivileged and not chroot:
+        return
+    if unprivileged:
+        try:
+            pw = pwd.getpwnam(cfg.mail_owner)
+        except KeyError as exc:
+            raise UsageError(f"unknown mail_owner user: {cfg.mail_owner}") from exc
+        os.setgid(pw.pw_gid)
+        os.initgroups(pw.pw_name, pw.pw_gid)
+    if chroot:
+        os.chroot(cfg.queue_directory)
+        os.chdir("/")
+    if unprivileged:
+        os.setuid(pw.pw_uid)
+
+
+async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
+                 flow: FlowControl | None) -> int:
+    loop = asyncio.get_running_loop()
+    stopped: asyncio.Future[int] = loop.create_future()
+
+    def master_gone() -> None:
+        # Stock exits at once, even with deliveries in flight: the agents finish on
+        # their own and the next qmgr recovers active/.
+        if not stopped.done():
+            stopped.set_result(0)
+
+    qmgr = Qmgr(cfg, log, flow)
+    server = None
+    if status is not None:
+        server = TriggerServer(loop, qmgr.trigger, master_gone, status)
+        server.start()
+    qmgr.start()
+    code = await stopped
+    if server is not None:
+        server.close()
+    with contextlib.suppress(Exception):
+        qmgr.resolver.close()
+    os._exit(code)
