@@ -1,0 +1,79 @@
+"""pyqmgr as the qmgr of real Postfix: mail to discard, smtp (sink), local and error."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+
+import pytest
+
+from pyqmgr.testbed.instance import LOCAL_DOMAIN, LOCAL_USER
+
+ACTIVE_RE = re.compile(r"^([0-9A-F]+): from=<[^>]*>, size=\d+, nrcpt=(\d+) \(queue active\)$")
+REMOVED_RE = re.compile(r"^([0-9A-F]+): removed$")
+
+
+@pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
+def test_200_mixed_messages_every_recipient_once(postfix, sink, qmgr):
+    srv = sink()
+    pf = postfix(
+        qmgr=qmgr,
+        transports={"discard.example": "discard:", "err.example": "error:5.1.1 no such user",
+                    "sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"recipient_delimiter": "+"},
+    )
+    rng = random.Random(2)
+    messages = []
+    expected: dict[str, tuple[str, str]] = {}  # recipient -> (agent program, status)
+    for i in range(200):
+        rcpts = []
+        for j in range(rng.randint(1, 50)):
+            kind = rng.random()
+            if kind < 0.5:
+                addr = f"m{i}r{j}@discard.example"
+                expected[addr] = ("postfix/discard", "sent")
+            else:
+                addr = f"m{i}r{j}@sink.example"
+                expected[addr] = ("postfix/smtp", "sent")
+            rcpts.append(addr)
+        if i % 10 == 0:
+            addr = f"{LOCAL_USER}+m{i}@{LOCAL_DOMAIN}"
+            expected[addr] = ("postfix/local", "sent")
+            rcpts.append(addr)
+        if i % 7 == 0:
+            addr = f"m{i}@err.example"
+            expected[addr] = ("postfix/error", "bounced")
+            rcpts.append(addr)
+        messages.append(("sender@discard.example", rcpts))
+    qids = pf.smtp_send(messages)
+    bounces = sum(1 for i in range(200) if i % 7 == 0)
+
+    pf.maillog.wait_for(lambda ln: ln.program == "postfix/qmgr" and ln.text.endswith(": removed"),
+                        timeout=120, count=200 + bounces, what="every message removed")
+    pf.wait_queue_empty(30)
+
+    # Every recipient got exactly one status line, from its own agent, with its status.
+    status_lines = Counter()
+    for ln in pf.maillog.lines():
+        if ln.to and ln.status and ln.queue_id in set(qids):
+            status_lines[(ln.to, ln.program, ln.status)] += 1
+    for addr, (program, status) in expected.items():
+        assert status_lines[(addr, program, status)] == 1, (addr, program, status)
+    assert sum(status_lines.values()) == len(expected)
+    sink_rcpts = {a for a, (p, _) in expected.items() if p == "postfix/smtp"}
+    assert set(srv.stats.delivered) == sink_rcpts
+    assert all(n == 1 for n in srv.stats.delivered.values())
+
+    # One "(queue active)" and one "removed" per message (bounces included), stock format.
+    qmgr_lines = pf.maillog.lines("postfix/qmgr")
+    assert [ln for ln in qmgr_lines if ln.severity != "info"] == []
+    active = Counter(m.group(1) for ln in qmgr_lines if (m := ACTIVE_RE.match(ln.text)))
+    removed = Counter(m.group(1) for ln in qmgr_lines if (m := REMOVED_RE.match(ln.text)))
+    assert set(qids) <= set(active)
+    assert len(active) == 200 + bounces
+    assert all(n == 1 for n in active.values()) and active.keys() == removed.keys()
+    assert all(n == 1 for n in removed.values())
+    nrcpt = {m.group(1): int(m.group(2)) for ln in qmgr_lines if (m := ACTIVE_RE.match(ln.text))}
+    for qid, (_, rcpts) in zip(qids, messages, strict=True):
+        assert nrcpt[qid] == len(rcpts)
