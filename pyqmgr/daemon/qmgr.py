@@ -110,6 +110,7 @@ class Qmgr:
             ipc_timeout=cfg.qmgr_ipc_timeout,
             ipc_idle=cfg.ipc_idle,
             ipc_ttl=cfg.ipc_ttl,
+            give_up_after=cfg.qmgr_ipc_timeout,
             warn=log.warning,
         )
         self.active = ActiveQueue(self)

@@ -308,16 +308,18 @@ def _envelope_record(msg: Message, rtype: int, text: str, offset: int,
             if len(nums) >= 3:
                 nums += [0] * (6 - len(nums))
                 data_size, data_offset, rcpt, rflags, cont, utf8 = nums
+                # Stored before the checks, as stock's sscanf does: a rejected size
+                # record still shapes the "rcpt count mismatch" warning that follows.
+                msg.data_size, msg.data_offset = data_size, data_offset
+                msg.rcpt_count = msg.rcpt_unread = rcpt
+                msg.rflags = rflags | (msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT)
+                msg.cont_length, msg.smtputf8 = cont, utf8
                 if data_offset <= 0 or data_size <= 0:
                     warnings.append(f"{qid}: invalid size record: {text[:100]}")
                     return True
                 if rflags & ~READ_FLAG_USER:
                     warnings.append(f"{qid}: invalid flags in size record: {text[:100]}")
                     return True
-                msg.data_size, msg.data_offset = data_size, data_offset
-                msg.rcpt_count = msg.rcpt_unread = rcpt
-                msg.rflags = rflags | (msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT)
-                msg.cont_length, msg.smtputf8 = cont, utf8
             else:
                 # One field is a pre-1.0 file, which stock rescans; such files no longer
                 # exist in practice, so they are refused like a weird size record.

@@ -1,0 +1,40 @@
+"""Deferral, retry time on the file's mtime, and flushing, with pyqmgr as qmgr."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+
+@pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
+def test_4xx_defers_with_retry_time_then_flush_delivers(postfix, sink, qmgr):
+    srv = sink(replies={"later@sink.example": "450 4.2.0 try again later"})
+    pf = postfix(qmgr=qmgr, transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"})
+    (qid,) = pf.smtp_send([("sender@sink.example", ["now@sink.example",
+                                                     "later@sink.example"])])
+    pf.maillog.wait_for(lambda ln: ln.queue_id == qid and ln.status == "deferred",
+                        timeout=30, what="the deferral")
+    deferred_at = time.time()
+    path = None
+    deadline = time.monotonic() + 20
+    while path is None and time.monotonic() < deadline:
+        path = pf.queue_path("deferred", qid)
+        time.sleep(0.05)
+    assert path is not None, "message did not reach deferred/"
+    assert os.path.basename(os.path.dirname(path)) == qid[0], "hashed by queue id"
+    st = os.stat(path)
+    # A young message waits minimal_backoff_time (300 s); atime equals mtime.
+    assert abs(st.st_mtime - (deferred_at + 300)) < 3
+    assert st.st_atime == st.st_mtime
+    assert srv.stats.delivered == {"now@sink.example": 1}
+    assert pf.queue_path("defer", qid) is not None, "the agent wrote a defer log"
+
+    srv.set_replies({})
+    pf.postqueue("-f")
+    pf.maillog.wait_for(lambda ln: ln.queue_id == qid and ln.text.endswith(": removed"),
+                        timeout=30, what="removal after flush")
+    assert srv.stats.delivered == {"now@sink.example": 1, "later@sink.example": 1}
+    assert pf.queue_empty()
+    assert pf.queue_path("defer", qid) is None, "defer log removed on reactivation"
