@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import select
 import socket
 import struct
 import termios
@@ -229,9 +230,27 @@ class TriggerServer:
             with contextlib.suppress(OSError):
                 os.set_inheritable(fd, False)
         self.loop.add_reader(self.listen_sock.fileno(), self._accept)
-        self.loop.add_reader(self.status_fd, self.on_master_gone)
+        self.loop.add_reader(self.status_fd, self._gone)
+
+    def _gone(self) -> None:
+        self.close()
+        self.on_master_gone()
+
+    def _master_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.status_fd], [], [], 0)
+        except OSError:
+            return True
+        return bool(readable)
 
     def _accept(self) -> None:
+        # On reload master first closes our status channel, then sends the new qmgr
+        # its wakeup on this same socket. If both are pending, accepting here would
+        # swallow that wakeup and no new qmgr would start until the next timer: leave
+        # the connection for our successor.
+        if self._master_gone():
+            self._gone()
+            return
         # master created the listen socket non-blocking; that flag lives in the shared
         # open file description, so it must not be flipped here.
         try:
