@@ -276,8 +276,8 @@ class ActiveQueue:
 
     # -- routing ----------------------------------------------------------------------
 
-    async def route(self, am: ActiveMessage,
-                    recipients: list[queue_file.Recipient]) -> list[Route] | None:
+    def route(self, am: ActiveMessage,
+              recipients: list[queue_file.Recipient]) -> list[Route] | None:
         """Resolve each recipient as ``qmgr_message_resolve`` does; None = resolver down."""
         qf = am.qf
         cfg = self.cfg
@@ -302,7 +302,7 @@ class ActiveQueue:
                 routes.append(Route(transport, nexthop.lower(), nexthop, rcpt))
                 continue
             try:
-                res = await resolver.resolve(sender, r.address, verify=verify)
+                res = resolver.resolve(sender, r.address, verify=verify)
             except ResolverFailure:
                 return None
             if res.recipient != rcpt.address:
@@ -357,6 +357,33 @@ class ActiveQueue:
 
     # -- completion ---------------------------------------------------------------------
 
+    def _needs_trace(self, am: ActiveMessage) -> bool:
+        return bool(am.tflags & (DEL_REQ_FLAG_USR_VRFY | DEL_REQ_FLAG_RECORD
+                                 | DEL_REQ_FLAG_REC_DLY_SENT)
+                    or am.qf.rflags & READ_FLAG_NOTIFY_SUCCESS)
+
+    def try_quick_finish(self, am: ActiveMessage) -> bool:
+        """The common case needs no bounce, defer or trace service: finish right away.
+
+        Returns False when :meth:`finish` must run (asynchronously) instead.
+        """
+        if am.flags or am.sched.deferred or am.qf.rcpt_offset > 0 or self._needs_trace(am):
+            return False
+        cfg = self.cfg
+        bounce_log = mail_queue.queue_path("bounce", am.queue_id, cfg.hash_queue_names,
+                                           cfg.hash_queue_depth)
+        try:
+            size = os.stat(bounce_log).st_size
+        except FileNotFoundError:
+            size = -1
+        if size > 0:
+            return False
+        if size == 0:
+            _unlink_quiet(bounce_log)
+        self._forget(am)
+        self.remove(am.queue_id)
+        return True
+
     async def finish(self, am: ActiveMessage) -> None:
         """The message's last delivery finished (``qmgr_active_done``)."""
         cfg = self.cfg
@@ -382,11 +409,10 @@ class ActiveQueue:
             return
 
         if qf.rcpt_offset > 0:
-            await self.qmgr.next_batch(am)
+            self.qmgr.next_batch(am)
             return
 
-        if (am.tflags & (DEL_REQ_FLAG_USR_VRFY | DEL_REQ_FLAG_RECORD | DEL_REQ_FLAG_REC_DLY_SENT)
-                or qf.rflags & READ_FLAG_NOTIFY_SUCCESS):
+        if self._needs_trace(am):
             status = await self._notify(am, "trace", bounce.BOUNCE_CMD_TRACE, am.tflags)
             if status == 0 and qf.trace_offset > 0:
                 self._update_file(am, lambda fd: queue_file.kill_record(fd, qf.trace_offset))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Iterator
 
 from pyqmgr.daemon.active import (
@@ -25,30 +24,20 @@ from pyqmgr.daemon.active import (
     ActiveQueue,
     request_flags,
 )
+from pyqmgr.daemon.delivery import AgentCall
 from pyqmgr.postfix import bounce, mail_queue, queue_file
-from pyqmgr.postfix.attr import AttrError
 from pyqmgr.postfix.config import QmgrConfig, TransportConfig
-from pyqmgr.postfix.deliver_request import (
-    PROTOCOL as DELIVERY_PROTOCOL,
-)
-from pyqmgr.postfix.deliver_request import (
-    RequestRecipient,
-    decode_reply,
-    encode_request,
-)
+from pyqmgr.postfix.deliver_request import DeliveryReply, RequestRecipient, encode_request
 from pyqmgr.postfix.log_adhoc import log_adhoc_line
-from pyqmgr.postfix.mail_connect import AttrConnection, PrematureDisconnect, ServiceUnavailable
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import FlowControl
 from pyqmgr.postfix.resolve import ResolveClient
-from pyqmgr.scheduler.core import DeferRecipient, Scheduler
+from pyqmgr.scheduler.core import DeferRecipient, Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.queue import Dsn
 
 #: Stock keeps at most this many agent connections per transport waiting for an agent.
 MAX_PENDING_PER_TRANSPORT = 2
-#: Messages resolved concurrently while feeding; assignment stays in read order.
-RESOLVE_AHEAD = 16
 
 INCOMING = 0
 DEFERRED = 1
@@ -120,7 +109,8 @@ class Qmgr:
         self.pending: dict[str, int] = {}
         self.wakeup = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.loading: deque[tuple[ActiveMessage, asyncio.Task[object]]] = deque()
+        self.calls: set[AgentCall] = set()
+        self.loop = asyncio.get_running_loop()
         self._params: dict[str, TransportConfig] = {}
 
     def transport_params(self, name: str) -> TransportConfig:
@@ -188,31 +178,24 @@ class Qmgr:
             await asyncio.sleep(1.0)
             self.scheduler.tick(time.monotonic())
             self.resolver.expire_idle()
+            self.expire_calls()
             self.dispatch()
 
     # -- feeding ------------------------------------------------------------------------
 
     async def _feeder(self) -> None:
-        limit = self.cfg.qmgr_message_active_limit
-        passes = 0
+        """Stock's qmgr_loop: one message per pass, then let the event loop run."""
         while True:
-            fed_any = False
-            while self.message_count < limit and len(self.loading) < RESOLVE_AHEAD:
-                fed, scanned_incoming = self._feed_once()
-                self._flow_tokens(fed, scanned_incoming)
-                if fed is None:
-                    break
-                fed_any = True
-                passes += 1
-                if passes % 64 == 0:
-                    await asyncio.sleep(0)
-            self._flow_tokens(False, False)
-            if self.loading:
-                await self._commit_next()
-                continue
-            if not fed_any:
+            if self.message_count < self.cfg.qmgr_message_active_limit:
+                fed, from_incoming = self._feed_once()
+            else:
+                fed, from_incoming = None, False
+            self._flow_tokens(fed, from_incoming)
+            if fed is None:
                 self.wakeup.clear()
                 await self.wakeup.wait()
+            else:
+                await asyncio.sleep(0)
 
     def _feed_once(self) -> tuple[bool | None, bool]:
         """One pass over both scans in priority order; at most one message loaded.
@@ -233,7 +216,7 @@ class Qmgr:
             am = self.active.feed(scan.queue, qid, scan.flags)
             if am is not None:
                 self.message_count += 1
-                self._start_loading(am)
+                self._load(am)
                 loaded = True
                 break
         if self.message_count < self.cfg.qmgr_message_active_limit:
@@ -260,38 +243,27 @@ class Qmgr:
         elif count > limit:
             flow.get(count - limit)
 
-    def _start_loading(self, am: ActiveMessage) -> None:
+    def _load(self, am: ActiveMessage) -> None:
         recipients = am.extra.pop("pending")
         assert isinstance(recipients, list)
-        if not self.active.prepare(am):
-            task = asyncio.get_running_loop().create_task(_none())
-        else:
-            task = asyncio.get_running_loop().create_task(self.active.route(am, recipients))
-        self.loading.append((am, task))
-
-    async def _commit_next(self) -> None:
-        """Assign the oldest loading message once its recipients are routed."""
-        am, task = self.loading[0]
-        routes = await task
-        self.loading.popleft()
+        routes = self.active.route(am, recipients) if self.active.prepare(am) else []
         self._assign(am, routes)
 
-    def _assign(self, am: ActiveMessage, routes: object) -> None:
-        if routes is None and am.flags == 0:
+    def _assign(self, am: ActiveMessage, routes: list[Route] | None) -> None:
+        if routes is None:
             # trivial-rewrite is unreachable: defer the whole message, lose nothing.
             self.log.warning(f"{am.queue_id}: address resolver failure -- deferring message")
             self.active.abandon(am)
             return
-        if isinstance(routes, list):
-            self.scheduler.assign(am.sched, routes)
-            am.in_core += len(routes)
-            self.active.in_core_recipients += len(routes)
+        self.scheduler.assign(am.sched, routes)
+        am.in_core += len(routes)
+        self.active.in_core_recipients += len(routes)
         self._process_decisions()
-        if am.sched.refcount == 0 and am.sched not in self.scheduler.finished:
-            self.spawn(self._finish(am))
+        if am.sched.refcount == 0:
+            self._message_done(am)
         self.dispatch()
 
-    async def next_batch(self, am: ActiveMessage) -> None:
+    def next_batch(self, am: ActiveMessage) -> None:
         """Read and route the next recipient batch of a large message."""
         limit = max(self.cfg.qmgr_message_recipient_limit - self.active.in_core_recipients,
                     self.cfg.qmgr_message_recipient_minimum)
@@ -310,16 +282,19 @@ class Qmgr:
             self.message_left()
             self.active.corrupt(am.queue_id)
             return
-        routes = await self.active.route(am, batch.recipients)
-        self._assign(am, routes)
+        self._assign(am, self.active.route(am, batch.recipients))
 
     def message_left(self) -> None:
         self.message_count -= 1
         self.wakeup.set()
 
-    async def _finish(self, am: ActiveMessage) -> None:
+    def _message_done(self, am: ActiveMessage) -> None:
         self.active.in_core_recipients -= am.in_core
         am.in_core = 0
+        if not self.active.try_quick_finish(am):
+            self.spawn(self._finish(am))
+
+    async def _finish(self, am: ActiveMessage) -> None:
         await self.active.finish(am)
         self.wakeup.set()
 
@@ -327,64 +302,79 @@ class Qmgr:
 
     def dispatch(self) -> None:
         """Open agent connections for transports that have deliverable work."""
-        for name in self.scheduler.transports_with_work():
-            while self.pending.get(name, 0) < MAX_PENDING_PER_TRANSPORT:
+        sched = self.scheduler
+        for name in sched.transports_with_work():
+            while (sched.has_work(name) and self.pending.get(name, 0)
+                   < min(MAX_PENDING_PER_TRANSPORT, sched.transport(name).todo_count)):
                 self.pending[name] = self.pending.get(name, 0) + 1
-                self.spawn(self._deliver(name))
-                if self.pending[name] >= self.scheduler.transport(name).todo_count:
-                    break
+                call = AgentCall(self.loop, f"private/{name}", self.cfg.daemon_timeout,
+                                 self._agent_ready, self._agent_reply, self._agent_unavailable)
+                call.entry = name
+                self.calls.add(call)
+                call.start()
 
-    async def _deliver(self, name: str) -> None:
-        path = f"private/{name}"
-        try:
-            conn = await AttrConnection.open(path, DELIVERY_PROTOCOL, self.cfg.daemon_timeout)
-        except ServiceUnavailable as exc:
-            self.pending[name] -= 1
-            self.log.warning(f"connect to transport {path}: {exc}")
-            self.scheduler.throttle_transport(
-                name, Dsn("4.3.0", "mail transport unavailable"), time.monotonic()
-            )
-            self._process_decisions()
-            self.dispatch()
-            return
+    def _agent_ready(self, call: AgentCall) -> bytes | None:
+        """An agent announced itself: hand it the entry the scheduler picks."""
+        name = call.entry
+        assert isinstance(name, str)
         self.pending[name] -= 1
         entry = self.scheduler.select(name)
         if entry is None:
-            conn.close()
-            return
+            self.calls.discard(call)
+            return None
+        call.entry = entry
         self.dispatch()
-        status, hop, crashed = await self._exchange(conn, path, entry)
-        self.scheduler.done(entry, status, hop, crashed, time.monotonic())
-        self._process_decisions()
-        self.dispatch()
-
-    async def _exchange(self, conn: AttrConnection, path: str,
-                        entry: Entry) -> tuple[int, Dsn | None, bool]:
         am: ActiveMessage = entry.message.owner
-        queue = entry.queue
         recipients = [RequestRecipient(r.orig_addr, r.address, r.offset, r.dsn_orcpt,
                                        r.dsn_notify) for r in entry.recipients]
         smtputf8 = am.request.smtputf8
         if self.cfg.smtputf8_enable and any(not r.address.isascii() for r in recipients):
             smtputf8 |= 8
-        try:
-            conn.write(encode_request(request_flags(am, 0), am.request, queue.nexthop,
-                                      smtputf8, am.request.sender, recipients))
-            reply = decode_reply(await conn.read_list(self.cfg.daemon_timeout))
-        except PrematureDisconnect:
-            self.log.warning(f"{path} socket: malformed response")
-            return -1, None, True
-        except AttrError:
-            self.log.warning(f"{path} socket: malformed response")
-            return -1, None, True
-        except TimeoutError:
-            self.log.warning(f"{am.queue_id}: timeout receiving delivery status from "
-                             f"transport: {entry.transport}")
-            return -1, None, True
-        finally:
-            conn.close()
-        hop = reply.hop
-        return reply.status, Dsn(hop.status, hop.reason) if hop.status else None, False
+        return encode_request(request_flags(am, 0), am.request, entry.queue.nexthop,
+                              smtputf8, am.request.sender, recipients)
+
+    def _agent_unavailable(self, call: AgentCall, why: str) -> None:
+        """Connect or handshake failed: the transport is dead for transport_retry_time."""
+        self.calls.discard(call)
+        name = call.entry
+        assert isinstance(name, str)
+        self.pending[name] -= 1
+        self.log.warning(f"connect to transport {call.path}: {why}")
+        self.scheduler.throttle_transport(
+            name, Dsn("4.3.0", "mail transport unavailable"), time.monotonic()
+        )
+        self._process_decisions()
+        self.dispatch()
+
+    def _agent_reply(self, call: AgentCall, reply: DeliveryReply | None,
+                     why: str | None) -> None:
+        self.calls.discard(call)
+        entry = call.entry
+        assert isinstance(entry, Entry)
+        if reply is None:
+            # 3.7.11: a crashed or silent agent defers the message, nothing more.
+            if why == "timeout":
+                self.log.warning(f"{entry.message.queue_id}: timeout receiving delivery "
+                                 f"status from transport: {entry.transport}")
+            else:
+                self.log.warning(f"{call.path} socket: malformed response")
+            self.scheduler.done(entry, -1, None, True, time.monotonic())
+        else:
+            hop = reply.hop
+            dsn = Dsn(hop.status, hop.reason) if hop.status else None
+            self.scheduler.done(entry, reply.status, dsn, False, time.monotonic())
+        self._process_decisions()
+        self.dispatch()
+
+    def expire_calls(self) -> None:
+        now = time.monotonic()
+        for call in [c for c in self.calls if c.expired(now)]:
+            state = call.state
+            call.close()
+            if state == "announce":
+                self._agent_unavailable(call, "timeout connecting to transport")
+            else:
+                self._agent_reply(call, None, "timeout")
 
     def _process_decisions(self) -> None:
         sched = self.scheduler
@@ -400,12 +390,8 @@ class Qmgr:
             finished = list(sched.finished)
             sched.finished.clear()
             for message in finished:
-                am = message.owner
-                if am is not None and not self.loading_contains(am):
-                    self.spawn(self._finish(am))
-
-    def loading_contains(self, am: ActiveMessage) -> bool:
-        return any(item[0] is am for item in self.loading)
+                if message.owner is not None:
+                    self._message_done(message.owner)
 
     async def _defer_recipient(self, d: DeferRecipient) -> None:
         """The retry transport is dead too: append to the defer log ourselves."""
@@ -424,5 +410,3 @@ class Qmgr:
         ))
 
 
-async def _none() -> None:
-    return None

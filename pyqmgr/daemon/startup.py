@@ -128,6 +128,15 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         if not stopped.done():
             stopped.set_result(0)
 
+    profile_path = os.environ.get("PYQMGR_PROFILE")
+    profiler = None
+    if profile_path:
+        # Opt-in, for performance work: add PYQMGR_PROFILE=/path to main.cf's
+        # import_environment; stats are written when master lets us go.
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     qmgr = Qmgr(cfg, log, flow)
     server = None
     if status is not None:
@@ -135,6 +144,10 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         server.start()
     qmgr.start()
     code = await stopped
+    if profiler is not None and profile_path:
+        profiler.disable()
+        with contextlib.suppress(OSError):
+            profiler.dump_stats(f"{profile_path}.{os.getpid()}")
     if server is not None:
         server.close()
     with contextlib.suppress(Exception):

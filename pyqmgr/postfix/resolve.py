@@ -1,21 +1,27 @@
 """The trivial-rewrite client: where does each recipient go (``resolve_clnt.c``)?
 
-Requests are strictly lock-step per connection (trivial-rewrite only looks at a socket
-when it becomes readable, so a pipelined second request would sit unseen), so this
-client keeps a small pool of persistent connections and runs one request per connection
-at a time. Connections idle for ``ipc_idle`` or older than ``ipc_ttl`` are closed, as
-stock's clnt_stream does, so that trivial-rewrite's own restarts on table changes are
-picked up. Answers are cached for 30 s, the validity stock gives its one-entry cache.
+Like stock's client this is synchronous over one persistent connection: trivial-rewrite
+answers in microseconds, and a blocking round trip costs far less than scheduling it
+through the event loop. Requests are strictly lock-step (trivial-rewrite only looks at a
+socket when it becomes readable, so a pipelined second request would sit unseen). The
+connection is closed after ``ipc_idle`` unused or ``ipc_ttl`` old, so trivial-rewrite's
+own restarts on table changes are picked up. Answers are cached for 30 s, the validity
+stock gives its one-entry cache.
+
+Unlike stock, which retries forever while the whole qmgr waits, a resolve that keeps
+failing for ``give_up_after`` seconds raises :class:`ResolverFailure`, so the caller can
+defer the message and keep delivering everything else.
 """
 
 from __future__ import annotations
 
-import asyncio
+import select
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyqmgr.postfix.attr import AttrError, encode, expect, to_int
-from pyqmgr.postfix.mail_connect import AttrConnection, PrematureDisconnect, ServiceUnavailable
+from pyqmgr.postfix.attr import AttrError, AttrParser, check_announcement, encode, expect, to_int
 
 RESOLVE_FLAG_FINAL = 0x1
 RESOLVE_FLAG_ROUTED = 0x2
@@ -45,18 +51,7 @@ class Resolved:
     flags: int
 
 
-class _Conn:
-    __slots__ = ("conn", "opened", "used")
-
-    def __init__(self, conn: AttrConnection, now: float) -> None:
-        self.conn = conn
-        self.opened = now
-        self.used = now
-
-
 class ResolveClient:
-    """A pool of persistent connections to ``private/rewrite``."""
-
     def __init__(
         self,
         path: str = "private/rewrite",
@@ -64,27 +59,24 @@ class ResolveClient:
         ipc_timeout: float = 60.0,
         ipc_idle: float = 5.0,
         ipc_ttl: float = 1000.0,
-        pool_size: int = 4,
         give_up_after: float = 60.0,
-        warn: object = None,
+        warn: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.path = path
         self.ipc_timeout = ipc_timeout
         self.ipc_idle = ipc_idle
         self.ipc_ttl = ipc_ttl
         self.give_up_after = give_up_after
-        self._idle: list[_Conn] = []
-        self._slots = asyncio.Semaphore(pool_size)
-        self._cache: dict[tuple[str, str, str], tuple[float, Resolved]] = {}
         self._warn = warn
+        self._sleep = sleep
+        self._sock: socket.socket | None = None
+        self._parser = AttrParser()
+        self._opened = 0.0
+        self._used = 0.0
+        self._cache: dict[tuple[str, str, str], tuple[float, Resolved]] = {}
 
-    async def resolve(self, sender: str, address: str, verify: bool = False) -> Resolved:
-        """Resolve one recipient; retry through server restarts, as stock does.
-
-        Stock retries forever while blocking the whole qmgr; here a resolve that keeps
-        failing for ``give_up_after`` seconds raises ResolverFailure so that the caller
-        can defer the message instead of stalling every other delivery.
-        """
+    def resolve(self, sender: str, address: str, verify: bool = False) -> Resolved:
         request = "verify" if verify else "resolve"
         key = (request, sender, address)
         now = time.monotonic()
@@ -95,69 +87,82 @@ class ResolveClient:
         payload = encode((("request", request), ("sender", sender), ("address", address)))
         deadline = now + self.give_up_after
         tries = 0
-        async with self._slots:
-            while True:
-                tries += 1
-                try:
-                    result = await self._exchange(payload)
-                    break
-                except (ServiceUnavailable, PrematureDisconnect, AttrError, TimeoutError,
-                        OSError) as exc:
-                    if tries > 1 and callable(self._warn):
-                        self._warn(f"problem talking to service rewrite: {exc}")
-                    if time.monotonic() >= deadline:
-                        raise ResolverFailure(str(exc)) from exc
-                    await asyncio.sleep(1.0)
+        while True:
+            tries += 1
+            try:
+                result = self._exchange(payload)
+                break
+            except (AttrError, OSError, EOFError) as exc:
+                self.close()
+                if tries > 1 and self._warn is not None:
+                    self._warn(f"problem talking to service rewrite: {exc}")
+                if time.monotonic() >= deadline:
+                    raise ResolverFailure(str(exc)) from exc
+                self._sleep(1.0)
         if address:
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
             self._cache[key] = (time.monotonic(), result)
         return result
 
-    async def _exchange(self, payload: bytes) -> Resolved:
-        slot = await self._checkout()
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.ipc_timeout)
         try:
-            slot.conn.write(payload)
-            attrs = await slot.conn.read_list(self.ipc_timeout)
-            server_flags, transport, nexthop, recipient, flags = expect(
-                attrs, _REPLY_NAMES, "resolve reply"
-            )
-            if not transport:
-                raise AttrError("resolve reply: empty transport")
-        except BaseException:
-            slot.conn.close()
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
             raise
-        slot.used = time.monotonic()
+        self._sock = sock
+        self._parser = AttrParser()
+        self._opened = time.monotonic()
+        check_announcement(self._read_list(), PROTOCOL)
+        return sock
+
+    def _read_list(self) -> list[tuple[str, str]]:
+        assert self._sock is not None
+        parser = self._parser
+        while True:
+            attrs = parser.pop()
+            if attrs is not None:
+                return attrs
+            data = self._sock.recv(4096)
+            if not data:
+                raise EOFError("premature end-of-input")
+            parser.feed(data)
+
+    def _exchange(self, payload: bytes) -> Resolved:
+        now = time.monotonic()
+        sock = self._sock
+        if sock is not None and (now - self._used > self.ipc_idle
+                                 or now - self._opened > self.ipc_ttl or self._peer_closed()):
+            self.close()
+            sock = None
+        if sock is None:
+            sock = self._connect()
+        sock.sendall(payload)
+        server_flags, transport, nexthop, recipient, flags = expect(
+            self._read_list(), _REPLY_NAMES, "resolve reply"
+        )
+        if not transport:
+            raise AttrError("resolve reply: empty transport")
+        self._used = time.monotonic()
         if to_int(server_flags, "flags") != 0:
-            slot.conn.close()
-        else:
-            self._idle.append(slot)
+            self.close()
         return Resolved(transport, nexthop, recipient, to_int(flags, "flags"))
 
-    async def _checkout(self) -> _Conn:
-        now = time.monotonic()
-        while self._idle:
-            slot = self._idle.pop()
-            if (slot.conn.peer_closed or now - slot.used > self.ipc_idle
-                    or now - slot.opened > self.ipc_ttl):
-                slot.conn.close()
-                continue
-            return slot
-        conn = await AttrConnection.open(self.path, PROTOCOL, self.ipc_timeout)
-        return _Conn(conn, now)
+    def _peer_closed(self) -> bool:
+        """A readable socket before a request means trivial-rewrite hung up."""
+        assert self._sock is not None
+        readable, _, _ = select.select([self._sock], [], [], 0)
+        return bool(readable)
 
     def expire_idle(self) -> None:
-        """Close connections unused for ipc_idle; call this from a periodic timer."""
-        now = time.monotonic()
-        keep = []
-        for slot in self._idle:
-            if slot.conn.peer_closed or now - slot.used > self.ipc_idle:
-                slot.conn.close()
-            else:
-                keep.append(slot)
-        self._idle = keep
+        """Close an idle connection; called from the daemon's periodic timer."""
+        if self._sock is not None and time.monotonic() - self._used > self.ipc_idle:
+            self.close()
 
     def close(self) -> None:
-        for slot in self._idle:
-            slot.conn.close()
-        self._idle = []
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

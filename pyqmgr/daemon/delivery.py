@@ -1,0 +1,153 @@
+"""One delivery: connect to a transport's agent, wait for it, send a request, read the reply.
+
+A plain state machine driven by fd callbacks, without tasks, futures or per-read timers:
+qmgr runs thousands of these a second and each asyncio layer costs measurable CPU.
+Deadlines (``daemon_timeout``) are checked by the daemon's once-a-second sweep.
+
+The wait for the agent's announcement is where master(8)'s process limit throttles
+deliveries: the connection sits in the listen queue until an agent process is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import time
+from collections.abc import Callable
+
+from pyqmgr.postfix.attr import AttrError, AttrParser, check_announcement
+from pyqmgr.postfix.deliver_request import PROTOCOL, DeliveryReply, decode_reply
+
+CONNECT_RETRY_DELAY = 0.01
+
+
+class AgentCall:
+    """States: connecting -> waiting for the agent -> waiting for the reply -> done."""
+
+    __slots__ = ("loop", "path", "sock", "parser", "deadline", "state", "out",
+                 "on_ready", "on_reply", "on_unavailable", "entry")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        path: str,
+        timeout: float,
+        on_ready: Callable[[AgentCall], bytes | None],
+        on_reply: Callable[[AgentCall, DeliveryReply | None, str | None], None],
+        on_unavailable: Callable[[AgentCall, str], None],
+    ) -> None:
+        self.loop = loop
+        self.path = path
+        self.sock: socket.socket | None = None
+        self.parser = AttrParser()
+        self.deadline = time.monotonic() + timeout
+        self.state = "connect"
+        self.out = b""
+        self.on_ready = on_ready
+        self.on_reply = on_reply
+        self.on_unavailable = on_unavailable
+        self.entry: object = None
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(self.path)
+        except BlockingIOError:
+            # The listen backlog is full: master is not keeping up; try again shortly.
+            sock.close()
+            self.loop.call_later(CONNECT_RETRY_DELAY, self.start)
+            return
+        except OSError as exc:
+            sock.close()
+            self.state = "done"
+            # Report from the event loop, not from inside the caller's dispatch loop.
+            why = exc.strerror or errno.errorcode.get(exc.errno or 0, "?")
+            self.loop.call_soon(self.on_unavailable, self, why)
+            return
+        self.sock = sock
+        self.state = "announce"
+        self.loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        try:
+            if data:
+                self.parser.feed(data)
+            attrs = self.parser.pop()
+        except AttrError as exc:
+            self._fail(str(exc))
+            return
+        if attrs is None:
+            if not data:
+                self._fail("premature disconnect")
+            return
+        if self.state == "announce":
+            try:
+                check_announcement(attrs, PROTOCOL)
+            except AttrError as exc:
+                self.close()
+                self.on_unavailable(self, str(exc))
+                return
+            request = self.on_ready(self)
+            if request is None:
+                self.close()
+                return
+            self.state = "reply"
+            self._send(request)
+        elif self.state == "reply":
+            try:
+                reply = decode_reply(attrs)
+            except AttrError:
+                self._fail("malformed response")
+                return
+            self.close()
+            self.on_reply(self, reply, None)
+
+    def _send(self, data: bytes) -> None:
+        sock = self.sock
+        assert sock is not None
+        try:
+            sent = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._fail(f"write: {exc.strerror}")
+            return
+        self.out = data[sent:]
+        if self.out:
+            self.loop.add_writer(sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        assert self.sock is not None
+        self.loop.remove_writer(self.sock.fileno())
+        self._send(self.out)
+
+    def _fail(self, why: str) -> None:
+        state = self.state
+        self.close()
+        if state == "announce":
+            self.on_unavailable(self, why)
+        else:
+            self.on_reply(self, None, why)
+
+    def expired(self, now: float) -> bool:
+        return self.state in ("announce", "reply") and now > self.deadline
+
+    def close(self) -> None:
+        self.state = "done"
+        sock = self.sock
+        if sock is not None:
+            self.loop.remove_reader(sock.fileno())
+            if self.out:
+                self.loop.remove_writer(sock.fileno())
+            sock.close()
+            self.sock = None
