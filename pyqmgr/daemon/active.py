@@ -168,9 +168,9 @@ class ActiveQueue:
             flags |= FLUSH_EACH | FLUSH_DFXP
         if st.st_mode & stat.S_IXGRP:
             flags |= FORCE_EXPIRE
-        return self._open(qid, flags, st.st_mode)
+        return self._open(qid, flags, st.st_mode, st.st_size)
 
-    def _open(self, qid: str, flags: int, mode: int) -> ActiveMessage | None:
+    def _open(self, qid: str, flags: int, mode: int, size: int) -> ActiveMessage | None:
         path = f"active/{qid}"
         try:
             fd = os.open(path, os.O_RDWR)
@@ -189,7 +189,7 @@ class ActiveQueue:
                 self._move(path, "incoming", qid)
                 return None
             qf = queue_file.Message(queue_id=qid)
-            data = _read_all(fd)
+            data = _read_all(fd, size)
             limit = max(self.cfg.qmgr_message_recipient_limit - self.in_core_recipients,
                         self.cfg.qmgr_message_recipient_minimum)
             batch = queue_file.read_batch(data, qf, min(limit, MAX_BATCH))
@@ -544,13 +544,16 @@ def per_recipient_queue_name(address: str, nexthop: str, delimiters: str,
     return f"{local}@{nexthop}".lower()
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while True:
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks)
+def _read_all(fd: int, size_hint: int = 0) -> bytes:
+    """The whole file, normally in one read: ask for more than the size we saw."""
+    want = size_hint + 4096
+    data = os.read(fd, want)
+    if len(data) < want:
+        return data
+    chunks = [data]
+    while chunk := os.read(fd, 1 << 16):
         chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _unlink_quiet(path: str) -> None:

@@ -27,7 +27,7 @@ from pyqmgr.daemon.active import (
 from pyqmgr.daemon.delivery import AgentCall
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.config import QmgrConfig, TransportConfig
-from pyqmgr.postfix.deliver_request import DeliveryReply, RequestRecipient, encode_request
+from pyqmgr.postfix.deliver_request import DeliveryReply, encode_request
 from pyqmgr.postfix.log_adhoc import log_adhoc_line
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import FlowControl
@@ -301,12 +301,20 @@ class Qmgr:
     # -- delivery -----------------------------------------------------------------------
 
     def dispatch(self) -> None:
-        """Open agent connections for transports that have deliverable work."""
+        """Open agent connections for transports that have deliverable work.
+
+        Called after every event that may free or create work, so it checks the cheap
+        counters before asking the scheduler.
+        """
         sched = self.scheduler
-        for name in sched.transports_with_work():
-            while (sched.has_work(name) and self.pending.get(name, 0)
-                   < min(MAX_PENDING_PER_TRANSPORT, sched.transport(name).todo_count)):
-                self.pending[name] = self.pending.get(name, 0) + 1
+        pending = self.pending
+        for name, t in sched.transports.items():
+            if t.todo_count == 0 or t.throttled:
+                continue
+            n = pending.get(name, 0)
+            while n < MAX_PENDING_PER_TRANSPORT and n < t.todo_count and sched.has_work(name):
+                n += 1
+                pending[name] = n
                 call = AgentCall(self.loop, f"private/{name}", self.cfg.daemon_timeout,
                                  self._agent_ready, self._agent_reply, self._agent_unavailable)
                 call.entry = name
@@ -325,8 +333,7 @@ class Qmgr:
         call.entry = entry
         self.dispatch()
         am: ActiveMessage = entry.message.owner
-        recipients = [RequestRecipient(r.orig_addr, r.address, r.offset, r.dsn_orcpt,
-                                       r.dsn_notify) for r in entry.recipients]
+        recipients = entry.recipients
         smtputf8 = am.request.smtputf8
         if self.cfg.smtputf8_enable and any(not r.address.isascii() for r in recipients):
             smtputf8 |= 8

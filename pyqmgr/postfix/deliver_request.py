@@ -11,7 +11,9 @@ optional hop-level DSN that says the whole next hop should be avoided.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pyqmgr.postfix.attr import AttrError, AttrList, AttrValue, encode, expect, to_int
 
@@ -46,8 +48,9 @@ def msg_stats(incoming: tuple[int, int], active: tuple[int, int]) -> bytes:
     return _MSG_STATS.pack(incoming[0], incoming[1], active[0], active[1], 0, 0, 0, 0, 0, 0, 0)
 
 
-@dataclass(slots=True)
-class RequestRecipient:
+class RequestRecipient(Protocol):
+    """Any recipient object with these fields (the scheduler's, the queue file's)."""
+
     orig_addr: str
     address: str
     offset: int
@@ -82,7 +85,7 @@ class RequestMessage:
 
 def encode_request(
     flags: int, msg: RequestMessage, nexthop: str, smtputf8: int, sender: str,
-    recipients: list[RequestRecipient],
+    recipients: Sequence[RequestRecipient],
 ) -> bytes:
     common: list[tuple[str, AttrValue]] = [
         ("flags", flags),

@@ -61,10 +61,14 @@ class MailLog:
         self._sock: socket.socket | None = None
         self._syslog = False
         self.stderr = False
+        # The line prefix changes once a second; formatting it per line costs.
+        self._stamp_time = -1
+        self._prefix = ""
 
     def use_postlog(self, socket_path: str, hostname: str) -> None:
         """Send lines as datagrams to postlogd; connect now, before chroot."""
         self._close()
+        self._stamp_time = -1
         self.hostname = hostname.split(".", 1)[0] or "amnesiac"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
@@ -103,8 +107,12 @@ class MailLog:
         sock = self._sock
         if sock is None:
             return
-        stamp = time.strftime("%b %d %H:%M:%S", time.localtime())
-        line = f"{stamp} {self.hostname} {self.tag}[{self.pid}]: {text}"
+        now = int(time.time())
+        if now != self._stamp_time:
+            self._stamp_time = now
+            self._prefix = (f"{time.strftime('%b %d %H:%M:%S', time.localtime(now))} "
+                            f"{self.hostname} {self.tag}[{self.pid}]: ")
+        line = self._prefix + text
         with contextlib.suppress(OSError):
             sock.send(line.encode("utf-8", "surrogateescape"))
 

@@ -296,6 +296,34 @@ def _envelope_record(msg: Message, rtype: int, text: str, offset: int,
                      warnings: list[str]) -> bool:
     """Handle a non-recipient record; True means "reject the file"."""
     qid = msg.queue_id
+    if rtype == 0x41:  # 'A' not mapped to a pseudo type: the most common record
+        name, _, value = text.partition("=")
+        name = name.strip()
+        if name == "encoding":
+            msg.encoding = value
+        elif name in _LOG_ATTRS:
+            if not msg.seen_log_attrs:
+                msg.seen_log_attrs = True
+                for legacy in _LEGACY_ATTRS.values():
+                    setattr(msg, legacy, "")
+            setattr(msg, _LOG_ATTRS[name], value)
+        elif name in _LEGACY_ATTRS:
+            if not msg.seen_log_attrs:
+                setattr(msg, _LEGACY_ATTRS[name], value)
+        elif name in _SINGLE_ATTRS:
+            if name in msg.seen_single:
+                warnings.append(f"{qid}: ignoring multiple {name} attribute: {value}")
+            else:
+                msg.seen_single.add(name)
+                setattr(msg, name, value)
+        elif name == "trace_flags":
+            if "trace_flags" not in msg.seen_single:
+                msg.seen_single.add("trace_flags")
+                n = _parse_long(value) or 0
+                msg.trace_flags = n & DEL_REQ_TRACE_FLAGS_MASK
+                if msg.trace_flags == DEL_REQ_FLAG_RECORD:
+                    msg.trace_offset = offset
+        return False
     if rtype == 0x43:  # 'C'
         if msg.data_offset == 0:
             fields = text.split()
@@ -364,33 +392,6 @@ def _envelope_record(msg: Message, rtype: int, text: str, offset: int,
             warnings.append(f"{qid}: ignoring bad VERP request: \"{text[:100]}\"")
         else:
             msg.verp_delims = text
-    elif rtype == 0x41:  # 'A' not mapped to a pseudo type
-        name, _, value = text.partition("=")
-        name = name.strip()
-        if name == "encoding":
-            msg.encoding = value
-        elif name in _LOG_ATTRS:
-            if not msg.seen_log_attrs:
-                msg.seen_log_attrs = True
-                for legacy in _LEGACY_ATTRS.values():
-                    setattr(msg, legacy, "")
-            setattr(msg, _LOG_ATTRS[name], value)
-        elif name in _LEGACY_ATTRS:
-            if not msg.seen_log_attrs:
-                setattr(msg, _LEGACY_ATTRS[name], value)
-        elif name in _SINGLE_ATTRS:
-            if name in msg.seen_single:
-                warnings.append(f"{qid}: ignoring multiple {name} attribute: {value}")
-            else:
-                msg.seen_single.add(name)
-                setattr(msg, name, value)
-        elif name == "trace_flags":
-            if "trace_flags" not in msg.seen_single:
-                msg.seen_single.add("trace_flags")
-                n = _parse_long(value) or 0
-                msg.trace_flags = n & DEL_REQ_TRACE_FLAGS_MASK
-                if msg.trace_flags == DEL_REQ_FLAG_RECORD:
-                    msg.trace_offset = offset
     return False
 
 

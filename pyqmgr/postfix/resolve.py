@@ -15,7 +15,6 @@ defer the message and keep delivering everything else.
 
 from __future__ import annotations
 
-import select
 import socket
 import time
 from collections.abc import Callable
@@ -94,7 +93,11 @@ class ResolveClient:
                 break
             except (AttrError, OSError, EOFError) as exc:
                 self.close()
-                if tries > 1 and self._warn is not None:
+                if tries == 1:
+                    # A kept connection may have been closed by trivial-rewrite since
+                    # its last use (it restarts when tables change): reconnect at once.
+                    continue
+                if tries > 2 and self._warn is not None:
                     self._warn(f"problem talking to service rewrite: {exc}")
                 if time.monotonic() >= deadline:
                     raise ResolverFailure(str(exc)) from exc
@@ -135,7 +138,7 @@ class ResolveClient:
         now = time.monotonic()
         sock = self._sock
         if sock is not None and (now - self._used > self.ipc_idle
-                                 or now - self._opened > self.ipc_ttl or self._peer_closed()):
+                                 or now - self._opened > self.ipc_ttl):
             self.close()
             sock = None
         if sock is None:
@@ -150,12 +153,6 @@ class ResolveClient:
         if to_int(server_flags, "flags") != 0:
             self.close()
         return Resolved(transport, nexthop, recipient, to_int(flags, "flags"))
-
-    def _peer_closed(self) -> bool:
-        """A readable socket before a request means trivial-rewrite hung up."""
-        assert self._sock is not None
-        readable, _, _ = select.select([self._sock], [], [], 0)
-        return bool(readable)
 
     def expire_idle(self) -> None:
         """Close an idle connection; called from the daemon's periodic timer."""
