@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections import Counter
 
 import pytest
 
-from pyqmgr.testbed.instance import LOCAL_DOMAIN, LOCAL_USER
+from pyqmgr.testbed.instance import LOCAL_DOMAIN, LOCAL_USER, wait_until
 
 ACTIVE_RE = re.compile(r"^([0-9A-F]+): from=<[^>]*>, size=\d+, nrcpt=(\d+) \(queue active\)$")
 REMOVED_RE = re.compile(r"^([0-9A-F]+): removed$")
@@ -77,3 +78,20 @@ def test_200_mixed_messages_every_recipient_once(postfix, sink, qmgr):
     nrcpt = {m.group(1): int(m.group(2)) for ln in qmgr_lines if (m := ACTIVE_RE.match(ln.text))}
     for qid, (_, rcpts) in zip(qids, messages, strict=True):
         assert nrcpt[qid] == len(rcpts)
+
+
+def test_chrooted_pyqmgr_delivers_and_bounces(postfix):
+    """qmgr with chroot=y in master.cf: everything after start-up is queue-relative."""
+    pf = postfix(qmgr="pyqmgr", start=False,
+                 transports={"discard.example": "discard:", "err.example": "error:5.1.1 nope"})
+    pf.postconf("-F", "qmgr/unix/chroot=y")
+    pf.start()
+    pid = pf.qmgr_pid()
+    wait_until(lambda: os.readlink(f"/proc/{pid}/root") == pf.queue_dir, 10,
+               "qmgr to enter its chroot jail")
+    qids = pf.smtp_send([("s@discard.example", ["a@discard.example", "b@err.example"])])
+    pf.maillog.wait_for(lambda ln: ln.queue_id == qids[0] and ln.text.endswith("removed"),
+                        timeout=20, what="the chrooted qmgr finishing the message")
+    pf.maillog.wait_for(r"sender non-delivery notification", timeout=20, what="the bounce")
+    pf.wait_queue_empty(20)
+    assert [ln for ln in pf.maillog.lines("postfix/qmgr") if ln.severity != "info"] == []

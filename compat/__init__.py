@@ -1,0 +1,1 @@
+"""Side-by-side comparison of pyqmgr with stock qmgr (see compat/README.md)."""

@@ -1,0 +1,76 @@
+"""`pyqmgr install` / `uninstall`: idempotent, reversible, refuse what is not Postfix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pyqmgr.install import InstallError, install, launcher_text, uninstall
+
+CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
+
+
+def qmgr_line(pf) -> str:
+    return pf.postconf("-M", "qmgr/unix").strip()
+
+
+def test_install_uninstall_idempotent_on_a_running_instance(postfix):
+    pf = postfix(qmgr="stock")
+    stock_pid = pf.qmgr_pid()
+    before = qmgr_line(pf)
+    assert before.split()[-1] == "qmgr"
+
+    out = subprocess.run([CLI, "install", "--config-dir", pf.config_dir], capture_output=True,
+                         text=True, check=True).stdout
+    assert "reloaded" in out
+    after = qmgr_line(pf)
+    assert after.split()[:-1] == before.split()[:-1], "other columns untouched"
+    assert after.split()[-1] == "pyqmgr/qmgr"
+    assert os.path.exists(pf.config_dir + "/master.cf.pyqmgr-backup")
+    # master now runs the launcher; its log tag still reads postfix/qmgr.
+    (qid,) = pf.smtp_send([("s@test.example", ["r@test.example"])])
+    new_pid = pf.qmgr_pid()
+    assert new_pid != stock_pid
+    with open(f"/proc/{new_pid}/cmdline", "rb") as f:
+        assert b"pyqmgr/qmgr" in f.read()
+    pf.maillog.wait_for(lambda ln: ln.queue_id == qid and ln.program == "postfix/qmgr"
+                        and ln.pid == new_pid, timeout=20, what="pyqmgr logging as qmgr")
+
+    master_cf = open(pf.config_dir + "/master.cf").read()
+    lines = install(pf.config_dir)
+    assert "qmgr service already runs pyqmgr" in lines
+    assert open(pf.config_dir + "/master.cf").read() == master_cf, "second install: no change"
+
+    uninstall(pf.config_dir)
+    assert qmgr_line(pf) == before
+    assert "already runs stock qmgr" in uninstall(pf.config_dir)[0]
+
+
+def test_install_keeps_qmgr_options(postfix):
+    pf = postfix(qmgr="stock", start=False,
+                 qmgr_args=["-o", "smtp_destination_concurrency_limit=7"])
+    install(pf.config_dir)
+    line = qmgr_line(pf)
+    assert line.endswith("pyqmgr/qmgr -o smtp_destination_concurrency_limit=7")
+    uninstall(pf.config_dir)
+    assert qmgr_line(pf).endswith(" qmgr -o smtp_destination_concurrency_limit=7")
+
+
+def test_not_a_postfix_directory_is_refused_and_untouched(tmp_path):
+    (tmp_path / "main.cf").write_text("x = 1\n")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(InstallError, match="not a Postfix configuration directory"):
+        install(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == before
+    proc = subprocess.run([CLI, "install", "--config-dir", str(tmp_path / "nope")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "not a Postfix configuration directory" in proc.stderr
+
+
+def test_launcher_uses_this_interpreter_in_isolated_mode():
+    text = launcher_text()
+    assert text.startswith(f"#!{sys.executable} -I\n")
+    assert "from pyqmgr.daemon import main" in text
