@@ -39,6 +39,10 @@ from pyqmgr.scheduler.queue import Dsn
 #: Stock keeps at most this many agent connections per transport waiting for an agent.
 MAX_PENDING_PER_TRANSPORT = 2
 
+#: Messages fed per event-loop pass. Stock feeds one; a few amortise the loop's own
+#: cost, and agent replies are still served between passes.
+FEED_PER_PASS = 4
+
 INCOMING = 0
 DEFERRED = 1
 
@@ -186,12 +190,17 @@ class Qmgr:
     async def _feeder(self) -> None:
         """Stock's qmgr_loop: one message per pass, then let the event loop run."""
         while True:
-            if self.message_count < self.cfg.qmgr_message_active_limit:
+            fed: bool | None = None
+            for _ in range(FEED_PER_PASS):
+                if self.message_count >= self.cfg.qmgr_message_active_limit:
+                    fed = None
+                    break
                 fed, from_incoming = self._feed_once()
-            else:
-                fed, from_incoming = None, False
-            self._flow_tokens(fed, from_incoming)
+                self._flow_tokens(fed, from_incoming)
+                if fed is None:
+                    break
             if fed is None:
+                self._flow_tokens(None, False)
                 self.wakeup.clear()
                 await self.wakeup.wait()
             else:
