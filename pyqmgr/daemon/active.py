@@ -216,7 +216,7 @@ class ActiveQueue:
         )
 
     def _activate(self, qid: str, qf: queue_file.Message, flags: int,
-                  recipients: list[queue_file.Recipient]) -> ActiveMessage:
+                  recipients: list[Recipient]) -> ActiveMessage:
         cfg = self.cfg
         active_time = _now_tv()
         tflags = qf.trace_flags
@@ -277,7 +277,7 @@ class ActiveQueue:
     # -- routing ----------------------------------------------------------------------
 
     def route(self, am: ActiveMessage,
-              recipients: list[queue_file.Recipient]) -> list[Route] | None:
+              recipients: list[Recipient]) -> list[Route] | None:
         """Resolve each recipient as ``qmgr_message_resolve`` does; None = resolver down."""
         qf = am.qf
         cfg = self.cfg
@@ -286,23 +286,22 @@ class ActiveQueue:
         probe = bool(am.tflags & (DEL_REQ_FLAG_MTA_VRFY | DEL_REQ_FLAG_USR_VRFY))
         resolver = self.qmgr.resolver
         routes: list[Route] = []
-        for r in recipients:
-            rcpt = Recipient(r.offset, r.address, r.orig_addr, r.dsn_orcpt, r.dsn_notify)
+        for rcpt in recipients:
             if am.scan_flags & FORCE_EXPIRE:
                 routes.append(_error_route(RETRY, "4.7.0 message is administratively expired",
                                            rcpt))
                 continue
-            if not r.address:
+            if not rcpt.address:
                 routes.append(_error_route(ERROR, "5.1.3 null recipient address", rcpt))
                 continue
             if qf.filter and not probe:
                 transport, _, nexthop = qf.filter.partition(":")
                 if not nexthop:
-                    nexthop = cfg.default_filter_nexthop or _domain(r.address) or cfg.myhostname
+                    nexthop = cfg.default_filter_nexthop or _domain(rcpt.address) or cfg.myhostname
                 routes.append(Route(transport, nexthop.lower(), nexthop, rcpt))
                 continue
             try:
-                res = resolver.resolve(sender, r.address, verify=verify)
+                res = resolver.resolve(sender, rcpt.address, verify=verify)
             except ResolverFailure:
                 return None
             if res.recipient != rcpt.address:

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 
 from pyqmgr.postfix.record import RecordError, encode_record, read_record
 
+# The scheduler core's recipient is exactly what a queue file's R record carries; the
+# reader builds it directly so the daemon never copies recipients between layers.
+from pyqmgr.scheduler.message import Recipient
+
 READ_FLAG_MIXED_RCPT_OTHER = 1 << 0
 READ_FLAG_USER = 0x1F
 READ_FLAG_SEEN_ALL_NON_RCPT = 1 << 16
@@ -50,13 +54,6 @@ _SINGLE_ATTRS = ("sasl_method", "sasl_username", "sasl_sender", "log_ident", "re
 _MAX_REVERSE_JUMPS = 10000
 
 
-@dataclass(slots=True)
-class Recipient:
-    offset: int
-    address: str
-    orig_addr: str = ""
-    dsn_orcpt: str = ""
-    dsn_notify: int = 0
 
 
 @dataclass
