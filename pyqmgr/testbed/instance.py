@@ -179,9 +179,10 @@ class PostfixInstance:
 
     # -- life cycle -------------------------------------------------------------------
 
-    def start(self) -> PostfixInstance:
-        proc = _run(["script", "-qec", f"postfix -c {self.config_dir} start", "/dev/null"],
-                    check=False)
+    def start(self, prefix: str = "") -> PostfixInstance:
+        """Start with the real ``postfix start``; ``prefix`` wraps it (a namespace...)."""
+        proc = _run(["script", "-qec", f"{prefix}postfix -c {self.config_dir} start",
+                     "/dev/null"], check=False)
         if proc.returncode != 0:
             raise TestbedError(f"postfix start failed: {proc.stdout.strip()}")
         self.started = True
