@@ -278,7 +278,13 @@ class ActiveQueue:
 
     def route(self, am: ActiveMessage,
               recipients: list[Recipient]) -> list[Route] | None:
-        """Resolve each recipient as ``qmgr_message_resolve`` does; None = resolver down."""
+        """Route each recipient in ``qmgr_message_resolve``'s order; None = resolver down.
+
+        First where the message says it goes (REDIRECT, then content filter, else
+        trivial-rewrite), then qmgr's own overrides in stock's order: resolver
+        failure or bad syntax, null address, forced expiry, the double-bounce
+        discard, ``defer_transports``.
+        """
         qf = am.qf
         cfg = self.cfg
         sender = qf.sender or ""
@@ -286,44 +292,52 @@ class ActiveQueue:
         probe = bool(am.tflags & (DEL_REQ_FLAG_MTA_VRFY | DEL_REQ_FLAG_USR_VRFY))
         resolver = self.qmgr.resolver
         routes: list[Route] = []
-        for rcpt in recipients:
-            if am.scan_flags & FORCE_EXPIRE:
-                routes.append(_error_route(RETRY, "4.7.0 message is administratively expired",
-                                           rcpt))
-                continue
-            if not rcpt.address:
-                routes.append(_error_route(ERROR, "5.1.3 null recipient address", rcpt))
-                continue
-            if qf.filter and not probe:
-                transport, _, nexthop = qf.filter.partition(":")
-                if not nexthop:
-                    nexthop = cfg.default_filter_nexthop or _domain(rcpt.address) or cfg.myhostname
-                routes.append(Route(transport, nexthop.lower(), nexthop, rcpt))
-                continue
-            try:
-                res = resolver.resolve(sender, rcpt.address, verify=verify)
-            except ResolverFailure:
-                return None
-            if res.recipient != rcpt.address:
-                rcpt.address = res.recipient
-            if res.flags & RESOLVE_FLAG_FAIL:
-                routes.append(_error_route(RETRY, "4.3.0 address resolver failure", rcpt))
-                continue
-            if res.flags & RESOLVE_FLAG_ERROR:
-                routes.append(_error_route(ERROR, "5.1.3 bad address syntax", rcpt))
-                continue
-            if res.flags & RESOLVE_CLASS_LOCAL:
-                local = rcpt.address.rpartition("@")[0] if "@" in rcpt.address else rcpt.address
-                if local.lower() == cfg.double_bounce_sender.lower():
-                    self._discard_double_bounce(am, rcpt)
-                    continue
-            if (res.transport in cfg.defer_transports
-                    and not (am.scan_flags & FLUSH_DFXP)):
-                routes.append(_error_route(RETRY, "4.3.2 deferred transport", rcpt))
-                continue
-            routes.append(Route(res.transport, self._queue_name(res.transport, res.nexthop,
-                                                                rcpt.address),
-                                res.nexthop, rcpt))
+        try:
+            for i, rcpt in enumerate(recipients):
+                if qf.redirect is not None:
+                    # Redirect overrides all else, once per message: the first
+                    # recipient goes to the redirect address, the others are dropped
+                    # unmarked and no further batch is read.
+                    if i > 0:
+                        continue
+                    qf.rcpt_offset = 0
+                    am.sched.rcpt_unread = qf.rcpt_unread = 0
+                    rcpt.address = resolver.rewrite("local", qf.redirect)
+                    res = resolver.resolve(sender, rcpt.address, verify=verify)
+                    transport, nexthop, flags = res.transport, res.nexthop, res.flags
+                    rcpt.address = res.recipient
+                elif qf.filter and not probe:
+                    transport, _, nexthop = qf.filter.partition(":")
+                    if not nexthop:
+                        nexthop = (cfg.default_filter_nexthop or _domain(rcpt.address)
+                                   or cfg.myhostname)
+                    flags = 0
+                else:
+                    res = resolver.resolve(sender, rcpt.address, verify=verify)
+                    transport, nexthop, flags = res.transport, res.nexthop, res.flags
+                    rcpt.address = res.recipient
+                if flags & RESOLVE_FLAG_FAIL:
+                    transport, nexthop, flags = RETRY, "4.3.0 address resolver failure", 0
+                elif flags & RESOLVE_FLAG_ERROR:
+                    transport, nexthop, flags = ERROR, "5.1.3 bad address syntax", 0
+                if not rcpt.address:
+                    transport, nexthop, flags = ERROR, "5.1.3 null recipient address", 0
+                if am.scan_flags & FORCE_EXPIRE:
+                    transport, nexthop, flags = (RETRY,
+                                                 "4.7.0 message is administratively expired", 0)
+                if flags & RESOLVE_CLASS_LOCAL:
+                    local = rcpt.address.rpartition("@")[0] if "@" in rcpt.address \
+                        else rcpt.address
+                    if local.lower() == cfg.double_bounce_sender.lower():
+                        self._discard_double_bounce(am, rcpt)
+                        continue
+                if transport in cfg.defer_transports and not am.scan_flags & FLUSH_DFXP:
+                    transport, nexthop = RETRY, "4.3.2 deferred transport"
+                routes.append(Route(transport,
+                                    self._queue_name(transport, nexthop, rcpt.address),
+                                    nexthop, rcpt))
+        except ResolverFailure:
+            return None
         routes.sort(key=sort_key)
         return routes
 
@@ -565,10 +579,6 @@ def _unlink_quiet(path: str) -> None:
 
 def _domain(address: str) -> str:
     return address.rpartition("@")[2] if "@" in address else ""
-
-
-def _error_route(service: str, nexthop: str, rcpt: Recipient) -> Route:
-    return Route(service, nexthop, nexthop, rcpt)
 
 
 def _use_verp(am: ActiveMessage, cfg: object) -> bool:

@@ -38,6 +38,30 @@ _CACHE_TTL = 30.0
 _CACHE_MAX = 4096
 
 
+_SPECIALS = set('()<>@,;:\\".[] \t')
+
+
+def quote_822_local(address: str) -> str:
+    """Quote the local part when it needs it (``quote_822_local``), simply."""
+    local, at, domain = address.rpartition("@")
+    if not at:
+        local, domain = address, ""
+    if local and (any(c in _SPECIALS for c in local) or local.startswith(".")
+                  or local.endswith(".") or ".." in local):
+        escaped = local.replace("\\", "\\\\").replace('"', '\\"')
+        local = f'"{escaped}"'
+    return f"{local}@{domain}" if at else local
+
+
+def unquote_822_local(address: str) -> str:
+    local, at, domain = address.rpartition("@")
+    if not at:
+        local, domain = address, ""
+    if len(local) >= 2 and local[0] == '"' and local[-1] == '"':
+        local = local[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return f"{local}@{domain}" if at else local
+
+
 class ResolverFailure(Exception):
     """trivial-rewrite could not be reached or answered nonsense for too long."""
 
@@ -107,6 +131,34 @@ class ResolveClient:
                 self._cache.clear()
             self._cache[key] = (time.monotonic(), result)
         return result
+
+    def rewrite(self, rule: str, address: str) -> str:
+        """Canonicalise an address (``rewrite_clnt_internal``), e.g. for REDIRECT.
+
+        The request carries the external (quoted) form; the answer is unquoted again.
+        Shares the connection with resolve requests, as stock's client does.
+        """
+        payload = encode((("request", "rewrite"), ("rule", rule),
+                          ("address", quote_822_local(address))))
+        deadline = time.monotonic() + self.give_up_after
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                sock = self._sock if self._sock is not None else self._connect()
+                sock.sendall(payload)
+                server_flags, result = expect(self._read_list(), ("flags", "address"),
+                                              "rewrite reply")
+                self._used = time.monotonic()
+                if to_int(server_flags, "flags") != 0:
+                    self.close()
+                return unquote_822_local(result)
+            except (AttrError, OSError, EOFError) as exc:
+                self.close()
+                if tries > 1 and time.monotonic() >= deadline:
+                    raise ResolverFailure(str(exc)) from exc
+                if tries > 1:
+                    self._sleep(1.0)
 
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
