@@ -31,3 +31,18 @@ def test_redirect_delivers_once_to_the_redirect_address(postfix):
     delivered = [line for line in ours if "status=sent" in line]
     assert len(delivered) == 1
     assert "to=<redirected@discard.example>, orig_to=<a@discard.example>" in delivered[0]
+
+
+def _verp_run(postfix, qmgr: str, sink) -> list[str]:
+    srv = sink()
+    pf = postfix(qmgr=qmgr, transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"})
+    pf.sendmail("list@test.example", ["a@sink.example", "b@sink.example"], extra_args=["-XV"])
+    pf.maillog.wait_for(r"postfix/qmgr\[\d+\]: \w+: removed", timeout=20, what="removal")
+    return sorted(srv.received_senders)
+
+
+def test_verp_rewrites_the_sender_per_recipient(postfix, sink):
+    stock = _verp_run(postfix, "stock", sink)
+    ours = _verp_run(postfix, "pyqmgr", sink)
+    assert ours == stock == ["list+a=sink.example@test.example",
+                             "list+b=sink.example@test.example"]

@@ -32,6 +32,7 @@ from pyqmgr.postfix.log_adhoc import log_adhoc_line
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import FlowControl
 from pyqmgr.postfix.resolve import ResolveClient
+from pyqmgr.postfix.verp import verp_sender
 from pyqmgr.scheduler.core import DeferRecipient, Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.queue import Dsn
@@ -43,8 +44,22 @@ MAX_PENDING_PER_TRANSPORT = 2
 #: cost, and agent replies are still served between passes.
 FEED_PER_PASS = 4
 
+SMTPUTF8_FLAG_SENDER = 4
+SMTPUTF8_FLAG_RECIPIENT = 8
+
 INCOMING = 0
 DEFERRED = 1
+
+
+def _utf8_address(address: str) -> bool:
+    """Non-ASCII and valid UTF-8 (undecodable bytes arrive as surrogates)."""
+    if address.isascii():
+        return False
+    try:
+        address.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class QueueScan:
@@ -343,11 +358,17 @@ class Qmgr:
         self.dispatch()
         am: ActiveMessage = entry.message.owner
         recipients = entry.recipients
+        verp = am.qf.verp_delims
         smtputf8 = am.request.smtputf8
-        if self.cfg.smtputf8_enable and any(not r.address.isascii() for r in recipients):
-            smtputf8 |= 8
+        if self.cfg.smtputf8_enable and any(_utf8_address(r.address) for r in recipients):
+            smtputf8 |= SMTPUTF8_FLAG_RECIPIENT | (SMTPUTF8_FLAG_SENDER if verp else 0)
+        sender = am.request.sender
+        if verp:
+            # One recipient per request with VERP (Message.single_rcpt).
+            first = recipients[0]
+            sender = verp_sender(verp, sender, first.address, first.orig_addr)
         return encode_request(request_flags(am, 0), am.request, entry.queue.nexthop,
-                              smtputf8, am.request.sender, recipients)
+                              smtputf8, sender, recipients)
 
     def _agent_unavailable(self, call: AgentCall, why: str) -> None:
         """Connect or handshake failed: the transport is dead for transport_retry_time."""

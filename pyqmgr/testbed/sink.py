@@ -55,6 +55,7 @@ class _Handler:
         sink = self.sink
         with sink.lock:
             sink.stats.messages += 1
+            sink.received_senders.append(envelope.mail_from or "")
             for rcpt in envelope.rcpt_tos:
                 sink.stats.delivered[rcpt.lower()] += 1
         return "250 2.0.0 queued"
@@ -108,6 +109,8 @@ class SinkServer:
         self.replies = replies or {}
         self.client_limit = client_limit
         self.stats = SinkStats()
+        #: Envelope sender of every accepted message, in arrival order.
+        self.received_senders: list[str] = []
         self.active: dict[str, int] = {}
         self.lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
