@@ -95,3 +95,12 @@ def test_chrooted_pyqmgr_delivers_and_bounces(postfix):
     pf.maillog.wait_for(r"sender non-delivery notification", timeout=20, what="the bounce")
     pf.wait_queue_empty(20)
     assert [ln for ln in pf.maillog.lines("postfix/qmgr") if ln.severity != "info"] == []
+
+
+@pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
+def test_sender_is_logged_in_external_form(postfix, qmgr):
+    pf = postfix(qmgr=qmgr, transports={"discard.example": "discard:"})
+    (qid,) = pf.smtp_send([('"odd sender"@discard.example', ["r@discard.example"])])
+    line = pf.maillog.wait_for(lambda ln: ln.queue_id == qid and "queue active" in ln.text,
+                               timeout=20, what="the queue active line")[0]
+    assert line.text.startswith(f'{qid}: from=<"odd sender"@discard.example>, size=')

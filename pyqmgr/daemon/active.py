@@ -37,6 +37,7 @@ from pyqmgr.postfix.resolve import (
     RESOLVE_FLAG_ERROR,
     RESOLVE_FLAG_FAIL,
     ResolverFailure,
+    quote_822_local,
 )
 from pyqmgr.scheduler.core import ERROR, RETRY, Route
 from pyqmgr.scheduler.message import Message, Recipient
@@ -211,7 +212,7 @@ class ActiveQueue:
 
     def _log_opened(self, qf: queue_file.Message) -> None:
         self.log.info(
-            f"{qf.queue_id}: from=<{qf.sender}>, size={qf.cont_length}, "
+            f"{qf.queue_id}: from=<{log_address(qf.sender or '')}>, size={qf.cont_length}, "
             f"nrcpt={qf.rcpt_count} (queue active)"
         )
 
@@ -439,7 +440,8 @@ class ActiveQueue:
             elif time.time() >= qf.create_time + lifetime:
                 expired = "expired"
             if expired:
-                self.log.info(f"{qid}: from=<{qf.sender}>, status={expired}, returned to sender")
+                self.log.info(f"{qid}: from=<{log_address(qf.sender or '')}>, "
+                              f"status={expired}, returned to sender")
                 cmd = bounce.BOUNCE_CMD_VERP if _use_verp(am, cfg) else bounce.BOUNCE_CMD_FLUSH
                 am.flags = await self._notify(am, "defer", cmd, bounce.BOUNCE_FLAG_DELRCPT) != 0
             elif qf.warn_time > 0 and time.time() >= qf.warn_time - 1:
@@ -526,6 +528,12 @@ class ActiveQueue:
         """A message we cannot route now (resolver down): defer it untouched."""
         self._forget(am)
         self.defer(am)
+
+
+def log_address(address: str) -> str:
+    """Addresses in log lines use the external (quoted) form, as stock's default
+    ``info_log_address_format = external`` does; the null sender stays empty."""
+    return quote_822_local(address) if address else ""
 
 
 def split_localpart(local: str, delimiters: str, owner_request_special: bool,

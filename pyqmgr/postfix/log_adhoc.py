@@ -9,6 +9,8 @@ seconds above ten) is reproduced exactly.
 
 from __future__ import annotations
 
+from pyqmgr.postfix.resolve import quote_822_local
+
 MILLION = 1_000_000
 
 
@@ -67,9 +69,9 @@ def log_adhoc_line(
     Only the "no delivery agent" shape is needed by qmgr: c and d are zero and b runs
     from activation to now.
     """
-    text = f"{queue_id}: to=<{address}>"
+    text = f"{queue_id}: to=<{quote_822_local(address)}>"
     if orig_addr and orig_addr.lower() != address.lower():
-        text += f", orig_to=<{orig_addr}>"
+        text += f", orig_to=<{quote_822_local(orig_addr)}>"
     text += f", relay={relay}"
     delay = _delta(now, incoming)
     if active[0] > 0:
