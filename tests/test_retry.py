@@ -38,3 +38,26 @@ def test_4xx_defers_with_retry_time_then_flush_delivers(postfix, sink, qmgr):
     assert srv.stats.delivered == {"now@sink.example": 1, "later@sink.example": 1}
     assert pf.queue_empty()
     assert pf.queue_path("defer", qid) is None, "defer log removed on reactivation"
+
+
+@pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
+def test_postqueue_i_revives_a_dead_destination_for_that_message(postfix, sink, qmgr):
+    srv = sink()
+    srv.refuse()
+    pf = postfix(qmgr=qmgr, transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
+                 main_cf={"initial_destination_concurrency": "1"})
+    (first,) = pf.smtp_send([("s@sink.example", ["one@sink.example"])])
+    pf.maillog.wait_for(lambda ln: ln.queue_id == first and ln.program == "postfix/smtp"
+                        and ln.status == "deferred", timeout=30, what="connection refused")
+    (second,) = pf.smtp_send([("s@sink.example", ["two@sink.example"])])
+    pf.maillog.wait_for(lambda ln: ln.queue_id == second and ln.status == "deferred"
+                        and "delivery temporarily suspended" in ln.text, timeout=30,
+                        what="the dead site deferring the next message through retry")
+    deadline = time.monotonic() + 20
+    while pf.queue_path("deferred", second) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    srv.start()
+    pf.postqueue("-i", second)
+    pf.maillog.wait_for(lambda ln: ln.queue_id == second and ln.program == "postfix/smtp"
+                        and ln.status == "sent", timeout=30, what="delivery after postqueue -i")
+    assert srv.stats.delivered == {"two@sink.example": 1}

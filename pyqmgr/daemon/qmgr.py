@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from pyqmgr.daemon.active import (
     FLUSH_DFXP,
+    FLUSH_EACH,
     FLUSH_ONCE,
     MAX_BATCH,
     SCAN_ALL,
@@ -279,7 +280,7 @@ class Qmgr:
             self.log.warning(f"{am.queue_id}: address resolver failure -- deferring message")
             self.active.abandon(am)
             return
-        self.scheduler.assign(am.sched, routes)
+        self.scheduler.assign(am.sched, routes, flush_each=bool(am.scan_flags & FLUSH_EACH))
         am.in_core += len(routes)
         self.active.in_core_recipients += len(routes)
         self._process_decisions()

@@ -128,19 +128,27 @@ class Scheduler:
 
     # -- events -------------------------------------------------------------------
 
-    def assign(self, message: Message, routes: Iterable[Route]) -> None:
+    def assign(self, message: Message, routes: Iterable[Route], flush_each: bool = False) -> None:
         """Bundle routed recipients into entries (``qmgr_message_assign``).
 
         Recipients must come sorted by transport and queue, so that consecutive
         recipients for the same destination share a delivery request up to the
         transport's recipient limit. Dead transports and destinations send their
-        recipients to the retry transport, as stock's resolver step does.
+        recipients to the retry transport, as stock's resolver step does, unless the
+        message is being flushed (``flush_each``: ``postqueue -i``/``-s``), which
+        brings them back to life first.
         """
         job: Job | None = None
         peer: Peer | None = None
         for route in routes:
             t = self.transport(route.transport)
             queue: Queue | None
+            if flush_each and t.throttled:
+                self._unthrottle_transport(t)
+            if flush_each and not t.throttled:
+                named = t.queues.get(route.queue_name)
+                if named is not None and named.throttled:
+                    named.unthrottle()
             if t.throttled:
                 assert t.dsn is not None
                 queue = self._error_queue(RETRY, t.dsn)
