@@ -61,3 +61,20 @@ def test_postqueue_i_revives_a_dead_destination_for_that_message(postfix, sink, 
     pf.maillog.wait_for(lambda ln: ln.queue_id == second and ln.program == "postfix/smtp"
                         and ln.status == "sent", timeout=30, what="delivery after postqueue -i")
     assert srv.stats.delivered == {"two@sink.example": 1}
+
+
+@pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
+def test_destination_rate_delay_spaces_deliveries(postfix, sink, qmgr):
+    srv = sink()
+    pf = postfix(qmgr=qmgr, transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
+                 main_cf={"smtp_destination_rate_delay": "1s"})
+    pf.smtp_send([("s@sink.example", [f"r{i}@sink.example"]) for i in range(3)])
+    t0 = time.monotonic()
+    times = []
+    while len(times) < 3:
+        assert time.monotonic() - t0 < 20, "timed out waiting for three deliveries"
+        if sum(srv.stats.delivered.values()) > len(times):
+            times.append(time.monotonic())
+        time.sleep(0.01)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert all(0.9 <= g <= 1.6 for g in gaps), gaps

@@ -192,6 +192,12 @@ class Qmgr:
             self.scans[DEFERRED].request(SCAN_START)
             self.wakeup.set()
 
+    def _on_timer(self) -> None:
+        """A deadline the core asked for: revive or resume destinations, deliver."""
+        self.scheduler.tick(time.monotonic())
+        self._process_decisions()
+        self.dispatch()
+
     async def _ticker(self) -> None:
         """Revive dead transports and destinations when their timers expire."""
         while True:
@@ -416,6 +422,11 @@ class Qmgr:
 
     def _process_decisions(self) -> None:
         sched = self.scheduler
+        if sched.timers:
+            now = time.monotonic()
+            for when in sched.timers:
+                self.loop.call_later(max(0.0, when - now), self._on_timer)
+            sched.timers.clear()
         for severity, text in sched.log:
             self.log.log(severity, text)
         sched.log.clear()

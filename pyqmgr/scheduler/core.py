@@ -88,6 +88,8 @@ class Scheduler:
         self.deferrals: list[DeferRecipient] = []
         #: Messages whose last entry finished (decisions, drained by the daemon).
         self.finished: list[Message] = []
+        #: Times at which :meth:`tick` has work (decisions: arm a timer for each).
+        self.timers: list[float] = []
         # Queues with todo entries, per transport, in round-robin order.
         self._ready: dict[str, deque[Queue]] = {}
 
@@ -257,6 +259,7 @@ class Scheduler:
                     SUSPENDED + (hop.reason or "unknown error"),
                 )
                 if queue.ready and queue.throttle(dsn, now, self.min_backoff_time):
+                    self.timers.append(now + self.min_backoff_time)
                     self._defer_todo(queue, dsn)
         if not crashed:
             self._unthrottle_transport(t)
@@ -264,10 +267,18 @@ class Scheduler:
                 queue.unthrottle()
         entry.busy = False
         queue.busy_count -= 1
-        self._entry_done(entry)
+        self._entry_done(entry, now)
 
-    def _entry_done(self, entry: Entry) -> None:
+    def _entry_done(self, entry: Entry, now: float | None = None) -> None:
+        """``now`` is given when a busy entry (a finished delivery) is done."""
         queue = entry.queue
+        delay = queue.transport.cfg.destination_rate_delay
+        if now is not None and delay > 0:
+            if queue.throttled:
+                queue.unthrottle()
+            if queue.ready:
+                queue.suspend(now, delay)
+                self.timers.append(now + delay)
         peer = entry.peer
         job = peer.job
         message = entry.message
@@ -314,6 +325,7 @@ class Scheduler:
         if not t.throttled:
             t.dsn = dsn
             t.revive_at = now + self.transport_retry_time
+            self.timers.append(t.revive_at)
         for queue in list(t.queues.values()):
             if queue.todo:
                 self._defer_todo(queue, dsn)
@@ -332,11 +344,17 @@ class Scheduler:
                     queue.unthrottle()
                     if not queue.todo and queue.busy_count == 0:
                         t.queues.pop(queue.name, None)
+                elif queue.resume_at is not None and now >= queue.resume_at:
+                    queue.resume()
+                    if not queue.todo and queue.busy_count == 0:
+                        t.queues.pop(queue.name, None)
 
     def next_timer(self) -> float | None:
         times = [t.revive_at for t in self.transports.values() if t.revive_at is not None]
         times += [q.revive_at for t in self.transports.values() for q in t.queues.values()
                   if q.revive_at is not None]
+        times += [q.resume_at for t in self.transports.values() for q in t.queues.values()
+                  if q.resume_at is not None]
         return min(times) if times else None
 
     def enable_all(self) -> None:

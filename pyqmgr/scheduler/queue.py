@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.transport import Transport
 
 THROTTLED = 0
+SUSPENDED = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,8 @@ class Queue:
     dsn: Dsn | None = None
     #: When a dead destination comes back (scheduler clock).
     revive_at: float | None = None
+    #: When a rate-delayed destination may deliver again (scheduler clock).
+    resume_at: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -56,6 +59,19 @@ class Queue:
     @property
     def throttled(self) -> bool:
         return self.window == THROTTLED
+
+    @property
+    def suspended(self) -> bool:
+        return self.window == SUSPENDED
+
+    def suspend(self, now: float, delay: float) -> None:
+        """destination_rate_delay: emulate a slow channel by pausing this destination."""
+        self.window = SUSPENDED
+        self.resume_at = now + delay
+
+    def resume(self) -> None:
+        self.window = 1
+        self.resume_at = None
 
     def has_room(self) -> bool:
         return self.window > self.busy_count

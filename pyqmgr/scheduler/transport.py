@@ -26,6 +26,7 @@ class TransportParams(Protocol):
     destination_recipient_limit: int
     initial_destination_concurrency: int
     failed_cohort_limit: int
+    destination_rate_delay: int
 
 
 @dataclass(eq=False)

@@ -20,6 +20,7 @@ class Cfg:
     destination_recipient_limit: int = 50
     initial_destination_concurrency: int = 5
     failed_cohort_limit: int = 1
+    destination_rate_delay: int = 0
 
 
 def queue(pos="1", neg="1", window=None, **cfg):

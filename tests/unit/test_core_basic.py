@@ -13,6 +13,7 @@ class Params:
     destination_recipient_limit: int = 50
     initial_destination_concurrency: int = 5
     failed_cohort_limit: int = 1
+    destination_rate_delay: int = 0
     positive_feedback: str = "1"
     positive_feedback_name: str = "default_destination_concurrency_positive_feedback"
     negative_feedback: str = "1"
@@ -86,3 +87,20 @@ def test_finished_message_is_reported_once():
     e = s.select("smtp")
     s.done(e, 0, None, False, 0.0)
     assert s.finished == [m]
+
+
+def test_destination_rate_delay_suspends_between_deliveries():
+    s = make(destination_rate_delay=2, destination_concurrency_limit=1,
+             initial_destination_concurrency=1, destination_recipient_limit=1)
+    m = Message("Q1", 0.0)
+    s.assign(m, routes(3))
+    e = s.select("smtp")
+    assert s.select("smtp") is None
+    s.done(e, 0, None, False, 10.0)
+    q = s.transport("smtp").queues["example.com"]
+    assert q.suspended and q.resume_at == 12.0 and s.timers == [12.0]
+    assert s.select("smtp") is None and not s.has_work("smtp")
+    s.tick(11.9)
+    assert s.select("smtp") is None
+    s.tick(12.0)
+    assert q.window == 1 and s.select("smtp") is not None
