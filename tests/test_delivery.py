@@ -104,3 +104,23 @@ def test_sender_is_logged_in_external_form(postfix, qmgr):
     line = pf.maillog.wait_for(lambda ln: ln.queue_id == qid and "queue active" in ln.text,
                                timeout=20, what="the queue active line")[0]
     assert line.text.startswith(f'{qid}: from=<"odd sender"@discard.example>, size=')
+
+
+def _clog_run(postfix, sink, qmgr: str) -> list[str]:
+    srv = sink(latency=1.0)
+    pf = postfix(qmgr=qmgr, transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
+                 main_cf={"qmgr_message_active_limit": "10"})
+    pf.preload([("s@sink.example", [f"r{i}@sink.example"]) for i in range(5)])
+    pf.release_preload()
+    pf.maillog.wait_for("to turn off these warnings", timeout=20, what="the clog warning")
+    srv.wait_delivered(5, 30)
+    return [ln.text.replace(str(srv.port), "PORT") for ln in pf.maillog.lines("postfix/qmgr")
+            if ln.severity == "warning"]
+
+
+def test_clog_warning_matches_stock(postfix, sink):
+    stock = _clog_run(postfix, sink, "stock")
+    ours = _clog_run(postfix, sink, "pyqmgr")
+    assert ours == stock
+    assert ours[0] == ("warning: mail for [127.0.0.1]:PORT is using up 3 of 3 active queue "
+                       "entries")

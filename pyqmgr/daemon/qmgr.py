@@ -113,6 +113,9 @@ class Qmgr:
             transport_retry_time=cfg.transport_retry_time,
             initial_concurrency=cfg.initial_destination_concurrency,
             feedback_debug=cfg.destination_concurrency_feedback_debug,
+            active_limit=cfg.qmgr_message_active_limit,
+            clog_warn_time=cfg.qmgr_clog_warn_time,
+            helpful_warnings=cfg.helpful_warnings,
         )
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}",
@@ -286,7 +289,9 @@ class Qmgr:
             self.log.warning(f"{am.queue_id}: address resolver failure -- deferring message")
             self.active.abandon(am)
             return
-        self.scheduler.assign(am.sched, routes, flush_each=bool(am.scan_flags & FLUSH_EACH))
+        self.scheduler.message_count = self.message_count
+        self.scheduler.assign(am.sched, routes, flush_each=bool(am.scan_flags & FLUSH_EACH),
+                              now=time.monotonic())
         am.in_core += len(routes)
         self.active.in_core_recipients += len(routes)
         self._process_decisions()

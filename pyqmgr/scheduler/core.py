@@ -75,12 +75,22 @@ class Scheduler:
         transport_retry_time: float = 60.0,
         initial_concurrency: int = 5,
         feedback_debug: bool = False,
+        active_limit: int = 20000,
+        clog_warn_time: float = 300.0,
+        helpful_warnings: bool = True,
     ) -> None:
         self.params_for = params_for
         self.min_backoff_time = min_backoff_time
         self.transport_retry_time = transport_retry_time
         self.initial_concurrency = initial_concurrency
         self.feedback_debug = feedback_debug
+        self.active_limit = active_limit
+        self.clog_warn_time = clog_warn_time
+        self.helpful_warnings = helpful_warnings
+        #: Messages in the active queue; the daemon keeps it current (clog warnings).
+        self.message_count = 0
+        #: The scheduler clock as of the latest event that carried a time.
+        self.now = 0.0
         self.transports: dict[str, Transport] = {}
         #: (severity, text) lines for the daemon to log, in order.
         self.log: list[tuple[str, str]] = []
@@ -130,7 +140,8 @@ class Scheduler:
 
     # -- events -------------------------------------------------------------------
 
-    def assign(self, message: Message, routes: Iterable[Route], flush_each: bool = False) -> None:
+    def assign(self, message: Message, routes: Iterable[Route], flush_each: bool = False,
+               now: float | None = None) -> None:
         """Bundle routed recipients into entries (``qmgr_message_assign``).
 
         Recipients must come sorted by transport and queue, so that consecutive
@@ -140,6 +151,8 @@ class Scheduler:
         message is being flushed (``flush_each``: ``postqueue -i``/``-s``), which
         brings them back to life first.
         """
+        if now is not None:
+            self.now = now
         job: Job | None = None
         peer: Peer | None = None
         for route in routes:
@@ -203,7 +216,47 @@ class Scheduler:
         queue.todo.append(entry)
         queue.transport.todo_count += 1
         message.refcount += 1
+        if self.helpful_warnings and self.clog_warn_time > 0:
+            self._clog_warning(queue)
         return entry
+
+    def _clog_warning(self, queue: Queue) -> None:
+        """One destination filling the active queue: stock's advice, at most so often."""
+        length = len(queue.todo) + queue.busy_count
+        if length <= self.active_limit // 5 or self.now < queue.clog_time_to_warn:
+            return
+        count = max(self.message_count, 1)
+        share = length / count
+        t = queue.transport
+        warn = [f"mail for {queue.nexthop} is using up {length} of {count} active queue "
+                "entries"]
+        if share < 0.9:
+            warn.append("this may slow down other mail deliveries")
+        limit = t.cfg.destination_concurrency_limit
+        if 0 < limit <= queue.busy_count + 1:
+            warn.append(f"you may need to increase the main.cf {t.name}"
+                        f"_destination_concurrency_limit from {limit}")
+        elif queue.window > self.active_limit * share:
+            warn.append("you may need to increase the main.cf qmgr_message_active_limit "
+                        f"from {self.active_limit}")
+        elif len(t.queues) > 1:
+            warn.append(f"you may need a separate master.cf transport for {queue.nexthop}")
+        else:
+            warn += [
+                f"you may need to reduce {t.name} connect and helo timeouts",
+                "so that Postfix quickly skips unavailable hosts",
+                "you may need to increase the main.cf minimal_backoff_time and "
+                "maximal_backoff_time",
+                "so that Postfix wastes less time on undeliverable mail",
+                f"you may need to increase the master.cf {t.name} process limit",
+            ]
+        warn += [
+            "please avoid flushing the whole queue when you have",
+            "lots of deferred mail, that is bad for performance",
+            "to turn off these warnings specify: qmgr_clog_warn_time = 0",
+        ]
+        self.log.extend(("warning", w) for w in warn)
+        queue.clog_time_to_warn = self.now + self.clog_warn_time
 
     def has_work(self, name: str) -> bool:
         """Would an agent of this transport get an entry now? (Worth connecting one.)"""
@@ -248,6 +301,7 @@ class Scheduler:
         no usable reply at all (3.7.11 behaviour: defer the message, leave the
         transport's state alone).
         """
+        self.now = now
         queue = entry.queue
         t = queue.transport
         message = entry.message

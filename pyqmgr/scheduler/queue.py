@@ -51,6 +51,8 @@ class Queue:
     revive_at: float | None = None
     #: When a rate-delayed destination may deliver again (scheduler clock).
     resume_at: float | None = None
+    #: Earliest time for the next "is using up N of M active queue entries" warning.
+    clog_time_to_warn: float = 0.0
 
     @property
     def ready(self) -> bool:
