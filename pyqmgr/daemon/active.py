@@ -75,7 +75,6 @@ class ActiveMessage:
     #: Stock's message->flags: non-zero when something must be tried again.
     flags: int = 0
     in_core: int = 0
-    done_task: object = None
     extra: dict[str, object] = field(default_factory=dict)
 
     @property

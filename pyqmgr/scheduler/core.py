@@ -265,9 +265,6 @@ class Scheduler:
             return False
         return any(q.ready and q.has_room() for q in self._ready[name])
 
-    def transports_with_work(self) -> list[str]:
-        return [name for name in self.transports if self.has_work(name)]
-
     def select(self, name: str) -> Entry | None:
         """An agent of transport ``name`` is ready: pick the entry it delivers."""
         t = self.transports.get(name)
@@ -402,14 +399,6 @@ class Scheduler:
                     queue.resume()
                     if not queue.todo and queue.busy_count == 0:
                         t.queues.pop(queue.name, None)
-
-    def next_timer(self) -> float | None:
-        times = [t.revive_at for t in self.transports.values() if t.revive_at is not None]
-        times += [q.revive_at for t in self.transports.values() for q in t.queues.values()
-                  if q.revive_at is not None]
-        times += [q.resume_at for t in self.transports.values() for q in t.queues.values()
-                  if q.resume_at is not None]
-        return min(times) if times else None
 
     def enable_all(self) -> None:
         """``F`` trigger: forget dead transports and destinations now."""
