@@ -1,78 +1,191 @@
 """What qmgr reads from a queue file, and the few bytes it writes back.
 
-The read loop follows stock's ``qmgr_message_read`` (queue_files_lifecycle.md §3.2):
-records are read in logical order (following ``p`` pointers into the heap after ``E``),
-the content is skipped with one seek, recipients are read in batches with a resume
-offset, and every malformation produces stock's warning text. The caller logs the
-warnings and, when ``ok`` is false, moves the file to ``corrupt/``.
+:func:`read_batch` is stock's ``qmgr_message_read`` (queue_files_lifecycle.md §3.2),
+record for record: the logical walk follows ``p`` pointers into the heap after ``E``,
+the content is skipped with one jump at ``data_offset``, recipients are read in batches
+that resume at ``rcpt_offset``, and every malformation yields stock's warning text.
+
+Why it looks the way it does:
+
+* The whole file is parsed from one in-memory copy (one ``read()``); offsets are
+  physical file offsets, so a recipient's ``offset`` is the byte a delivery agent later
+  overwrites with ``D``.
+* Payloads are handled as C strings (cut at the first NUL) and numbers are parsed the way
+  glibc's ``atol``/``atoi``/``sscanf`` do, because odd files must be accepted, refused and
+  reported exactly as stock does; a replacement qmgr that is stricter or laxer moves
+  different files to ``corrupt/``.
+* Nothing is logged here. Warnings come back, in order, as the text after ``warning: ``;
+  the caller logs them and moves a refused file to ``corrupt/``. Stock's message output
+  replaces unprintable bytes with ``?`` when it logs (``printable()``), which is the
+  logger's job, not the reader's.
+
+Deliberate differences from stock, all on paths where stock qmgr dies (``msg_fatal``)
+rather than refusing the file: a pre-1.0 file that stock's old-style rescan cannot make
+sense of, and a content skip so large that ``lseek`` would fail. Both are refused here
+with the fatal's text as a warning, so the file goes to ``corrupt/`` instead of crashing
+the daemon in a loop.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
+from typing import BinaryIO, NamedTuple
 
-from pyqmgr.postfix.record import RecordError, encode_record, read_record
+from pyqmgr.postfix.record import (
+    REC_TYPE_ATTR,
+    REC_TYPE_CTIME,
+    REC_TYPE_DONE,
+    REC_TYPE_DRCP,
+    REC_TYPE_DSN_ENVID,
+    REC_TYPE_DSN_NOTIFY,
+    REC_TYPE_DSN_ORCPT,
+    REC_TYPE_DSN_RET,
+    REC_TYPE_DTXT,
+    REC_TYPE_END,
+    REC_TYPE_ERROR,
+    REC_TYPE_FILT,
+    REC_TYPE_FROM,
+    REC_TYPE_INSP,
+    REC_TYPE_MESG,
+    REC_TYPE_ORCP,
+    REC_TYPE_PTR,
+    REC_TYPE_RCPT,
+    REC_TYPE_RDR,
+    REC_TYPE_SIZE,
+    REC_TYPE_TIME,
+    REC_TYPE_VERP,
+    REC_TYPE_WARN,
+    RecordError,
+    encode_record,
+    rec_get_buf,
+    rec_goto,
+)
 
-# The scheduler core's recipient is exactly what a queue file's R record carries; the
-# reader builds it directly so the daemon never copies recipients between layers.
+# The scheduler's recipient is exactly what an R record carries; the reader builds it
+# directly so the daemon never copies recipients between layers.
 from pyqmgr.scheduler.message import Recipient
 
+__all__ = [
+    "Batch",
+    "Message",
+    "Opened",
+    "QueueFileError",
+    "Recipient",
+    "kill_record",
+    "mark_done",
+    "read_batch",
+    "read_message",
+    "update_warn",
+]
+
+# qmgr_user.h / qmgr.h
 READ_FLAG_MIXED_RCPT_OTHER = 1 << 0
 READ_FLAG_USER = 0x1F
 READ_FLAG_SEEN_ALL_NON_RCPT = 1 << 16
 
-DEL_REQ_FLAG_RECORD = 0x400
-DEL_REQ_TRACE_FLAGS_MASK = 0x100 | 0x200 | 0x400 | 0x2000
-DSN_NOTIFY_MASK = 0xF
-DSN_RET_MASK = 0x3
+# deliver_request.h
+DEL_REQ_FLAG_MTA_VRFY = 1 << 8
+DEL_REQ_FLAG_USR_VRFY = 1 << 9
+DEL_REQ_FLAG_RECORD = 1 << 10
+DEL_REQ_FLAG_REC_DLY_SENT = 1 << 13
+DEL_REQ_TRACE_FLAGS_MASK = (DEL_REQ_FLAG_MTA_VRFY | DEL_REQ_FLAG_USR_VRFY
+                            | DEL_REQ_FLAG_RECORD | DEL_REQ_FLAG_REC_DLY_SENT)
+
+# dsn_mask.h
+DSN_NOTIFY_NEVER = 1
+DSN_NOTIFY_ANY = 2 | 4 | 8
+DSN_RET_FULL = 1
+DSN_RET_HDRS = 2
+
+#: ``verp_delimiter_filter`` default (mail_params.h).
+DEF_VERP_FILTER = "-=+"
+#: Stock caps one batch at this many recipients to keep the event loop responsive.
+BATCH_CAP = 5000
 
 _ENVELOPE_TYPES = frozenset(b"MCTcFILSDRO/WVA>K<ion" + b"EDRO/PreAFIL>Kon")
-_EXTRA_TYPE = frozenset(b"X")
+_XTRA_TYPES = frozenset(b"X")
+
+_SPACES = b" \t\n\r\v\f"  # C isspace() in the C locale
+_SPACE_SET = frozenset(_SPACES)
+_LONG_MAX = (1 << 63) - 1
+_LONG_MIN = -(1 << 63)
+
+#: ``name=value`` with optional blanks around the name (split_nameval's happy path).
+_NAMEVAL = re.compile(rb"[ \t\n\r\v\f]*([^ \t\n\r\v\f=]+)[ \t\n\r\v\f]*=")
+
+# rec_attr_map.c: attributes that stand for native record types.
 _ATTR_MAP = {
-    "dsn_orig_rcpt": ord("o"),
-    "notify_flags": ord("n"),
-    "envelope_id": ord("i"),
-    "ret_flags": ord("<"),
-    "create_time": ord("c"),
+    b"dsn_orig_rcpt": REC_TYPE_DSN_ORCPT,
+    b"notify_flags": REC_TYPE_DSN_NOTIFY,
+    b"envelope_id": REC_TYPE_DSN_ENVID,
+    b"ret_flags": REC_TYPE_DSN_RET,
+    b"create_time": REC_TYPE_CTIME,
+}
+# Legacy (pre-2.3) logging attribute names: used only while no log_* name was seen.
+_LEGACY_ATTRS = {
+    b"client_name": "client_name",
+    b"client_address": "client_address",
+    b"client_port": "client_port",
+    b"protocol_name": "protocol_name",
+    b"helo_name": "helo_name",
 }
 _LOG_ATTRS = {
-    "log_client_name": "client_name",
-    "log_client_address": "client_address",
-    "log_client_port": "client_port",
-    "log_protocol_name": "protocol_name",
-    "log_helo_name": "helo_name",
+    b"log_client_name": "client_name",
+    b"log_client_address": "client_address",
+    b"log_client_port": "client_port",
+    b"log_protocol_name": "protocol_name",
+    b"log_helo_name": "helo_name",
 }
-_LEGACY_ATTRS = {
-    "client_name": "client_name",
-    "client_address": "client_address",
-    "client_port": "client_port",
-    "protocol_name": "protocol_name",
-    "helo_name": "helo_name",
+_SINGLE_ATTRS = {
+    b"sasl_method": "sasl_method",
+    b"sasl_username": "sasl_username",
+    b"sasl_sender": "sasl_sender",
+    b"log_ident": "log_ident",
+    b"rewrite_context": "rewrite_context",
 }
-_SINGLE_ATTRS = ("sasl_method", "sasl_username", "sasl_sender", "log_ident", "rewrite_context")
-_MAX_REVERSE_JUMPS = 10000
 
 
+class Opened(NamedTuple):
+    """What stock's ``opened()`` logs when the sender record is first read.
+
+    The values are those at the moment the ``S`` record was read, as stock logs them:
+    ``<qid>: from=<sender>, size=<size>, nrcpt=<nrcpt> (queue active)``.
+    """
+
+    sender: str
+    size: int
+    nrcpt: int
 
 
-@dataclass
+@dataclass(eq=False)
 class Message:
-    """Envelope state of one queue file; persists across recipient batches."""
+    """Envelope state of one queue file; persists across recipient batches.
+
+    Create it with just the queue id for the first batch; pass the same object to later
+    :func:`read_batch` calls, which resume at :attr:`rcpt_offset`.
+    """
 
     queue_id: str
     data_offset: int = 0
     data_size: int = 0
+    #: Content length for delivery requests and ``size=`` (C field 5, or data_size).
     cont_length: int = 0
+    #: C field 3 as written by cleanup: the ``nrcpt=`` of the log.
     rcpt_count: int = 0
+    #: Recipients promised by the size record and not read yet (scheduler estimate).
     rcpt_unread: int = 0
     rflags: int = READ_FLAG_MIXED_RCPT_OTHER
     smtputf8: int = 0
     arrival_time: tuple[int, int] = (0, 0)
+    #: Basis for expiry and backoff; falls back to the arrival seconds.
     create_time: int = 0
     sender: str | None = None
     warn_time: int = 0
+    #: Offset of the W record (0: none), for :func:`update_warn`.
     warn_offset: int = 0
+    #: Two VERP delimiter characters, or "" when VERP is off.
     verp_delims: str = ""
     filter: str | None = None
     redirect: str | None = None
@@ -90,321 +203,569 @@ class Message:
     sasl_sender: str = ""
     log_ident: str = ""
     rewrite_context: str = "local"
+    #: DEL_REQ trace flags from the first non-zero ``trace_flags`` attribute.
     trace_flags: int = 0
+    #: Offset of that attribute when its value is exactly RECORD, for :func:`kill_record`.
     trace_offset: int = 0
+    #: Where the next batch starts (just after the last R read); 0 when all are read.
     rcpt_offset: int = 0
-    seen_log_attrs: bool = False
-    seen_single: set[str] = field(default_factory=set)
+    #: Attributes already set once (stock's "field != NULL"): first-wins bookkeeping.
+    seen_attrs: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def seen_all_non_rcpt(self) -> bool:
+        return bool(self.rflags & READ_FLAG_SEEN_ALL_NON_RCPT)
+
+    @property
+    def mixed(self) -> bool:
+        """Recipient records are interleaved with others (no early stop possible)."""
+        return bool(self.rflags & READ_FLAG_MIXED_RCPT_OTHER)
 
 
-@dataclass
+@dataclass(eq=False)
 class Batch:
+    """The result of one :func:`read_batch` call."""
+
     recipients: list[Recipient]
+    #: Stock's warning texts, in order (log each as ``warning: <text>``).
     warnings: list[str]
+    #: False: the file is refused (stock moves it to ``corrupt/``).
     ok: bool
-    #: The sender record was read in this call: time for the "(queue active)" line.
-    sender_seen_now: bool = False
+    #: Set when the S record was first read in this call, even if the file was then
+    #: refused: stock logs the "(queue active)" line before it finds the damage.
+    opened: Opened | None = None
+
+    @property
+    def sender_seen_now(self) -> bool:
+        return self.opened is not None
 
 
-def _text(payload: bytes) -> str:
-    return payload.decode("utf-8", "surrogateescape")
+class QueueFileError(Exception):
+    """A refused queue file; ``warnings`` are stock's texts, ``batch`` the full result."""
+
+    def __init__(self, warnings: list[str], batch: Batch | None = None) -> None:
+        super().__init__("; ".join(warnings) or "queue file refused")
+        self.warnings = warnings
+        self.batch = batch
 
 
-def _parse_long(text: str) -> int | None:
-    """``atol``-style: optional spaces and sign, digits; None when no digits at all."""
-    s = text.lstrip()
-    sign = 1
-    if s[:1] in "+-" and s:
-        sign = -1 if s[0] == "-" else 1
-        s = s[1:]
-    digits = ""
-    for ch in s:
-        if not ch.isdigit():
+class _Fatal(Exception):
+    """A condition on which stock qmgr calls msg_fatal; reported as a refusal here."""
+
+
+# -- C library number parsing ---------------------------------------------------------------
+
+
+def _strtol(s: bytes, i: int = 0) -> tuple[int, int, bool]:
+    """glibc ``strtol(s + i, &end, 10)``: (value clamped to long, end index, converted)."""
+    n = len(s)
+    j = i
+    while j < n and s[j] in _SPACE_SET:
+        j += 1
+    neg = False
+    if j < n and s[j] in b"+-":
+        neg = s[j] == 0x2D
+        j += 1
+    k = j
+    while k < n and 0x30 <= s[k] <= 0x39:
+        k += 1
+    if k == j:
+        return 0, i, False
+    value = int(s[j:k])
+    if neg:
+        value = -value
+    if value > _LONG_MAX:
+        value = _LONG_MAX
+    elif value < _LONG_MIN:
+        value = _LONG_MIN
+    return value, k, True
+
+
+def _int32(value: int) -> int:
+    """Store a long into a C ``int`` (two's complement truncation, as gcc does)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def _atol(s: bytes) -> int:
+    if s[:1].isdigit() and s.isdigit() and len(s) < 19:  # the usual case, fast
+        return int(s)
+    return _strtol(s)[0]
+
+
+def _atoi(s: bytes) -> int:
+    return _int32(_atol(s))
+
+
+def _scan_size(s: bytes) -> list[int]:
+    """``sscanf(s, "%ld %ld %d %d %ld %d")``: the values converted, in order."""
+    values: list[int] = []
+    pos = 0
+    for index in range(6):
+        value, pos, ok = _strtol(s, pos)
+        if not ok:
             break
-        digits += ch
-    return sign * int(digits) if digits else None
+        values.append(value if index in (0, 1, 4) else _int32(value))
+    return values
 
 
-def read_batch(data: bytes, msg: Message, limit: int) -> Batch:
-    """Read the next recipient batch of ``data`` (the whole file) into ``msg``.
+def _alldig(s: bytes) -> bool:
+    return s.isdigit()  # bytes.isdigit: ASCII only and False when empty, like alldig()
 
-    The first call reads the envelope and up to ``limit`` recipients; later calls
-    resume at ``msg.rcpt_offset``. Never raises on bad input: ``ok`` is False and the
-    warnings say why.
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogateescape")
+
+
+def _split_nameval(buf: bytes) -> tuple[str | None, bytes, bytes]:
+    """Stock's ``split_nameval``: (error text or None, name, value)."""
+    m = _NAMEVAL.match(buf)
+    if m is None:
+        stripped = buf.lstrip(_SPACES)
+        if not stripped or stripped[0] == 0x3D:
+            return "missing attribute name", b"", b""
+        return "missing '=' after attribute name", b"", b""
+    return None, m.group(1), buf[m.end():].strip(_SPACES)
+
+
+def _source_bytes(source: bytes | bytearray | memoryview | BinaryIO) -> bytes:
+    if isinstance(source, bytes):
+        return source
+    if isinstance(source, (bytearray, memoryview)):
+        return bytes(source)
+    source.seek(0)
+    return source.read()
+
+
+# -- the read loop ------------------------------------------------------------------------
+
+
+def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, limit: int,
+               *, path: str | None = None, verp_filter: str = DEF_VERP_FILTER) -> Batch:
+    """Read the next recipient batch of a queue file into ``msg``.
+
+    ``source`` is the whole file (bytes) or a binary file object (read whole from
+    offset 0). The first call, with a fresh ``msg``, reads the envelope and up to
+    ``limit`` recipients; later calls resume at ``msg.rcpt_offset`` and read only
+    recipients. ``limit`` is what the caller computed (stock: recipient limit minus
+    in-core recipients, at least the per-message minimum); it is capped at 5000 here as
+    in stock, and must be positive (stock panics otherwise). ``path`` is the name that
+    prefixes record-level warnings (stock's stream path, default ``active/<id>``);
+    ``verp_filter`` is ``verp_delimiter_filter``.
+
+    Bad input never raises: ``ok`` is False and the warnings say why. On failure
+    ``rcpt_offset``/``rcpt_unread`` are restored and no recipients are returned.
     """
+    if limit <= 0:
+        raise ValueError(f"{msg.queue_id}: no recipient slots available")
+    if limit > BATCH_CAP:
+        limit = BATCH_CAP
+    data = _source_bytes(source)
     qid = msg.queue_id
-    path = f"active/{qid}"
+    if path is None:
+        path = f"active/{qid}"
+    filter_set = frozenset(verp_filter.encode("utf-8", "surrogateescape"))
     warnings: list[str] = []
     recipients: list[Recipient] = []
+    opened: Opened | None = None
     save_offset = msg.rcpt_offset
     save_unread = msg.rcpt_unread
-    sender_seen_now = False
+    seen = msg.seen_attrs
+    have_log_client_attr = False
+    orig_rcpt: bytes | None = None
+    dsn_orcpt: bytes | None = None
+    dsn_notify = 0
+    end_type = 0  # stock's rec_type after the loop: <= 0 means "failed, already logged"
+
     pos = 0
     if msg.rcpt_offset:
         pos = msg.rcpt_offset
         msg.rcpt_offset = 0
-    orig: str | None = None
-    orcpt: str | None = None
-    notify = 0
-    failed = False
-    reverse_jumps = 0
 
-    while True:
-        cur = pos
-        allowed = _ENVELOPE_TYPES
-        if cur == msg.data_offset and cur > 0:
-            pos += msg.data_size
+    try:
+        while True:
             cur = pos
-            allowed = _EXTRA_TYPE
-        try:
-            rtype, payload, pos = read_record(data, pos, path)
-        except EOFError:
-            warnings.append(f"{qid}: message rejected: missing end record")
-            failed = True
-            break
-        except RecordError as exc:
-            warnings.append(str(exc))
-            warnings.append(f"{qid}: message rejected: missing end record")
-            failed = True
-            break
-        if rtype == 0x70:  # 'p'
-            target = _parse_long(_text(payload))
-            if target is None or target < 0:
-                warnings.append(f"{path}: malformed pointer record value: {_text(payload)}")
-                failed = True
-                break
-            if target:
-                if target < pos:
-                    reverse_jumps += 1
-                    if reverse_jumps > _MAX_REVERSE_JUMPS:
-                        warnings.append(f"{path}: too many reverse jump records")
-                        failed = True
-                        break
-                pos = target
-            continue
-        if rtype not in allowed:
-            warnings.append(f"Unexpected record type '{chr(rtype)}' at offset {cur}")
-            failed = True
-            break
-        if rtype == 0x45:  # 'E'
-            msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT
-            break
-        text = _text(payload)
-        if rtype == 0x41:  # 'A'
-            name, sep, value = text.partition("=")
-            if not sep or not name.strip():
-                warnings.append(f"{qid}: bad attribute record: missing '=' after attribute "
-                                f"name: {text[:200]}")
-                failed = True
-                break
-            name = name.strip()
-            mapped = _ATTR_MAP.get(name)
-            if mapped is not None:
-                rtype = mapped
-                text = value.strip()
-        if rtype == 0x52:  # 'R'
-            if msg.rcpt_offset == 0:
-                msg.rcpt_unread -= 1
-                recipients.append(Recipient(cur, text, orig or "", orcpt or "", notify))
-                orig = orcpt = None
-                notify = 0
-                if len(recipients) >= limit:
-                    msg.rcpt_offset = pos
-                    if msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
-                        break
-                    if msg.rflags & READ_FLAG_MIXED_RCPT_OTHER:
-                        continue
-                    if cur > msg.data_offset:
-                        msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT
-                        break
-                    pos = msg.data_offset
-            continue
-        if rtype in (0x44, 0x2F):  # 'D', '/'
-            if msg.rcpt_offset == 0:
-                msg.rcpt_unread -= 1
-                orig = orcpt = None
-                notify = 0
-            continue
-        if rtype == 0x6F:  # 'o'
-            if orcpt is not None:
-                warnings.append(f"{qid}: ignoring out-of-order DSN original recipient "
-                                f"address <{orcpt[:200]}>")
-                orcpt = None
-            if msg.rcpt_offset == 0:
-                orcpt = text
-            continue
-        if rtype == 0x6E:  # 'n'
-            if notify:
-                warnings.append(f"{qid}: ignoring out-of-order DSN notify flags <{notify}>")
-                notify = 0
-            if msg.rcpt_offset == 0:
-                n = int(text) if text.isdigit() else 0
-                if n == 0 or n & ~DSN_NOTIFY_MASK:
-                    warnings.append(f"{qid}: ignoring malformed DSN notify flags <{text[:200]}>")
-                else:
-                    notify = n
+            allowed = _ENVELOPE_TYPES
+            if cur == msg.data_offset and cur > 0:
+                cur += msg.data_size
+                if cur > _LONG_MAX:
+                    raise _Fatal(f"seek file {path}: Invalid argument")
+                pos = cur
+                allowed = _XTRA_TYPES
+            try:
+                rtype, payload, pos = rec_get_buf(data, pos, path)
+            except RecordError as exc:
+                warnings.append(str(exc))
+                rtype = REC_TYPE_ERROR
+            if rtype == REC_TYPE_PTR:
+                try:
+                    target = rec_goto(payload, path)
+                except RecordError as exc:
+                    warnings.append(str(exc))
+                    end_type = REC_TYPE_ERROR
+                    break
+                if target:
+                    pos = target
                 continue
-        if rtype == 0x4F:  # 'O'
-            if orig is not None:
-                warnings.append(f"{qid}: ignoring out-of-order original recipient "
-                                f"<{orig[:200]}>")
-                orig = None
-            if msg.rcpt_offset == 0:
-                orig = text
-            continue
-        if msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
-            continue
-        if rtype == 0x53:  # 'S': first one wins; its arrival starts "(queue active)"
-            if msg.sender is None:
-                msg.sender = text
-                sender_seen_now = True
-            continue
-        if _envelope_record(msg, rtype, text, cur, warnings):
-            failed = True
-            break
+            if rtype <= 0:
+                warnings.append(f"{qid}: message rejected: missing end record")
+                end_type = rtype if rtype < 0 else 0
+                break
+            if rtype not in allowed:
+                warnings.append(f"Unexpected record type '{chr(rtype)}' at offset {cur}")
+                end_type = REC_TYPE_ERROR
+                break
+            if rtype == REC_TYPE_END:
+                msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT
+                end_type = rtype
+                break
 
-    if orcpt is not None and not failed:
-        warnings.append(f"{qid}: ignoring out-of-order DSN original recipient <{orcpt[:200]}>")
-    if orig is not None and not failed:
-        warnings.append(f"{qid}: ignoring out-of-order original recipient <{orig[:200]}>")
+            nul = payload.find(b"\0")
+            start = payload if nul < 0 else payload[:nul]
+            name = b""
+            value = b""
+            if rtype == REC_TYPE_ATTR:
+                error, name, value = _split_nameval(start)
+                if error is not None:
+                    warnings.append(
+                        f"{qid}: bad attribute record: {error}: {_text(start[:200])}")
+                    end_type = REC_TYPE_ERROR
+                    break
+                mapped = _ATTR_MAP.get(name)
+                if mapped is not None:
+                    start = value
+                    rtype = mapped
+
+            # -- recipient records --------------------------------------------------
+            if rtype == REC_TYPE_RCPT:
+                if msg.rcpt_offset == 0:
+                    msg.rcpt_unread -= 1
+                    recipients.append(Recipient(
+                        cur, _text(start),
+                        _text(orig_rcpt) if orig_rcpt else "",
+                        _text(dsn_orcpt) if dsn_orcpt else "",
+                        dsn_notify))
+                    orig_rcpt = dsn_orcpt = None
+                    dsn_notify = 0
+                    if len(recipients) >= limit:
+                        msg.rcpt_offset = pos
+                        if msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
+                            end_type = rtype
+                            break
+                        if msg.rflags & READ_FLAG_MIXED_RCPT_OTHER:
+                            continue
+                        # A pure recipient section: nothing else to learn before data.
+                        if cur > msg.data_offset:
+                            msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT
+                            end_type = rtype
+                            break
+                        # Skip the remaining envelope recipients; the content skip at
+                        # data_offset then leads to the extracted segment.
+                        pos = msg.data_offset
+                continue
+            if rtype == REC_TYPE_DONE or rtype == REC_TYPE_DRCP:
+                if msg.rcpt_offset == 0:
+                    msg.rcpt_unread -= 1
+                    orig_rcpt = dsn_orcpt = None
+                    dsn_notify = 0
+                continue
+            if rtype == REC_TYPE_DSN_ORCPT:
+                if dsn_orcpt is not None:
+                    warnings.append(f"{qid}: ignoring out-of-order DSN original recipient "
+                                    f"address <{_text(dsn_orcpt[:200])}>")
+                    dsn_orcpt = None
+                if msg.rcpt_offset == 0:
+                    dsn_orcpt = start
+                continue
+            if rtype == REC_TYPE_DSN_NOTIFY:
+                if dsn_notify:
+                    warnings.append(f"{qid}: ignoring out-of-order DSN notify flags "
+                                    f"<{dsn_notify}>")
+                    dsn_notify = 0
+                if msg.rcpt_offset == 0:
+                    n = _atoi(start) if _alldig(start) else 0
+                    if n == 0 or not (n == DSN_NOTIFY_NEVER or n == n & DSN_NOTIFY_ANY):
+                        warnings.append(f"{qid}: ignoring malformed DSN notify flags "
+                                        f"<{_text(start[:200])}>")
+                    else:
+                        dsn_notify = n
+                    continue
+            if rtype == REC_TYPE_ORCP:
+                if orig_rcpt is not None:
+                    warnings.append(f"{qid}: ignoring out-of-order original recipient "
+                                    f"<{_text(orig_rcpt[:200])}>")
+                    orig_rcpt = None
+                if msg.rcpt_offset == 0:
+                    orig_rcpt = start
+                continue
+
+            # -- non-recipient records: read on the first batch only ----------------
+            if msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
+                continue
+            if rtype == REC_TYPE_ATTR:
+                have_log_client_attr = _attribute(msg, name, value, cur, seen,
+                                                  have_log_client_attr, warnings)
+            elif rtype == REC_TYPE_SIZE:
+                if not _size_record(msg, start, data, path, warnings):
+                    end_type = REC_TYPE_ERROR
+                    break
+            elif rtype == REC_TYPE_TIME:
+                if msg.arrival_time[0] == 0:
+                    sec = _atol(start)
+                    digits = 0
+                    while digits < len(start) and 0x30 <= start[digits] <= 0x39:
+                        digits += 1
+                    msg.arrival_time = (sec, _atol(start[digits:]))
+            elif rtype == REC_TYPE_CTIME:
+                if msg.create_time == 0:
+                    msg.create_time = _atol(start)
+            elif rtype == REC_TYPE_FILT:
+                msg.filter = _text(start)
+            elif rtype == REC_TYPE_INSP:
+                msg.inspector = _text(start)
+            elif rtype == REC_TYPE_RDR:
+                msg.redirect = _text(start)
+            elif rtype == REC_TYPE_FROM:
+                if msg.sender is None:
+                    msg.sender = _text(start)
+                    opened = Opened(msg.sender, msg.cont_length, msg.rcpt_unread)
+            elif rtype == REC_TYPE_DSN_ENVID:
+                msg.envelope_id = _text(start)
+            elif rtype == REC_TYPE_DSN_RET:
+                n = _atoi(start) if _alldig(start) else 0
+                if n not in (DSN_RET_FULL, DSN_RET_HDRS):
+                    warnings.append(f"{qid}: ignoring malformed DSN RET flags in queue file "
+                                    f"record:{_text(start[:100])}")
+                else:
+                    msg.ret_flags = n
+            elif rtype == REC_TYPE_WARN:
+                if msg.warn_offset == 0:
+                    msg.warn_offset = cur
+                    msg.warn_time = _atol(start)
+            elif rtype == REC_TYPE_VERP:
+                if not msg.verp_delims:
+                    if not msg.sender:
+                        warnings.append(f"{qid}: ignoring VERP request for null sender")
+                    elif (len(start) != 2 or start[0] not in filter_set
+                          or start[1] not in filter_set):
+                        warnings.append(f"{qid}: ignoring bad VERP request: "
+                                        f"\"{_text(start[:100])}\"")
+                    else:
+                        msg.verp_delims = _text(start)
+    except _Fatal as exc:
+        warnings.append(str(exc))
+        msg.rcpt_offset = save_offset
+        msg.rcpt_unread = save_unread
+        return Batch([], warnings, False, opened)
+
+    if dsn_orcpt is not None and end_type > 0:
+        warnings.append(f"{qid}: ignoring out-of-order DSN original recipient "
+                        f"<{_text(dsn_orcpt[:200])}>")
+    if orig_rcpt is not None and end_type > 0:
+        warnings.append(f"{qid}: ignoring out-of-order original recipient "
+                        f"<{_text(orig_rcpt[:200])}>")
     if msg.create_time == 0:
         msg.create_time = msg.arrival_time[0]
     if msg.rcpt_unread < 0 or (msg.rcpt_offset == 0 and msg.rcpt_unread != 0):
         warnings.append(f"{qid}: rcpt count mismatch ({msg.rcpt_unread})")
         msg.rcpt_unread = 0
-    if not failed:
-        if msg.arrival_time[0] == 0:
-            warnings.append(f"{qid}: message rejected: missing arrival time record")
-            failed = True
-        elif msg.sender is None:
-            warnings.append(f"{qid}: message rejected: missing sender record")
-            failed = True
-        elif msg.data_offset == 0:
-            warnings.append(f"{qid}: message rejected: missing size record")
-            failed = True
-    if failed:
+    ok = False
+    if end_type <= 0:
+        pass  # already reported
+    elif msg.arrival_time[0] == 0:
+        warnings.append(f"{qid}: message rejected: missing arrival time record")
+    elif msg.sender is None:
+        warnings.append(f"{qid}: message rejected: missing sender record")
+    elif msg.data_offset == 0:
+        warnings.append(f"{qid}: message rejected: missing size record")
+    else:
+        ok = True
+    if not ok:
         msg.rcpt_offset = save_offset
         msg.rcpt_unread = save_unread
         recipients = []
-    return Batch(recipients, warnings, not failed, sender_seen_now)
+    return Batch(recipients, warnings, ok, opened)
 
 
-def _envelope_record(msg: Message, rtype: int, text: str, offset: int,
-                     warnings: list[str]) -> bool:
-    """Handle a non-recipient record; True means "reject the file"."""
+def _attribute(msg: Message, name: bytes, value: bytes, offset: int, seen: set[str],
+               have_log_client_attr: bool, warnings: list[str]) -> bool:
+    """An ``A`` record that is not a pseudo type; returns the updated log-attr flag.
+
+    Stock lets a ``log_*`` attribute override, and a legacy ``client_*`` name fill in
+    only while no ``log_*`` name was seen in this read (first one wins).
+    """
+    attr = _LOG_ATTRS.get(name)
+    if attr is not None:
+        setattr(msg, attr, _text(value))
+        seen.add(attr)
+        return True
+    attr = _LEGACY_ATTRS.get(name)
+    if attr is not None:
+        if not have_log_client_attr and attr not in seen:
+            setattr(msg, attr, _text(value))
+            seen.add(attr)
+        return have_log_client_attr
+    attr = _SINGLE_ATTRS.get(name)
+    if attr is not None:
+        if attr in seen:
+            warnings.append(f"{msg.queue_id}: ignoring multiple {attr} attribute: "
+                            f"{_text(value)}")
+        else:
+            setattr(msg, attr, _text(value))
+            seen.add(attr)
+    elif name == b"encoding":
+        msg.encoding = _text(value)  # last wins: the extracted segment may override
+    elif name == b"trace_flags":
+        if msg.trace_flags == 0:
+            msg.trace_flags = _atoi(value) & DEL_REQ_TRACE_FLAGS_MASK
+            msg.trace_offset = offset if msg.trace_flags == DEL_REQ_FLAG_RECORD else 0
+    return have_log_client_attr
+
+
+def _size_record(msg: Message, start: bytes, data: bytes, path: str,
+                 warnings: list[str]) -> bool:
+    """The ``C`` record; False means the file is refused (warning already added)."""
     qid = msg.queue_id
-    if rtype == 0x41:  # 'A' not mapped to a pseudo type: the most common record
-        name, _, value = text.partition("=")
-        name = name.strip()
-        if name == "encoding":
-            msg.encoding = value
-        elif name in _LOG_ATTRS:
-            if not msg.seen_log_attrs:
-                msg.seen_log_attrs = True
-                for legacy in _LEGACY_ATTRS.values():
-                    setattr(msg, legacy, "")
-            setattr(msg, _LOG_ATTRS[name], value)
-        elif name in _LEGACY_ATTRS:
-            if not msg.seen_log_attrs:
-                setattr(msg, _LEGACY_ATTRS[name], value)
-        elif name in _SINGLE_ATTRS:
-            if name in msg.seen_single:
-                warnings.append(f"{qid}: ignoring multiple {name} attribute: {value}")
-            else:
-                msg.seen_single.add(name)
-                setattr(msg, name, value)
-        elif name == "trace_flags":
-            if "trace_flags" not in msg.seen_single:
-                msg.seen_single.add("trace_flags")
-                n = _parse_long(value) or 0
-                msg.trace_flags = n & DEL_REQ_TRACE_FLAGS_MASK
-                if msg.trace_flags == DEL_REQ_FLAG_RECORD:
-                    msg.trace_offset = offset
+    if msg.data_offset == 0:
+        values = _scan_size(start)
+        count = len(values)
+        # sscanf stores each converted field before anything is checked, so a refused
+        # record still shapes the "rcpt count mismatch" warning that follows.
+        if count >= 1:
+            msg.data_size = values[0]
+        if count >= 2:
+            msg.data_offset = values[1]
+        if count >= 3:
+            msg.rcpt_unread = msg.rcpt_count = values[2]
+        if count >= 4:
+            msg.rflags = values[3]
+        if count >= 5:
+            msg.cont_length = values[4]
+        if count >= 6:
+            msg.smtputf8 = values[5]
+        if count >= 3:
+            if msg.data_offset <= 0 or msg.data_size <= 0:
+                warnings.append(f"{qid}: invalid size record: {_text(start[:100])}")
+                return False
+            if msg.rflags & ~READ_FLAG_USER:
+                warnings.append(f"{qid}: invalid flags in size record: {_text(start[:100])}")
+                return False
+        elif count == 1:
+            _oldstyle_scan(msg, data, path, warnings)
+        else:
+            warnings.append(f"{qid}: message rejected: weird size record")
+            return False
+    if msg.cont_length == 0:
+        msg.cont_length = msg.data_size
+    elif msg.cont_length < 0:
+        warnings.append(f"{qid}: invalid size record: {_text(start[:100])}")
         return False
-    if rtype == 0x43:  # 'C'
-        if msg.data_offset == 0:
-            fields = text.split()
-            nums: list[int] = []
-            for f in fields[:6]:
-                v = _parse_long(f)
-                if v is None:
-                    break
-                nums.append(v)
-            if len(nums) >= 3:
-                nums += [0] * (6 - len(nums))
-                data_size, data_offset, rcpt, rflags, cont, utf8 = nums
-                # Stored before the checks, as stock's sscanf does: a rejected size
-                # record still shapes the "rcpt count mismatch" warning that follows.
-                msg.data_size, msg.data_offset = data_size, data_offset
-                msg.rcpt_count = msg.rcpt_unread = rcpt
-                msg.rflags = rflags | (msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT)
-                msg.cont_length, msg.smtputf8 = cont, utf8
-                if data_offset <= 0 or data_size <= 0:
-                    warnings.append(f"{qid}: invalid size record: {text[:100]}")
-                    return True
-                if rflags & ~READ_FLAG_USER:
-                    warnings.append(f"{qid}: invalid flags in size record: {text[:100]}")
-                    return True
-            else:
-                # One field is a pre-1.0 file, which stock rescans; such files no longer
-                # exist in practice, so they are refused like a weird size record.
-                warnings.append(f"{qid}: message rejected: weird size record")
-                return True
-        if msg.cont_length == 0:
-            msg.cont_length = msg.data_size
-        elif msg.cont_length < 0:
-            warnings.append(f"{qid}: invalid size record: {text[:100]}")
-            return True
-    elif rtype == 0x54:  # 'T'
-        if msg.arrival_time[0] == 0:
-            parts = text.split()
-            sec = _parse_long(parts[0]) if parts else None
-            usec = _parse_long(parts[1]) if len(parts) > 1 else 0
-            msg.arrival_time = (sec or 0, usec or 0)
-    elif rtype == 0x63:  # 'c'
-        if msg.create_time == 0:
-            msg.create_time = _parse_long(text) or 0
-    elif rtype == 0x4C:  # 'L' content filter
-        msg.filter = text
-    elif rtype == 0x49:  # 'I'
-        msg.inspector = text
-    elif rtype == 0x3E:  # '>'
-        msg.redirect = text
-    elif rtype == 0x69:  # 'i'
-        msg.envelope_id = text
-    elif rtype == 0x3C:  # '<'
-        n = _parse_long(text)
-        if n is None or n == 0 or n & ~DSN_RET_MASK:
-            warnings.append(f"{qid}: ignoring malformed DSN RET flags in queue file record:"
-                            f"{text[:100]}")
-        else:
-            msg.ret_flags = n
-    elif rtype == 0x57:  # 'W'
-        msg.warn_offset = offset
-        msg.warn_time = _parse_long(text) or 0
-    elif rtype == 0x56:  # 'V'
-        if not msg.sender:
-            warnings.append(f"{qid}: ignoring VERP request for null sender")
-        elif len(text) != 2:
-            warnings.append(f"{qid}: ignoring bad VERP request: \"{text[:100]}\"")
-        else:
-            msg.verp_delims = text
-    return False
+    return True
+
+
+def _oldstyle_scan(msg: Message, data: bytes, path: str, warnings: list[str]) -> None:
+    """A pre-1.0 file (one-field size record): find the offsets by a full rescan.
+
+    Stock's ``qmgr_message_oldstyle_scan``: read the file in logical order (pointers
+    followed, padding skipped), count every R/D/``/`` record, and take ``data_offset``
+    from the position after ``M`` and the extracted segment's offset from ``M``'s
+    payload. Where stock gives up with msg_fatal this raises :class:`_Fatal`.
+    """
+    msg.rcpt_unread = 0
+    pos = 0
+    rtype = 0
+    while True:
+        try:
+            rtype, payload, pos = rec_get_buf(data, pos, path)
+        except RecordError as exc:
+            warnings.append(str(exc))
+            rtype = REC_TYPE_ERROR
+        if rtype == REC_TYPE_PTR:
+            try:
+                target = rec_goto(payload, path)
+            except RecordError as exc:
+                warnings.append(str(exc))
+                rtype = REC_TYPE_ERROR
+                break
+            if target:
+                pos = target
+            continue
+        if rtype == REC_TYPE_DTXT:
+            continue
+        if rtype <= 0 or rtype == REC_TYPE_END:
+            break
+        if rtype in (REC_TYPE_DONE, REC_TYPE_RCPT, REC_TYPE_DRCP):
+            msg.rcpt_unread += 1
+        elif rtype == REC_TYPE_MESG and msg.data_offset == 0:
+            msg.data_offset = pos
+            nul = payload.find(b"\0")
+            start = payload if nul < 0 else payload[:nul]
+            extra_offset = _atol(start)
+            if extra_offset <= msg.data_offset:
+                raise _Fatal(f"bad extra offset {_text(start)} file {path}")
+            pos = extra_offset
+            msg.data_size = extra_offset - msg.data_offset
+    if msg.data_offset == 0 or rtype != REC_TYPE_END:
+        raise _Fatal(f"{msg.queue_id}: envelope records out of order")
+
+
+def read_message(source: bytes | bytearray | memoryview | BinaryIO, queue_id: str,
+                 limit: int = BATCH_CAP, *, path: str | None = None,
+                 verp_filter: str = DEF_VERP_FILTER) -> tuple[Message, Batch]:
+    """Read the first batch of a file; raise :class:`QueueFileError` if it is refused.
+
+    A convenience for tools and tests; the daemon uses :func:`read_batch` directly
+    because it must log the "(queue active)" line even for a refused file.
+    """
+    msg = Message(queue_id=queue_id)
+    batch = read_batch(source, msg, limit, path=path, verp_filter=verp_filter)
+    if not batch.ok:
+        raise QueueFileError(batch.warnings, batch)
+    return msg, batch
 
 
 # -- in-place updates ----------------------------------------------------------------------
 
 
-def mark_done(fd: int, offset: int) -> None:
-    """Overwrite a recipient's type byte with ``D``, as delivery agents do."""
-    os.pwrite(fd, b"D", offset)
+def _write_at(f: int | BinaryIO, data: bytes, offset: int) -> None:
+    if isinstance(f, int):
+        if os.pwrite(f, data, offset) != len(data):
+            raise OSError(f"short write at offset {offset}")
+    else:
+        f.seek(offset)
+        f.write(data)
+        f.flush()
 
 
-def kill_record(fd: int, offset: int) -> None:
-    """Overwrite a record's type byte with ``K`` (after a successful trace flush)."""
-    os.pwrite(fd, b"K", offset)
+def mark_done(f: int | BinaryIO, offset: int) -> None:
+    """Overwrite a recipient's type byte with ``D`` (``deliver_completed``).
+
+    Offset -1 means "nothing to mark", as for stock's local delivery agent.
+    """
+    if offset == -1:
+        return
+    if offset < 0:
+        raise ValueError(f"bad recipient offset {offset}")
+    _write_at(f, b"D", offset)
 
 
-def update_warn(fd: int, offset: int, value: int) -> None:
-    """Rewrite the ``W`` record in place; ``-1`` means the delay warning was sent."""
-    os.pwrite(fd, encode_record("W", b"%15d" % value), offset)
+def kill_record(f: int | BinaryIO, offset: int) -> None:
+    """Overwrite a record's type byte with ``K``: the ``trace_flags`` record after the
+    trace report was sent, so a later pass does not send it again."""
+    if offset <= 0:
+        raise ValueError(f"bad offset {offset:#x}")  # stock panics
+    _write_at(f, b"K", offset)
+
+
+def update_warn(f: int | BinaryIO, offset: int, value: int) -> None:
+    """Rewrite the ``W`` record in place; ``-1`` means the delay warning was sent.
+
+    The payload is always ``%15ld``, so the record keeps its size and nothing else in
+    the file moves.
+    """
+    payload = b"%15d" % value
+    if len(payload) != 15:
+        raise ValueError(f"warning time {value} does not fit the W record")
+    if offset <= 0:
+        raise ValueError(f"bad W record offset {offset}")
+    _write_at(f, encode_record(REC_TYPE_WARN, payload), offset)
