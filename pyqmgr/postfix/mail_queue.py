@@ -2,94 +2,313 @@
 
 Paths are relative to the queue directory, qmgr's working directory (also inside a
 chroot). Hashed queues (``hash_queue_names``) put a file under one single-character
-directory per ``hash_queue_depth`` level, derived from the queue id's microseconds.
+directory per ``hash_queue_depth`` level, taken from the queue id's hex microseconds, so
+that the same file lands in the same place whichever Postfix program computes the path:
+postsuper, showq and the delivery agents all compute it independently.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 
-_VALID = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-_B52 = "0123456789BCDFGHJKLMNPQRSTVWXYZbcdfghjklmnpqrstvwxyz"
+#: ``VALID_HOSTNAME_LEN``: the longest acceptable queue file name.
+MAX_ID_LEN = 255
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_QUEUE_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 
+#: The long-id alphabet (``safe_ultostr.c``): digits and consonants, no vowels.
+SAFE_CHARS = "0123456789BCDFGHJKLMNPQRSTVWXYZbcdfghjklmnpqrstvwxyz"
+_SAFE_VALUE = {ch: i for i, ch in enumerate(SAFE_CHARS)}
+MQID_LG_SEC_PAD = 6
+MQID_LG_USEC_PAD = 4
+MQID_LG_TIME_PAD = MQID_LG_SEC_PAD + MQID_LG_USEC_PAD
+MQID_LG_INUM_SEP = "z"
 
-def queue_id_ok(qid: str) -> bool:
-    """Valid queue file names: non-empty, at most 255 of ``[A-Za-z0-9_]``."""
-    return 0 < len(qid) <= 255 and all(c in _VALID for c in qid)
+#: ``MAIL_QUEUE_STAT_READY``: cleanup sets the user bits to rwx once the file is complete.
+MAIL_QUEUE_STAT_READY = stat.S_IRWXU
 
-
-def _hash_chars(qid: str) -> str:
-    """The characters hashing uses: the id's hex microseconds."""
-    z = qid.rfind("z")
-    if z >= 10:  # long queue id: 4 base-52 microsecond digits before the last 'z'
-        usec = 0
-        for ch in qid[z - 4:z]:
-            pos = _B52.find(ch)
-            if pos < 0:
-                return qid
-            usec = usec * 52 + pos
-        return f"{usec:05X}"
-    return qid
+Warn = Callable[[str], None]
 
 
-def queue_path(queue: str, qid: str, hashed: list[str], depth: int) -> str:
-    if queue.lower() not in hashed:
-        return f"{queue}/{qid}"
-    chars = _hash_chars(qid)
-    parts = [chars[i] if i < len(chars) else "_" for i in range(depth)]
-    return "/".join([queue, *parts, qid])
+def mail_queue_id_ok(qid: str) -> bool:
+    """A valid queue file name: 1..255 of ``[A-Za-z0-9_]``.
+
+    The ``_`` is there because ``flush/`` logs are named after domains; everything else
+    (cleanup's ``usec.pid`` temporaries, postsuper's ``ID#FIX``) is skipped by scans.
+    """
+    return 0 < len(qid) <= MAX_ID_LEN and all(c in _ID_CHARS for c in qid)
 
 
-def mail_open_ok(path: str) -> os.stat_result | None:
-    """The stat of a complete queue file (regular, user bits exactly rwx), else None."""
+#: Older name, kept for callers.
+queue_id_ok = mail_queue_id_ok
+
+
+def mail_queue_name_ok(queue: str) -> bool:
+    """A valid queue directory name: 1..100 alphanumerics."""
+    return 0 < len(queue) <= 100 and all(c in _QUEUE_NAME_CHARS for c in queue)
+
+
+def long_id_separator(qid: str) -> int:
+    """Index of the long-id time/inode separator, or -1 for a short (hex) id.
+
+    The last ``z`` with at least 10 characters before it (``MQID_FIND_LG_INUM_SEPARATOR``).
+    """
+    z = qid.rfind(MQID_LG_INUM_SEP)
+    return z if z >= MQID_LG_TIME_PAD else -1
+
+
+def safe_strtoul(text: str, base: int) -> int | None:
+    """Decode a base-``base`` number in the long-id alphabet; None unless all of it is
+    valid (stock's ``MQID_LG_DECODE`` error rule)."""
+    value = 0
+    if not text:
+        return None
+    for ch in text:
+        digit = _SAFE_VALUE.get(ch, base)
+        if digit >= base:
+            return None
+        value = value * base + digit
+    return value
+
+
+def long_id_usec(qid: str) -> int | None:
+    """The microseconds of a long queue id, or None for a short id.
+
+    An undecodable field gives 0, as stock's ``MQID_LG_GET_HEX_USEC`` does.
+    """
+    z = long_id_separator(qid)
+    if z < 0:
+        return None
+    usec = safe_strtoul(qid[z - MQID_LG_USEC_PAD:z], 52)
+    return usec if usec is not None else 0
+
+
+def hash_name(qid: str) -> str:
+    """The string whose leading characters name the hash directories.
+
+    Short ids are used as they are (they start with 5 hex digits of microseconds); a
+    long id's base-52 microseconds are re-encoded as ``%05X`` so both forms of the same
+    instant hash alike.
+    """
+    usec = long_id_usec(qid)
+    return qid if usec is None else f"{usec:05X}"
+
+
+def dir_forest(name: str, depth: int) -> str:
+    """``dir_forest``: one single-character directory per level, ``_`` past the end."""
+    if not name:
+        raise ValueError("dir_forest: empty path")
+    if depth < 1:
+        raise ValueError(f"dir_forest: depth {depth}")
+    parts = []
+    for i in range(depth):
+        ch = name[i] if i < len(name) else "_"
+        if ch in "./" or not ch.isprintable() or not ch.isascii():
+            raise ValueError(f"dir_forest: invalid pathname: {name}")
+        parts.append(ch + "/")
+    return "".join(parts)
+
+
+def is_hashed(queue: str, hash_queue_names: Iterable[str] | str) -> bool:
+    """Whether ``queue`` is listed in ``hash_queue_names`` (case-insensitive)."""
+    if isinstance(hash_queue_names, str):
+        hash_queue_names = hash_queue_names.replace(",", " ").split()
+    lower = queue.lower()
+    return any(lower == name.lower() for name in hash_queue_names)
+
+
+def mail_queue_dir(queue: str, qid: str, hash_queue_names: Iterable[str] | str,
+                   hash_queue_depth: int) -> str:
+    """The directory of a queue file, with a trailing slash (``mail_queue_dir``)."""
+    if not mail_queue_name_ok(queue):
+        raise ValueError(f"mail_queue_dir: bad queue name: {queue}")
+    if not mail_queue_id_ok(qid):
+        raise ValueError(f"mail_queue_dir: bad queue id: {qid}")
+    if is_hashed(queue, hash_queue_names):
+        return f"{queue}/{dir_forest(hash_name(qid), hash_queue_depth)}"
+    return f"{queue}/"
+
+
+def mail_queue_path(queue: str, qid: str, hash_queue_names: Iterable[str] | str,
+                    hash_queue_depth: int) -> str:
+    """The path of a queue file relative to the queue directory (``mail_queue_path``)."""
+    return mail_queue_dir(queue, qid, hash_queue_names, hash_queue_depth) + qid
+
+
+#: Older name, kept for callers.
+queue_path = mail_queue_path
+
+
+def mail_open_ok(path: str, *, warn: Warn | None = None) -> os.stat_result | None:
+    """The lstat of a complete queue file, or None (``mail_open_ok``).
+
+    Complete means a regular file whose user bits are exactly rwx: cleanup sets them
+    last, so anything else is still being written (or was marked corrupt, 0400) and is
+    skipped silently. ``warn`` receives stock's warnings for the odd cases (lstat errors
+    other than ENOENT, not a regular file, a second hard link older than a minute).
+    """
     try:
         st = os.lstat(path)
-    except OSError:
+    except OSError as exc:
+        if exc.errno != errno.ENOENT and warn is not None:
+            warn(f"{path}: {exc.strerror}")
         return None
-    if not stat.S_ISREG(st.st_mode) or st.st_mode & stat.S_IRWXU != stat.S_IRWXU:
+    if not stat.S_ISREG(st.st_mode):
+        if warn is not None:
+            warn(f"{path}: uid {st.st_uid}: not a regular file")
         return None
+    if st.st_mode & stat.S_IRWXU != MAIL_QUEUE_STAT_READY:
+        return None
+    if st.st_nlink > 1 and warn is not None and st.st_ctime < time.time() - 60:
+        warn(f"{path}: uid {st.st_uid}: file has {st.st_nlink} links")
     return st
 
 
-def scan_all(queue: str) -> Iterator[str]:
-    """Yield candidate names in readdir order, descending one-character directories.
+def scan_all(queue: str, *, warn: Warn | None = None) -> Iterator[str]:
+    """Yield the names in a queue directory tree, as ``mail_scan_dir_next`` does.
 
-    A generator, so the daemon can take one name per event-loop pass as stock does.
+    Any one-character name is taken to be a hash subdirectory and descended into at the
+    point it is met; every other name (``.``/``..`` excepted) is yielded, unfiltered and
+    in readdir order, without sorting. The caller validates names: startup recovery
+    logs the invalid ones, the feeder skips them.
+
+    A generator holding its directories open, so the daemon can take one name per
+    event-loop pass and the scan sees the directory as it changes, like stock's. Stock
+    dies when a directory cannot be opened; here it is skipped (``warn`` is told).
     """
-    stack = [queue]
-    while stack:
-        directory = stack.pop()
+    stack: list = []  # open os.scandir iterators, innermost last
+    try:
         try:
-            with os.scandir(directory) as it:
-                entries = list(it)
-        except OSError:
+            stack.append(os.scandir(queue))
+        except OSError as exc:
+            if warn is not None:
+                warn(f"scan_dir_push: open directory {queue}: {exc.strerror}")
+            return
+        paths = [queue]
+        while stack:
+            entry = next(stack[-1], None)
+            if entry is None:
+                stack.pop().close()
+                paths.pop()
+                continue
+            name = entry.name
+            if len(name) == 1:
+                sub = f"{paths[-1]}/{name}"
+                try:
+                    stack.append(os.scandir(sub))
+                except OSError as exc:
+                    if warn is not None:
+                        warn(f"scan_dir_push: open directory {sub}: {exc.strerror}")
+                    continue
+                paths.append(sub)
+            else:
+                yield name
+    finally:
+        for it in stack:
+            it.close()
+
+
+#: Stock's name for the scanner.
+mail_scan_dir = scan_all
+
+
+def mail_queue_mkdirs(path: str) -> None:
+    """Create the missing directories above ``path`` with mode 0700 (``make_dirs``).
+
+    Like stock, a new directory gets the process's effective group if the system gave
+    it another one.
+    """
+    parent = os.path.dirname(path)
+    if not parent:
+        raise ValueError(f"mail_queue_mkdirs: no slash in: {path}")
+    egid = os.getegid()
+    current = "/" if parent.startswith("/") else ""
+    for part in parent.split("/"):
+        if not part:
             continue
-        subdirs = []
-        for entry in entries:
-            if len(entry.name) == 1:
-                subdirs.append(f"{directory}/{entry.name}")
-            elif queue_id_ok(entry.name):
-                yield entry.name
-        stack.extend(reversed(subdirs))
+        current = os.path.join(current, part) if current else part
+        try:
+            st = os.stat(current)
+        except FileNotFoundError:
+            try:
+                os.mkdir(current, 0o700)
+            except FileExistsError:
+                pass  # lost a race: fine if it is a directory
+            st = os.stat(current)
+            if stat.S_ISDIR(st.st_mode) and st.st_gid != egid:
+                os.chown(current, -1, egid)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), current)
 
 
-def rename_path(src: str, dst: str) -> None:
-    """Rename, creating missing hash directories (mode 0700) once on ENOENT."""
+def sane_rename(src: str, dst: str, *, info: Warn | None = None) -> None:
+    """rename(2), treating "source gone, destination present" as success.
+
+    That is stock's workaround for NFS reporting a failure for a rename that did happen.
+    """
     try:
         os.rename(src, dst)
-    except FileNotFoundError:
-        if not os.path.exists(src):
-            raise
-        os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
-        os.rename(src, dst)
+    except OSError:
+        if not os.path.exists(src) and os.path.exists(dst):
+            if info is not None:
+                info(f"sane_rename({src},{dst}): worked around spurious NFS error")
+            return
+        raise
 
 
-def save_removed(path: str, qid: str) -> None:
-    """``dont_remove``: keep the file under saved/, appending + until the name is free."""
-    target = f"saved/{qid}"
-    while os.path.exists(target):
+def rename_path(src: str, dst: str, *, info: Warn | None = None) -> None:
+    """Move a queue file, creating missing hash directories (``mail_queue_rename``).
+
+    Any failure is retried once after creating the destination's directories; the
+    error of the retry (or of the first attempt, if the directories cannot be made)
+    propagates, so a vanished source still raises FileNotFoundError.
+    """
+    try:
+        sane_rename(src, dst, info=info)
+        return
+    except OSError as first:
+        try:
+            mail_queue_mkdirs(dst)
+        except OSError:
+            raise first from None
+    sane_rename(src, dst, info=info)
+
+
+def mail_queue_rename(qid: str, old_queue: str, new_queue: str,
+                      hash_queue_names: Iterable[str] | str, hash_queue_depth: int,
+                      *, info: Warn | None = None) -> str:
+    """Move ``qid`` from one queue to another; returns the new path."""
+    src = mail_queue_path(old_queue, qid, hash_queue_names, hash_queue_depth)
+    dst = mail_queue_path(new_queue, qid, hash_queue_names, hash_queue_depth)
+    rename_path(src, dst, info=info)
+    return dst
+
+
+def set_file_times(path: str, when: int) -> None:
+    """Set atime and mtime to whole seconds, as stock's ``utime()`` does.
+
+    For deferred files the mtime is the earliest next retry; stock's time stamps have no
+    sub-second part, and neither do ours.
+    """
+    ns = int(when) * 1_000_000_000
+    os.utime(path, ns=(ns, ns))
+
+
+def save_removed(path: str, qid: str) -> str:
+    """``dont_remove``: keep the file as ``saved/<name>``, appending ``+`` until the name
+    is free (``REMOVE()``); returns the new path."""
+    target = f"saved/{os.path.basename(path) or qid}"
+    while os.path.exists(target):  # stat(), as stock
         target += "+"
-    os.makedirs("saved", mode=0o700, exist_ok=True)
-    os.rename(path, target)
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        if os.path.isdir("saved") or not os.path.exists(path):
+            raise
+        os.makedirs("saved", mode=0o700, exist_ok=True)
+        os.rename(path, target)
+    return target
