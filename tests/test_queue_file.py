@@ -442,6 +442,14 @@ def test_bad_type_byte():
     assert not batch.ok and batch.opened is None
 
 
+def test_unexpected_high_byte_type_is_reported_as_that_byte():
+    data = bytearray(sample("sample_hold_65CC420E1F4.bin"))
+    data[163] = 0xFF
+    warning = read(bytes(data))[1].warnings[0]
+    assert warning.encode("utf-8", "surrogateescape") == \
+        b"Unexpected record type '\xff' at offset 163"
+
+
 def test_file_rejected_after_sender_still_reports_opened():
     data = bytearray(sample("sample_hold_65CC420E1F4.bin"))
     data[263] = ord("Z")  # after S and bob's R

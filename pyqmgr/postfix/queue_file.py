@@ -412,7 +412,10 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
                 end_type = rtype if rtype < 0 else 0
                 break
             if rtype not in allowed:
-                warnings.append(f"Unexpected record type '{chr(rtype)}' at offset {cur}")
+                # The raw byte, as stock's %c puts it in the message (a high byte stays
+                # a single surrogate-escaped byte, not a two-byte UTF-8 character).
+                warnings.append(f"Unexpected record type '{_text(bytes((rtype,)))}' "
+                                f"at offset {cur}")
                 end_type = REC_TYPE_ERROR
                 break
             if rtype == REC_TYPE_END:
