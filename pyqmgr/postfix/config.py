@@ -1,304 +1,436 @@
-"""qmgr's view of main.cf and its ``-o`` overrides, computed as a Postfix daemon does.
+"""qmgr's view of its configuration, computed the way a Postfix daemon computes it.
 
-A daemon does not see what ``postconf -x`` shows: it starts from main.cf plus its own
-``-o`` overrides, and a ``$name`` reference expands only to names that are in that
-dictionary or were registered by an earlier read (reads register their built-in default).
-Tables are read in stock's order (globals, then qmgr's int, str, bool and time tables),
-so a reference to a parameter read later expands to nothing, exactly as in stock qmgr.
-Transport-specific values (``<transport>_destination_concurrency_limit`` ...) are read
-lazily the first time a transport is used, falling back to the runtime ``default_*``.
-Errors carry the text stock logs after ``fatal: ``.
+A daemon does not see what ``postconf -x`` shows. It starts from main.cf plus its
+own ``-o`` overrides; every parameter read looks the name up, expands ``$name``
+references against that dictionary *as it is at that moment*, and, when the name is
+absent, writes the built-in default into the dictionary. So ``$name`` expands only to
+names that are in main.cf, were given with ``-o``, or were registered by an earlier
+read; anything else is empty. Reading the tables in stock's order (the globals of
+``mail_params_init()``, then qmgr's int, str, bool and time tables) is therefore part
+of the semantics, not an implementation detail: it decides which configurations make
+stock qmgr exit. Transport-specific values are read later, the first time a
+transport is used, and fall back to the runtime ``default_*`` values.
+
+Every ``ConfigError`` carries the text stock logs after ``fatal: ``, and the
+``warnings`` stock would have logged before dying, so the daemon can log both.
+No Postfix program is run here: the built-in defaults are Debian 3.7.11's.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import grp
+import ipaddress
 import os
-import re
+import pwd
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from pyqmgr.postfix.expand import (
+    C_SPACE,
+    INT_MAX,
+    INT_MIN,
+    ConversionFatal,
+    MacroError,
+    compat_level_from_string,
+    expand,
+    is_alnum,
+    is_digit,
+    malformed_level,
+    strtol,
+)
+
+#: The dictionary name stock uses in ``macro processing error`` messages.
+CONFIG_DICT = "mail_dict"
+#: ``CHARS_COMMA_SP``: how Postfix splits lists such as defer_transports.
+COMMA_SP = ", \t\r\n"
+MAIN_CF = "main.cf"
 
 
 class ConfigError(Exception):
-    """A value stock would refuse; the text is what stock logs after ``fatal: ``."""
+    """A configuration stock qmgr refuses.
+
+    ``str(err)`` is the text stock logs after ``fatal: ``; ``warnings`` are the
+    ``warning: `` texts stock logs on the way there, in order (for example the
+    ``overriding earlier entry`` lines of main.cf, or the syntax complaint that
+    precedes ``macro processing error``).
+    """
+
+    def __init__(self, message: str, warnings: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.warnings = list(warnings)
 
 
-# -- main.cf reading ----------------------------------------------------------------------
+# -- main.cf: logical lines and name = value ------------------------------------------------
 
 
-def parse_main_cf(text: str) -> tuple[dict[str, str], list[str]]:
-    """Read main.cf's logical lines; returns raw values and warnings (duplicates)."""
-    values: dict[str, str] = {}
+def split_nameval(text: str) -> tuple[str, str]:
+    """``split_nameval()``: the name ends at whitespace or ``=``; both ends trimmed.
+
+    Used for main.cf lines and for ``-o name=value``; raises ValueError with stock's
+    reason (``missing attribute name`` or ``missing '=' after attribute name``).
+    """
+    n = len(text)
+    np = 0
+    while np < n and text[np] in C_SPACE:
+        np += 1
+    if np == n or text[np] == "=":
+        raise ValueError("missing attribute name")
+    ep = np
+    while ep < n and text[ep] not in C_SPACE and text[ep] != "=":
+        ep += 1
+    cp = ep
+    while cp < n and text[cp] in C_SPACE:
+        cp += 1
+    if cp == n or text[cp] != "=":
+        raise ValueError("missing '=' after attribute name")
+    return text[np:ep], text[cp + 1:].strip(C_SPACE)
+
+
+def option_nameval(optarg: str) -> tuple[str, str]:
+    """A ``-o`` argument as the server skeleton splits it, with its fatal text."""
+    try:
+        return split_nameval(optarg)
+    except ValueError as exc:
+        raise ConfigError(f'invalid "-o {optarg}" option value: {exc}') from None
+
+
+def logical_lines(text: str, path: str, warnings: list[str]) -> list[tuple[int, str]]:
+    """``readllines()``: (first line number, logical line) pairs.
+
+    Comment and blank lines are dropped without ending a logical line; a line that
+    starts with whitespace is glued on as is (no separator, its indentation kept); a
+    logical line that itself starts with whitespace is discarded with a warning.
+    """
+    physical = text.split("\n")
+    if physical and physical[-1] == "":
+        physical.pop()
+    result: list[tuple[int, str]] = []
+    idx = 0
+    lineno = 0
+    count = len(physical)
+    while idx < count:
+        buf = ""
+        first = 0
+        while idx < count:
+            line = physical[idx]
+            idx += 1
+            lineno += 1
+            content = line.lstrip(C_SPACE)
+            if content and content[0] != "#":
+                if not buf:
+                    first = lineno
+                buf += line
+            if idx >= count:
+                break
+            if buf:
+                nxt = physical[idx][:1] or "\n"
+                if nxt != "#" and nxt not in C_SPACE:
+                    break
+        if not buf:
+            continue
+        if buf[0] in C_SPACE:
+            more = "..." if len(buf) > 30 else ""
+            warnings.append(
+                f'{path}: logical line must not start with whitespace: "{buf[:30]}{more}"')
+            continue
+        result.append((first, buf))
+    return result
+
+
+def parse_main_cf(text: str, path: str = "/etc/postfix/main.cf",
+                  initial: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """main.cf as ``dict_load_fp()`` loads it: raw values and the warnings logged.
+
+    ``initial`` is what the dictionary already holds (a daemon has set
+    config_directory and process_name before it reads main.cf); a main.cf entry that
+    changes one of those is reported like any duplicate, as stock does.
+    """
+    values = dict(initial or {})
     warnings: list[str] = []
-    logical: list[str] = []
-
-    def flush() -> None:
-        if not logical:
-            return
-        line = "".join(logical).strip()
-        logical.clear()
-        name, sep, value = line.partition("=")
-        name = name.strip()
-        if not sep or not name or any(c.isspace() for c in name):
-            raise ConfigError(f"missing '=' after attribute name: \"{line}\"")
-        if name in values:
-            warnings.append(f"overriding earlier entry: {name}={values[name]}")
-        values[name] = value.strip()
-
-    for raw in text.split("\n"):
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if raw[0] in " \t":
-            if logical:
-                logical.append(raw.rstrip("\r"))
-            continue
-        flush()
-        logical.append(raw.rstrip("\r"))
-    flush()
+    for lineno, line in logical_lines(text, path, warnings):
+        try:
+            name, value = split_nameval(line)
+        except ValueError as exc:
+            raise ConfigError(f'{path}, line {lineno}: {exc}: "{line}"', warnings) from None
+        old = values.get(name)
+        if old is not None and old != value:
+            warnings.append(f"{path}, line {lineno}: overriding earlier entry: {name}={old}")
+        values[name] = value
     return values, warnings
 
 
-# -- $ expansion -------------------------------------------------------------------------
-
-_NAME = re.compile(r"[A-Za-z0-9_]+")
-
-
-def _find_close(text: str, i: int, open_ch: str, close_ch: str) -> int:
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == open_ch:
-            depth += 1
-        elif text[j] == close_ch:
-            depth -= 1
-            if depth == 0:
-                return j
-    raise ConfigError(f"unbalanced {open_ch} in value: {text}")
-
-
-def _strip_braces(text: str) -> str:
-    t = text.strip()
-    if t.startswith("{") and t.endswith("}"):
-        return t[1:-1]
-    return text
+def split_list(value: str) -> list[str]:
+    """A Postfix list (``argv_split(value, CHARS_COMMA_SP)``)."""
+    words: list[str] = []
+    word: list[str] = []
+    for ch in value:
+        if ch in COMMA_SP:
+            if word:
+                words.append("".join(word))
+                word = []
+        else:
+            word.append(ch)
+    if word:
+        words.append("".join(word))
+    return words
 
 
-class Dictionary:
-    """Raw parameter values and the expansion engine that reads them."""
+# -- typed conversions ---------------------------------------------------------------------
 
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-
-    def expand(self, text: str, depth: int = 0) -> str:
-        if depth > 100:
-            raise ConfigError(f"unreasonable macro call nesting: \"{text}\"")
-        if "$" not in text:
-            return text
-        out: list[str] = []
-        i = 0
-        n = len(text)
-        while i < n:
-            ch = text[i]
-            if ch != "$":
-                out.append(ch)
-                i += 1
-                continue
-            if i + 1 >= n:
-                raise ConfigError(f"truncated macro reference: \"{text}\"")
-            nxt = text[i + 1]
-            if nxt == "$":
-                out.append("$")
-                i += 2
-                continue
-            if nxt in "{(":
-                close = _find_close(text, i + 1, nxt, "}" if nxt == "{" else ")")
-                out.append(self._braced(text[i + 2:close], depth))
-                i = close + 1
-                continue
-            m = _NAME.match(text, i + 1)
-            if m is None:
-                raise ConfigError(f"bad macro name syntax: \"{text}\"")
-            out.append(self._value(m.group(0), depth))
-            i = m.end()
-        return "".join(out)
-
-    def _value(self, name: str, depth: int) -> str:
-        raw = self.values.get(name)
-        return "" if raw is None else self.expand(raw, depth + 1)
-
-    def _braced(self, inner: str, depth: int) -> str:
-        body = inner.strip()
-        m = _NAME.match(body)
-        if m is None:
-            # Relational expressions (${{a} == {b}...}) only occur in Postfix's own
-            # defaults, which this module precomputes; refuse them in main.cf.
-            raise ConfigError(f"unsupported macro expression: ${{{inner}}}")
-        name = m.group(0)
-        rest = body[m.end():].lstrip()
-        if not rest:
-            return self._value(name, depth)
-        value = self._value(name, depth)
-        if rest[0] == "?":
-            rest = rest[1:]
-            true_text, false_text = rest, None
-            stripped = rest.strip()
-            if stripped.startswith("{"):
-                close = _find_close(stripped, 0, "{", "}")
-                true_text = stripped[1:close]
-                after = stripped[close + 1:].strip()
-                if after.startswith(":"):
-                    false_text = _strip_braces(after[1:].strip())
-            if value:
-                return self.expand(true_text, depth + 1)
-            return self.expand(false_text, depth + 1) if false_text is not None else ""
-        if rest[0] == ":":
-            return "" if value else self.expand(_strip_braces(rest[1:].lstrip()), depth + 1)
-        raise ConfigError(f"bad macro syntax: ${{{inner}}}")
+_UNIT_SECONDS = {"w": 604800, "d": 86400, "h": 3600, "m": 60}
 
 
-# -- conversions ---------------------------------------------------------------------------
+def conv_time(value: str, default_unit: str) -> int | None:
+    """``conv_time()``: seconds, or None where stock reports a bad value or unit.
+
+    strtol() reads the number (so leading whitespace and ``+`` pass), and only the
+    single character after the digits is looked at: ``1m30s`` is 60 and ``10sxyz``
+    is 10. Units are lower-case only; a value without unit takes the default unit.
+    """
+    number, end, erange = strtol(value, 0)
+    if not value or erange or not INT_MIN <= number <= INT_MAX or number < 0:
+        return None
+    unit = value[end] if end < len(value) else default_unit
+    if unit == "s":
+        return number
+    scale = _UNIT_SECONDS.get(unit)
+    if scale is None or number >= INT_MAX // scale:
+        return None
+    return number * scale
 
 
-def to_int(name: str, value: str, lo: int = 0, hi: int = 0) -> int:
-    if not re.fullmatch(r"[+-]?\d+", value.strip()) or value != value.strip():
-        raise ConfigError(f"bad numerical configuration: {name} = {value}")
-    number = int(value)
-    if not -(2**31) <= number < 2**31:
-        raise ConfigError(f"bad numerical configuration: {name} = {value}")
-    if number < lo:
-        raise ConfigError(f"invalid {name} parameter value {number} < {lo}")
-    if hi and number > hi:
-        raise ConfigError(f"invalid {name} parameter value {number} > {hi}")
+def _int_value(name: str, value: str, *, long: bool = False) -> int:
+    number, end, erange = strtol(value, 0)
+    if not value or end != len(value) or erange or (
+            not long and not INT_MIN <= number <= INT_MAX):
+        raise ValueError(f"bad numerical configuration: {name} = {value}")
     return number
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+def _check_int(name: str, value: int, lo: int, hi: int) -> None:
+    # Stock skips a bound that is 0: "min 0" permits negative numbers.
+    if lo and value < lo:
+        raise ValueError(f"invalid {name} parameter value {value} < {lo}")
+    if hi and value > hi:
+        raise ValueError(f"invalid {name} parameter value {value} > {hi}")
 
 
-def to_time(name: str, value: str, default: str, lo: int = 0, hi: int = 0) -> int:
-    """Seconds; the default unit is the first letter of the parameter's default value."""
-    m = re.match(r"(\d+)(.?)", value)
-    if m is None or not value:
-        raise ConfigError(f"bad time value or unit: {name} = {value}")
-    unit = m.group(2) or re.sub(r"[^a-z]", "", default)[:1] or "s"
-    if unit not in _UNITS:
-        raise ConfigError(f"bad time value or unit: {name} = {value}")
-    seconds = int(m.group(1)) * _UNITS[unit]
-    if seconds < lo:
-        raise ConfigError(f"invalid {name}: {value} (min {lo})")
-    if hi and seconds > hi:
-        raise ConfigError(f"invalid {name}: {value} (max {hi})")
-    return seconds
+def _check_time(name: str, value: int, lo: int, hi: int) -> None:
+    if lo and value < lo:
+        raise ValueError(f"invalid {name}: {value} (min {lo})")
+    if hi and value > hi:
+        raise ValueError(f"invalid {name}: {value} (max {hi})")
 
 
-def to_bool(name: str, value: str) -> bool:
-    if value.lower() == "yes":
+def _bool_value(name: str, value: str) -> bool:
+    if value.lower() == "yes" and value.isascii():
         return True
-    if value.lower() == "no":
+    if value.lower() == "no" and value.isascii():
         return False
-    raise ConfigError(f"bad boolean configuration: {name} = {value}")
+    raise ValueError(f"bad boolean configuration: {name} = {value}")
 
 
-def split_list(value: str) -> list[str]:
-    return [w for w in re.split(r"[\s,]+", value) if w]
+def _check_str(name: str, value: str, lo: int, hi: int) -> None:
+    length = len(value.encode("utf-8", "surrogateescape"))
+    if lo and length < lo:
+        raise ValueError(f"bad string length {length} < {lo}: {name} = {value}")
+    if hi and length > hi:
+        raise ValueError(f"bad string length {length} > {hi}: {name} = {value}")
 
 
-# -- the tables, in stock's order ----------------------------------------------------------
+# -- the tables, in stock's order (global/mail_params.c, qmgr/qmgr.c) -------------------------
+# (kind, name, default, min, max). Defaults are Debian 3.7.11's compiled-in values, as
+# ``postconf -d`` prints them; "fn" defaults are computed at run time.
 
-# (name, default) of global parameters qmgr needs, read in mail_params_init order.
-_GLOBAL_STR = [
-    ("compatibility_level", "0"),
-    ("config_directory", "/etc/postfix"),
-    ("queue_directory", "/var/spool/postfix"),
-    ("daemon_directory", "/usr/lib/postfix/sbin"),
-    ("mail_owner", "postfix"),
-    ("syslog_name", "postfix"),
-    ("syslog_facility", "mail"),
-    ("maillog_file", ""),
-    ("maillog_file_prefixes", "/var, /dev/stdout"),
-    ("postlog_service_name", "postlog"),
-    ("myhostname", ""),  # computed below
-    ("mydomain", ""),  # computed below
-    ("myorigin", "$myhostname"),
-    ("double_bounce_sender", "double-bounce"),
-    ("recipient_delimiter", ""),
-    ("hash_queue_names", "deferred, defer"),
-    ("rewrite_service_name", "rewrite"),
-    ("bounce_service_name", "bounce"),
-    ("defer_service_name", "defer"),
-    ("trace_service_name", "trace"),
-    ("flush_service_name", "flush"),
-    ("queue_service_name", "qmgr"),
-    ("relay_domains", ""),
-    ("fast_flush_domains", "$relay_domains"),
-]
-_GLOBAL_INT = [
-    ("default_process_limit", "100", 1, 0),
-    ("hash_queue_depth", "1", 1, 0),
-    ("delay_logging_resolution_limit", "2", 0, 6),
-]
-_GLOBAL_BOOL = [
-    ("owner_request_special", "yes"),
-    ("smtputf8_enable", "yes"),  # compatibility_level >= 1; see _computed_defaults
-    ("helpful_warnings", "yes"),
-    ("soft_bounce", "no"),
-    ("dont_remove", "no"),
-]
-_GLOBAL_TIME = [
-    ("in_flow_delay", "1s", 0, 10),
-    ("daemon_timeout", "18000s", 1, 0),
-    ("ipc_timeout", "3600s", 1, 0),
-    ("ipc_idle", "5s", 1, 0),
-    ("ipc_ttl", "1000s", 1, 0),
-]
-# qmgr's own tables (qmgr.c), int -> str -> bool -> time.
-_QMGR_INT = [
-    ("qmgr_message_active_limit", "20000", 1, 0),
-    ("qmgr_message_recipient_limit", "20000", 1, 0),
-    ("qmgr_message_recipient_minimum", "10", 1, 0),
-    ("initial_destination_concurrency", "5", 1, 0),
-    ("default_destination_concurrency_limit", "20", 0, 0),
-    ("default_destination_recipient_limit", "50", 0, 0),
-    ("default_recipient_limit", "20000", 0, 0),
-    ("default_extra_recipient_limit", "1000", 0, 0),
-    ("default_recipient_refill_limit", "100", 1, 0),
-    ("default_delivery_slot_cost", "5", 0, 0),
-    ("default_delivery_slot_loan", "3", 0, 0),
-    ("default_delivery_slot_discount", "50", 0, 100),
-    ("default_minimum_delivery_slots", "3", 0, 0),
-    ("local_destination_concurrency_limit", "2", 0, 0),
-    ("local_destination_recipient_limit", "1", 0, 0),
-    ("default_destination_concurrency_failed_cohort_limit", "1", 0, 0),
-    ("address_verify_pending_request_limit", "5000", 1, 0),
-]
-_QMGR_STR = [
-    ("defer_transports", "", 0),
-    ("default_destination_concurrency_positive_feedback", "1", 1),
-    ("default_destination_concurrency_negative_feedback", "1", 1),
-    ("default_filter_nexthop", "", 0),
-]
-_QMGR_BOOL = [
-    ("disable_verp_bounces", "no"),
-    ("destination_concurrency_feedback_debug", "no"),
-    ("confirm_delay_cleared", "no"),
-]
-_QMGR_TIME = [
-    ("queue_run_delay", "300s", 1, 0),
-    ("minimal_backoff_time", "300s", 1, 0),
-    ("maximal_backoff_time", "4000s", 1, 0),
-    ("maximal_queue_lifetime", "5d", 0, 8640000),
-    ("bounce_queue_lifetime", "5d", 0, 8640000),
-    ("transport_retry_time", "60s", 1, 0),
-    ("qmgr_clog_warn_time", "300s", 0, 0),
-    ("default_recipient_refill_delay", "5s", 1, 0),
-    ("default_transport_rate_delay", "0s", 0, 0),
-    ("default_destination_rate_delay", "0s", 0, 0),
-    ("qmgr_daemon_timeout", "1000s", 1, 0),
-    ("qmgr_ipc_timeout", "60s", 1, 0),
+_Spec = tuple[str, str, str, int, int]
+
+_COMPAT: list[_Spec] = [("str", "compatibility_level", "0", 0, 0)]
+
+_FIRST: list[_Spec] = [
+    ("str", "mail_version", "3.7.11", 1, 0),
+    ("str", "syslog_facility", "mail", 1, 0),
+    ("str", "inet_protocols", "all", 0, 0),
+    ("str", "multi_instance_directories", "", 0, 0),
+    ("str", "multi_instance_group", "", 0, 0),
+    ("str", "multi_instance_name", "", 0, 0),
+    ("str", "maillog_file", "", 0, 0),
+    ("str", "maillog_file_prefixes", "/var, /dev/stdout", 1, 0),
+    ("str", "maillog_file_compressor", "gzip", 1, 0),
+    ("str", "maillog_file_rotate_suffix", "%Y%m%d-%H%M%S", 1, 0),
+    ("str", "postlog_service_name", "postlog", 1, 0),
+    ("str", "dnssec_probe", "ns:.", 0, 0),
+    ("str", "known_tcp_ports", "lmtp=24, smtp=25, smtps=submissions=465, submission=587", 0, 0),
+    ("bool", "daemon_table_open_error_is_fatal", "no", 0, 0),
+    ("bool", "dns_ncache_ttl_fix_enable", "no", 0, 0),
+    ("nbool", "smtputf8_enable", "${{$compatibility_level} <level {1} ? {no} : {yes}}", 0, 0),
+    ("nbool", "enable_idna2003_compatibility", "no", 0, 0),
+    ("nbool", "respectful_logging", "${{$compatibility_level} <level {3.6} ? {no} : {yes}}",
+     0, 0),
 ]
 
-# Transport suffixes: (suffix, global default name, kind, lo, hi).
-_TRANSPORT_PARAMS = [
+_HOSTNAMES: list[_Spec] = [
+    ("fn", "myhostname", "", 1, 0),
+    ("fn", "mydomain", "", 1, 0),
+]
+
+_OTHER: list[_Spec] = [
+    ("str", "mail_name", "Postfix", 1, 0),
+    ("str", "syslog_name", "${multi_instance_name?{$multi_instance_name}:{postfix}}", 1, 0),
+    ("str", "mail_owner", "postfix", 1, 0),
+    ("str", "setgid_group", "postdrop", 1, 0),
+    ("str", "mydestination", "$myhostname, localhost.$mydomain, localhost", 0, 0),
+    ("str", "myorigin", "$myhostname", 1, 0),
+    ("str", "relayhost", "", 0, 0),
+    ("str", "daemon_directory", "/usr/lib/postfix/sbin", 1, 0),
+    ("str", "data_directory", "/var/lib/postfix", 1, 0),
+    ("str", "command_directory", "/usr/sbin", 1, 0),
+    ("str", "meta_directory", "/etc/postfix", 1, 0),
+    ("str", "queue_directory", "/var/spool/postfix", 1, 0),
+    ("str", "shlib_directory", "/usr/lib/postfix", 1, 0),
+    ("str", "process_id_directory", "pid", 1, 0),
+    ("str", "inet_interfaces", "all", 0, 0),
+    ("str", "proxy_interfaces", "", 0, 0),
+    ("str", "double_bounce_sender", "double-bounce", 1, 0),
+    ("str", "default_privs", "nobody", 1, 0),
+    ("str", "alias_database", "hash:/etc/aliases", 0, 0),
+    ("str", "mail_release_date", "20240304", 1, 0),
+    ("str", "default_database_type", "hash", 1, 0),
+    ("str", "hash_queue_names", "deferred, defer", 1, 0),
+    ("str", "recipient_delimiter", "", 0, 0),
+    ("str", "relay_domains", "${{$compatibility_level} <level {2} ? {$mydestination} : {}}",
+     0, 0),
+    ("str", "fast_flush_domains", "$relay_domains", 0, 0),
+    ("str", "export_environment", "TZ MAIL_CONFIG LANG", 0, 0),
+    ("str", "import_environment", "MAIL_CONFIG MAIL_DEBUG MAIL_LOGTAG TZ XAUTHORITY DISPLAY "
+     "LANG=C POSTLOG_SERVICE POSTLOG_HOSTNAME", 0, 0),
+    ("str", "mynetworks_style", "${{$compatibility_level} <level {2} ? {subnet} : {host}}",
+     1, 0),
+    ("str", "debug_peer_list", "", 0, 0),
+    ("str", "default_verp_delimiters", "+=", 2, 2),
+    ("str", "verp_delimiter_filter", "-=+", 1, 0),
+    ("str", "parent_domain_matches_subdomains", "debug_peer_list,fast_flush_domains,mynetworks,"
+     "permit_mx_backup_networks,qmqpd_authorized_clients,relay_domains,smtpd_access_maps",
+     0, 0),
+    ("str", "alternate_config_directories", "", 0, 0),
+    ("str", "bounce_service_name", "bounce", 1, 0),
+    ("str", "cleanup_service_name", "cleanup", 1, 0),
+    ("str", "defer_service_name", "defer", 1, 0),
+    ("str", "pickup_service_name", "pickup", 1, 0),
+    ("str", "queue_service_name", "qmgr", 1, 0),
+    ("str", "rewrite_service_name", "rewrite", 1, 0),
+    ("str", "showq_service_name", "showq", 1, 0),
+    ("str", "error_service_name", "error", 1, 0),
+    ("str", "flush_service_name", "flush", 1, 0),
+    ("str", "address_verify_service_name", "verify", 1, 0),
+    ("str", "trace_service_name", "trace", 1, 0),
+    ("str", "proxymap_service_name", "proxymap", 1, 0),
+    ("str", "proxywrite_service_name", "proxywrite", 1, 0),
+    ("str", "internal_mail_filter_classes", "", 0, 0),
+    ("str", "multi_instance_wrapper", "", 0, 0),
+    ("str", "default_delivery_status_filter", "", 0, 0),
+    ("str", "smtputf8_autodetect_classes", "sendmail, verify", 1, 0),
+    ("str", "message_drop_headers", "bcc, content-length, resent-bcc, return-path", 0, 0),
+    ("str", "info_log_address_format", "external", 1, 0),
+    ("int", "default_process_limit", "100", 1, 0),
+    ("int", "max_use", "100", 1, 0),
+    ("int", "dont_remove", "0", 0, 0),
+    ("int", "line_length_limit", "2048", 512, 0),
+    ("int", "hash_queue_depth", "1", 1, 0),
+    ("int", "fork_attempts", "5", 1, 0),
+    ("int", "deliver_lock_attempts", "20", 1, 0),
+    ("int", "debug_peer_level", "2", 1, 0),
+    ("int", "fault_injection_code", "0", 0, 0),
+    ("int", "berkeley_db_create_buffer_size", "16777216", 1, 0),
+    ("int", "berkeley_db_read_buffer_size", "131072", 1, 0),
+    ("int", "header_size_limit", "102400", 1, 0),
+    ("int", "header_address_token_limit", "10240", 1, 0),
+    ("int", "mime_nesting_limit", "100", 1, 0),
+    ("int", "mime_boundary_length_limit", "2048", 1, 0),
+    ("int", "delay_logging_resolution_limit", "2", 0, 6),
+    ("int", "tcp_windowsize", "0", 0, 0),
+    ("long", "message_size_limit", "10240000", 0, 0),
+    ("long", "lmdb_map_size", "16777216", 1, 0),
+    ("bool", "disable_dns_lookups", "no", 0, 0),
+    ("bool", "soft_bounce", "no", 0, 0),
+    ("bool", "owner_request_special", "yes", 0, 0),
+    ("bool", "strict_8bitmime", "no", 0, 0),
+    ("bool", "strict_7bit_headers", "no", 0, 0),
+    ("bool", "strict_8bitmime_body", "no", 0, 0),
+    ("bool", "strict_mime_encoding_domain", "no", 0, 0),
+    ("bool", "disable_mime_input_processing", "no", 0, 0),
+    ("bool", "disable_mime_output_conversion", "no", 0, 0),
+    ("bool", "address_verify_negative_cache", "yes", 0, 0),
+    ("bool", "backwards_bounce_logfile_compatibility", "yes", 0, 0),
+    ("bool", "helpful_warnings", "yes", 0, 0),
+    ("bool", "send_cyrus_sasl_authzid", "no", 0, 0),
+    ("bool", "multi_instance_enable", "no", 0, 0),
+    ("bool", "enable_long_queue_ids", "no", 0, 0),
+    ("bool", "strict_smtputf8", "no", 0, 0),
+    ("bool", "enable_original_recipient", "yes", 0, 0),
+    ("time", "application_event_drain_time", "100s", 1, 0),
+    ("time", "max_idle", "100s", 1, 0),
+    ("time", "ipc_timeout", "3600s", 1, 0),
+    ("time", "ipc_idle", "5s", 1, 0),
+    ("time", "ipc_ttl", "1000s", 1, 0),
+    ("time", "trigger_timeout", "10s", 1, 0),
+    ("time", "fork_delay", "1s", 1, 0),
+    ("time", "deliver_lock_delay", "1s", 1, 0),
+    ("time", "stale_lock_time", "500s", 1, 0),
+    ("time", "daemon_timeout", "18000s", 1, 0),
+    ("time", "in_flow_delay", "1s", 0, 10),
+]
+
+# qmgr.c passes its tables as int, str, bool, time; the skeleton reads them in that order.
+_QMGR: list[_Spec] = [
+    ("int", "qmgr_message_active_limit", "20000", 1, 0),
+    ("int", "qmgr_message_recipient_limit", "20000", 1, 0),
+    ("int", "qmgr_message_recipient_minimum", "10", 1, 0),
+    ("int", "default_recipient_limit", "20000", 0, 0),
+    ("int", "default_extra_recipient_limit", "1000", 0, 0),
+    ("int", "default_recipient_refill_limit", "100", 1, 0),
+    ("int", "default_delivery_slot_cost", "5", 0, 0),
+    ("int", "default_delivery_slot_loan", "3", 0, 0),
+    ("int", "default_delivery_slot_discount", "50", 0, 100),
+    ("int", "default_minimum_delivery_slots", "3", 0, 0),
+    ("int", "initial_destination_concurrency", "5", 1, 0),
+    ("int", "default_destination_concurrency_limit", "20", 0, 0),
+    ("int", "default_destination_recipient_limit", "50", 0, 0),
+    ("int", "local_destination_recipient_limit", "1", 0, 0),
+    ("int", "local_destination_concurrency_limit", "2", 0, 0),
+    ("int", "default_destination_concurrency_failed_cohort_limit", "1", 0, 0),
+    # A compile-time quarter of the active limit's default, not of its setting.
+    ("int", "address_verify_pending_request_limit", "5000", 1, 0),
+    ("str", "defer_transports", "", 0, 0),
+    ("str", "default_destination_concurrency_positive_feedback", "1", 1, 0),
+    ("str", "default_destination_concurrency_negative_feedback", "1", 1, 0),
+    ("str", "default_filter_nexthop", "", 0, 0),
+    ("bool", "disable_verp_bounces", "no", 0, 0),
+    ("bool", "destination_concurrency_feedback_debug", "no", 0, 0),
+    ("bool", "confirm_delay_cleared", "no", 0, 0),
+    ("time", "queue_run_delay", "300s", 1, 0),
+    ("time", "minimal_backoff_time", "300s", 1, 0),
+    ("time", "maximal_backoff_time", "4000s", 1, 0),
+    ("time", "maximal_queue_lifetime", "5d", 0, 8640000),
+    ("time", "bounce_queue_lifetime", "5d", 0, 8640000),
+    ("time", "transport_retry_time", "60s", 1, 0),
+    ("time", "qmgr_clog_warn_time", "300s", 0, 0),
+    ("time", "default_recipient_refill_delay", "5s", 1, 0),
+    ("time", "default_transport_rate_delay", "0s", 0, 0),
+    ("time", "default_destination_rate_delay", "0s", 0, 0),
+    ("time", "qmgr_daemon_timeout", "1000s", 1, 0),
+    ("time", "qmgr_ipc_timeout", "60s", 1, 0),
+]
+
+#: Every parameter the daemon reads at start-up, in the order it reads them.
+STARTUP_PARAMETERS: tuple[str, ...] = tuple(
+    spec[1] for spec in (*_COMPAT, *_FIRST, *_HOSTNAMES, *_OTHER)
+) + ("mynetworks", "process_id") + tuple(spec[1] for spec in _QMGR)
+
+# qmgr_transport_create(), in its order: (suffix, default attribute, kind, min, max).
+_TRANSPORT: list[tuple[str, str, str, int, int]] = [
     ("_destination_concurrency_limit", "default_destination_concurrency_limit", "int", 0, 0),
     ("_destination_recipient_limit", "default_destination_recipient_limit", "int", 0, 0),
     ("_initial_destination_concurrency", "initial_destination_concurrency", "int", 1, 0),
@@ -312,13 +444,29 @@ _TRANSPORT_PARAMS = [
     ("_extra_recipient_limit", "default_extra_recipient_limit", "int", 0, 0),
     ("_recipient_refill_limit", "default_recipient_refill_limit", "int", 1, 0),
     ("_recipient_refill_delay", "default_recipient_refill_delay", "time", 1, 0),
+    ("_destination_concurrency_positive_feedback",
+     "default_destination_concurrency_positive_feedback", "feedback", 1, 0),
+    ("_destination_concurrency_negative_feedback",
+     "default_destination_concurrency_negative_feedback", "feedback", 1, 0),
     ("_destination_concurrency_failed_cohort_limit",
      "default_destination_concurrency_failed_cohort_limit", "int", 0, 0),
 ]
 
+_SYSLOG_FACILITIES = frozenset({
+    "auth", "authpriv", "cron", "daemon", "ftp", "kern", "lpr", "mail", "news", "syslog",
+    "user", "uucp", *(f"local{n}" for n in range(8)),
+})
+
 
 @dataclass(frozen=True)
 class TransportConfig:
+    """One transport's settings as ``qmgr_transport_create()`` derives them.
+
+    The feedback values stay strings: the scheduler parses them (and logs stock's
+    "ignoring malformed or unreasonable feedback" warning under ``*_name``).
+    ``delivery_slot_discount`` is the configured percentage (stock keeps 100 - it).
+    """
+
     name: str
     destination_concurrency_limit: int
     destination_recipient_limit: int
@@ -333,189 +481,672 @@ class TransportConfig:
     extra_recipient_limit: int
     recipient_refill_limit: int
     recipient_refill_delay: int
-    failed_cohort_limit: int
     positive_feedback: str
     positive_feedback_name: str
     negative_feedback: str
     negative_feedback_name: str
-
-
-def _system_hostname() -> str:
-    name = socket.gethostname()
-    if "." not in name:
-        try:
-            fqdn = socket.getfqdn(name)
-        except OSError:
-            fqdn = name
-        if "." in fqdn:
-            name = fqdn
-    return name
+    failed_cohort_limit: int
 
 
 class QmgrConfig:
-    """Every parameter qmgr reads, typed, plus lazily computed transport settings."""
+    """Every parameter stock qmgr reads, typed, plus transport settings on demand.
 
-    def __init__(self, values: dict[str, str], overrides: Sequence[tuple[str, str]] = (),
-                 config_dir: str = "/etc/postfix", warnings: list[str] | None = None) -> None:
-        self.warnings: list[str] = list(warnings or [])
-        merged = dict(values)
-        for name, value in overrides:
-            merged[name] = value
-        merged.setdefault("config_directory", config_dir)
-        self.dict = Dictionary(merged)
+    Attributes carry the parameter's name and hold the converted value: ``int`` for
+    int and time parameters (times in seconds), ``bool`` for booleans, ``str`` for
+    strings, except ``defer_transports`` and ``hash_queue_names`` which are lists.
+    ``queue_run_delay`` and friends reflect ``qmgr_post_init()``'s adjustments.
+    """
+
+    # Globals from mail_params_init() (a selection; every table entry is set).
+    compatibility_level: str
+    syslog_facility: str
+    maillog_file: str
+    maillog_file_prefixes: str
+    postlog_service_name: str
+    smtputf8_enable: bool
+    myhostname: str
+    mydomain: str
+    syslog_name: str
+    mail_owner: str
+    setgid_group: str
+    default_privs: str
+    inet_protocols: str
+    inet_interfaces: str
+    mynetworks_style: str
+    default_verp_delimiters: str
+    verp_delimiter_filter: str
+    mydestination: str
+    myorigin: str
+    relayhost: str
+    daemon_directory: str
+    queue_directory: str
+    double_bounce_sender: str
+    hash_queue_names: list[str]
+    recipient_delimiter: str
+    relay_domains: str
+    fast_flush_domains: str
+    bounce_service_name: str
+    defer_service_name: str
+    trace_service_name: str
+    flush_service_name: str
+    rewrite_service_name: str
+    queue_service_name: str
+    error_service_name: str
+    address_verify_service_name: str
+    info_log_address_format: str
+    default_process_limit: int
+    dont_remove: int
+    hash_queue_depth: int
+    delay_logging_resolution_limit: int
+    soft_bounce: bool
+    owner_request_special: bool
+    helpful_warnings: bool
+    ipc_timeout: int
+    ipc_idle: int
+    ipc_ttl: int
+    max_idle: int
+    max_use: int
+    daemon_timeout: int
+    in_flow_delay: int
+    mynetworks: str
+    # qmgr's own tables.
+    qmgr_message_active_limit: int
+    qmgr_message_recipient_limit: int
+    qmgr_message_recipient_minimum: int
+    default_recipient_limit: int
+    default_extra_recipient_limit: int
+    default_recipient_refill_limit: int
+    default_delivery_slot_cost: int
+    default_delivery_slot_loan: int
+    default_delivery_slot_discount: int
+    default_minimum_delivery_slots: int
+    initial_destination_concurrency: int
+    default_destination_concurrency_limit: int
+    default_destination_recipient_limit: int
+    local_destination_recipient_limit: int
+    local_destination_concurrency_limit: int
+    default_destination_concurrency_failed_cohort_limit: int
+    address_verify_pending_request_limit: int
+    defer_transports: list[str]
+    default_destination_concurrency_positive_feedback: str
+    default_destination_concurrency_negative_feedback: str
+    default_filter_nexthop: str
+    disable_verp_bounces: bool
+    destination_concurrency_feedback_debug: bool
+    confirm_delay_cleared: bool
+    queue_run_delay: int
+    minimal_backoff_time: int
+    maximal_backoff_time: int
+    maximal_queue_lifetime: int
+    bounce_queue_lifetime: int
+    transport_retry_time: int
+    qmgr_clog_warn_time: int
+    default_recipient_refill_delay: int
+    default_transport_rate_delay: int
+    default_destination_rate_delay: int
+    qmgr_daemon_timeout: int
+    qmgr_ipc_timeout: int
+
+    def __init__(self, main_cf: str, overrides: Sequence[tuple[str, str]] = (), *,
+                 config_dir: str = "/etc/postfix", process_name: str = "qmgr",
+                 service_name: str | None = None, check_accounts: bool = False,
+                 hostname: str | None = None) -> None:
+        """Replay a daemon's start-up on the text of main.cf.
+
+        The steps are those of ``trigger_server_main()``: process_name and
+        config_directory enter the dictionary first, then main.cf, then each ``-o``
+        in order, then service_name; then the tables are read. ``check_accounts``
+        adds stock's checks that mail_owner, default_privs and setgid_group exist
+        and are distinct (they depend on the host's accounts). ``hostname`` replaces
+        gethostname() for the myhostname default.
+        """
+        self.config_dir = config_dir
+        self.process_name = process_name
+        self.service_name = service_name if service_name is not None else process_name
+        self.warnings: list[str] = []
+        #: (name, value) of every write into the dictionary after main.cf was loaded,
+        #: in order: the registrations of defaults and the derived values.
+        self.updates: list[tuple[str, str]] = []
+        self._values: dict[str, str] = {}
         self._transports: dict[str, TransportConfig] = {}
-        self._read_tables()
+        self._hostname = hostname
+        self._warnings_mark = 0
+
+        path = os.path.join(config_dir, MAIN_CF)
+        initial = {"process_name": process_name, "config_directory": config_dir}
+        values, warnings = parse_main_cf(main_cf, path, initial)
+        self.warnings.extend(warnings)
+        self._values = values
+        for name, value in overrides:
+            self._update(name, value)
+        self._update("service_name", self.service_name)
+        try:
+            self._mail_params_init(check_accounts)
+            for spec in _QMGR:
+                self._read(spec)
+            self._post_init()
+        except ValueError as exc:
+            raise ConfigError(str(exc), self.warnings) from None
+        except ConversionFatal as exc:
+            raise ConfigError(str(exc), self.warnings) from None
 
     @classmethod
-    def load(cls, config_dir: str, overrides: Sequence[tuple[str, str]] = ()) -> QmgrConfig:
-        path = os.path.join(config_dir, "main.cf")
+    def load(cls, config_dir: str, overrides: Sequence[tuple[str, str]] = (), *,
+             process_name: str = "qmgr", service_name: str | None = None,
+             check_accounts: bool = True) -> QmgrConfig:
+        """Read ``config_dir/main.cf`` as the daemon does at start-up."""
+        path = os.path.join(config_dir, MAIN_CF)
         try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8", "surrogateescape")
         except OSError as exc:
-            raise ConfigError(f"open {path}: {exc.strerror}") from exc
-        values, warnings = parse_main_cf(text)
-        return cls(values, overrides, config_dir, warnings)
+            raise ConfigError(f"open {path}: {exc.strerror}") from None
+        return cls(text, overrides, config_dir=config_dir, process_name=process_name,
+                   service_name=service_name, check_accounts=check_accounts)
 
     @classmethod
     def from_text(cls, main_cf: str, overrides: Sequence[tuple[str, str]] = (),
-                  config_dir: str = "/etc/postfix") -> QmgrConfig:
-        values, warnings = parse_main_cf(main_cf)
-        return cls(values, overrides, config_dir, warnings)
+                  config_dir: str = "/etc/postfix", **kwargs: object) -> QmgrConfig:
+        """The same from a string, for the simulator and tests (no account checks)."""
+        return cls(main_cf, overrides, config_dir=config_dir, **kwargs)  # type: ignore[arg-type]
 
-    # Registered-names lookups: absent names get their default written in first.
-    def _raw(self, name: str, default: str) -> str:
-        values = self.dict.values
-        if name not in values:
-            values[name] = default
-        return self.dict.expand(values[name])
+    # -- the dictionary ------------------------------------------------------------------
+
+    def lookup(self, name: str) -> str | None:
+        """The raw value in the dictionary now, or None if the name is not there."""
+        return self._values.get(name)
 
     def get(self, name: str) -> str:
-        return self.dict.expand(self.dict.values.get(name, ""))
+        """The expanded value of ``name`` as the daemon would see it now; empty if absent.
 
-    def _str(self, name: str, default: str, min_len: int = 0) -> str:
-        value = self._raw(name, default)
-        if len(value) < min_len:
-            raise ConfigError(f"bad parameter value: {name} = {value}")
+        Names that qmgr never reads are visible only if main.cf or ``-o`` set them.
+        """
+        raw = self._values.get(name)
+        if raw is None:
+            return ""
+        mark = len(self.warnings)
+        try:
+            return self._eval(raw)
+        except ValueError as exc:
+            taken = self.warnings[mark:]
+            del self.warnings[mark:]
+            raise ConfigError(str(exc), taken) from None
+
+    def _update(self, name: str, value: str) -> None:
+        self._values[name] = value
+        self.updates.append((name, value))
+
+    def _eval(self, text: str) -> str:
+        try:
+            return expand(text, self._values.get)
+        except MacroError as exc:
+            self.warnings.extend(exc.warnings)
+            raise ValueError(f"dictionary {CONFIG_DICT}: macro processing error") from None
+
+    def _lookup_eval(self, name: str) -> str | None:
+        raw = self._values.get(name)
+        return None if raw is None else self._eval(raw)
+
+    # -- the get_mail_conf_*() family ----------------------------------------------------
+
+    def _read(self, spec: _Spec, default_fn: Callable[[], str] | None = None) -> object:
+        kind, name, default, lo, hi = spec
+        value: object
+        if kind in ("str", "fn"):
+            text = self._lookup_eval(name)
+            if text is None:
+                text = self._eval(default_fn() if default_fn else default)
+                self._update(name, text)
+            _check_str(name, text, lo, hi)
+            value = text
+        elif kind in ("int", "long"):
+            text = self._lookup_eval(name)
+            if text is None:
+                number = int(default)
+                self._update(name, str(number))
+            else:
+                number = _int_value(name, text, long=kind == "long")
+            _check_int(name, number, lo, hi)
+            value = number
+        elif kind == "bool":
+            text = self._lookup_eval(name)
+            if text is None:
+                self._update(name, default)
+                text = default
+            value = _bool_value(name, text)
+        elif kind == "nbool":
+            # The default is an expression (compatibility level), stored unexpanded.
+            if name not in self._values:
+                self._update(name, default)
+            value = _bool_value(name, self._lookup_eval(name) or "")
+        elif kind == "time":
+            unit = next((c for c in self._eval(default) if c.isascii() and c.isalpha()), "s")
+            if name not in self._values:
+                self._update(name, default)
+            text = self._lookup_eval(name) or ""
+            seconds = conv_time(text, unit)
+            if seconds is None:
+                raise ValueError(f"parameter {name}: bad time value or unit: {text}")
+            _check_time(name, seconds, lo, hi)
+            value = seconds
+        else:  # pragma: no cover - table typo
+            raise AssertionError(kind)
         setattr(self, name, value)
         return value
 
-    def _int(self, name: str, default: str, lo: int, hi: int) -> int:
-        value = to_int(name, self._raw(name, default), lo, hi)
-        setattr(self, name, value)
-        return value
+    # -- mail_params_init() --------------------------------------------------------------
 
-    def _bool(self, name: str, default: str) -> bool:
-        value = to_bool(name, self._raw(name, default))
-        setattr(self, name, value)
-        return value
+    def _main_cf_path(self) -> str:
+        return f"{self.config_dir}/{MAIN_CF}"
 
-    def _time(self, name: str, default: str, lo: int, hi: int) -> int:
-        value = to_time(name, self._raw(name, default), default, lo, hi)
-        setattr(self, name, value)
-        return value
+    def _mail_params_init(self, check_accounts: bool) -> None:
+        level = str(self._read(_COMPAT[0]))
+        if compat_level_from_string(level) is None:
+            raise ValueError(malformed_level(level))
+        for spec in _FIRST:
+            self._read(spec)
+        facility = self.syslog_facility
+        if facility not in _SYSLOG_FACILITIES:
+            raise ValueError(f"file {self._main_cf_path()}: parameter syslog_facility: "
+                             f"unrecognized value: {facility}")
+        self._read(_HOSTNAMES[0], self._default_myhostname)
+        self._read(_HOSTNAMES[1], self._default_mydomain)
+        for name, value in (("myhostname", self.myhostname), ("mydomain", self.mydomain)):
+            complaint = hostname_problem(value)
+            if complaint is not None:
+                self.warnings.append(f"valid_hostname: {complaint}")
+                raise ValueError(f"file {self._main_cf_path()}: parameter {name}: "
+                                 f"bad parameter value: {value}")
+        for spec in _OTHER:
+            self._read(spec)
+            if spec[1] == "info_log_address_format":
+                # The end of the string table: Debian reads myorigin's file here.
+                self._myorigin_from_file()
+        if check_accounts:
+            self._check_accounts()
+        self._read(("fn", "mynetworks", "", 0, 0), self._default_mynetworks)
+        self._update("process_id", str(os.getpid()))
+        myhostname = self.myhostname
+        if myhostname.casefold() == self.relayhost.casefold():
+            raise ValueError("myhostname and relayhost parameter settings must not be "
+                             f"identical: {myhostname}")
+        myorigin = self.myorigin
+        if any(c in COMMA_SP for c in myorigin):
+            raise ValueError("myorigin parameter setting must not contain multiple "
+                             f"values: {myorigin}")
+        problem = _verp_problem(self.default_verp_delimiters, self.verp_delimiter_filter)
+        if problem:
+            raise ValueError(f"file {self._main_cf_path()}: parameters "
+                             f"default_verp_delimiters and verp_delimiter_filter: {problem}")
 
-    def _read_tables(self) -> None:
-        hostname = _system_hostname()
-        for name, default in _GLOBAL_STR:
-            if name == "myhostname":
-                default = hostname
-            elif name == "mydomain":
-                default = hostname.partition(".")[2] or "localdomain"
-            self._str(name, default)
-        compat = self.compatibility_level  # type: ignore[attr-defined]
-        for name, default, lo, hi in _GLOBAL_INT:
-            self._int(name, default, lo, hi)
-        for name, default in _GLOBAL_BOOL:
-            if name == "smtputf8_enable" and _compat_below_1(compat):
-                default = "no"
-            self._bool(name, default)
-        for name, default, lo, hi in _GLOBAL_TIME:
-            self._time(name, default, lo, hi)
-        for name, default, lo, hi in _QMGR_INT:
-            self._int(name, default, lo, hi)
-        for name, default, min_len in _QMGR_STR:
-            self._str(name, default, min_len)
-        for name, default in _QMGR_BOOL:
-            self._bool(name, default)
-        for name, default, lo, hi in _QMGR_TIME:
-            self._time(name, default, lo, hi)
-        # Lists are kept split, as the daemon uses them.
-        self.defer_transports = split_list(self.defer_transports)  # type: ignore
-        self.hash_queue_names = [n.lower() for n in split_list(self.hash_queue_names)]  # type: ignore
-        self._post_init()
+    def _default_myhostname(self) -> str:
+        name = self._hostname if self._hostname is not None else socket.gethostname()
+        if "." not in name:
+            domain = self._lookup_eval("mydomain")
+            name = f"{name}.{domain if domain is not None else 'localdomain'}"
+        return name
+
+    def _default_mydomain(self) -> str:
+        host = self.myhostname
+        return host.partition(".")[2] if "." in host else "localdomain"
+
+    def _myorigin_from_file(self) -> None:
+        """Debian builds with MYORIGIN_FROM_FILE: ``myorigin = /etc/mailname`` works."""
+        path = self.myorigin
+        if not path.startswith("/"):
+            return
+        try:
+            with open(path, "rb") as f:
+                first = f.readline().decode("utf-8", "surrogateescape")
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot open file: {exc.strerror}") from None
+        origin = first.rstrip("\n").strip(C_SPACE)
+        if not origin:
+            raise ValueError(f"myorigin file {path} is empty")
+        self.myorigin = origin
+
+    def _check_accounts(self) -> None:
+        where = f"file {self._main_cf_path()}: parameter"
+        ids: dict[str, tuple[int, int]] = {}
+        for param in ("default_privs", "mail_owner"):
+            user = str(getattr(self, param))
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:
+                raise ValueError(f"{where} {param}: unknown user name value: {user}") from None
+            if entry.pw_uid == 0:
+                raise ValueError(f"{where} {param}: user {user} has privileged user ID")
+            if entry.pw_gid == 0:
+                raise ValueError(f"{where} {param}: user {user} has privileged group ID")
+            if param == "mail_owner":
+                try:
+                    same = pwd.getpwuid(entry.pw_uid).pw_name
+                except KeyError:
+                    same = user
+                if same != user:
+                    raise ValueError(
+                        f"{where} {param}: user {user} has same user ID as {same}")
+            ids[param] = (entry.pw_uid, entry.pw_gid)
+        group = self.setgid_group
+        try:
+            sgid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ValueError(f"{where} setgid_group: unknown group name: {group}") from None
+        if sgid == 0:
+            raise ValueError(f"{where} setgid_group: group {group} has privileged group ID")
+        try:
+            same_group = grp.getgrgid(sgid).gr_name
+        except KeyError:
+            same_group = group
+        if same_group != group:
+            raise ValueError(
+                f"{where} setgid_group: group {group} has same group ID as {same_group}")
+        privs = self.default_privs
+        owner = self.mail_owner
+        where = f"file {self._main_cf_path()}: parameters"
+        if privs == owner:
+            raise ValueError(f"{where} default_privs and mail_owner specify the same user "
+                             f"{privs}")
+        (d_uid, d_gid), (o_uid, o_gid) = ids["default_privs"], ids["mail_owner"]
+        if d_uid == o_uid:
+            raise ValueError(f"{where} default_privs and mail_owner: users {privs} and "
+                             f"{owner} have the same user ID: {o_uid}")
+        if d_gid == o_gid:
+            raise ValueError(f"{where} default_privs and mail_owner: users {privs} and "
+                             f"{owner} have the same group ID: {o_gid}")
+        if d_gid == sgid:
+            raise ValueError(f"{where} default_privs and setgid_group: user {privs} and "
+                             f"group {group} have the same group ID: {sgid}")
+        if o_gid == sgid:
+            raise ValueError(f"{where} mail_owner and setgid_group: user {owner} and "
+                             f"group {group} have the same group ID: {sgid}")
+
+    def _default_mynetworks(self) -> str:
+        return mynetworks_default(self.mynetworks_style, self.inet_protocols,
+                                  self.inet_interfaces)
+
+    # -- qmgr_post_init() ----------------------------------------------------------------
 
     def _post_init(self) -> None:
-        """Stock's qmgr_post_init adjustments, with its warning texts."""
-        if self.qmgr_message_recipient_limit < self.qmgr_message_active_limit:  # type: ignore
+        if self.process_name == "nqmgr":
+            self.warnings += [
+                f"please update the {self.config_dir}/master.cf file; the new queue manager",
+                "(old name: nqmgr) has become the standard queue manager (new name: qmgr)",
+                "support for the name old name (nqmgr) will be removed from Postfix",
+            ]
+        if self.qmgr_message_recipient_limit < self.qmgr_message_active_limit:
             self.warnings.append(
                 "qmgr_message_recipient_limit is smaller than qmgr_message_active_limit"
                 " - adjusting qmgr_message_recipient_limit")
-            self.qmgr_message_recipient_limit = self.qmgr_message_active_limit  # type: ignore
-        if self.bounce_queue_lifetime > self.maximal_queue_lifetime:  # type: ignore
+            self.qmgr_message_recipient_limit = self.qmgr_message_active_limit
+        if self.bounce_queue_lifetime > self.maximal_queue_lifetime:
             self.warnings.append(
                 "bounce_queue_lifetime is larger than maximal_queue_lifetime"
                 " - adjusting bounce_queue_lifetime")
-            self.bounce_queue_lifetime = self.maximal_queue_lifetime  # type: ignore
+            self.bounce_queue_lifetime = self.maximal_queue_lifetime
+        # Lists as the daemon consumes them (stock keeps the strings and splits on use).
+        self.defer_transports = split_list(self.__dict__["defer_transports"])
+        self.hash_queue_names = split_list(self.__dict__["hash_queue_names"])
 
-    # -- transports ---------------------------------------------------------------------
+    # -- transports ----------------------------------------------------------------------
 
     def transport(self, name: str) -> TransportConfig:
+        """``qmgr_transport_create()``'s settings for transport ``name``, computed once.
+
+        Each value is ``<name><suffix>`` if that is in the dictionary, else the
+        runtime value of the ``default_*`` parameter (registered under the
+        transport-specific name, as stock does). There is no third level: ``relay``
+        does not fall back to ``smtp``. ``local`` finds the
+        local_destination_{concurrency,recipient}_limit values qmgr registered.
+        A bad value raises ConfigError now, as it is fatal in stock at first use.
+        """
         cached = self._transports.get(name)
         if cached is not None:
             return cached
-        values: dict[str, int] = {}
-        for suffix, default_name, kind, lo, hi in _TRANSPORT_PARAMS:
-            param = name + suffix
-            if param in self.dict.values:
-                raw = self.dict.expand(self.dict.values[param])
-                values[suffix] = (to_int(param, raw, lo, hi) if kind == "int"
-                                  else to_time(param, raw, "s", lo, hi))
+        try:
+            config = self._create_transport(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc), self._take_warnings()) from None
+        except ConversionFatal as exc:
+            raise ConfigError(str(exc), self._take_warnings()) from None
+        self._transports[name] = config
+        return config
+
+    def _take_warnings(self) -> list[str]:
+        # Warnings raised during a lazy lookup belong to that lookup's error only.
+        taken = self.warnings[self._warnings_mark:]
+        del self.warnings[self._warnings_mark:]
+        return taken
+
+    def _create_transport(self, transport: str) -> TransportConfig:
+        self._warnings_mark = len(self.warnings)
+        numbers: dict[str, int] = {}
+        texts: dict[str, tuple[str, str]] = {}
+        for suffix, default_attr, kind, lo, hi in _TRANSPORT:
+            name = transport + suffix
+            default = getattr(self, default_attr)
+            if kind == "int":
+                text = self._lookup_eval(name)
+                if text is None:
+                    number = int(default)
+                    self._update(name, str(number))
+                else:
+                    number = _int_value(name, text)
+                _check_int(name, number, lo, hi)
+                numbers[suffix] = number
+            elif kind == "time":
+                if name not in self._values:
+                    self._update(name, f"{default}s")
+                text = self._lookup_eval(name) or ""
+                seconds = conv_time(text, "s")
+                if seconds is None:
+                    raise ValueError(f"parameter {name}: bad time value or unit: {text}")
+                _check_time(name, seconds, lo, hi)
+                numbers[suffix] = seconds
             else:
-                values[suffix] = getattr(self, default_name)
-                self.dict.values[param] = str(values[suffix])
-        limit = values["_destination_concurrency_limit"]
-        if values["_destination_rate_delay"] > 0:
-            limit = 1
-        initial = values["_initial_destination_concurrency"]
-        if limit and limit < initial:
-            initial = limit
-        feedback = {}
-        for direction in ("positive", "negative"):
-            default_name = f"default_destination_concurrency_{direction}_feedback"
-            param = f"{name}_destination_concurrency_{direction}_feedback"
-            default_value = getattr(self, default_name)
-            value = self._raw(param, default_value) if param in self.dict.values else default_value
-            if not value:
-                raise ConfigError(f"bad parameter value: {param} = {value}")
-            feedback[direction] = (value, param if value != default_value else default_name)
-        cfg = TransportConfig(
-            name=name,
-            destination_concurrency_limit=limit,
-            destination_recipient_limit=values["_destination_recipient_limit"],
-            initial_destination_concurrency=initial,
-            transport_rate_delay=values["_transport_rate_delay"],
-            destination_rate_delay=values["_destination_rate_delay"],
-            delivery_slot_cost=values["_delivery_slot_cost"],
-            delivery_slot_loan=values["_delivery_slot_loan"],
-            delivery_slot_discount=values["_delivery_slot_discount"],
-            minimum_delivery_slots=values["_minimum_delivery_slots"],
-            recipient_limit=values["_recipient_limit"],
-            extra_recipient_limit=values["_extra_recipient_limit"],
-            recipient_refill_limit=values["_recipient_refill_limit"],
-            recipient_refill_delay=values["_recipient_refill_delay"],
-            failed_cohort_limit=values["_destination_concurrency_failed_cohort_limit"],
-            positive_feedback=feedback["positive"][0],
-            positive_feedback_name=feedback["positive"][1],
-            negative_feedback=feedback["negative"][0],
-            negative_feedback_name=feedback["negative"][1],
+                # The default is the runtime string, expanded once more when registered;
+                # stock names the transport's parameter only if the result differs.
+                text = self._lookup_eval(name)
+                if text is None:
+                    text = self._eval(default)
+                    self._update(name, text)
+                _check_str(name, text, lo, hi)
+                texts[suffix] = (text, name if text != default else default_attr)
+            if suffix == "_destination_rate_delay":
+                # Stock makes these two adjustments right after reading the delays.
+                if numbers[suffix] > 0:
+                    numbers["_destination_concurrency_limit"] = 1
+                limit = numbers["_destination_concurrency_limit"]
+                if limit != 0 and limit < numbers["_initial_destination_concurrency"]:
+                    numbers["_initial_destination_concurrency"] = limit
+        positive = texts["_destination_concurrency_positive_feedback"]
+        negative = texts["_destination_concurrency_negative_feedback"]
+        return TransportConfig(
+            name=transport,
+            destination_concurrency_limit=numbers["_destination_concurrency_limit"],
+            destination_recipient_limit=numbers["_destination_recipient_limit"],
+            initial_destination_concurrency=numbers["_initial_destination_concurrency"],
+            transport_rate_delay=numbers["_transport_rate_delay"],
+            destination_rate_delay=numbers["_destination_rate_delay"],
+            delivery_slot_cost=numbers["_delivery_slot_cost"],
+            delivery_slot_loan=numbers["_delivery_slot_loan"],
+            delivery_slot_discount=numbers["_delivery_slot_discount"],
+            minimum_delivery_slots=numbers["_minimum_delivery_slots"],
+            recipient_limit=numbers["_recipient_limit"],
+            extra_recipient_limit=numbers["_extra_recipient_limit"],
+            recipient_refill_limit=numbers["_recipient_refill_limit"],
+            recipient_refill_delay=numbers["_recipient_refill_delay"],
+            positive_feedback=positive[0],
+            positive_feedback_name=positive[1],
+            negative_feedback=negative[0],
+            negative_feedback_name=negative[1],
+            failed_cohort_limit=numbers["_destination_concurrency_failed_cohort_limit"],
         )
-        self._transports[name] = cfg
-        return cfg
 
 
-def _compat_below_1(level: str) -> bool:
+# -- helpers for mail_params_init()'s checks -----------------------------------------------
+
+
+def hostname_problem(name: str) -> str | None:
+    """``valid_hostname()``'s complaint about ``name``, or None if it is fine."""
+    if not name:
+        return "empty hostname"
+    label_length = 0
+    non_numeric = False
+    for i, ch in enumerate(name):
+        if is_alnum(ch) or ch == "_":
+            label_length += 1
+            if label_length > 63:
+                return f"hostname label too long: {name[:100]}"
+            if not is_digit(ch):
+                non_numeric = True
+        elif ch == ".":
+            if label_length == 0 or i + 1 == len(name):
+                return f"misplaced delimiter: {name[:100]}"
+            label_length = 0
+        elif ch == "-":
+            non_numeric = True
+            label_length += 1
+            if label_length == 1 or i + 1 == len(name) or name[i + 1] == ".":
+                return f"misplaced hyphen: {name[:100]}"
+        else:
+            code = ch.encode("utf-8", "surrogateescape")[0]
+            return f"invalid character {code}(decimal): {name[:100]}"
+    if not non_numeric:
+        return f"numeric hostname: {name[:100]}"
+    length = len(name.encode("utf-8", "surrogateescape"))
+    if length > 255:
+        return f"bad length {length} for {name[:100]}..."
+    return None
+
+
+def _verp_problem(delims: str, allowed: str) -> str | None:
+    if len(delims) != 2:
+        return "bad VERP delimiter character count"
+    if delims[0] not in allowed:
+        return "bad first VERP delimiter character"
+    if delims[1] not in allowed:
+        return "bad second VERP delimiter character"
+    return None
+
+
+# -- the mynetworks default ----------------------------------------------------------------
+
+
+class _SockAddr(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 26)]
+
+
+class _IfAddrs(ctypes.Structure):
+    pass
+
+
+_IfAddrs._fields_ = [
+    ("next", ctypes.POINTER(_IfAddrs)),
+    ("name", ctypes.c_char_p),
+    ("flags", ctypes.c_uint),
+    ("addr", ctypes.POINTER(_SockAddr)),
+    ("netmask", ctypes.POINTER(_SockAddr)),
+    ("ifu", ctypes.c_void_p),
+    ("data", ctypes.c_void_p),
+]
+
+_IFF_UP = 0x1
+
+
+def _sockaddr_ip(sa: _SockAddr) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    raw = bytes(sa.data)
+    if sa.family == socket.AF_INET:
+        return ipaddress.IPv4Address(raw[2:6])
+    if sa.family == socket.AF_INET6:
+        return ipaddress.IPv6Address(raw[6:22])
+    return None
+
+
+def local_interfaces(family: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
+                                                 ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """(address, netmask) of the interfaces that are up, in getifaddrs() order."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    head = ctypes.POINTER(_IfAddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        return []
+    found = []
     try:
-        return float(level.split(".")[0] or "0") < 1
-    except ValueError:
-        return True
+        node = head
+        while node:
+            entry = node.contents
+            node = entry.next
+            if not entry.flags & _IFF_UP or not entry.addr or not entry.netmask:
+                continue
+            if entry.addr.contents.family != family:
+                continue
+            addr = _sockaddr_ip(entry.addr.contents)
+            if addr is None or int(addr) == 0:
+                continue
+            mask_sa = entry.netmask.contents
+            mask_sa.family = family
+            mask = _sockaddr_ip(mask_sa)
+            if mask is not None:
+                found.append((addr, mask))
+    finally:
+        libc.freeifaddrs(head)
+    return found
+
+
+def mynetworks_default(style: str, protocols: str, interfaces: str) -> str:
+    """``mynetworks()``: one pattern per local interface address, by mynetworks_style.
+
+    Approximation: inet_interfaces other than ``all`` keeps the local interfaces
+    whose address is listed literally (or all loopback ones for ``loopback-only``);
+    stock also resolves host names there.
+    """
+    styles = [w.lower() for w in split_list(style)]
+    if len(styles) != 1 or styles[0] not in ("class", "subnet", "host"):
+        raise ValueError(f"bad mynetworks_style value: {style}; specify exactly one value")
+    families = _families(protocols)
+    wanted = [w.lower() for w in split_list(interfaces)]
+    patterns: list[str] = []
+    for family in families:
+        for addr, mask in local_interfaces(family):
+            if "all" not in wanted and not _interface_wanted(addr, wanted):
+                continue
+            patterns.append(_network_pattern(addr, mask, styles[0]))
+    unique = list(dict.fromkeys(patterns))
+    return "".join(p + " " for p in unique)
+
+
+def _families(protocols: str) -> list[int]:
+    words = {w.lower() for w in split_list(protocols)}
+    families = []
+    if words & {"all", "ipv4"}:
+        families.append(socket.AF_INET)
+    if words & {"all", "ipv6"} and socket.has_ipv6:
+        families.append(socket.AF_INET6)
+    return families
+
+
+def _interface_wanted(addr: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                      wanted: list[str]) -> bool:
+    for word in wanted:
+        if word == "loopback-only" and addr.is_loopback:
+            return True
+        try:
+            if ipaddress.ip_address(word.strip("[]")) == addr:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _network_pattern(addr: ipaddress.IPv4Address | ipaddress.IPv6Address,
+                     mask: ipaddress.IPv4Address | ipaddress.IPv6Address, style: str) -> str:
+    bits = addr.max_prefixlen
+    if style == "host":
+        prefix = bits
+    elif style == "class" and addr.version == 4:
+        first = int(addr) >> 24
+        prefix = 8 if first < 128 else 16 if first < 192 else 24 if first < 224 else 4
+    else:
+        prefix = bin(int(mask)).count("1")
+    network = ipaddress.ip_network(f"{addr}/{prefix}", strict=False).network_address
+    return f"{network}/{prefix}" if addr.version == 4 else f"[{network}]/{prefix}"
