@@ -389,6 +389,11 @@ DAEMON_CASES: list[tuple[str, tuple[str, ...]]] = [
     ("mydomain = example.org\n", ()),
     ("myhostname = mx.example.net\nrelay_domains = $mydestination\n", ()),
     ("multi_instance_name = inst2\nmynetworks_style = host\n", ()),
+    ("mynetworks_style = class\ninet_protocols = ipv4\n", ()),
+    ("inet_protocols = ipv6\n", ()),
+    ("inet_interfaces = loopback-only\n", ()),
+    ("inet_interfaces = 127.0.0.1\nmynetworks_style = host\n", ()),
+    ("mynetworks_style = subnet, host\n", ()),
     ("default_destination_concurrency_limit = $ipc_timeout\n", ()),
     ("queue_run_delay = $ipc_idle\nqmgr_clog_warn_time = $queue_run_delay\n", ()),
     ("queue_run_delay = 1m30s\nmaximal_queue_lifetime = 7\nbounce_queue_lifetime = 10\n", ()),
@@ -519,7 +524,10 @@ def test_typed_values_defaults_and_units():
     assert cfg.get("myorigin") == "host.localdomain"
     assert cfg.smtputf8_enable is True
     assert cfg.queue_run_delay == 300 and cfg.maximal_queue_lifetime == 5 * 86400
-    assert cfg.qmgr_ipc_timeout == 60 and cfg.ipc_timeout == 3600
+    # qmgr_post_init(): ipc_timeout becomes qmgr_ipc_timeout, no use or idle limits.
+    assert cfg.qmgr_ipc_timeout == 60 and cfg.ipc_timeout == 60
+    assert cfg.get("ipc_timeout") == "3600s"
+    assert cfg.max_use == 0 and cfg.max_idle == 0
     assert cfg.hash_queue_names == ["deferred", "defer"] and cfg.defer_transports == []
     assert cfg.default_process_limit == 100 and cfg.in_flow_delay == 1
     assert cfg.address_verify_pending_request_limit == 5000

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import grp
 import ipaddress
 import os
@@ -494,7 +495,9 @@ class QmgrConfig:
     Attributes carry the parameter's name and hold the converted value: ``int`` for
     int and time parameters (times in seconds), ``bool`` for booleans, ``str`` for
     strings, except ``defer_transports`` and ``hash_queue_names`` which are lists.
-    ``queue_run_delay`` and friends reflect ``qmgr_post_init()``'s adjustments.
+    They are stock's runtime variables after ``qmgr_post_init()``: the recipient
+    limit and bounce lifetime adjustments, ``ipc_timeout`` = qmgr_ipc_timeout, and
+    ``max_use`` = ``max_idle`` = 0. ``get()`` still shows the configured text.
     """
 
     # Globals from mail_params_init() (a selection; every table entry is set).
@@ -646,9 +649,13 @@ class QmgrConfig:
 
     @classmethod
     def from_text(cls, main_cf: str, overrides: Sequence[tuple[str, str]] = (),
-                  config_dir: str = "/etc/postfix", **kwargs: object) -> QmgrConfig:
+                  config_dir: str = "/etc/postfix", *, process_name: str = "qmgr",
+                  service_name: str | None = None, check_accounts: bool = False,
+                  hostname: str | None = None) -> QmgrConfig:
         """The same from a string, for the simulator and tests (no account checks)."""
-        return cls(main_cf, overrides, config_dir=config_dir, **kwargs)  # type: ignore[arg-type]
+        return cls(main_cf, overrides, config_dir=config_dir, process_name=process_name,
+                   service_name=service_name, check_accounts=check_accounts,
+                   hostname=hostname)
 
     # -- the dictionary ------------------------------------------------------------------
 
@@ -781,6 +788,10 @@ class QmgrConfig:
 
     def _default_myhostname(self) -> str:
         name = self._hostname if self._hostname is not None else socket.gethostname()
+        complaint = hostname_problem(name)
+        if complaint is not None:
+            self.warnings.append(f"valid_hostname: {complaint}")
+            raise ValueError("unable to use my own hostname")
         if "." not in name:
             domain = self._lookup_eval("mydomain")
             name = f"{name}.{domain if domain is not None else 'localdomain'}"
@@ -884,6 +895,10 @@ class QmgrConfig:
                 "bounce_queue_lifetime is larger than maximal_queue_lifetime"
                 " - adjusting bounce_queue_lifetime")
             self.bounce_queue_lifetime = self.maximal_queue_lifetime
+        # Stock's runtime variables change too; the dictionary keeps the configured text.
+        self.ipc_timeout = self.qmgr_ipc_timeout
+        self.max_use = 0
+        self.max_idle = 0
         # Lists as the daemon consumes them (stock keeps the strings and splits on use).
         self.defer_transports = split_list(self.__dict__["defer_transports"])
         self.hash_queue_names = split_list(self.__dict__["hash_queue_names"])
@@ -1063,10 +1078,15 @@ def _sockaddr_ip(sa: _SockAddr) -> ipaddress.IPv4Address | ipaddress.IPv6Address
     return None
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
 def local_interfaces(family: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
                                                  ipaddress.IPv4Address | ipaddress.IPv6Address]]:
     """(address, netmask) of the interfaces that are up, in getifaddrs() order."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = _libc()
     head = ctypes.POINTER(_IfAddrs)()
     if libc.getifaddrs(ctypes.byref(head)) != 0:
         return []
