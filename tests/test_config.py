@@ -197,12 +197,16 @@ def test_leading_whitespace_without_preceding_text_is_discarded_with_a_warning()
                         '"   orphan = 1  more"']
 
 
-def test_a_daemon_warns_when_main_cf_changes_config_directory():
-    # config_directory is in the dictionary before main.cf is read.
-    cfg = QmgrConfig.from_text("config_directory = /elsewhere\n", config_dir="/c")
-    assert cfg.warnings[0] == "/c/main.cf, line 1: overriding earlier entry: " \
-                              "config_directory=/c"
-    assert cfg.get("config_directory") == "/elsewhere"
+@needs_postconf
+def test_a_daemon_warns_when_main_cf_changes_config_directory(tmp_path):
+    # config_directory is in the dictionary before main.cf is read; postconf agrees.
+    main_cf = "config_directory = /elsewhere\n"
+    proc = postconf(tmp_path, main_cf, "-h", "config_directory")
+    cfg = QmgrConfig.from_text(main_cf, config_dir=str(tmp_path), hostname="h")
+    assert cfg.warnings == [f"{tmp_path}/main.cf, line 1: overriding earlier entry: "
+                            f"config_directory={tmp_path}"]
+    assert f"postconf: warning: {cfg.warnings[0]}" in proc.stderr.splitlines()
+    assert cfg.get("config_directory") == proc.stdout.strip() == "/elsewhere"
 
 
 TRICKY_MAIN_CF = """\
