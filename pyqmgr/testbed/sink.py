@@ -1,159 +1,410 @@
 """A sink SMTP server on loopback that plays remote destinations for the smtp transport.
 
-It runs aiosmtpd in a thread of its own and can be made slow (per-recipient latency),
-picky (chosen 4xx/5xx replies per recipient), crowded (an active per-client concurrency
-limit that answers 421 and disconnects, like the seed document's experiments) or absent
-(the port refuses connections). Everything it saw is recorded for tests to check.
+A queue manager is judged by how it reacts to destinations: slow ones (per-recipient
+latency), picky ones (chosen 4xx/5xx replies per recipient), crowded ones (an active
+per-client concurrency limit that answers ``421`` and hangs up, which is what makes
+qmgr's concurrency feedback back off) and absent ones (nothing listening, so
+connections are refused). This server plays all four, can switch between them while
+mail flows, and records what it saw so tests can compare stock qmgr with pyqmgr.
+
+It runs aiosmtpd on an event loop in a thread of its own, so a test can drive Postfix
+synchronously while the sink answers. The listening port is bound at construction, so
+a port number handed to Postfix can never be taken by somebody else in between.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
+import fnmatch
+import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from pyqmgr.testbed.instance import free_port
+#: A reply rule: a mapping from recipient address, domain or glob pattern to an SMTP
+#: reply line ("450 4.2.0 try later"), or a callable returning the reply or None.
+ReplyRule = Mapping[str, str] | Callable[[str], str | None]
+#: Latency: seconds for everybody, a mapping like a reply rule, or a callable.
+LatencyRule = float | Mapping[str, float] | Callable[[str], float]
 
-ReplyRule = Callable[[str], str | None]
+HOST = "127.0.0.1"
+ACCEPT_RCPT = "250 2.1.5 OK"
+ACCEPT_DATA = "250 2.0.0 queued"
+TOO_MANY = "421 4.7.0 too many connections from your host"
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """One message the sink accepted (after a 2xx reply to DATA)."""
+
+    sender: str
+    recipients: tuple[str, ...]
+    data: bytes
+    peer: str
+    time: float
 
 
 @dataclass
 class SinkStats:
+    """Counters; read them through :meth:`SinkServer.snapshot` for a consistent copy."""
+
     sessions: int = 0
+    #: Most sessions open at once, all clients together (421'd ones not included).
     max_concurrent: int = 0
+    #: Most sessions open at once from any single client address.
+    max_concurrent_per_client: int = 0
     rejected_421: int = 0
     messages: int = 0
+    #: Accepted deliveries per recipient (lower-cased); a count above 1 is a duplicate.
     delivered: Counter[str] = field(default_factory=Counter)
+    #: Non-2xx replies given, by reply code ("450", "550", ...).
     replies: Counter[str] = field(default_factory=Counter)
+    #: Every reply given for each recipient, at RCPT and DATA, in order.
+    outcomes: dict[str, list[str]] = field(default_factory=dict)
+
+
+def lookup(rule: Mapping[str, Any] | Callable[[str], Any], address: str) -> Any:
+    """Resolve a per-recipient rule: exact address, then domain, then glob patterns.
+
+    Keys are compared case-insensitively, like Postfix compares addresses in tables.
+    """
+    if callable(rule):
+        return rule(address)
+    addr = address.lower()
+    if addr in rule:
+        return rule[addr]
+    domain = addr.rpartition("@")[2]
+    for key in (domain, "@" + domain):
+        if key in rule:
+            return rule[key]
+    for key, value in rule.items():
+        if any(c in key for c in "*?[") and fnmatch.fnmatchcase(addr, key.lower()):
+            return value
+    return None
+
+
+def _lower_keys(rule: Any) -> Any:
+    if isinstance(rule, Mapping):
+        return {str(k).lower(): v for k, v in rule.items()}
+    return rule
+
+
+def _is_ok(reply: str) -> bool:
+    return reply[:1] == "2"
 
 
 class _Handler:
+    """aiosmtpd hooks: every decision is delegated to the sink's current settings."""
+
     def __init__(self, sink: SinkServer) -> None:
         self.sink = sink
 
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, rcpt_options: list[str]) -> str:
         sink = self.sink
-        delay = sink.latency(address) if callable(sink.latency) else sink.latency
-        if delay:
-            await asyncio.sleep(delay)
-        reply = sink.reply_for(address)
-        if reply is not None:
-            with sink.lock:
-                sink.stats.replies[reply.split()[0]] += 1
-            return reply
-        envelope.rcpt_tos.append(address)
-        return "250 2.1.5 OK"
+        if sink.latency_at == "rcpt":
+            delay = sink.latency_for(address)
+            if delay > 0:
+                await asyncio.sleep(delay)
+        reply = sink.reply_for(address) or ACCEPT_RCPT
+        sink._record_reply(address, reply)
+        if _is_ok(reply):
+            envelope.rcpt_tos.append(address)
+        return reply
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         sink = self.sink
-        with sink.lock:
-            sink.stats.messages += 1
-            sink.received_senders.append(envelope.mail_from or "")
-            for rcpt in envelope.rcpt_tos:
-                sink.stats.delivered[rcpt.lower()] += 1
-        return "250 2.0.0 queued"
+        rcpts = list(envelope.rcpt_tos)
+        if sink.latency_at == "data":
+            delay = max((sink.latency_for(r) for r in rcpts), default=0.0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+        reply = ACCEPT_DATA
+        for rcpt in rcpts:
+            chosen = sink.data_reply_for(rcpt)
+            if chosen is not None:
+                reply = chosen
+                break
+        for rcpt in rcpts:
+            sink._record_reply(rcpt, reply)
+        if _is_ok(reply):
+            data = envelope.original_content or b""
+            peer = session.peer[0] if session.peer else "?"
+            sink._record_message(ReceivedMessage(
+                envelope.mail_from or "", tuple(rcpts), data, peer, time.time()))
+        return reply
 
 
-class _LimitedSMTP(SMTP):
+class _SinkSMTP(SMTP):
     """Counts sessions per client; past the limit it answers 421 and hangs up."""
 
     def __init__(self, sink: SinkServer, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.sink = sink
-        self._counted: str | None = None
+        self._client: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
-        client = peer[0] if peer else "?"
-        sink = self.sink
-        with sink.lock:
-            sink.stats.sessions += 1
-            active = sink.active.get(client, 0)
-            limit = sink.client_limit
-            if limit and active >= limit:
-                sink.stats.rejected_421 += 1
-                refuse = True
-            else:
-                sink.active[client] = active + 1
-                self._counted = client
-                total = sum(sink.active.values())
-                sink.stats.max_concurrent = max(sink.stats.max_concurrent, total)
-                refuse = False
-        if refuse:
-            transport.write(b"421 4.7.0 too many connections from your host\r\n")  # type: ignore
+        client = str(peer[0]) if peer else "?"
+        if not self.sink._session_opened(client, self):
+            # Refused before aiosmtpd set anything up: never hand this connection to
+            # the base class, whose connection_lost expects a session.
+            transport.write((TOO_MANY + "\r\n").encode())  # type: ignore[attr-defined]
             transport.close()
             return
+        self._client = client
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._counted is not None:
-            with self.sink.lock:
-                self.sink.active[self._counted] -= 1
-            self._counted = None
+        if self._client is None:
+            return
+        self.sink._session_closed(self._client, self)
+        self._client = None
         super().connection_lost(exc)
 
 
 class SinkServer:
-    def __init__(self, port: int | None = None, latency: float | Callable[[str], float] = 0,
-                 replies: dict[str, str] | ReplyRule | None = None,
-                 client_limit: int = 0) -> None:
-        self.port = port or free_port()
-        self.latency = latency
-        self.replies = replies or {}
-        self.client_limit = client_limit
+    """The sink; use as a context manager or call :meth:`start` and :meth:`stop`.
+
+    Every setting given here can be changed while it runs (``set_*`` methods); the
+    change applies to the next command of any session.
+
+    * ``latency``: seconds before replying, applied at RCPT (per recipient) or, with
+      ``latency_at="data"``, once at DATA (the largest latency of the recipients).
+    * ``replies``: reply at RCPT time for chosen recipients (see :func:`lookup`).
+    * ``data_replies``: reply at DATA time, chosen by the first accepted recipient that
+      has one; the message is recorded only when this reply is 2xx.
+    * ``client_limit``: sessions allowed at once per client address (0 = no limit).
+    """
+
+    def __init__(self, port: int | None = None, latency: LatencyRule = 0,
+                 replies: ReplyRule | None = None, client_limit: int = 0,
+                 data_replies: ReplyRule | None = None, latency_at: str = "rcpt") -> None:
+        self.lock = threading.Lock()
         self.stats = SinkStats()
         #: Envelope sender of every accepted message, in arrival order.
         self.received_senders: list[str] = []
+        #: Sessions open now, by client address.
         self.active: dict[str, int] = {}
-        self.lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.base_events.Server | None = None
-        self._thread.start()
+        self._messages: list[ReceivedMessage] = []
+        self._protocols: set[_SinkSMTP] = set()
+        self.latency: LatencyRule = 0
+        self.latency_at = "rcpt"
+        self.set_latency(latency, latency_at)
+        self.replies: ReplyRule = {}
+        self.set_replies(replies or {})
+        self.data_replies: ReplyRule = {}
+        self.set_data_replies(data_replies or {})
+        self.client_limit = client_limit
+        self._sock: socket.socket | None = self._bind(port or 0)
+        self.port: int = self._sock.getsockname()[1]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.AbstractServer | None = None
+
+    # -- settings -------------------------------------------------------------------
+
+    def set_latency(self, latency: LatencyRule, at: str | None = None) -> None:
+        if at is not None:
+            if at not in ("rcpt", "data"):
+                raise ValueError(f"latency_at must be 'rcpt' or 'data', not {at!r}")
+            self.latency_at = at
+        self.latency = _lower_keys(latency)
+
+    def set_replies(self, replies: ReplyRule) -> None:
+        self.replies = _lower_keys(replies)
+
+    def set_data_replies(self, replies: ReplyRule) -> None:
+        self.data_replies = _lower_keys(replies)
+
+    def set_client_limit(self, limit: int) -> None:
+        self.client_limit = limit
+
+    def latency_for(self, address: str) -> float:
+        rule = self.latency
+        if isinstance(rule, int | float):
+            return float(rule)
+        return float(lookup(rule, address) or 0)
 
     def reply_for(self, address: str) -> str | None:
-        rule = self.replies
-        if callable(rule):
-            return rule(address)
-        return rule.get(address.lower()) or rule.get(address.rpartition("@")[2].lower())
+        return lookup(self.replies, address)
 
-    def set_replies(self, replies: dict[str, str] | ReplyRule) -> None:
-        self.replies = replies
+    def data_reply_for(self, address: str) -> str | None:
+        return lookup(self.data_replies, address)
+
+    # -- bookkeeping (called on the loop thread) --------------------------------------
+
+    def _session_opened(self, client: str, proto: _SinkSMTP) -> bool:
+        with self.lock:
+            self.stats.sessions += 1
+            active = self.active.get(client, 0)
+            if self.client_limit and active >= self.client_limit:
+                self.stats.rejected_421 += 1
+                return False
+            self.active[client] = active + 1
+            self._protocols.add(proto)
+            st = self.stats
+            st.max_concurrent = max(st.max_concurrent, sum(self.active.values()))
+            st.max_concurrent_per_client = max(st.max_concurrent_per_client, active + 1)
+            return True
+
+    def _session_closed(self, client: str, proto: _SinkSMTP) -> None:
+        with self.lock:
+            self.active[client] -= 1
+            if not self.active[client]:
+                del self.active[client]
+            self._protocols.discard(proto)
+
+    def _record_reply(self, rcpt: str, reply: str) -> None:
+        with self.lock:
+            self.stats.outcomes.setdefault(rcpt.lower(), []).append(reply)
+            if not _is_ok(reply):
+                self.stats.replies[reply.split()[0]] += 1
+
+    def _record_message(self, msg: ReceivedMessage) -> None:
+        with self.lock:
+            self._messages.append(msg)
+            self.received_senders.append(msg.sender)
+            self.stats.messages += 1
+            for rcpt in msg.recipients:
+                self.stats.delivered[rcpt.lower()] += 1
+
+    # -- thread-safe accessors ------------------------------------------------------
+
+    def snapshot(self) -> SinkStats:
+        """A consistent copy of the counters."""
+        with self.lock:
+            return copy.deepcopy(self.stats)
+
+    def messages(self) -> list[ReceivedMessage]:
+        """Every accepted message so far, in arrival order."""
+        with self.lock:
+            return list(self._messages)
+
+    def outcomes(self, rcpt: str) -> list[str]:
+        """Every reply given for one recipient, in order."""
+        with self.lock:
+            return list(self.stats.outcomes.get(rcpt.lower(), []))
+
+    def delivered_count(self) -> int:
+        with self.lock:
+            return sum(self.stats.delivered.values())
+
+    def open_sessions(self) -> int:
+        with self.lock:
+            return sum(self.active.values())
+
+    def reset(self) -> None:
+        """Forget what was recorded (settings and open sessions stay)."""
+        with self.lock:
+            active = sum(self.active.values())
+            self.stats = SinkStats(max_concurrent=active,
+                                   max_concurrent_per_client=max(self.active.values(),
+                                                                 default=0))
+            self._messages.clear()
+            self.received_senders.clear()
+
+    # -- life cycle -----------------------------------------------------------------
+
+    @staticmethod
+    def _bind(port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def _factory(self) -> SMTP:
-        return _LimitedSMTP(self, _Handler(self), hostname="sink.test.example",
-                            ident="sink", timeout=60)
+        assert self._loop is not None
+        return _SinkSMTP(self, _Handler(self), hostname="sink.test.example", ident="sink",
+                         timeout=60, auth_require_tls=False, loop=self._loop)
+
+    def _call(self, coro: Any, timeout: float = 10) -> Any:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
 
     def start(self) -> SinkServer:
-        async def listen() -> asyncio.base_events.Server:
-            return await self._loop.create_server(self._factory, "127.0.0.1", self.port,
-                                                  reuse_address=True)
+        """Listen (again) on the same port; idempotent."""
+        if self._server is not None:
+            return self
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever,
+                                            name=f"sink:{self.port}", daemon=True)
+            self._thread.start()
+        sock = self._sock if self._sock is not None else self._bind(self.port)
+        self._sock = None
+        loop = self._loop
 
-        self._server = asyncio.run_coroutine_threadsafe(listen(), self._loop).result(10)
+        async def listen() -> asyncio.AbstractServer:
+            return await loop.create_server(self._factory, sock=sock, backlog=128)
+
+        try:
+            self._server = self._call(listen())
+        except BaseException:
+            sock.close()
+            raise
         return self
 
     def refuse(self) -> None:
-        """Close the listening socket: clients get ECONNREFUSED until :meth:`start`."""
-        server = self._server
-        if server is not None:
-            self._server = None
+        """Stop listening: new connections get ECONNREFUSED until :meth:`start`.
 
+        Sessions already open carry on, as they would at a real host whose MTA is
+        being shut down.
+        """
+        server, self._server = self._server, None
+        if server is not None:
             async def close() -> None:
                 server.close()
 
-            asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+            self._call(close())
+        elif self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    reopen = start
 
     def stop(self) -> None:
+        """Close the listener and every open session, and end the thread."""
         self.refuse()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+
+        async def shutdown() -> None:
+            with self.lock:
+                protos = list(self._protocols)
+            for proto in protos:
+                if proto.transport is not None:
+                    proto.transport.close()
+            await asyncio.sleep(0)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        if not loop.is_running():
+            loop.close()
 
     def __enter__(self) -> SinkServer:
         return self.start()
@@ -161,12 +412,20 @@ class SinkServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # -- waiting --------------------------------------------------------------------
+
     def wait_delivered(self, count: int, timeout: float) -> None:
+        """Wait until ``count`` recipient deliveries were accepted in all."""
+        self.wait(lambda: self.delivered_count() >= count, timeout,
+                  f"{count} recipients at the sink")
+
+    def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
-        while sum(self.stats.delivered.values()) < count:
+        while not predicate():
             if time.monotonic() > deadline:
+                st = self.snapshot()
                 raise TimeoutError(
-                    f"timed out after {timeout:.0f}s waiting for {count} recipients at the "
-                    f"sink (got {sum(self.stats.delivered.values())})"
-                )
-            time.sleep(0.05)
+                    f"timed out after {timeout:g}s waiting for {what} (sink saw "
+                    f"{st.sessions} sessions, {sum(st.delivered.values())} deliveries, "
+                    f"replies {dict(st.replies)}, {st.rejected_421} x 421)")
+            time.sleep(0.02)
