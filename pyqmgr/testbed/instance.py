@@ -1,23 +1,41 @@
 """A throwaway Postfix instance in a temp dir, run by the real ``postfix`` command.
 
-Everything an instance needs lives under one directory (config, queue, data, maillog,
-mail spool); it listens on loopback only. Tear-down is thorough because a test that
-fails must not leave daemons behind: after ``postfix stop``, any process whose
-environment names this instance's config directory is killed.
+pyqmgr is only worth anything if it behaves like stock qmgr under the real master(8),
+cleanup, smtpd and delivery agents, so tests run the distribution's Postfix rather than
+fakes. Everything one instance needs lives under one directory (``etc/`` config,
+``spool/`` queue, ``data/``, ``maillog``, ``mail/`` mailboxes); it listens on loopback
+only, runs no service chrooted (a chrooted agent would need copies of /etc files in the
+queue directory) and logs through postlogd to its own file, so tests can read exactly
+the lines an admin would see.
+
+Tear-down is thorough because a failing test must not leave daemons behind that would
+hold ports or keep delivering: after ``postfix stop``, every process whose environment
+names this instance's config directory (master exports ``MAIL_CONFIG`` to every child)
+is killed.
+
+Local deliveries: ``mydestination`` is :data:`LOCAL_DOMAIN` and the system user
+:data:`LOCAL_USER` (created with ``useradd --system`` if absent; no home, no shell)
+receives mail in ``<root>/mail/<user>`` (``mail_spool_directory`` inside the instance,
+mode 1777 so local(8) can create the mailbox with the user's privileges).
+``local_recipient_maps`` is empty, so smtpd accepts any local part; unknown users
+bounce in local(8) instead.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import smtplib
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from email.message import EmailMessage
 
 from pyqmgr.testbed.maillog import Maillog
@@ -25,46 +43,111 @@ from pyqmgr.testbed.maillog import Maillog
 LOCAL_USER = "pyqmgrtest"
 LOCAL_DOMAIN = "local.test.example"
 MYHOSTNAME = "pfx.test.example"
+#: Set to keep instance directories after a run (their paths are printed).
+KEEP_ENV = "PYQMGR_KEEP_TESTBED"
+#: Where instance directories go when the constructor is not told; default /tmp.
+BASE_ENV = "PYQMGR_TESTBED_DIR"
+MASTER_CF_DIST = "/usr/share/postfix/master.cf.dist"
+SENDMAIL = "/usr/sbin/sendmail"
+QUEUES = ("maildrop", "incoming", "active", "deferred", "hold")
+
+Message = tuple[str, list[str]]
 
 
 class TestbedError(Exception):
     """The instance could not be created, started or driven; the text says why."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
 
 def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def ensure_local_user() -> str:
-    """A real unprivileged user for local(8) deliveries in tests."""
+    """The unprivileged user that receives local(8) deliveries in tests.
+
+    A dedicated user rather than ``postfix`` or ``root``: local(8) refuses to deliver
+    as root to a file and delivering as the mail owner would hide permission bugs.
+    """
     try:
         pwd.getpwnam(LOCAL_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", LOCAL_USER], check=True, capture_output=True)
+        proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                               "/usr/sbin/nologin", LOCAL_USER], capture_output=True,
+                              text=True, check=False)
+        try:
+            pwd.getpwnam(LOCAL_USER)  # a parallel test run may have won the race
+        except KeyError:
+            raise TestbedError(f"cannot create user {LOCAL_USER}: "
+                               f"{proc.stderr.strip()}") from None
     return LOCAL_USER
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
-               interval: float = 0.05) -> None:
+               interval: float = 0.05, detail: Callable[[], str] | None = None) -> None:
+    """Poll ``predicate`` until it holds; raise a TimeoutError naming ``what``.
+
+    ``detail`` adds context to the error (an instance passes its maillog tail), so a
+    failed wait says why without re-running the test.
+    """
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            extra = ""
+            if detail is not None:
+                try:
+                    extra = detail()
+                except Exception as exc:  # the error must not hide the timeout
+                    extra = f"(no detail: {exc})"
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}{extra}")
         time.sleep(interval)
 
 
-def _run(args: list[str], check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, capture_output=True, text=True, check=False, **kw)  # type: ignore
+def _run(args: Sequence[str], check: bool = True, timeout: float = 60,
+         input: str | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(list(args), capture_output=True, text=True, check=False,
+                              timeout=timeout, input=input)
+    except subprocess.TimeoutExpired as exc:
+        raise TestbedError(f"{' '.join(args)} did not finish in {timeout:g}s") from exc
     if check and proc.returncode != 0:
         raise TestbedError(f"{' '.join(args)} failed ({proc.returncode}): "
                            f"{proc.stdout.strip()} {proc.stderr.strip()}")
     return proc
 
 
+def _read_proc(pid: str, name: str) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
+def _inline_map(entries: dict[str, str]) -> str:
+    # inline:{k=v, ...}; an entry whose value has spaces ("error:5.1.1 no such user")
+    # must be braced as a whole, or the space would end the value.
+    items = [f"{{{k}={v}}}" if (" " in v or "," in v) else f"{k}={v}"
+             for k, v in entries.items()]
+    return "inline:{" + ", ".join(items) + "}"
+
+
 class PostfixInstance:
+    """One Postfix instance; a context manager that stops it and removes its files.
+
+    ``qmgr`` is ``"stock"`` or ``"pyqmgr"``; ``main_cf`` adds or overrides main.cf
+    parameters; ``transports`` maps domains to ``transport:nexthop`` and becomes an
+    inline ``transport_maps``; ``master_cf_extra`` lines are appended to master.cf;
+    ``qmgr_args`` are appended to the qmgr service command (e.g. ``["-o", "x=1"]``).
+    The instance is not started by the constructor: call :meth:`start`.
+    """
+
+    __test__ = False
+
     def __init__(
         self,
         qmgr: str = "stock",
@@ -73,33 +156,57 @@ class PostfixInstance:
         master_cf_extra: Iterable[str] = (),
         qmgr_args: Iterable[str] = (),
         root: str | None = None,
+        base_dir: str | None = None,
     ) -> None:
-        self.root = root or tempfile.mkdtemp(prefix="pyqmgr-tb-")
-        os.chmod(self.root, 0o755)
+        if qmgr not in ("stock", "pyqmgr"):
+            raise ValueError(f"qmgr must be 'stock' or 'pyqmgr', not {qmgr!r}")
+        base = base_dir or os.environ.get(BASE_ENV) or "/tmp"
+        self.root = root or tempfile.mkdtemp(prefix="pyqmgr-tb-", dir=base)
         self.config_dir = os.path.join(self.root, "etc")
         self.queue_dir = os.path.join(self.root, "spool")
         self.data_dir = os.path.join(self.root, "data")
         self.maillog_path = os.path.join(self.root, "maillog")
-        self.spool_mail = os.path.join(self.root, "mail")
+        self.mail_dir = os.path.join(self.root, "mail")
         self.smtpd_port = free_port()
         self.qmgr = qmgr
         self.started = False
-        for d in (self.config_dir, self.queue_dir, self.data_dir, self.spool_mail):
-            os.makedirs(d, exist_ok=True)
-        os.chmod(self.spool_mail, 0o1777)
-        pf = pwd.getpwnam("postfix")
-        os.chown(self.data_dir, pf.pw_uid, pf.pw_gid)
-        ensure_local_user()
-        self._write_config(main_cf or {}, transports or {}, list(master_cf_extra),
-                           list(qmgr_args))
+        #: What ``postfix start`` printed (warnings from ``postfix check`` land here).
+        self.start_output = ""
         self.maillog = Maillog(self.maillog_path)
-        if qmgr == "pyqmgr":
-            self._install()
+        self._start_attempted = False
+        self._disabled_qmgr_line: str | None = None
+        self._saved_in_flow_delay: str | None = None
+        try:
+            self._create(main_cf or {}, transports or {}, list(master_cf_extra),
+                         list(qmgr_args))
+            if qmgr == "pyqmgr":
+                self.use_qmgr("pyqmgr")
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     # -- configuration ----------------------------------------------------------------
 
-    def _write_config(self, main_cf: dict[str, str], transports: dict[str, str],
-                      extra: list[str], qmgr_args: list[str]) -> None:
+    @property
+    def spool_mail(self) -> str:
+        """Older name of :attr:`mail_dir`."""
+        return self.mail_dir
+
+    @property
+    def local_address(self) -> str:
+        """A recipient that local(8) delivers to :meth:`mailbox`."""
+        return f"{LOCAL_USER}@{LOCAL_DOMAIN}"
+
+    def _create(self, main_cf: dict[str, str], transports: dict[str, str],
+                extra: list[str], qmgr_args: list[str]) -> None:
+        os.chmod(self.root, 0o755)
+        self._check_traversable()
+        for d in (self.config_dir, self.queue_dir, self.data_dir, self.mail_dir):
+            os.makedirs(d, exist_ok=True)
+        os.chmod(self.mail_dir, 0o1777)
+        pf = pwd.getpwnam("postfix")
+        os.chown(self.data_dir, pf.pw_uid, pf.pw_gid)
+        ensure_local_user()
         params = {
             "compatibility_level": "3.6",
             "queue_directory": self.queue_dir,
@@ -116,7 +223,7 @@ class PostfixInstance:
             "alias_maps": "",
             "alias_database": "",
             "local_recipient_maps": "",
-            "mail_spool_directory": self.spool_mail,
+            "mail_spool_directory": self.mail_dir,
             "smtpd_recipient_restrictions": "permit_mynetworks, reject",
             "smtpd_relay_restrictions": "permit_mynetworks, reject",
             "smtpd_reject_unlisted_recipient": "no",
@@ -128,128 +235,180 @@ class PostfixInstance:
             "notify_classes": "",
         }
         if transports:
-            items = []
-            for domain, route in transports.items():
-                items.append(f"{{{domain}={route}}}" if " " in route else f"{domain}={route}")
-            params["transport_maps"] = "inline:{" + ", ".join(items) + "}"
+            params["transport_maps"] = _inline_map(transports)
         params.update(main_cf)
         with open(os.path.join(self.config_dir, "main.cf"), "w") as f:
             for name, value in params.items():
                 f.write(f"{name} = {value}\n")
-        shutil.copy("/usr/share/postfix/master.cf.dist",
-                    os.path.join(self.config_dir, "master.cf"))
+        shutil.copy(MASTER_CF_DIST, os.path.join(self.config_dir, "master.cf"))
         self._backdate()
+        # The public smtp port becomes a loopback listener on a port of our own.
         self.postconf("-M#", "smtp/inet")
-        self.postconf("-Me", f"127.0.0.1:{self.smtpd_port}/inet="
-                      f"127.0.0.1:{self.smtpd_port} inet n - n - - smtpd")
-        services = self.postconf("-F", "*/*/chroot").splitlines()
-        for line in services:
-            svc = line.split(" = ")[0].rsplit("/", 1)[0]
-            self.postconf("-F", f"{svc}/chroot=n")
+        listen = f"127.0.0.1:{self.smtpd_port}"
+        self.postconf("-Me", f"{listen}/inet={listen} inet n - n - - smtpd")
+        services = [line.partition(" = ")[0].rpartition("/")[0]
+                    for line in self.postconf("-F", "*/*/chroot").splitlines() if line]
+        self.postconf("-F", *[f"{svc}/chroot=n" for svc in services])
         if qmgr_args:
-            cmd = self.postconf("-F", "qmgr/unix/command").partition("=")[2].strip()
+            cmd = self.postconf("-F", "qmgr/unix/command").partition(" = ")[2].strip()
             self.postconf("-F", "qmgr/unix/command=" + " ".join([cmd, *qmgr_args]))
-        with open(os.path.join(self.config_dir, "master.cf"), "a") as f:
-            for line in extra:
-                f.write(line + "\n")
+        if extra:
+            with open(os.path.join(self.config_dir, "master.cf"), "a") as f:
+                for line in extra:
+                    f.write(line + "\n")
+
+    def _check_traversable(self) -> None:
+        # Daemons run as postfix and must reach the queue and data directories.
+        path = os.path.dirname(os.path.abspath(self.root))
+        while True:
+            if not os.stat(path).st_mode & 0o001:
+                raise TestbedError(f"{path} is not traversable by user postfix; put the "
+                                   f"test bed elsewhere (base_dir= or ${BASE_ENV})")
+            parent = os.path.dirname(path)
+            if parent == path:
+                return
+            path = parent
 
     def _backdate(self) -> None:
-        # Postfix programs re-read a main.cf younger than about a second (~2 s a command).
+        # Every Postfix program re-reads a main.cf younger than about a second, which
+        # costs ~2 s per command; an hour-old mtime avoids that.
         t = time.time() - 3600
         os.utime(os.path.join(self.config_dir, "main.cf"), (t, t))
 
     def postconf(self, *args: str) -> str:
-        out = _run(["postconf", "-c", self.config_dir, *args]).stdout
-        self._backdate()
-        return out
+        """Run ``postconf -c DIR ARGS``; return its output. main.cf is backdated after."""
+        try:
+            return _run(["postconf", "-c", self.config_dir, *args]).stdout
+        finally:
+            self._backdate()
 
     def set_main(self, **params: str) -> None:
+        """Set main.cf parameters (``postconf -e``); running daemons see them on reload."""
         self.postconf("-e", *[f"{k}={v}" for k, v in params.items()])
 
-    def _install(self) -> None:
-        from pyqmgr.install import install
-
-        install(self.config_dir)
-
     def use_qmgr(self, which: str) -> None:
+        """Make the qmgr service run ``"stock"`` or ``"pyqmgr"``; reloads if running."""
         from pyqmgr.install import install, uninstall
 
+        if which not in ("stock", "pyqmgr"):
+            raise ValueError(f"qmgr must be 'stock' or 'pyqmgr', not {which!r}")
         (install if which == "pyqmgr" else uninstall)(self.config_dir)
         self.qmgr = which
 
     # -- life cycle -------------------------------------------------------------------
 
     def start(self, prefix: str = "") -> PostfixInstance:
-        """Start with the real ``postfix start``; ``prefix`` wraps it (a namespace...)."""
-        proc = _run(["script", "-qec", f"{prefix}postfix -c {self.config_dir} start",
-                     "/dev/null"], check=False)
+        """``postfix start``; raise TestbedError with its output if it fails.
+
+        It runs under a pseudo-terminal because postfix-script only prints fatal
+        start-up errors to a terminal (otherwise they go to the log, if anywhere).
+        ``prefix`` is prepended to the shell command (e.g. to start in a namespace).
+        """
+        self._start_attempted = True
+        command = f"{prefix}postfix -c {shlex.quote(self.config_dir)} start"
+        proc = _run(["script", "-qec", command, "/dev/null"], check=False)
+        self.start_output = proc.stdout.replace("\r\n", "\n").strip()
         if proc.returncode != 0:
-            raise TestbedError(f"postfix start failed: {proc.stdout.strip()}")
+            try:
+                self._kill_leftovers()
+            except TestbedError:
+                pass
+            raise TestbedError(f"postfix start failed ({proc.returncode}):\n"
+                               f"{self.start_output}\nlast maillog lines:\n"
+                               f"{self.maillog.tail(20)}")
         self.started = True
-        wait_until(lambda: os.path.exists(os.path.join(self.queue_dir, "public", "qmgr")),
-                   20, "public/qmgr to appear")
         return self
 
+    def running(self) -> bool:
+        """Is this instance's master alive (``postfix status``)?"""
+        return _run(["postfix", "-c", self.config_dir, "status"], check=False).returncode == 0
+
     def reload(self) -> None:
+        """``postfix reload``: master re-reads its config and restarts qmgr."""
         _run(["postfix", "-c", self.config_dir, "reload"])
 
     def stop(self) -> None:
-        if self.started:
-            _run(["postfix", "-c", self.config_dir, "stop"], check=False)
-            self.started = False
-        deadline = time.monotonic() + 10
-        while True:
+        """Stop the instance and make sure none of its processes survive.
+
+        ``postfix stop`` first (it waits for master, at most a few seconds), then
+        SIGTERM and finally SIGKILL to anything still running with this config
+        directory. Raises TestbedError only if a process survives SIGKILL.
+        """
+        if self._start_attempted:
+            _run(["postfix", "-c", self.config_dir, "stop"], check=False, timeout=30)
+        self.started = False
+        self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
             pids = self.pids()
             if not pids:
                 return
-            sig = signal.SIGTERM if time.monotonic() < deadline - 5 else signal.SIGKILL
             for pid in pids:
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            if time.monotonic() > deadline:
-                raise TestbedError(f"processes of {self.root} survive SIGKILL: {pids}")
-            time.sleep(0.1)
+            deadline = time.monotonic() + grace
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        survivors = self.processes()
+        if survivors:
+            raise TestbedError(f"processes of {self.root} survive SIGKILL: {survivors}")
 
-    def pids(self, program: str | None = None) -> list[int]:
-        """Processes of this instance (by MAIL_CONFIG), optionally by argv[0] basename."""
+    def processes(self) -> dict[int, list[str]]:
+        """Live processes of this instance (found by MAIL_CONFIG), with their argv."""
         want = f"MAIL_CONFIG={self.config_dir}".encode()
-        found = []
+        me = os.getpid()
+        found: dict[int, list[str]] = {}
         for entry in os.listdir("/proc"):
-            if not entry.isdigit():
+            if not entry.isdigit() or int(entry) == me:
                 continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                if want not in env:
-                    continue
-                if program is not None:
-                    with open(f"/proc/{entry}/cmdline", "rb") as f:
-                        argv = f.read().split(b"\0")
-                    names = [os.path.basename(a.decode(errors="replace")) for a in argv[:3]]
-                    if program not in names:
-                        continue
-            except OSError:
+            env = _read_proc(entry, "environ")
+            if env is None or want not in env:
                 continue
-            found.append(int(entry))
+            argv = _read_proc(entry, "cmdline")
+            if not argv:
+                continue  # exited (or a zombie) between the two reads
+            found[int(entry)] = [a.decode(errors="replace") for a in argv if a]
         return found
 
+    def pids(self, program: str | None = None) -> list[int]:
+        """Pids of this instance's processes, optionally only those running ``program``.
+
+        ``program`` is compared with the basename of the first words of argv, so
+        ``"qmgr"`` finds stock qmgr (``qmgr -l -t unix -u``) as well as the pyqmgr
+        launcher (``python -I .../pyqmgr/qmgr -l ...``), and ``"master"`` the master.
+        """
+        found = []
+        for pid, argv in self.processes().items():
+            if program is None or program in (os.path.basename(a) for a in argv[:3]):
+                found.append(pid)
+        return sorted(found)
+
     def qmgr_pid(self, timeout: float = 10) -> int:
+        """The pid of the running qmgr process, waiting for master to start one."""
         pids: list[int] = []
 
         def present() -> bool:
             pids[:] = self.pids("qmgr")
-            return bool(pids)
+            return len(pids) == 1
 
-        wait_until(present, timeout, "a qmgr process")
+        self.wait_until(present, timeout, "exactly one qmgr process")
         return pids[0]
 
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str,
+                   interval: float = 0.05) -> None:
+        """:func:`wait_until` whose error ends with this instance's last maillog lines."""
+        wait_until(predicate, timeout, what, interval,
+                   detail=lambda: f"; last maillog lines:\n{self.maillog.tail(20)}")
+
     def close(self) -> None:
+        """Stop, then remove the instance directory (kept if $PYQMGR_KEEP_TESTBED)."""
         try:
             self.stop()
         finally:
-            if os.environ.get("PYQMGR_KEEP_TESTBED"):
+            if os.environ.get(KEEP_ENV):
                 print(f"testbed kept at {self.root}")
             else:
                 shutil.rmtree(self.root, ignore_errors=True)
@@ -263,54 +422,82 @@ class PostfixInstance:
     # -- queue ------------------------------------------------------------------------
 
     def queue_files(self, queue: str) -> list[str]:
-        base = os.path.join(self.queue_dir, queue)
+        """Queue ids of the files in one queue directory, hashed subdirectories included.
+
+        Names with anything but letters and digits (cleanup's ``usec.pid`` temporary
+        files, for one) are not queue files yet and are left out.
+        """
         found = []
-        for _dirpath, _dirs, files in os.walk(base):
-            found.extend(files)
+        for _dirpath, _dirs, files in os.walk(os.path.join(self.queue_dir, queue)):
+            found.extend(f for f in files if f.isalnum())
         return found
 
     def queue_path(self, queue: str, qid: str) -> str | None:
+        """Where a queue file is, or None."""
         for dirpath, _dirs, files in os.walk(os.path.join(self.queue_dir, queue)):
             if qid in files:
                 return os.path.join(dirpath, qid)
         return None
 
+    def queue_counts(self) -> dict[str, int]:
+        return {q: len(self.queue_files(q)) for q in QUEUES}
+
     def queue_empty(self) -> bool:
-        return not any(self.queue_files(q) for q in ("incoming", "active", "deferred",
-                                                      "maildrop"))
+        """No message in maildrop, incoming, active or deferred (hold is not counted)."""
+        return not any(self.queue_files(q) for q in ("maildrop", "incoming", "active",
+                                                      "deferred"))
 
     def wait_queue_empty(self, timeout: float) -> None:
-        wait_until(self.queue_empty, timeout, "an empty queue "
-                   f"(incoming/active/deferred: {self.queue_files('incoming')[:3]} "
-                   f"{self.queue_files('active')[:3]} {self.queue_files('deferred')[:3]})")
+        """Wait until :meth:`queue_empty`; the error lists what is still queued."""
+        wait_until(self.queue_empty, timeout, "an empty queue", detail=lambda: (
+            f" (still queued: {self.queue_counts()}); last maillog lines:\n"
+            f"{self.maillog.tail(20)}"))
 
     def postqueue(self, *args: str) -> str:
         return _run(["postqueue", "-c", self.config_dir, *args]).stdout
 
     def postsuper(self, *args: str) -> str:
-        return _run(["postsuper", "-c", self.config_dir, *args]).stdout
+        """``postsuper`` prints its reports on stderr; both streams are returned."""
+        proc = _run(["postsuper", "-c", self.config_dir, *args])
+        return proc.stdout + proc.stderr
+
+    def queue_json(self) -> list[dict[str, object]]:
+        """``postqueue -j``: one dict per queued message (showq's view, no hold)."""
+        out = self.postqueue("-j")
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def flush(self) -> None:
+        """``postqueue -f``: deliver deferred mail now."""
+        self.postqueue("-f")
 
     # -- injection --------------------------------------------------------------------
 
     def sendmail(self, sender: str, recipients: list[str], subject: str = "test",
                  body: str = "hello\n", extra_args: Iterable[str] = ()) -> None:
-        text = f"From: {sender}\nSubject: {subject}\n\n{body}"
-        _run(["sendmail", "-C", self.config_dir, "-f", sender, *extra_args, *recipients],
-             input=text)
+        """Submit through ``sendmail -C DIR`` (maildrop, then pickup); waits for it."""
+        text = (f"From: {sender}\nTo: {', '.join(recipients)}\nSubject: {subject}\n\n"
+                f"{body}")
+        _run([SENDMAIL, "-C", self.config_dir, "-i", "-f", sender, *extra_args, "--",
+              *recipients], input=text)
 
-    def smtp_send(self, messages: Iterable[tuple[str, list[str]]],
-                  subject: str = "test") -> list[str]:
-        """Send (sender, recipients) pairs in one SMTP session; returns queue ids."""
+    def smtp_send(self, messages: Iterable[Message], subject: str = "test",
+                  body: str | None = None) -> list[str]:
+        """Send (sender, recipients) pairs in one SMTP session; return the queue ids.
+
+        smtpd has the message in the queue (incoming) when it answers 250 to DATA.
+        """
         qids = []
         with smtplib.SMTP("127.0.0.1", self.smtpd_port, timeout=60) as smtp:
+            smtp.ehlo()
             for i, (sender, rcpts) in enumerate(messages):
                 msg = EmailMessage()
                 msg["From"] = sender
                 msg["To"] = ", ".join(rcpts[:3])
                 msg["Subject"] = f"{subject} {i}"
-                msg.set_content(f"message {i}\n")
-                smtp.ehlo_or_helo_if_needed()
-                smtp.mail(sender)
+                msg.set_content(body if body is not None else f"message {i}\n")
+                code, resp = smtp.mail(sender)
+                if code != 250:
+                    raise TestbedError(f"smtpd refused sender {sender}: {code} {resp!r}")
                 for r in rcpts:
                     code, resp = smtp.rcpt(r)
                     if code >= 400:
@@ -321,35 +508,95 @@ class PostfixInstance:
                 qids.append(resp.decode().rsplit(" ", 1)[-1])
         return qids
 
+    def smtp_send_many(self, messages: Sequence[Message], sessions: int = 4,
+                       subject: str = "test") -> list[str]:
+        """Like :meth:`smtp_send`, over several parallel sessions; ids in input order."""
+        sessions = max(1, min(sessions, len(messages)))
+        if sessions == 1:
+            return self.smtp_send(messages, subject)
+        size = -(-len(messages) // sessions)
+        chunks = [messages[i:i + size] for i in range(0, len(messages), size)]
+        results: list[list[str] | BaseException] = [[] for _ in chunks]
+
+        def send(k: int) -> None:
+            try:
+                results[k] = self.smtp_send(chunks[k], subject)
+            except BaseException as exc:
+                results[k] = exc
+
+        threads = [threading.Thread(target=send, args=(k,)) for k in range(len(chunks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        qids: list[str] = []
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            qids.extend(r)
+        return qids
+
+    def mailbox(self, user: str = LOCAL_USER) -> str:
+        """Path of a local user's mailbox file (may not exist yet)."""
+        return os.path.join(self.mail_dir, user)
+
+    # -- preloading the incoming queue ------------------------------------------------
+
     def disable_qmgr(self) -> str:
-        """Comment the qmgr service out (for preloading); returns its line."""
+        """Comment the qmgr service out and wait for qmgr to exit; return its line."""
         line = self.postconf("-M", "qmgr/unix").strip()
+        if not line:
+            raise TestbedError("master.cf has no active qmgr/unix service")
         self.postconf("-M#", "qmgr/unix")
+        self._disabled_qmgr_line = line
         if self.started:
             self.reload()
-            wait_until(lambda: not self.pids("qmgr"), 10, "qmgr to exit")
+            self.wait_until(lambda: not self.pids("qmgr"), 10, "qmgr to exit")
         return line
 
-    def enable_qmgr(self, line: str) -> None:
+    def enable_qmgr(self, line: str | None = None) -> None:
+        """Restore the qmgr service line saved by :meth:`disable_qmgr` and reload."""
+        line = line or self._disabled_qmgr_line
+        if line is None:
+            raise TestbedError("enable_qmgr: no saved qmgr line (disable_qmgr not called)")
         self.postconf("-Me", f"qmgr/unix={line}")
+        self._disabled_qmgr_line = None
         if self.started:
             self.reload()
 
-    def preload(self, messages: list[tuple[str, list[str]]], batch: int = 500) -> list[str]:
-        """Put messages in incoming/ while no qmgr runs; returns their queue ids."""
-        line = self.disable_qmgr()
+    def preload(self, messages: int | Sequence[Message],
+                recipients: Callable[[int], list[str]] | None = None,
+                sender: str = "sender@test.example", sessions: int = 4,
+                timeout: float = 300) -> list[str]:
+        """Fill incoming/ while no qmgr runs; return the queue ids. Then :meth:`release_preload`.
+
+        ``messages`` is a list of (sender, recipients) or a count, with ``recipients(i)``
+        giving message i's recipients. The qmgr service is commented out and
+        ``in_flow_delay`` is 0 while injecting: with no qmgr there are no flow-control
+        tokens, and cleanup would otherwise wait 1 s per message. Returns when every
+        message is a file in incoming/.
+        """
+        if not self.started:
+            raise TestbedError("preload needs a started instance")
+        if isinstance(messages, int):
+            if recipients is None:
+                raise TypeError("preload(n) needs recipients=lambda i: [...]")
+            messages = [(sender, recipients(i)) for i in range(messages)]
+        before = len(self.queue_files("incoming"))
+        saved = self.postconf("-n", "in_flow_delay").partition(" = ")[2].strip()
+        self._saved_in_flow_delay = saved or None
         self.set_main(in_flow_delay="0")
-        if self.started:
-            self.reload()
-        qids: list[str] = []
-        for i in range(0, len(messages), batch):
-            qids += self.smtp_send(messages[i:i + batch])
-        wait_until(lambda: len(self.queue_files("incoming")) >= len(messages), 60,
-                   f"{len(messages)} files in incoming")
-        self.set_main(in_flow_delay="1s")
-        self._enable_line = line
+        self.disable_qmgr()  # its reload also gives cleanup the new in_flow_delay
+        qids = self.smtp_send_many(messages, sessions=sessions)
+        want = before + len(messages)
+        self.wait_until(lambda: len(self.queue_files("incoming")) >= want, timeout,
+                        f"{len(messages)} new files in incoming/")
+        if self._saved_in_flow_delay is None:
+            self.postconf("-X", "in_flow_delay")
+        else:
+            self.set_main(in_flow_delay=self._saved_in_flow_delay)
         return qids
 
     def release_preload(self) -> None:
-        """Bring qmgr back after :meth:`preload`."""
-        self.enable_qmgr(self._enable_line)
+        """Bring qmgr back after :meth:`preload`; it starts on the reload."""
+        self.enable_qmgr()
