@@ -1,20 +1,40 @@
-"""Fixtures that start real Postfix instances and sink servers, and always stop them."""
+"""Fixtures that start real Postfix instances and sink servers, and always stop them.
+
+Tests that use ``postfix_instance`` need root and Debian's postfix package (CI runs as
+root); they are skipped with a clear reason elsewhere rather than failing obscurely.
+"""
 
 from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import SinkServer
 
+_NO_POSTFIX = None
+if os.geteuid() != 0:
+    _NO_POSTFIX = "needs root to run a Postfix instance"
+elif shutil.which("postfix") is None or not os.path.exists("/usr/share/postfix/master.cf.dist"):
+    _NO_POSTFIX = "needs Debian's postfix package"
+
 
 @pytest.fixture
-def postfix():
-    """Factory: ``postfix(qmgr="pyqmgr", transports=..., main_cf=...)`` -> started instance."""
+def postfix_instance() -> Iterator[Callable[..., PostfixInstance]]:
+    """Factory: ``postfix_instance(qmgr="pyqmgr", transports=..., start=True)``.
+
+    Every instance made is stopped and removed at teardown, even when the test failed
+    (set PYQMGR_KEEP_TESTBED=1 to keep the directories for a post-mortem).
+    """
+    if _NO_POSTFIX:
+        pytest.skip(_NO_POSTFIX)
     made: list[PostfixInstance] = []
 
-    def make(start: bool = True, **kw) -> PostfixInstance:
-        inst = PostfixInstance(**kw)
+    def make(start: bool = True, **kw: object) -> PostfixInstance:
+        inst = PostfixInstance(**kw)  # type: ignore[arg-type]
         made.append(inst)
         if start:
             inst.start()
@@ -32,11 +52,18 @@ def postfix():
 
 
 @pytest.fixture
-def sink():
+def postfix(postfix_instance: Callable[..., PostfixInstance]) -> Callable[..., PostfixInstance]:
+    """The same factory under its older, shorter name."""
+    return postfix_instance
+
+
+@pytest.fixture
+def sink() -> Iterator[Callable[..., SinkServer]]:
+    """Factory: ``sink(latency=..., replies=..., client_limit=...)`` -> started sink."""
     made: list[SinkServer] = []
 
-    def make(**kw) -> SinkServer:
-        server = SinkServer(**kw).start()
+    def make(**kw: object) -> SinkServer:
+        server = SinkServer(**kw).start()  # type: ignore[arg-type]
         made.append(server)
         return server
 
