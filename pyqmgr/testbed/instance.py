@@ -327,20 +327,21 @@ class PostfixInstance:
         """``postfix reload``: master re-reads its config and restarts qmgr."""
         _run(["postfix", "-c", self.config_dir, "reload"])
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 3.0) -> None:
         """Stop the instance and make sure none of its processes survive.
 
         ``postfix stop`` first (it waits for master, at most a few seconds), then
-        SIGTERM and finally SIGKILL to anything still running with this config
-        directory. Raises TestbedError only if a process survives SIGKILL.
+        SIGTERM to anything still running with this config directory and, after
+        ``grace`` seconds, SIGKILL. Raises TestbedError only if a process survives that.
         """
-        if self._start_attempted:
+        # postfix stop on a stopped instance still costs a second; skip it then.
+        if self.started or (self._start_attempted and self.pids("master")):
             _run(["postfix", "-c", self.config_dir, "stop"], check=False, timeout=30)
         self.started = False
-        self._kill_leftovers()
+        self._kill_leftovers(grace)
 
-    def _kill_leftovers(self) -> None:
-        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+    def _kill_leftovers(self, grace: float = 3.0) -> None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             pids = self.pids()
             if not pids:
                 return
@@ -349,7 +350,7 @@ class PostfixInstance:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            deadline = time.monotonic() + grace
+            deadline = time.monotonic() + wait
             while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.05)
         survivors = self.processes()
