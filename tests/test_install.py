@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pyqmgr.install import InstallError, install, launcher_text, uninstall
+from pyqmgr.install import InstallError, install, launcher_path, launcher_text, uninstall
 
 CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
 
@@ -74,3 +74,77 @@ def test_launcher_uses_this_interpreter_in_isolated_mode():
     text = launcher_text()
     assert text.startswith(f"#!{sys.executable} -I\n")
     assert "from pyqmgr.daemon import main" in text
+    # Isolated mode still finds the package (the venv's site-packages, editable or not).
+    subprocess.run([sys.executable, "-I", "-c", "from pyqmgr.daemon import main"],
+                   check=True, cwd="/")
+
+
+def snapshot(directory) -> dict[str, tuple[bytes, float]]:
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                out[name] = (f.read(), os.stat(path).st_mtime)
+    return out
+
+
+def test_stopped_instance_launcher_backup_and_round_trip(postfix):
+    pf = postfix(qmgr="stock", start=False,
+                 qmgr_args=["-o", "{ smtp_x = a b }", "-o", "y=2"])
+    original = open(pf.config_dir + "/master.cf").read()
+    lines = install(pf.config_dir)
+    assert any("not running" in ln for ln in lines)
+    assert not any("reloaded" in ln for ln in lines)
+    assert qmgr_line(pf).split(None, 7)[7] == "pyqmgr/qmgr -o {smtp_x=a b} -o y=2"
+    daemon_dir = pf.postconf("-xh", "daemon_directory").strip()
+    launcher = launcher_path(daemon_dir)
+    assert os.access(launcher, os.X_OK) and open(launcher).read() == launcher_text()
+    backup = pf.config_dir + "/master.cf.pyqmgr-backup"
+    assert open(backup).read() == original
+
+    before = snapshot(pf.config_dir)
+    assert install(pf.config_dir) == [f"kept launcher {launcher}",
+                                      "qmgr service already runs pyqmgr"]
+    assert snapshot(pf.config_dir) == before
+
+    uninstall(pf.config_dir)
+    assert qmgr_line(pf).split(None, 7)[7] == "qmgr -o {smtp_x=a b} -o y=2"
+    before = snapshot(pf.config_dir)
+    uninstall(pf.config_dir)
+    assert snapshot(pf.config_dir) == before
+    # A second install keeps the first backup: it is the admin's original master.cf.
+    install(pf.config_dir)
+    assert open(backup).read() == original
+    uninstall(pf.config_dir)
+
+
+def test_uninstall_leaves_a_foreign_qmgr_alone(postfix):
+    pf = postfix(qmgr="stock", start=False)
+    pf.postconf("-F", "qmgr/unix/command=oqmgr")
+    before = snapshot(pf.config_dir)
+    assert "nothing to undo" in uninstall(pf.config_dir)[0]
+    assert snapshot(pf.config_dir) == before
+    lines = install(pf.config_dir)
+    assert any("ran 'oqmgr'" in ln for ln in lines)
+    assert qmgr_line(pf).split()[-1] == "pyqmgr/qmgr"
+
+
+def test_no_qmgr_service_is_refused_and_untouched(postfix):
+    pf = postfix(qmgr="stock", start=False)
+    pf.postconf("-M#", "qmgr/unix")
+    before = snapshot(pf.config_dir)
+    for action in (install, uninstall):
+        with pytest.raises(InstallError, match="no qmgr/unix service"):
+            action(pf.config_dir)
+    assert snapshot(pf.config_dir) == before
+    assert not os.path.exists(pf.config_dir + "/master.cf.pyqmgr-backup")
+
+
+def test_broken_main_cf_is_refused(tmp_path):
+    (tmp_path / "main.cf").write_text("this line has no equals sign\n")
+    (tmp_path / "master.cf").write_text("qmgr unix n - n 300 1 qmgr\n")
+    before = snapshot(tmp_path)
+    with pytest.raises(InstallError, match="postconf"):
+        install(str(tmp_path))
+    assert snapshot(tmp_path) == before
