@@ -148,3 +148,14 @@ def test_broken_main_cf_is_refused(tmp_path):
     with pytest.raises(InstallError, match="postconf"):
         install(str(tmp_path))
     assert snapshot(tmp_path) == before
+
+
+def test_snippet_matches_what_install_writes(postfix):
+    """The pasteable line in master_cf_snippets/qmgr.cf is what install produces."""
+    snippet = os.path.join(os.path.dirname(__file__), "..", "master_cf_snippets", "qmgr.cf")
+    with open(snippet) as f:
+        (line,) = [ln for ln in f if ln.strip() and not ln.startswith("#")]
+    pf = postfix(qmgr="stock", start=False)
+    install(pf.config_dir)
+    got = qmgr_line(pf).split()
+    assert got == line.split()
