@@ -1,0 +1,46 @@
+"""Parity suite fixtures: one report per session, written where PYQMGR_PARITY_REPORT says.
+
+``./dev test`` sets PYQMGR_PARITY_REPORT=compat/parity.md, so a full run regenerates the
+committed report; a partial run (``-k``) writes only when the variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from compat.parity import Report, Result, Scenario, compare
+from pyqmgr.testbed.instance import PostfixInstance
+
+_REPORT = Report()
+
+
+@pytest.fixture(scope="session")
+def parity_report() -> Iterator[Report]:
+    yield _REPORT
+    path = os.environ.get("PYQMGR_PARITY_REPORT")
+    if path and _REPORT.results:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(_REPORT.render())
+
+
+@pytest.fixture
+def side_by_side(postfix_instance: Callable[..., PostfixInstance],
+                 parity_report: Report) -> Callable[..., Result]:
+    """``side_by_side(scenario, name=, item=, description=, **instance_kw)``.
+
+    Runs the scenario under both qmgrs, records the result in the report, and fails
+    the test when the outcomes differ (unless ``intended=`` names why they may).
+    """
+
+    def run(scenario: Scenario, **kw: Any) -> Result:
+        result = compare(scenario, postfix_instance, **kw)
+        parity_report.add(result)
+        if result.intended is None:
+            assert result.agree, f"stock and pyqmgr differ:\n{result.diff()}"
+        return result
+
+    return run
