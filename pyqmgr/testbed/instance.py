@@ -49,6 +49,7 @@ KEEP_ENV = "PYQMGR_KEEP_TESTBED"
 BASE_ENV = "PYQMGR_TESTBED_DIR"
 MASTER_CF_DIST = "/usr/share/postfix/master.cf.dist"
 SENDMAIL = "/usr/sbin/sendmail"
+SYSTEM_DAEMON_DIR = "/usr/lib/postfix/sbin"
 QUEUES = ("maildrop", "incoming", "active", "deferred", "hold")
 
 Message = tuple[str, list[str]]
@@ -167,6 +168,7 @@ class PostfixInstance:
         self.data_dir = os.path.join(self.root, "data")
         self.maillog_path = os.path.join(self.root, "maillog")
         self.mail_dir = os.path.join(self.root, "mail")
+        self.daemon_dir = os.path.join(self.root, "libexec")
         self.smtpd_port = free_port()
         self.qmgr = qmgr
         self.started = False
@@ -207,8 +209,10 @@ class PostfixInstance:
         pf = pwd.getpwnam("postfix")
         os.chown(self.data_dir, pf.pw_uid, pf.pw_gid)
         ensure_local_user()
+        self._make_daemon_dir()
         params = {
             "compatibility_level": "3.6",
+            "daemon_directory": self.daemon_dir,
             "queue_directory": self.queue_dir,
             "data_directory": self.data_dir,
             "maillog_file": self.maillog_path,
@@ -256,6 +260,25 @@ class PostfixInstance:
             with open(os.path.join(self.config_dir, "master.cf"), "a") as f:
                 for line in extra:
                     f.write(line + "\n")
+
+    def _make_daemon_dir(self) -> None:
+        """A daemon_directory of the instance's own: Debian's daemons, linked.
+
+        pyqmgr's launcher lives in daemon_directory and names one interpreter, so with
+        the system directory every instance (and every checkout running tests) would
+        share one launcher. Hard links keep the daemons' own owner and modes, which
+        ``postfix check`` inspects; a copy is the fallback across file systems.
+        """
+        os.makedirs(self.daemon_dir)
+        for name in os.listdir(SYSTEM_DAEMON_DIR):
+            src = os.path.join(SYSTEM_DAEMON_DIR, name)
+            if not os.path.isfile(src):
+                continue
+            dst = os.path.join(self.daemon_dir, name)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
 
     def _check_traversable(self) -> None:
         # Daemons run as postfix and must reach the queue and data directories.
