@@ -190,8 +190,7 @@ class ActiveQueue:
                 return None
             qf = queue_file.Message(queue_id=qid)
             data = _read_all(fd, size)
-            limit = max(self.cfg.qmgr_message_recipient_limit - self.in_core_recipients,
-                        self.cfg.qmgr_message_recipient_minimum)
+            limit = self.qmgr.scheduler.first_read_limit()
             batch = queue_file.read_batch(data, qf, min(limit, MAX_BATCH))
             if batch.sender_seen_now:
                 self._log_opened(qf)
@@ -244,7 +243,7 @@ class ActiveQueue:
             rewrite_context=qf.rewrite_context,
         )
         sched = Message(qid, time.monotonic(), rcpt_unread=qf.rcpt_unread,
-                        single_rcpt=bool(qf.verp_delims))
+                        single_rcpt=bool(qf.verp_delims), more=qf.rcpt_offset > 0)
         am = ActiveMessage(qid, qf, sched, flags, active_time, request, tflags)
         sched.owner = am
         am.extra["pending"] = recipients
@@ -302,6 +301,7 @@ class ActiveQueue:
                         continue
                     qf.rcpt_offset = 0
                     am.sched.rcpt_unread = qf.rcpt_unread = 0
+                    am.sched.more = False
                     rcpt.address = resolver.rewrite("local", qf.redirect)
                     res = resolver.resolve(sender, rcpt.address, verify=verify)
                     transport, nexthop, flags = res.transport, res.nexthop, res.flags

@@ -26,7 +26,7 @@ class AgentCall:
     """States: connecting -> waiting for the agent -> waiting for the reply -> done."""
 
     __slots__ = ("loop", "path", "sock", "parser", "deadline", "state", "out",
-                 "on_ready", "on_reply", "on_unavailable", "entry")
+                 "on_ready", "on_reply", "on_unavailable", "entry", "rate_delay", "timeout")
 
     def __init__(
         self,
@@ -36,11 +36,13 @@ class AgentCall:
         on_ready: Callable[[AgentCall], bytes | None],
         on_reply: Callable[[AgentCall, DeliveryReply | None, str | None], None],
         on_unavailable: Callable[[AgentCall, str], None],
+        rate_delay: float = 0.0,
     ) -> None:
         self.loop = loop
         self.path = path
         self.sock: socket.socket | None = None
         self.parser = AttrParser()
+        self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.state = "connect"
         self.out = b""
@@ -48,6 +50,9 @@ class AgentCall:
         self.on_reply = on_reply
         self.on_unavailable = on_unavailable
         self.entry: object = None
+        #: transport_rate_delay: wait this long after the announcement before asking
+        #: the scheduler for an entry (stock's qmgr_transport_rate_event).
+        self.rate_delay = rate_delay
 
     def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -97,12 +102,12 @@ class AgentCall:
                 self.close()
                 self.on_unavailable(self, str(exc))
                 return
-            request = self.on_ready(self)
-            if request is None:
-                self.close()
+            if self.rate_delay > 0:
+                self.state = "rate"
+                self.loop.remove_reader(sock.fileno())
+                self.loop.call_later(self.rate_delay, self._request)
                 return
-            self.state = "reply"
-            self._send(request)
+            self._request()
         elif self.state == "reply":
             try:
                 reply = decode_reply(attrs)
@@ -111,6 +116,21 @@ class AgentCall:
                 return
             self.close()
             self.on_reply(self, reply, None)
+
+    def _request(self) -> None:
+        """Ask the scheduler for an entry and send it (after any rate delay)."""
+        sock = self.sock
+        if sock is None:
+            return
+        request = self.on_ready(self)
+        if request is None:
+            self.close()
+            return
+        if self.state == "rate":
+            self.deadline = time.monotonic() + self.timeout
+            self.loop.add_reader(sock.fileno(), self._readable)
+        self.state = "reply"
+        self._send(request)
 
     def _send(self, data: bytes) -> None:
         sock = self.sock

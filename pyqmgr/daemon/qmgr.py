@@ -36,6 +36,7 @@ from pyqmgr.postfix.resolve import ResolveClient
 from pyqmgr.postfix.verp import verp_sender
 from pyqmgr.scheduler.core import DeferRecipient, Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
+from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
 
 #: Stock keeps at most this many agent connections per transport waiting for an agent.
@@ -116,6 +117,9 @@ class Qmgr:
             active_limit=cfg.qmgr_message_active_limit,
             clog_warn_time=cfg.qmgr_clog_warn_time,
             helpful_warnings=cfg.helpful_warnings,
+            rcpt_limit=cfg.qmgr_message_recipient_limit,
+            msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
+            refill=self._refill,
         )
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}",
@@ -129,7 +133,6 @@ class Qmgr:
         self.scans = [QueueScan("incoming"), QueueScan("deferred")]
         self.first_scan = INCOMING
         self.message_count = 0
-        self.pending: dict[str, int] = {}
         self.wakeup = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: set[AgentCall] = set()
@@ -292,41 +295,68 @@ class Qmgr:
         self.scheduler.message_count = self.message_count
         self.scheduler.assign(am.sched, routes, flush_each=bool(am.scan_flags & FLUSH_EACH),
                               now=time.monotonic())
-        am.in_core += len(routes)
-        self.active.in_core_recipients += len(routes)
         self._process_decisions()
         if am.sched.refcount == 0:
             self._message_done(am)
         self.dispatch()
 
-    def next_batch(self, am: ActiveMessage) -> None:
-        """Read and route the next recipient batch of a large message."""
-        limit = max(self.cfg.qmgr_message_recipient_limit - self.active.in_core_recipients,
-                    self.cfg.qmgr_message_recipient_minimum)
+    def _read_more(self, am: ActiveMessage, limit: int) -> list[Route] | None:
+        """Read and route up to ``limit`` more recipients; None when that failed.
+
+        A failure is remembered: the message then waits for its in-core deliveries
+        to end, and completion retries the read once more (corrupt file, or the
+        resolver's deferral), as stock's qmgr_active_done does.
+        """
         try:
             with open(am.path, "rb") as f:
                 data = f.read()
         except OSError as exc:
             self.log.warning(f"{am.queue_id}: open {am.path}: {exc.strerror}")
-            self.active.abandon(am)
-            return
+            am.extra["read_failed"] = "open"
+            return None
         batch = queue_file.read_batch(data, am.qf, min(limit, MAX_BATCH))
         for text in batch.warnings:
             self.log.warning(text)
         if not batch.ok:
+            am.extra["read_failed"] = "corrupt"
+            return None
+        am.sched.more = am.qf.rcpt_offset > 0
+        am.sched.rcpt_unread = am.qf.rcpt_unread
+        routes = self.active.route(am, batch.recipients)
+        if routes is None:
+            am.extra["read_failed"] = "resolve"
+        return routes
+
+    def _refill(self, message: Message, limit: int) -> list[Route] | None:
+        """The core wants more recipients of a message while choosing (realloc)."""
+        am: ActiveMessage = message.owner
+        if am is None or "read_failed" in am.extra:
+            return None
+        return self._read_more(am, limit)
+
+    def next_batch(self, am: ActiveMessage) -> None:
+        """All in-core recipients are done and the file has more: read the next batch."""
+        failed = am.extra.pop("read_failed", None)
+        if failed == "corrupt" or failed == "open":
             self.active.messages.pop(am.queue_id, None)
             self.message_left()
             self.active.corrupt(am.queue_id)
             return
-        self._assign(am, self.active.route(am, batch.recipients))
+        limit = self.scheduler.read_limit(am.sched)
+        routes = self._read_more(am, max(limit, 1))
+        failed = am.extra.pop("read_failed", None)
+        if failed in ("corrupt", "open"):
+            self.active.messages.pop(am.queue_id, None)
+            self.message_left()
+            self.active.corrupt(am.queue_id)
+            return
+        self._assign(am, routes)
 
     def message_left(self) -> None:
         self.message_count -= 1
         self.wakeup.set()
 
     def _message_done(self, am: ActiveMessage) -> None:
-        self.active.in_core_recipients -= am.in_core
-        am.in_core = 0
         if not self.active.try_quick_finish(am):
             self.spawn(self._finish(am))
 
@@ -337,32 +367,26 @@ class Qmgr:
     # -- delivery -----------------------------------------------------------------------
 
     def dispatch(self) -> None:
-        """Open agent connections for transports that have deliverable work.
+        """Connect agents for every transport the scheduler says deserves one.
 
-        Called after every event that may free or create work, so it checks the cheap
-        counters before asking the scheduler.
+        Called after every event that may free or create work; the scheduler keeps at
+        most two connections pending per transport, as stock does.
         """
         sched = self.scheduler
-        pending = self.pending
-        for name, t in sched.transports.items():
-            if t.todo_count == 0 or t.throttled:
-                continue
-            n = pending.get(name, 0)
-            while n < MAX_PENDING_PER_TRANSPORT and n < t.todo_count and sched.has_work(name):
-                n += 1
-                pending[name] = n
-                call = AgentCall(self.loop, f"private/{name}", self.cfg.daemon_timeout,
-                                 self._agent_ready, self._agent_reply, self._agent_unavailable)
-                call.entry = name
-                self.calls.add(call)
-                call.start()
+        while (name := sched.allocate()) is not None:
+            call = AgentCall(self.loop, f"private/{name}", self.cfg.daemon_timeout,
+                             self._agent_ready, self._agent_reply, self._agent_unavailable,
+                             rate_delay=sched.select_delay(name))
+            call.entry = name
+            self.calls.add(call)
+            call.start()
 
     def _agent_ready(self, call: AgentCall) -> bytes | None:
         """An agent announced itself: hand it the entry the scheduler picks."""
         name = call.entry
         assert isinstance(name, str)
-        self.pending[name] -= 1
-        entry = self.scheduler.select(name)
+        entry = self.scheduler.select(name, time.monotonic())
+        self._process_decisions()
         if entry is None:
             self.calls.discard(call)
             return None
@@ -379,7 +403,8 @@ class Qmgr:
             # One recipient per request with VERP (Message.single_rcpt).
             first = recipients[0]
             sender = verp_sender(verp, sender, first.address, first.orig_addr)
-        return encode_request(request_flags(am, 0), am.request, entry.queue.nexthop,
+        return encode_request(request_flags(am, entry.queue.dflags), am.request,
+                              entry.queue.nexthop,
                               smtputf8, sender, recipients)
 
     def _agent_unavailable(self, call: AgentCall, why: str) -> None:
@@ -387,9 +412,8 @@ class Qmgr:
         self.calls.discard(call)
         name = call.entry
         assert isinstance(name, str)
-        self.pending[name] -= 1
         self.log.warning(f"connect to transport {call.path}: {why}")
-        self.scheduler.throttle_transport(
+        self.scheduler.allocation_failed(
             name, Dsn("4.3.0", "mail transport unavailable"), time.monotonic()
         )
         self._process_decisions()

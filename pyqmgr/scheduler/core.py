@@ -1,31 +1,41 @@
 """The scheduler core: events in, decisions out, no I/O.
 
-Events are method calls: a message's recipients were routed (:meth:`Scheduler.assign`),
-an agent of a transport is ready for work (:meth:`select`), a delivery finished
-(:meth:`done`), a transport's agent could not be reached (:meth:`throttle_transport`),
-time passed (:meth:`tick`), the admin asked for a flush (:meth:`enable_all`). What the
-daemon must do in return comes back as values: the entry to deliver, the messages that
-are finished, recipients that must be deferred through the defer service because even
-the retry transport is dead, and log lines (``self.log``) for the daemon to write.
+Events are method calls: a message's recipients were read and routed
+(:meth:`Scheduler.assign`), an agent of a transport announced itself (:meth:`select`),
+a delivery finished (:meth:`done`), an agent could not be reached
+(:meth:`allocation_failed`), time passed (:meth:`tick`), the admin asked for a flush
+(:meth:`enable_all`). Decisions come back as values: which transport deserves one more
+agent (:meth:`allocate`), the entry to deliver, and lists the driver drains: messages
+that are finished, recipients to defer through the defer service because even the
+retry transport is dead, deadlines at which to call :meth:`tick`, and log lines.
+Reading more recipients of a message is the one request the core makes synchronously
+(the ``refill`` callback), because stock's selection reads them in the middle of
+choosing and uses them at once.
 
-Selection in this version is oqmgr-like: round robin over a transport's destination
-queues, oldest entry first within a queue. The job and peer structures are kept up to
-date so that nqmgr's preemptive job selection can replace :meth:`select` (issue #3).
+This is stock's nqmgr: the Postfix 2.5 concurrency window per destination
+(:mod:`.queue`), and per transport the preemptive job scheduler with recipient slot
+pools (:mod:`.job`), with entries (:mod:`.entry`) and peers (:mod:`.peer`) between them.
 """
 
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from pyqmgr.scheduler.entry import Entry
+from pyqmgr.scheduler.entry import Entry, entry_create, entry_unselect
 from pyqmgr.scheduler.feedback import parse_or_warn
-from pyqmgr.scheduler.job import Job
+from pyqmgr.scheduler.job import (
+    blocker_update,
+    job_entry_select,
+    job_free,
+    job_obtain,
+    move_limits,
+)
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.peer import Peer
+from pyqmgr.scheduler.peer import peer_free, peer_obtain
+from pyqmgr.scheduler.qlist import QList
 from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.transport import Transport, TransportParams
 
@@ -34,6 +44,9 @@ ERROR = "error"
 
 SUSPENDED = "delivery temporarily suspended: "
 _DSN_RE = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
+
+#: Stock reads at most this many recipients at once, to keep event latency in check.
+MAX_READ = 5000
 
 
 class FullTransportParams(TransportParams, Protocol):
@@ -66,6 +79,12 @@ def dsn_valid(status: str) -> bool:
     return bool(_DSN_RE.match(status))
 
 
+#: refill(message, limit): read up to ``limit`` more recipients of the message, set
+#: ``message.more`` and ``message.rcpt_unread``, and return their routes sorted by
+#: transport and queue (None: the file could not be read; ``more`` must be False then).
+Refill = Callable[[Message, int], "list[Route] | None"]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -78,6 +97,9 @@ class Scheduler:
         active_limit: int = 20000,
         clog_warn_time: float = 300.0,
         helpful_warnings: bool = True,
+        rcpt_limit: int = 20000,
+        msg_rcpt_limit: int = 10,
+        refill: Refill | None = None,
     ) -> None:
         self.params_for = params_for
         self.min_backoff_time = min_backoff_time
@@ -87,11 +109,22 @@ class Scheduler:
         self.active_limit = active_limit
         self.clog_warn_time = clog_warn_time
         self.helpful_warnings = helpful_warnings
-        #: Messages in the active queue; the daemon keeps it current (clog warnings).
+        #: qmgr_message_recipient_limit (stock raises it to the active limit).
+        self.rcpt_limit = max(rcpt_limit, active_limit)
+        #: qmgr_message_recipient_minimum: every message's own slot reserve.
+        self.msg_rcpt_limit = msg_rcpt_limit
+        self.refill = refill
+        #: Messages in the active queue; the driver keeps it current (clog warnings).
         self.message_count = 0
+        #: Recipients in core, all messages (stock's qmgr_recipient_count).
+        self.rcpt_count = 0
+        #: Destination queues in core (stock's qmgr_queue_count).
+        self.queue_count = 0
         #: The scheduler clock as of the latest event that carried a time.
         self.now = 0.0
         self.transports: dict[str, Transport] = {}
+        #: Transports in round-robin order for agent allocation (new ones go first).
+        self.transport_list: QList[Transport] = QList()
         #: (severity, text) lines for the daemon to log, in order.
         self.log: list[tuple[str, str]] = []
         #: Recipients the daemon must defer synchronously (decisions, drained by it).
@@ -100,8 +133,11 @@ class Scheduler:
         self.finished: list[Message] = []
         #: Times at which :meth:`tick` has work (decisions: arm a timer for each).
         self.timers: list[float] = []
-        # Queues with todo entries, per transport, in round-robin order.
-        self._ready: dict[str, deque[Queue]] = {}
+
+    @property
+    def clock(self) -> int:
+        """Stock's whole-second clock for preemption scores, refills and caching."""
+        return int(self.now)
 
     # -- transports and queues ----------------------------------------------------
 
@@ -124,8 +160,23 @@ class Scheduler:
                         f"{self.initial_concurrency}: {fb.value(self.initial_concurrency):g}"
                     )
             self.transports[name] = t
-            self._ready[name] = deque()
+            self.transport_list.prepend(t.node)
         return t
+
+    def _queue(self, t: Transport, name: str, nexthop: str) -> Queue:
+        queue = t.queues.get(name)
+        if queue is None:
+            queue = t.queue(name, nexthop)
+            self.queue_count += 1
+        return queue
+
+    def _queue_done(self, queue: Queue) -> None:
+        """Discard an idle, live in-core queue."""
+        t = queue.transport
+        if t.queues.get(queue.name) is queue:
+            del t.queues[queue.name]
+            self.queue_count -= 1
+        t.ready_queues.pop(queue, None)
 
     def _info(self, text: str) -> None:
         self.log.append(("info", text))
@@ -135,41 +186,78 @@ class Scheduler:
         t = self.transport(service)
         if t.throttled:
             return None
-        q = t.queue(dsn.nexthop, dsn.nexthop)
+        q = self._queue(t, dsn.nexthop, dsn.nexthop)
         return None if q.throttled else q
+
+    # -- messages -------------------------------------------------------------------
+
+    def _admit(self, message: Message) -> None:
+        if message.rcpt_limit <= 0 and not message.jobs and message.refcount == 0:
+            message.rcpt_limit = self.msg_rcpt_limit
+
+    def read_limit(self, message: Message) -> int:
+        """How many recipients to read into core for this message now.
+
+        The first batch may fill the global pool (qmgr_message_recipient_limit) but
+        gets at least the message's own reserve; later batches get exactly the slots
+        the message's jobs were given. Never more than 5000 at once.
+        """
+        self._admit(message)
+        if message.more:
+            limit = message.rcpt_limit - message.rcpt_count
+        else:
+            limit = max(self.rcpt_limit - self.rcpt_count, message.rcpt_limit)
+        return min(limit, MAX_READ)
+
+    def first_read_limit(self) -> int:
+        """:meth:`read_limit` for a message not created yet (the driver reads first)."""
+        return min(max(self.rcpt_limit - self.rcpt_count, self.msg_rcpt_limit), MAX_READ)
+
+    def realloc(self, message: Message) -> None:
+        """Read the message's next recipient batch now (``qmgr_message_realloc``)."""
+        if self.refill is None or not message.more:
+            return
+        limit = self.read_limit(message)
+        if limit <= 0:
+            return
+        routes = self.refill(message, limit)
+        if routes is not None:
+            self.assign(message, routes)
 
     # -- events -------------------------------------------------------------------
 
     def assign(self, message: Message, routes: Iterable[Route], flush_each: bool = False,
                now: float | None = None) -> None:
-        """Bundle routed recipients into entries (``qmgr_message_assign``).
+        """Bundle a batch of routed recipients into entries (``qmgr_message_assign``).
 
-        Recipients must come sorted by transport and queue, so that consecutive
-        recipients for the same destination share a delivery request up to the
-        transport's recipient limit. Dead transports and destinations send their
-        recipients to the retry transport, as stock's resolver step does, unless the
-        message is being flushed (``flush_each``: ``postqueue -i``/``-s``), which
-        brings them back to life first.
+        The driver sets ``message.more`` and ``message.rcpt_unread`` for the batch
+        first. Recipients must come sorted by transport and queue, so consecutive
+        recipients for one destination share a delivery request up to the transport's
+        recipient limit. Dead transports and destinations send their recipients to the
+        retry transport, as stock's resolver step does, unless the message is being
+        flushed (``flush_each``: ``postqueue -i``/``-s``), which revives them first.
         """
         if now is not None:
             self.now = now
-        job: Job | None = None
-        peer: Peer | None = None
+        self._admit(message)
+        message.refill_time = self.clock
+        job = None
+        peer = None
         for route in routes:
             t = self.transport(route.transport)
             queue: Queue | None
             if flush_each and t.throttled:
-                self._unthrottle_transport(t)
+                self._transport_unthrottle(t)
             if flush_each and not t.throttled:
                 named = t.queues.get(route.queue_name)
                 if named is not None and named.throttled:
-                    named.unthrottle()
+                    self._queue_unthrottle(named)
             if t.throttled:
                 assert t.dsn is not None
                 queue = self._error_queue(RETRY, t.dsn)
                 dsn = t.dsn
             else:
-                queue = t.queue(route.queue_name, route.nexthop)
+                queue = self._queue(t, route.queue_name, route.nexthop)
                 dsn = queue.dsn if queue.throttled else None
                 if dsn is not None:
                     queue = self._error_queue(RETRY, dsn)
@@ -179,46 +267,28 @@ class Scheduler:
                 self.deferrals.append(DeferRecipient(message, route.recipient, dsn))
                 continue
             if job is None or job.transport is not queue.transport:
-                job = self._job(message, queue.transport)
+                job = job_obtain(message, queue.transport)
                 peer = None
             if peer is None or peer.queue is not queue:
-                peer = self._peer(job, queue)
+                peer = peer_obtain(job, queue)
             limit = queue.transport.recipient_limit
-            entry = peer.entries[-1] if peer.entries else None
-            if (message.single_rcpt or entry is None or entry.busy
-                    or (limit != 0 and len(entry.recipients) >= limit)):
-                entry = self._new_entry(message, queue, peer)
+            entry = peer.entries.last()
+            if message.single_rcpt or entry is None or (
+                    limit != 0 and len(entry.recipients) >= limit):
+                entry = entry_create(peer, message)
+                if self.helpful_warnings and self.clog_warn_time > 0:
+                    self._clog_warning(queue)
             entry.recipients.append(route.recipient)
             job.rcpt_count += 1
             message.rcpt_count += 1
-
-    def _job(self, message: Message, transport: Transport) -> Job:
-        job = message.jobs.get(transport.name)
-        if job is None:
-            job = Job(message, transport)
-            message.jobs[transport.name] = job
-            transport.jobs[job] = None
-        return job
-
-    def _peer(self, job: Job, queue: Queue) -> Peer:
-        peer = job.peers.get(queue)
-        if peer is None:
-            peer = Peer(job, queue)
-            job.peers[queue] = peer
-        return peer
-
-    def _new_entry(self, message: Message, queue: Queue, peer: Peer) -> Entry:
-        entry = Entry(message, queue, peer)
-        peer.entries.append(entry)
-        peer.job.read_entries += 1
-        if not queue.todo:
-            self._ready[queue.transport.name].append(queue)
-        queue.todo.append(entry)
-        queue.transport.todo_count += 1
-        message.refcount += 1
-        if self.helpful_warnings and self.clog_warn_time > 0:
-            self._clog_warning(queue)
-        return entry
+            self.rcpt_count += 1
+        # Jobs of this message that got nothing new still changed estimates.
+        for other in message.jobs.values():
+            if other.has_entries and other.blocker_tag != other.transport.blocker_tag:
+                other.transport.candidate_cache_current = None
+        if not message.more:
+            for other in list(message.jobs.values()):
+                move_limits(other)
 
     def _clog_warning(self, queue: Queue) -> None:
         """One destination filling the active queue: stock's advice, at most so often."""
@@ -258,37 +328,61 @@ class Scheduler:
         self.log.extend(("warning", w) for w in warn)
         queue.clog_time_to_warn = self.now + self.clog_warn_time
 
+    def allocate(self) -> str | None:
+        """A transport that deserves one more agent connection, counted as pending.
+
+        Stock's ``qmgr_transport_select``: round robin over live transports with fewer
+        than two pending connections whose queues hold enough deliverable work.
+        """
+        node = self.transport_list.head
+        while node is not None:
+            t = node.item
+            if t.wants_agent():
+                self.transport_list.rotate(node)
+                t.pending += 1
+                if t.cfg.transport_rate_delay > 0:
+                    t.rate_lock = True
+                return t.name
+            node = node.next
+        return None
+
     def has_work(self, name: str) -> bool:
         """Would an agent of this transport get an entry now? (Worth connecting one.)"""
         t = self.transports.get(name)
-        if t is None or t.throttled or t.todo_count == 0:
-            return False
-        return any(q.ready and q.has_room() for q in self._ready[name])
+        return t is not None and t.wants_agent()
 
-    def select(self, name: str) -> Entry | None:
-        """An agent of transport ``name`` is ready: pick the entry it delivers."""
+    def select_delay(self, name: str) -> float:
+        """transport_rate_delay: how long an announced agent waits before :meth:`select`."""
         t = self.transports.get(name)
-        if t is None or t.throttled:
+        return float(t.cfg.transport_rate_delay) if t is not None else 0.0
+
+    def select(self, name: str, now: float | None = None) -> Entry | None:
+        """An agent of transport ``name`` announced itself: the entry it delivers."""
+        if now is not None:
+            self.now = now
+        t = self.transports.get(name)
+        if t is None:
             return None
-        ready = self._ready[name]
-        for _ in range(len(ready)):
-            queue = ready[0]
-            ready.rotate(-1)
-            if not queue.todo:
-                ready.remove(queue)
-                continue
-            if not (queue.ready and queue.has_room()):
-                continue
-            entry = queue.todo.popleft()
-            if not queue.todo:
-                ready.remove(queue)
-            t.todo_count -= 1
-            entry.busy = True
-            queue.busy_count += 1
-            entry.peer.entries.remove(entry)
-            entry.peer.job.selected_entries += 1
-            return entry
-        return None
+        if t.pending > 0:
+            t.pending -= 1
+        entry = job_entry_select(t, self)
+        if entry is None:
+            # Stock would keep the rate lock until some delivery ends; with none under
+            # way the transport would never be chosen again.
+            t.rate_lock = False
+        return entry
+
+    def allocation_failed(self, name: str, dsn: Dsn, now: float) -> None:
+        """The agent could not be reached: the transport is dead for a while."""
+        t = self.transport(name)
+        if t.pending > 0:
+            t.pending -= 1
+        self.throttle_transport(name, dsn, now)
+
+    def send_failed(self, entry: Entry, dsn: Dsn, now: float) -> None:
+        """The request could not be sent: put the entry back, the transport is dead."""
+        entry_unselect(entry)
+        self.throttle_transport(entry.queue.transport.name, dsn, now)
 
     def done(self, entry: Entry, status: int, hop: Dsn | None, crashed: bool, now: float) -> None:
         """A delivery finished (``qmgr_deliver_update``).
@@ -309,101 +403,146 @@ class Scheduler:
                     hop.status if dsn_valid(hop.status) else "4.0.0",
                     SUSPENDED + (hop.reason or "unknown error"),
                 )
-                if queue.ready and queue.throttle(dsn, now, self.min_backoff_time):
-                    self.timers.append(now + self.min_backoff_time)
-                    self._defer_todo(queue, dsn)
+                if queue.ready:
+                    if queue.throttle(dsn, now, self.min_backoff_time):
+                        self.timers.append(now + self.min_backoff_time)
+                        self._defer_todo(queue, dsn)
+                    t.sync(queue)
         if not crashed:
-            self._unthrottle_transport(t)
+            self._transport_unthrottle(t)
             if hop is None or not hop.reason:
-                queue.unthrottle()
-        entry.busy = False
-        queue.busy_count -= 1
-        self._entry_done(entry, now)
+                self._queue_unthrottle(queue)
+        self._entry_done(entry, busy=True)
 
-    def _entry_done(self, entry: Entry, now: float | None = None) -> None:
-        """``now`` is given when a busy entry (a finished delivery) is done."""
+    def _entry_done(self, entry: Entry, busy: bool) -> None:
+        """Finish an entry, busy (a delivery came back) or todo (``qmgr_entry_done``)."""
         queue = entry.queue
-        delay = queue.transport.cfg.destination_rate_delay
-        if now is not None and delay > 0:
-            if queue.throttled:
-                queue.unthrottle()
-            if queue.ready:
-                queue.suspend(now, delay)
-                self.timers.append(now + delay)
+        message = entry.message
         peer = entry.peer
         job = peer.job
-        message = entry.message
-        if not peer.entries and job.peers.get(queue) is peer:
-            del job.peers[queue]
-        if not job.peers:
-            message.jobs.pop(job.transport.name, None)
-            job.transport.jobs.pop(job, None)
-        if queue.ready and not queue.todo and queue.busy_count == 0:
-            queue.transport.queues.pop(queue.name, None)
+        t = job.transport
+        if busy:
+            entry.busy = False
+            queue.busy_count -= 1
+        else:
+            peer.entries.unlink(entry.peer_node)
+            job.selected_entries += 1
+            queue.todo.unlink(entry.queue_node)
+        n = len(entry.recipients)
+        job.rcpt_count -= n
+        message.rcpt_count -= n
+        self.rcpt_count -= n
+        # Jobs that sponsored this message's slots get them back first; then the rest
+        # goes on to the next job still reading.
+        for sponsor in list(message.jobs.values()):
+            if sponsor.rcpt_count >= sponsor.rcpt_limit or sponsor is job:
+                continue
+            if sponsor.stack_level < 0 or not message.more:
+                move_limits(sponsor)
+        if not message.more:
+            move_limits(job)
+        # destination_rate_delay emulates a slow channel: pause the destination after
+        # each delivery; scheduling decisions wait for it to resume.
+        delay = t.cfg.destination_rate_delay
+        if busy and delay > 0:
+            if queue.throttled:
+                self._queue_unthrottle(queue)
+            if queue.ready:
+                queue.suspend(self.now, delay)
+                self.timers.append(self.now + delay)
+        if not queue.suspended and queue.blocker_tag == t.blocker_tag:
+            blocker_update(queue)
+        peer.refcount -= 1
+        if peer.refcount == 0:
+            peer_free(peer)
+        if busy:
+            queue.last_done = self.clock
+        if queue.idle:
+            # A dead site's empty queue goes too once queues crowd memory.
+            if queue.throttled and self.queue_count > 2 * self.rcpt_limit:
+                self._queue_unthrottle(queue)
+            if queue.ready:
+                self._queue_done(queue)
+        t.sync(queue)
         message.refcount -= 1
         if message.refcount == 0:
-            self.finished.append(message)
+            self._message_done(message)
 
-    def _remove_todo(self, entry: Entry) -> None:
-        queue = entry.queue
-        queue.todo.remove(entry)
-        if not queue.todo:
-            ready = self._ready[queue.transport.name]
-            if queue in ready:
-                ready.remove(queue)
-        queue.transport.todo_count -= 1
-        entry.peer.entries.remove(entry)
+    def _message_done(self, message: Message) -> None:
+        """All in-core entries finished: tell the driver; free the jobs if all read."""
+        self.finished.append(message)
+        if not message.more:
+            for job in list(message.jobs.values()):
+                job_free(job)
 
     def _defer_todo(self, queue: Queue, dsn: Dsn) -> None:
         """A dead destination: move its waiting entries to retry, or defer them."""
         retry = self._error_queue(RETRY, dsn)
         for entry in list(queue.todo):
-            self._remove_todo(entry)
             if retry is not None:
-                moved = self._new_entry(entry.message, retry,
-                                        self._peer(self._job(entry.message, retry.transport),
-                                                   retry))
-                moved.recipients = entry.recipients
-            else:
-                entry.message.deferred = True
-                for rcpt in entry.recipients:
-                    self.deferrals.append(DeferRecipient(entry.message, rcpt, dsn))
-            self._entry_done(entry)
+                self._entry_move_todo(retry, entry)
+                continue
+            entry.message.deferred = True
+            for rcpt in entry.recipients:
+                self.deferrals.append(DeferRecipient(entry.message, rcpt, dsn))
+            self._entry_done(entry, busy=False)
+
+    def _entry_move_todo(self, dst: Queue, entry: Entry) -> None:
+        """Hand a todo entry's recipients to another queue (the retry transport)."""
+        message = entry.message
+        dst_job = job_obtain(message, dst.transport)
+        new = entry_create(peer_obtain(dst_job, dst), message)
+        new.recipients, entry.recipients = entry.recipients, []
+        entry.peer.job.rcpt_count -= len(new.recipients)
+        dst_job.rcpt_count += len(new.recipients)
+        self._entry_done(entry, busy=False)
 
     def throttle_transport(self, name: str, dsn: Dsn, now: float) -> None:
-        """The agent could not be reached: the transport is dead for a while."""
+        """The transport's agent is unreachable: dead for transport_retry_time."""
+        self.now = now
         t = self.transport(name)
         if not t.throttled:
             t.dsn = dsn
             t.revive_at = now + self.transport_retry_time
             self.timers.append(t.revive_at)
         for queue in list(t.queues.values()):
-            if queue.todo:
-                self._defer_todo(queue, dsn)
+            self._defer_todo(queue, dsn)
 
-    def _unthrottle_transport(self, t: Transport) -> None:
+    def _transport_unthrottle(self, t: Transport) -> None:
         t.dsn = None
         t.revive_at = None
+        t.rate_lock = False
+
+    def _queue_unthrottle(self, queue: Queue) -> None:
+        queue.unthrottle()
+        queue.transport.sync(queue)
 
     def tick(self, now: float) -> None:
-        """Time passed: revive dead transports and destinations whose timers expired."""
-        for t in self.transports.values():
+        """Time passed: revive dead transports and sites, resume rate-delayed ones."""
+        self.now = now
+        for t in list(self.transports.values()):
             if t.revive_at is not None and now >= t.revive_at:
-                self._unthrottle_transport(t)
+                self._transport_unthrottle(t)
             for queue in list(t.queues.values()):
                 if queue.revive_at is not None and now >= queue.revive_at:
-                    queue.unthrottle()
-                    if not queue.todo and queue.busy_count == 0:
-                        t.queues.pop(queue.name, None)
+                    self._queue_unthrottle(queue)
+                    if queue.ready and queue.idle:
+                        self._queue_done(queue)
                 elif queue.resume_at is not None and now >= queue.resume_at:
                     queue.resume()
-                    if not queue.todo and queue.busy_count == 0:
-                        t.queues.pop(queue.name, None)
+                    t.sync(queue)
+                    if queue.ready and queue.idle:
+                        self._queue_done(queue)
+                    else:
+                        blocker_update(queue)
 
     def enable_all(self) -> None:
         """``F`` trigger: forget dead transports and destinations now."""
-        for t in self.transports.values():
-            self._unthrottle_transport(t)
+        for t in list(self.transports.values()):
+            if t.throttled:
+                self._transport_unthrottle(t)
             for queue in list(t.queues.values()):
                 if queue.throttled:
-                    queue.unthrottle()
+                    self._queue_unthrottle(queue)
+                if queue.ready and queue.idle:
+                    self._queue_done(queue)

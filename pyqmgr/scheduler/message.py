@@ -1,8 +1,11 @@
 """The scheduler's view of a message in the active queue (``qmgr_message.c``).
 
-Only what scheduling needs: identity, arrival order, the reference count of unfinished
-entries, and the jobs (one per transport) that hold its entries. The queue file, its
-envelope and its disposition belong to the daemon, which hangs them on ``owner``.
+Only what scheduling needs: identity, the time it entered the active queue (the
+preemption score's clock), its in-core recipient accounting (``rcpt_count`` used slots,
+``rcpt_limit`` slots it may fill, ``rcpt_unread`` recipients still in the file, ``more``
+while the file has recipients not yet read), the reference count of unfinished entries,
+and its jobs (one per transport) in creation order. The queue file, its envelope and its
+disposition belong to the daemon, which hangs them on ``owner``.
 """
 
 from __future__ import annotations
@@ -25,21 +28,33 @@ class Recipient:
     dsn_notify: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Message:
     queue_id: str
-    #: When the message entered the active queue (scheduler clock).
+    #: When the message entered the active queue (scheduler clock, seconds). Stock
+    #: keeps whole seconds (``queued_time``); the preemption score uses them so.
     enqueue_time: float
     #: Recipients the size record promises but that are not read into memory yet.
     rcpt_unread: int = 0
-    #: Delivery requests (entries) not finished yet; 0 means the message is done.
-    refcount: int = 0
-    #: Recipients assigned to entries so far (all batches).
-    rcpt_count: int = 0
-    #: Set when some recipient needs another attempt (agent deferral, crash, dead site).
-    deferred: bool = False
     #: Deliver one recipient per request (VERP).
     single_rcpt: bool = False
+    #: The queue file has recipients not read yet (stock: ``rcpt_offset != 0``).
+    more: bool = False
+    #: Delivery requests (entries) not finished yet; 0 means the message is done.
+    refcount: int = 0
+    #: Recipients in core (assigned to entries and not finished).
+    rcpt_count: int = 0
+    #: Recipient slots this message may fill; starts at qmgr_message_recipient_minimum.
+    rcpt_limit: int = 0
+    #: When the last recipient batch was read (scheduler clock).
+    refill_time: float = 0.0
+    #: Set when some recipient needs another attempt (agent deferral, crash, dead site).
+    deferred: bool = False
+    #: Jobs by transport name, in creation order (stock's message job list).
     jobs: dict[str, Job] = field(default_factory=dict)
     #: The daemon's per-message state; the core never looks inside.
     owner: Any = None
+
+    @property
+    def queued_time(self) -> int:
+        return int(self.enqueue_time)

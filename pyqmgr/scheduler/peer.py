@@ -1,14 +1,15 @@
 """A job's peer: the entries of one job bound for one destination queue (``qmgr_peer.c``).
 
 Jobs round-robin over their peers so that one message's destinations are served
-fairly; a peer disappears when its last entry is selected.
+fairly: the peer chosen last moves to the end of the job's peer list. A peer goes away
+when its last entry is finished.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.entry import Entry
@@ -16,8 +17,43 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.queue import Queue
 
 
-@dataclass(eq=False)
 class Peer:
-    job: Job
-    queue: Queue
-    entries: deque[Entry] = field(default_factory=deque)
+    __slots__ = ("job", "queue", "entries", "refcount", "node")
+
+    def __init__(self, job: Job, queue: Queue) -> None:
+        self.job = job
+        self.queue = queue
+        #: Todo entries of this job for this queue, oldest first.
+        self.entries: QList[Entry] = QList()
+        #: Entries (todo and busy) that still refer to this peer.
+        self.refcount = 0
+        self.node: Node[Peer] = Node(self)
+
+
+def peer_obtain(job: Job, queue: Queue) -> Peer:
+    peer = job.peer_byname.get(queue.name)
+    if peer is None:
+        peer = Peer(job, queue)
+        job.peers.append(peer.node)
+        job.peer_byname[queue.name] = peer
+    return peer
+
+
+def peer_free(peer: Peer) -> None:
+    assert peer.refcount == 0 and not peer.entries, "peer_free: peer still in use"
+    job = peer.job
+    job.peers.unlink(peer.node)
+    del job.peer_byname[peer.queue.name]
+
+
+def peer_select(job: Job) -> Peer | None:
+    """The first peer whose queue has room and that has a todo entry, rotated last."""
+    node = job.peers.head
+    while node is not None:
+        peer = node.item
+        queue = peer.queue
+        if queue.window > queue.busy_count and peer.entries:
+            job.peers.rotate(node)
+            return peer
+        node = node.next
+    return None

@@ -9,9 +9,10 @@ only grows while it is below busy + initial concurrency, and "dead" destinations
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.qlist import QList
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.entry import Entry
@@ -44,7 +45,14 @@ class Queue:
     failure: float = 0.0
     fail_cohorts: float = 0.0
     busy_count: int = 0
-    todo: deque[Entry] = field(default_factory=deque)
+    #: Entries waiting for an agent, in the order they were created.
+    todo: QList[Entry] = field(default_factory=QList)
+    #: Equal to the transport's blocker tag while this queue blocks the job list.
+    blocker_tag: int = 0
+    #: When a delivery to this destination last finished (whole seconds).
+    last_done: int = 0
+    #: Connection-caching request flags (DEL_REQ_FLAG_CONN_*) for its deliveries.
+    dflags: int = 0
     #: Why the destination is dead; None while it is alive.
     dsn: Dsn | None = None
     #: When a dead destination comes back (scheduler clock).
@@ -77,6 +85,11 @@ class Queue:
 
     def has_room(self) -> bool:
         return self.window > self.busy_count
+
+    @property
+    def idle(self) -> bool:
+        """No entries at all: a live queue like this is discarded (``qmgr_queue_done``)."""
+        return self.busy_count == 0 and not self.todo
 
     # -- feedback -----------------------------------------------------------------
 

@@ -1,22 +1,28 @@
-"""A transport: one master.cf delivery service and its destination queues.
+"""A transport: one master.cf delivery service, its queues and its jobs (``qmgr_transport.c``).
 
 Holds the transport's parameters (looked up by the configuration layer with stock's
-``<transport>_*`` then ``default_*`` rule), its parsed feedback, its queues by name, and
-its jobs in enqueue order. A transport whose agent cannot be reached is "dead" for
-``transport_retry_time``; while dead, its mail is sent to the retry transport.
+``<transport>_*`` then ``default_*`` rule, see :class:`TransportParams`), its parsed
+feedback, its destination queues by name, and nqmgr's per-transport state: the
+scheduler's job list (preemption reorders it) and the by-time job list (enqueue order,
+for recipient-slot handout), the current job, the candidate cache, the blocker tag and
+the recipient slot pool. A transport whose agent cannot be reached is "dead" for
+``transport_retry_time``; while dead, its mail goes to the retry transport.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.scheduler.feedback import Feedback
+from pyqmgr.scheduler.qlist import Node, QList
 from pyqmgr.scheduler.queue import Dsn, Queue
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.job import Job
+
+#: Stock keeps at most this many agent connections per transport waiting for an agent.
+MAX_PENDING = 2
 
 
 class TransportParams(Protocol):
@@ -27,22 +33,55 @@ class TransportParams(Protocol):
     initial_destination_concurrency: int
     failed_cohort_limit: int
     destination_rate_delay: int
+    transport_rate_delay: int
+    delivery_slot_cost: int
+    delivery_slot_loan: int
+    delivery_slot_discount: int
+    minimum_delivery_slots: int
+    recipient_limit: int
+    extra_recipient_limit: int
+    recipient_refill_limit: int
+    recipient_refill_delay: int
 
 
-@dataclass(eq=False)
 class Transport:
-    name: str
-    cfg: TransportParams
-    pos_feedback: Feedback
-    neg_feedback: Feedback
-    log: Callable[[str], None]
-    feedback_debug: bool = False
-    queues: dict[str, Queue] = field(default_factory=dict)
-    #: Jobs in enqueue order (a dict keeps insertion order and O(1) removal).
-    jobs: dict[Job, None] = field(default_factory=dict)
-    dsn: Dsn | None = None
-    revive_at: float | None = None
-    todo_count: int = 0
+    def __init__(self, name: str, cfg: TransportParams, pos: Feedback, neg: Feedback,
+                 log: Callable[[str], None], feedback_debug: bool = False) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.pos_feedback = pos
+        self.neg_feedback = neg
+        self.log = log
+        self.feedback_debug = feedback_debug
+        self.node: Node[Transport] = Node(self)
+        self.queues: dict[str, Queue] = {}
+        #: Queues that could take a delivery now (ready, room, todo): allocation test.
+        self.ready_queues: dict[Queue, None] = {}
+        self.dsn: Dsn | None = None
+        self.revive_at: float | None = None
+        #: transport_rate_delay: no new agent until the current delivery is over.
+        self.rate_lock = False
+        #: Agent connections asked for and not yet announced.
+        self.pending = 0
+        # nqmgr state (qmgr_job.c).
+        self.job_list: QList[Job] = QList()
+        self.job_bytime: QList[Job] = QList()
+        self.job_current: Job | None = None
+        self.job_next_unread: Job | None = None
+        self.candidate_cache: Job | None = None
+        self.candidate_cache_current: Job | None = None
+        self.candidate_cache_time = 0
+        #: Odd and bumped by 2, so a job's or queue's tag 0 never matches.
+        self.blocker_tag = 1
+        self.slot_cost = cfg.delivery_slot_cost
+        self.slot_loan = cfg.delivery_slot_loan
+        self.slot_loan_factor = 100 - cfg.delivery_slot_discount
+        self.min_slots = cfg.minimum_delivery_slots
+        #: The recipient slot pool (may go negative by the per-stack extra).
+        self.rcpt_unused = cfg.recipient_limit
+        self.rcpt_per_stack = cfg.extra_recipient_limit
+        self.refill_limit = cfg.recipient_refill_limit
+        self.refill_delay = cfg.recipient_refill_delay
 
     @property
     def throttled(self) -> bool:
@@ -57,9 +96,36 @@ class Transport:
         """Recipients per delivery request (``<transport>_destination_recipient_limit``)."""
         return self.cfg.destination_recipient_limit
 
+    @property
+    def todo_count(self) -> int:
+        return sum(len(q.todo) for q in self.queues.values())
+
     def queue(self, name: str, nexthop: str) -> Queue:
         queue = self.queues.get(name)
         if queue is None:
             queue = Queue(self, name, nexthop, window=self.initial_concurrency)
             self.queues[name] = queue
         return queue
+
+    def sync(self, queue: Queue) -> None:
+        """Keep :attr:`ready_queues` true for ``queue`` after any change to it."""
+        if queue.window > queue.busy_count and queue.todo and queue.window > 0:
+            self.ready_queues[queue] = None
+        else:
+            self.ready_queues.pop(queue, None)
+
+    def wants_agent(self) -> bool:
+        """``qmgr_transport_select``'s test: enough deliverable work for one more agent.
+
+        Stock walks the queue list summing min(room, todo) over ready queues until it
+        covers pending + 1; queues outside :attr:`ready_queues` add nothing, and each
+        queue inside adds at least one, so at most MAX_PENDING + 1 are looked at.
+        """
+        if self.dsn is not None or self.rate_lock or self.pending >= MAX_PENDING:
+            return False
+        need = self.pending + 1
+        for queue in self.ready_queues:
+            need -= min(queue.window - queue.busy_count, len(queue.todo))
+            if need <= 0:
+                return True
+        return False

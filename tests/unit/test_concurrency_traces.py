@@ -3,24 +3,15 @@ qmgr_queue.c (which is what parity needs; the seed's pseudocode differs in two d
 stock compares the cohort count with >=, and adds half a feedback step of rounding slack).
 """
 
-from dataclasses import dataclass
 
 import pytest
 
 from pyqmgr.scheduler.feedback import parse
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.transport import Transport
+from tests.unit.params import Params as Cfg
 
 DSN = Dsn("4.4.1", "connect refused")
-
-
-@dataclass
-class Cfg:
-    destination_concurrency_limit: int = 20
-    destination_recipient_limit: int = 50
-    initial_destination_concurrency: int = 5
-    failed_cohort_limit: int = 1
-    destination_rate_delay: int = 0
 
 
 def queue(pos="1", neg="1", window=None, **cfg):

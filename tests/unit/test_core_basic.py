@@ -1,23 +1,9 @@
 """The scheduler core driven directly: bundling, windows, dead sites, retry rerouting."""
 
-from dataclasses import dataclass
-
 from pyqmgr.scheduler.core import RETRY, Route, Scheduler
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.queue import Dsn
-
-
-@dataclass
-class Params:
-    destination_concurrency_limit: int = 20
-    destination_recipient_limit: int = 50
-    initial_destination_concurrency: int = 5
-    failed_cohort_limit: int = 1
-    destination_rate_delay: int = 0
-    positive_feedback: str = "1"
-    positive_feedback_name: str = "default_destination_concurrency_positive_feedback"
-    negative_feedback: str = "1"
-    negative_feedback_name: str = "default_destination_concurrency_negative_feedback"
+from tests.unit.params import Params
 
 
 def make(**kw):
