@@ -191,9 +191,10 @@ class ActiveQueue:
             qf = queue_file.Message(queue_id=qid)
             data = _read_all(fd, size)
             limit = self.qmgr.scheduler.first_read_limit()
-            batch = queue_file.read_batch(data, qf, min(limit, MAX_BATCH))
-            if batch.sender_seen_now:
-                self._log_opened(qf)
+            batch = queue_file.read_batch(data, qf, min(limit, MAX_BATCH),
+                                          verp_filter=self.cfg.verp_delimiter_filter)
+            if batch.opened is not None:
+                self._log_opened(qid, batch.opened)
             for text in batch.warnings:
                 self.log.warning(text)
             if not batch.ok:
@@ -208,10 +209,11 @@ class ActiveQueue:
                 os.close(fd)
         return self._activate(qid, qf, flags, batch.recipients)
 
-    def _log_opened(self, qf: queue_file.Message) -> None:
+    def _log_opened(self, qid: str, opened: queue_file.Opened) -> None:
+        """Stock logs this when it meets the sender record, with the counts of then."""
         self.log.info(
-            f"{qf.queue_id}: from=<{log_address(qf.sender or '')}>, size={qf.cont_length}, "
-            f"nrcpt={qf.rcpt_count} (queue active)"
+            f"{qid}: from=<{log_address(opened.sender or '')}>, size={opened.size}, "
+            f"nrcpt={opened.nrcpt} (queue active)"
         )
 
     def _activate(self, qid: str, qf: queue_file.Message, flags: int,

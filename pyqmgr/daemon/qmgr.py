@@ -314,7 +314,8 @@ class Qmgr:
             self.log.warning(f"{am.queue_id}: open {am.path}: {exc.strerror}")
             am.extra["read_failed"] = "open"
             return None
-        batch = queue_file.read_batch(data, am.qf, min(limit, MAX_BATCH))
+        batch = queue_file.read_batch(data, am.qf, min(limit, MAX_BATCH),
+                                      verp_filter=self.cfg.verp_delimiter_filter)
         for text in batch.warnings:
             self.log.warning(text)
         if not batch.ok:

@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
     try:
         return _run(argv, log)
     except (UsageError, ConfigError) as exc:
+        for text in getattr(exc, "warnings", ()):
+            log.warning(text)
         log.fatal(str(exc))
         return EXIT_FATAL
 
@@ -58,7 +60,8 @@ def _run(argv: list[str], log: MailLog) -> int:
     if opts.log_stderr:
         log.stderr = True
     config_dir = os.environ.get("MAIL_CONFIG", "/etc/postfix")
-    cfg = QmgrConfig.load(config_dir, opts.overrides)
+    cfg = QmgrConfig.load(config_dir, opts.overrides, process_name=opts.progname,
+                          service_name=opts.service_name)
     if opts.args:
         raise UsageError(f"unexpected command-line argument: {opts.args[0]}")
     if not opts.alone and not opts.stand_alone:

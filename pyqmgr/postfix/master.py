@@ -23,6 +23,8 @@ import termios
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyqmgr.postfix.config import ConfigError, option_nameval
+
 FLOW_READ_FD = 3
 FLOW_WRITE_FD = 4
 STATUS_FD = 5
@@ -112,10 +114,10 @@ def _apply_option(opts: ServerOptions, letter: str, value: str | None) -> None:
         opts.service_name = value
     elif letter == "o":
         assert value is not None
-        name, sep, val = value.partition("=")
-        if not sep:
-            raise UsageError(f"bad parameter override: {value}")
-        opts.overrides.append((name.strip(), val.strip()))
+        try:
+            opts.overrides.append(option_nameval(value))
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
     elif letter == "S":
         opts.stand_alone = True
     elif letter == "t":

@@ -35,3 +35,10 @@ def test_generation_is_octal():
     assert generation_from_env({"GENERATION": "10"}) == 8
     with pytest.raises(UsageError, match="bad generation"):
         generation_from_env({"GENERATION": "x1"})
+
+
+def test_malformed_override_gets_stocks_fatal_text():
+    with pytest.raises(UsageError) as err:
+        parse_argv(["qmgr", "-o", "novalue"])
+    assert str(err.value) == ('invalid "-o novalue" option value: '
+                              "missing '=' after attribute name")
