@@ -73,6 +73,7 @@ def _run(argv: list[str], log: MailLog) -> int:
 
     # Re-point logging at the configured destination (syslog_name, maillog_file).
     log.tag = _tag(cfg.syslog_name, opts.progname)
+    log.utf8 = cfg.smtputf8_enable
     os.environ["MAIL_LOGTAG"] = cfg.syslog_name
     if cfg.maillog_file:
         postlog = os.path.join(cfg.queue_directory, "public", cfg.postlog_service_name)

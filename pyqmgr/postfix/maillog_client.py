@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sys
 import syslog
@@ -24,6 +25,29 @@ PANIC = "panic"
 
 #: Postfix cuts log text at this many characters.
 _TEXT_LIMIT = 2000
+
+#: A run of non-printable bytes or of UTF-8 (lead byte + continuation bytes).
+_UNPRINTABLE = re.compile(rb"[\xc2-\xfe][\x80-\xbf]+|[^\x20-\x7e]")
+
+
+def printable(text: str, utf8: bool = True) -> str:
+    """Stock's ``printable(text, '?')`` applied to every logged line (msg_output.c).
+
+    Control characters and bytes that are neither ASCII nor (with smtputf8_enable)
+    a UTF-8 lead byte followed by continuation bytes become ``?``, so a hostile
+    address cannot forge or split log lines.
+    """
+    if text.isascii() and text.isprintable():
+        return text
+    raw = text.encode("utf-8", "surrogateescape")
+
+    def fix(m: re.Match[bytes]) -> bytes:
+        run = m.group(0)
+        if utf8 and len(run) > 1:
+            return run
+        return b"?" * (1 if len(run) == 1 else len(run))
+
+    return _UNPRINTABLE.sub(fix, raw).decode("utf-8", "surrogateescape")
 
 _SYSLOG_LEVEL = {
     INFO: syslog.LOG_INFO,
@@ -61,6 +85,8 @@ class MailLog:
         self._sock: socket.socket | None = None
         self._syslog = False
         self.stderr = False
+        #: smtputf8_enable: UTF-8 text is printable (stock's util_utf8_enable).
+        self.utf8 = True
         # The line prefix changes once a second; formatting it per line costs.
         self._stamp_time = -1
         self._prefix = ""
@@ -98,7 +124,7 @@ class MailLog:
     def log(self, severity: str, text: str) -> None:
         if severity != INFO:
             text = f"{severity}: {text}"
-        text = text[:_TEXT_LIMIT]
+        text = printable(text[:_TEXT_LIMIT], self.utf8)
         if self.stderr:
             print(f"{self.tag}: {text}", file=sys.stderr, flush=True)
         if self._syslog:
