@@ -78,3 +78,23 @@ def test_destination_rate_delay_spaces_deliveries(postfix, sink, qmgr):
         time.sleep(0.01)
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert all(0.9 <= g <= 1.6 for g in gaps), gaps
+
+
+@pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
+def test_transport_rate_delay_spaces_deliveries_across_destinations(postfix, sink, qmgr):
+    srv = sink()
+    nexthop = f"smtp:[127.0.0.1]:{srv.port}"
+    pf = postfix(qmgr=qmgr, transports={f"d{i}.example": nexthop for i in range(3)},
+                 main_cf={"smtp_transport_rate_delay": "1s"})
+    pf.smtp_send([("s@sink.example", [f"r@d{i}.example"]) for i in range(3)])
+    t0 = time.monotonic()
+    times = []
+    while len(times) < 3:
+        assert time.monotonic() - t0 < 20, "timed out waiting for three deliveries"
+        if sum(srv.stats.delivered.values()) > len(times):
+            times.append(time.monotonic())
+        time.sleep(0.01)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    # One delivery at a time for the whole transport, a second apart, even though
+    # each message goes to a different destination.
+    assert all(0.9 <= g <= 1.8 for g in gaps), gaps
