@@ -1,10 +1,18 @@
-"""Run every benchmark (``./dev bench``); each compares pyqmgr with stock qmgr."""
+"""Run a benchmark (``./dev bench [NAME] [ARGS]``); the default is the drain benchmark.
+
+NAME is one of: drain (pyqmgr vs stock qmgr draining 5000 messages), decisions
+(scheduling decisions per second with 10 to 100,000 jobs).
+"""
 
 from __future__ import annotations
 
 import sys
 
-from benchmarks import drain
+from benchmarks import decisions, drain
+
+BENCHMARKS = {"drain": drain.main, "decisions": decisions.main}
 
 if __name__ == "__main__":
-    sys.exit(drain.main(sys.argv[1:]))
+    args = sys.argv[1:]
+    name = args.pop(0) if args and args[0] in BENCHMARKS else "drain"
+    sys.exit(BENCHMARKS[name](args))

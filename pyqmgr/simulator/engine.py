@@ -1,0 +1,381 @@
+"""The simulation: the scheduler core driven from a virtual clock.
+
+Everything that decides is the core (:class:`~pyqmgr.scheduler.core.Scheduler`): which
+transport gets an agent, which entry that agent delivers, how windows grow and shrink,
+when a destination is dead, how many recipients of a message are read. The engine only
+plays the world around it, in event order on a heap keyed by (time, sequence), so a
+scenario and a seed give one result:
+
+* arrivals feed the active queue, at most ``qmgr_message_active_limit`` messages;
+* each transport has ``process_limit`` delivery processes; an agent connection the core
+  asks for waits for a free process, then the core selects its entry;
+* a destination answers each delivery after its latency per recipient; above its
+  server limit it answers 421 at once, or lets the attempt hang for a timeout
+  (congestion); a dead destination refuses at once. Failures are hop-level, so they
+  feed back into the window exactly as an smtp agent's reply does;
+* deferred recipients are counted, not retried: this is the first delivery pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyqmgr.postfix.config import QmgrConfig
+from pyqmgr.scheduler.core import ERROR, RETRY, Route, Scheduler
+from pyqmgr.scheduler.entry import Entry
+from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.queue import Dsn, Queue
+from pyqmgr.simulator.scenario import Destination, Scenario
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery attempt as it ended."""
+
+    start: float
+    end: float
+    transport: str
+    destination: str
+    message: str
+    recipients: int
+    outcome: str  # "sent", "deferred" (hop failure), "retry", "bounced"
+    window: int  # the destination's window when the delivery was chosen
+    reason: str = ""
+
+
+@dataclass
+class Result:
+    deliveries: list[Delivery] = field(default_factory=list)
+    #: Per destination: (time, window, busy) whenever either changed.
+    windows: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+    deferred: dict[str, int] = field(default_factory=dict)
+    log: list[tuple[float, str, str]] = field(default_factory=list)
+    end_time: float = 0.0
+    decisions: int = 0
+
+    def deferral_rate(self, destination: str) -> float:
+        """Deferred recipients / recipients tried, over the first delivery pass."""
+        sent = self.sent.get(destination, 0)
+        deferred = self.deferred.get(destination, 0)
+        return deferred / (sent + deferred) if sent + deferred else 0.0
+
+    def mean_concurrency(self, destination: str) -> float:
+        """Time-weighted mean of busy deliveries while any was under way."""
+        points = self.windows.get(destination, [])
+        total = weight = 0.0
+        for (t0, _, busy), (t1, _, _) in itertools.pairwise(points):
+            if busy > 0:
+                total += busy * (t1 - t0)
+                weight += t1 - t0
+        return total / weight if weight else 0.0
+
+
+class _Waiter:
+    __slots__ = ("entry", "start", "window", "served")
+
+    def __init__(self, entry: Entry, start: float, window: int) -> None:
+        self.entry = entry
+        self.start = start
+        self.window = window
+        self.served = False
+
+
+class _Server:
+    __slots__ = ("sessions", "queue")
+
+    def __init__(self) -> None:
+        self.sessions = 0
+        self.queue: deque[_Waiter] = deque()
+
+
+class _SimMessage:
+    __slots__ = ("sched", "routes", "pos", "destination")
+
+    def __init__(self, sched: Message, routes: list[Route], destination: str) -> None:
+        self.sched = sched
+        self.routes = routes
+        self.pos = 0
+        self.destination = destination
+
+
+class Engine:
+    def __init__(self, scenario: Scenario, seed: int | None = None) -> None:
+        self.sc = scenario
+        self.rng = random.Random(scenario.seed if seed is None else seed)
+        text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
+        self.cfg = QmgrConfig.from_text(text, hostname="sim.example")
+        cfg = self.cfg
+        self.sched = Scheduler(
+            self.cfg.transport,
+            min_backoff_time=cfg.minimal_backoff_time,
+            transport_retry_time=cfg.transport_retry_time,
+            initial_concurrency=cfg.initial_destination_concurrency,
+            feedback_debug=cfg.destination_concurrency_feedback_debug,
+            active_limit=cfg.qmgr_message_active_limit,
+            clog_warn_time=cfg.qmgr_clog_warn_time,
+            helpful_warnings=cfg.helpful_warnings,
+            rcpt_limit=cfg.qmgr_message_recipient_limit,
+            msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
+            refill=self._refill,
+        )
+        self.now = 0.0
+        self._seq = itertools.count()
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self.incoming: list[_SimMessage] = []
+        self.active = 0
+        #: Per transport: processes delivering or announced, and agents waiting for one.
+        self.busy_procs: dict[str, int] = {}
+        self.waiting: dict[str, int] = {}
+        #: Deliveries under way per destination (busy, across its queues).
+        self.in_flight: dict[str, int] = {}
+        #: Each destination's server: sessions open and connections waiting.
+        self.servers: dict[str, _Server] = {}
+        self.result = Result()
+        self._serial = itertools.count(1)
+
+    # -- clock --------------------------------------------------------------------
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._seq), action))
+
+    def run(self) -> Result:
+        for spec in self.sc.messages:
+            for k in range(spec.count):
+                self.at(spec.at + k * spec.every, self._arrival(spec.destination, spec.recipients,
+                                                                spec.name, k))
+        while self._events:
+            when, _, action = heapq.heappop(self._events)
+            if when > self.sc.duration:
+                break
+            self.now = when
+            action()
+            self._decisions()
+        self.result.end_time = self.now
+        return self.result
+
+    # -- messages -------------------------------------------------------------------
+
+    def _arrival(self, dest_name: str, nrcpt: int, name: str, k: int) -> Callable[[], None]:
+        def arrive() -> None:
+            dest = self.sc.destinations[dest_name]
+            qid = f"{name}{k}" if name else f"M{next(self._serial)}"
+            limit = self.cfg.transport(dest.transport).destination_recipient_limit
+            routes = []
+            for i in range(nrcpt):
+                address = f"r{i}@{dest.name}"
+                queue = f"{address}" if limit == 1 else dest.name
+                routes.append(Route(dest.transport, queue, dest.name, Recipient(i, address)))
+            msg = _SimMessage(Message(qid, self.now, rcpt_unread=nrcpt), routes, dest.name)
+            msg.sched.owner = msg
+            self.incoming.append(msg)
+            self._feed()
+        return arrive
+
+    def _feed(self) -> None:
+        while self.incoming and self.active < self.cfg.qmgr_message_active_limit:
+            msg = self.incoming.pop(0)
+            self.active += 1
+            sched = self.sched
+            sched.message_count = self.active
+            msg.sched.enqueue_time = self.now
+            routes = self._read(msg, sched.read_limit(msg.sched))
+            sched.assign(msg.sched, routes, now=self.now)
+
+    def _read(self, msg: _SimMessage, limit: int) -> list[Route]:
+        batch = msg.routes[msg.pos:msg.pos + limit]
+        msg.pos += len(batch)
+        msg.sched.rcpt_unread = len(msg.routes) - msg.pos
+        msg.sched.more = msg.sched.rcpt_unread > 0
+        return batch
+
+    def _refill(self, message: Message, limit: int) -> list[Route]:
+        return self._read(message.owner, limit)
+
+    # -- decisions ------------------------------------------------------------------
+
+    def _decisions(self) -> None:
+        sched = self.sched
+        for severity, text in sched.log:
+            self.result.log.append((self.now, severity, text))
+        sched.log.clear()
+        for when in sched.timers:
+            self.at(when, self._tick)
+        sched.timers.clear()
+        for d in sched.deferrals:
+            dest = d.message.owner.destination
+            self.result.deferred[dest] = self.result.deferred.get(dest, 0) + 1
+        sched.deferrals.clear()
+        while sched.finished:
+            done = sched.finished
+            sched.finished = []
+            for message in done:
+                msg: _SimMessage = message.owner
+                if message.more:
+                    sched.assign(message, self._read(msg, sched.read_limit(message)),
+                                 now=self.now)
+                else:
+                    self.active -= 1
+            self._feed()
+        while (name := sched.allocate()) is not None:
+            limit = self.sc.process_limits.get(name, self.cfg.default_process_limit)
+            if self.busy_procs.get(name, 0) < limit:
+                self.busy_procs[name] = self.busy_procs.get(name, 0) + 1
+                self.at(self.now + sched.select_delay(name), self._agent(name))
+            else:
+                self.waiting[name] = self.waiting.get(name, 0) + 1
+
+    def _sample(self, queue: Queue) -> None:
+        """Record a destination's window and busy count if either changed.
+
+        Only the queue an event touched is looked at, so sampling stays O(1) per
+        event; busy counts are the engine's own per destination (with per-recipient
+        queues one destination has many queues).
+        """
+        t = queue.transport
+        if t.name in (RETRY, ERROR):
+            return
+        dest = queue.nexthop
+        points = self.result.windows.setdefault(dest, [])
+        point = (self.now, queue.window, self.in_flight.get(dest, 0))
+        if not points or points[-1][1:] != point[1:]:
+            if points and points[-1][0] == self.now:
+                points[-1] = point
+            else:
+                points.append(point)
+
+    def _tick(self) -> None:
+        self.sched.tick(self.now)
+        for t in list(self.sched.transports.values()):
+            for queue in list(t.queues.values()):
+                self._sample(queue)
+
+    def _release(self, name: str) -> None:
+        if self.waiting.get(name, 0) > 0:
+            self.waiting[name] -= 1
+            self.at(self.now, self._agent(name))
+        else:
+            self.busy_procs[name] -= 1
+
+    # -- deliveries -------------------------------------------------------------------
+
+    def _agent(self, name: str) -> Callable[[], None]:
+        def ready() -> None:
+            entry = self.sched.select(name, self.now)
+            if entry is None:
+                self._release(name)
+                return
+            self.result.decisions += 1
+            self._attempt(name, entry)
+        return ready
+
+    def _latency(self, dest: Destination) -> float:
+        lat = dest.latency
+        if lat.dist == "uniform":
+            return self.rng.uniform(lat.low, lat.high)
+        if lat.dist == "exponential":
+            return self.rng.expovariate(1.0 / lat.mean) if lat.mean > 0 else 0.0
+        return lat.value
+
+    def _attempt(self, name: str, entry: Entry) -> None:
+        start = self.now
+        window = entry.queue.window
+        msg: _SimMessage = entry.message.owner
+        if name in (RETRY, ERROR):
+            self.at(self.now, self._finish(entry, start, window, msg.destination,
+                                           "retry" if name == RETRY else "bounced", None, False))
+            return
+        dest = self.sc.destinations[entry.queue.nexthop]
+        self.in_flight[dest.name] = self.in_flight.get(dest.name, 0) + 1
+        self._sample(entry.queue)
+        if dest.dead:
+            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
+            self.at(self.now, self._finish(entry, start, window, dest.name, "deferred", hop, False))
+            return
+        server = self.servers.setdefault(dest.name, _Server())
+        if not dest.server_limit or server.sessions < dest.server_limit:
+            self._serve(entry, start, window, dest)
+            return
+        if dest.overload == "421":
+            hop = Dsn("4.7.0", f"host {dest.name}[192.0.2.1] refused to talk to me: "
+                               "421 4.7.0 too many connections")
+            self.at(self.now + dest.reject_time, self._finish(entry, start, window, dest.name,
+                                                              "deferred", hop, False))
+            return
+        backlog = dest.backlog
+        if backlog < 0 or len(server.queue) < backlog:
+            # In the listen queue: served when a server process frees up, unless the
+            # client's greeting timeout comes first.
+            waiter = _Waiter(entry, start, window)
+            server.queue.append(waiter)
+            self.at(self.now + dest.timeout, self._greeting_timeout(waiter, dest))
+            return
+        if dest.overload == "connect-timeout":
+            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
+        else:
+            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
+                               "while receiving the initial server greeting")
+        self.at(self.now + dest.timeout, self._finish(entry, start, window, dest.name,
+                                                      "deferred", hop, False))
+
+    def _serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
+        self.servers[dest.name].sessions += 1
+        duration = sum(self._latency(dest) for _ in range(len(entry.recipients)))
+        self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
+                                                  None, True))
+
+    def _session_end(self, dest: str) -> None:
+        server = self.servers[dest]
+        server.sessions -= 1
+        if server.queue:
+            waiter = server.queue.popleft()
+            waiter.served = True
+            self._serve(waiter.entry, waiter.start, waiter.window, self.sc.destinations[dest])
+
+    def _greeting_timeout(self, waiter: _Waiter, dest: Destination) -> Callable[[], None]:
+        def expire() -> None:
+            if waiter.served:
+                return
+            self.servers[dest.name].queue.remove(waiter)
+            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
+                               "while receiving the initial server greeting")
+            self._finish(waiter.entry, waiter.start, waiter.window, dest.name, "deferred",
+                         hop, False)()
+        return expire
+
+    def _finish(self, entry: Entry, start: float, window: int, dest: str, outcome: str,
+                hop: Dsn | None, session: bool) -> Callable[[], None]:
+        def finish() -> None:
+            n = len(entry.recipients)
+            name = entry.queue.transport.name
+            if session:
+                linger = self.sc.destinations[dest].linger
+                if linger > 0:
+                    self.at(self.now + linger, lambda: self._session_end(dest))
+                else:
+                    self._session_end(dest)
+            res = self.result
+            queue = entry.queue
+            if name not in (RETRY, ERROR):
+                self.in_flight[dest] -= 1
+            if outcome == "sent":
+                res.sent[dest] = res.sent.get(dest, 0) + n
+                self.sched.done(entry, 0, None, False, self.now)
+            else:
+                res.deferred[dest] = res.deferred.get(dest, 0) + n
+                self.sched.done(entry, 1, hop, False, self.now)
+            res.deliveries.append(Delivery(start, self.now, name, dest, entry.message.queue_id,
+                                           n, outcome, window, hop.reason if hop else ""))
+            self._sample(queue)
+            self._release(name)
+        return finish
+
+
+def simulate(scenario: Scenario, seed: int | None = None) -> Result:
+    """Run a scenario to its end (or its duration); same scenario and seed, same result."""
+    return Engine(scenario, seed).run()

@@ -1,0 +1,38 @@
+"""The printed result of a simulation: what an admin compares between two settings."""
+
+from __future__ import annotations
+
+from pyqmgr.simulator.engine import Result
+from pyqmgr.simulator.scenario import Scenario
+
+
+def summary(sc: Scenario, res: Result) -> list[str]:
+    out = []
+    if sc.title:
+        out.append(sc.title)
+    out.append(f"simulated {res.end_time:.1f} s, {len(res.deliveries)} deliveries, "
+               f"{res.decisions} scheduling decisions")
+    out.append(f"{'destination':<24} {'sent':>8} {'deferred':>8} {'rate':>7} "
+               f"{'mean conc':>9} {'max window':>10}")
+    for dest in sorted(set(res.sent) | set(res.deferred)):
+        points = res.windows.get(dest, [])
+        max_window = max((w for _, w, _ in points), default=0)
+        out.append(f"{dest:<24} {res.sent.get(dest, 0):>8} {res.deferred.get(dest, 0):>8} "
+                   f"{res.deferral_rate(dest):>7.1%} {res.mean_concurrency(dest):>9.2f} "
+                   f"{max_window:>10}")
+    return out
+
+
+def sequence(res: Result) -> list[str]:
+    """Each delivery: when it started and ended, where, for which message, how it went."""
+    return [f"{d.start:10.3f} {d.end:10.3f} {d.transport}/{d.destination} {d.message} "
+            f"x{d.recipients} {d.outcome} window={d.window}"
+            + (f" ({d.reason})" if d.reason else "") for d in res.deliveries]
+
+
+def windows(res: Result) -> list[str]:
+    """Each destination's window and busy count whenever they changed."""
+    out = []
+    for dest, points in sorted(res.windows.items()):
+        out.append(f"{dest}: " + " ".join(f"{t:.1f}:{w}/{b}" for t, w, b in points))
+    return out

@@ -1,0 +1,107 @@
+"""The simulator: the seed's concurrency-limited server results, determinism, the CLI.
+
+Every number here comes from the same scheduler core the daemon runs; the simulator
+only plays the servers. The scenario files are the shipped ones in scenarios/.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+
+import pytest
+
+from pyqmgr.cli import main
+from pyqmgr.simulator import load, simulate
+from pyqmgr.simulator.scenario import ScenarioError, parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = os.path.join(os.path.dirname(HERE), "scenarios")
+
+
+def scenario(name: str):
+    return load(os.path.join(SCENARIOS, name + ".toml"))
+
+
+def rate(name: str) -> float:
+    res = simulate(scenario(name))
+    (dest,) = set(res.sent) | set(res.deferred)
+    return res.deferral_rate(dest)
+
+
+def test_421_limiter_with_one_over_concurrency_feedback_defers_one_in_six():
+    # Theory: 1/(1 + roundup(1/feedback)) with feedback 1/5 at concurrency 5 = 1/6;
+    # the seed measured 16.5%.
+    assert rate("limiter-421-feedback-1-over-n") == pytest.approx(1 / 6, abs=0.02)
+
+
+def test_421_limiter_with_feedback_one_defers_more():
+    # The seed's 1/2 (49.7% measured) is the old +/-1-per-delivery scheduler. Stock
+    # 3.7's feedback with hysteresis 1 and its rounding margin (feedback/2) drops the
+    # window by 2 on the first failure after a success, so fewer attempts hit the
+    # limiter: on real Postfix 3.7 against the test sink we measured 34.5%, and the
+    # same code here gives about 28%. Either way, clearly worse than 1/concurrency.
+    one = rate("limiter-421-feedback-1")
+    assert 0.25 <= one <= 0.40, one
+    assert one > rate("limiter-421-feedback-1-over-n") + 0.08
+
+
+@pytest.mark.parametrize("kind, low, high", [("connect-timeout", 0.05, 0.15),
+                                             ("greeting-timeout", 0.005, 0.03)])
+def test_congestion_makes_feedback_irrelevant(kind, low, high):
+    # Seed: 9.9-10.8% deferred with 30 s connect timeouts, 1.16-1.39% with 300 s
+    # greeting timeouts, whatever the feedback.
+    one_over_n = rate(f"congestion-{kind}")
+    one = rate(f"congestion-{kind}-feedback-1")
+    assert low <= one_over_n <= high and low <= one <= high, (one_over_n, one)
+    assert abs(one_over_n - one) < 0.01
+
+
+def test_client_concurrency_stays_at_its_limit_under_congestion():
+    res = simulate(scenario("congestion-connect-timeout"))
+    assert res.mean_concurrency("congested.example") > 18.5  # seed: 19.4
+
+
+def test_same_seed_same_run_and_the_seed_matters():
+    data = tomllib.load(open(os.path.join(SCENARIOS, "limiter-421-feedback-1-over-n.toml"),
+                             "rb"))
+    data["destinations"]["limited.example"]["latency"] = {"dist": "exponential", "mean": 1}
+    data["messages"][0]["recipients"] = 300
+    a = simulate(parse(data))
+    b = simulate(parse(data))
+    c = simulate(parse(data), seed=7)
+    assert a.deliveries == b.deliveries and a.windows == b.windows
+    assert a.deliveries != c.deliveries
+
+
+def test_preemption_scenario_slips_small_mail_past_the_big_one():
+    res = simulate(scenario("preemption"))
+    order = "".join("B" if d.message.startswith("big") else "s" for d in res.deliveries)
+    assert order.startswith("BssBBBBss"), order
+    assert order.count("s") == 20 and order.rstrip("B").endswith("s")
+    assert order.index("s") < 5 and order.rindex("s") < len(order) - 1
+
+
+def test_every_shipped_scenario_runs():
+    for name in sorted(os.listdir(SCENARIOS)):
+        if name.endswith(".toml"):
+            res = simulate(load(os.path.join(SCENARIOS, name)))
+            assert res.deliveries, name
+
+
+def test_cli_prints_the_table_and_plots(tmp_path, capsys):
+    png = tmp_path / "w.png"
+    path = os.path.join(SCENARIOS, "limiter-421-feedback-1-over-n.toml")
+    assert main(["simulate", path, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "limited.example" in out and "16.5%" in out and "deliveries:" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_reports_a_bad_scenario(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[messages]]\ndestination = "nowhere"\n')
+    assert main(["simulate", str(bad)]) == 1
+    assert "unknown destination 'nowhere'" in capsys.readouterr().err
+    with pytest.raises(ScenarioError):
+        load(str(tmp_path / "missing.toml"))
