@@ -354,11 +354,7 @@ class Engine:
             n = len(entry.recipients)
             name = entry.queue.transport.name
             if session:
-                linger = self.sc.destinations[dest].linger
-                if linger > 0:
-                    self.at(self.now + linger, lambda: self._session_end(dest))
-                else:
-                    self._session_end(dest)
+                self._session_end(dest)
             res = self.result
             queue = entry.queue
             if name not in (RETRY, ERROR):

@@ -21,7 +21,6 @@ overload = "421"           # beyond the limit: "421" (answered at once); or a li
                            # it "connect-timeout" (dropped SYNs: the connect times out) or
                            # "greeting-timeout" (connected, never greeted: it times out)
 backlog = 5                # listen queue length (default: server_limit; -1 unbounded)
-linger = 0.0               # the server still counts a session this long after the reply
 reject_time = 0.0          # how long a 421 answer takes
 timeout = 30               # the client's connect or greeting timeout
 dead = false               # no server at all: every attempt fails at once
@@ -68,8 +67,6 @@ class Destination:
     dead: bool = False
     #: Connections the server's listen queue holds beyond its limit (-1: no bound).
     backlog: int = 0
-    #: How long the server still counts a session after the client has its reply.
-    linger: float = 0.0
     #: How long a 421 answer takes (connect, greeting, disconnect).
     reject_time: float = 0.0
 
@@ -126,7 +123,7 @@ def parse(data: dict[str, Any]) -> Scenario:
         sc.destinations[name] = Destination(
             name, str(d.get("transport", "smtp")), _latency(d.get("latency", 0), where),
             limit, overload, float(d.get("timeout", 30)), bool(d.get("dead", False)),
-            int(d.get("backlog", default_backlog[overload])), float(d.get("linger", 0)),
+            int(d.get("backlog", default_backlog[overload])),
             float(d.get("reject_time", 0)))
     for i, m in enumerate(data.get("messages", [])):
         dest = str(m.get("destination", ""))
