@@ -106,7 +106,9 @@ class Report:
         for r in sorted(self.results, key=lambda r: (r.item, r.scenario)):
             out += ["", f"## {r.item}: {r.scenario}", "", r.description, ""]
             if r.agree:
-                out += [f"Agree ({len(r.stock.lines())} compared lines)."]
+                out += [f"Agree ({len(r.stock.lines())} compared lines).", "",
+                        "<details><summary>what was compared</summary>", "", "```",
+                        *r.stock.lines(), "```", "", "</details>"]
             else:
                 out += ["Difference" + (f" (intended: {r.intended})" if r.intended else "")
                         + ":", "", "```diff", r.diff(), "```"]

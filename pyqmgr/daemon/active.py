@@ -11,6 +11,7 @@ queue manager may lose time, never mail.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -498,13 +499,16 @@ class ActiveQueue:
         else:
             delay = cfg.minimal_backoff_time
         when = int(now) + int(delay)
-        try:
+        # Stock ignores a vanished file here and lets the rename report it.
+        with contextlib.suppress(FileNotFoundError):
             os.utime(am.path, (when, when))
+        dst = mail_queue.queue_path("deferred", am.queue_id, cfg.hash_queue_names,
+                                    cfg.hash_queue_depth)
+        try:
+            mail_queue.rename_path(am.path, dst)
         except FileNotFoundError:
-            self.log.warning(f"{am.queue_id}: update {am.path} time stamps: "
-                             "No such file or directory")
-            return
-        self._move(am.path, "deferred", am.queue_id)
+            self.log.warning(f"qmgr_active_defer: rename {am.queue_id} from active to "
+                             "deferred: No such file or directory")
 
     def remove(self, qid: str) -> None:
         path = f"active/{qid}"

@@ -1,0 +1,102 @@
+"""Building a comparable :class:`Outcome` from a finished scenario run.
+
+What counts: qmgr's own log lines in order (they are the scheduler's trace), every
+delivery agent's and the bounce daemon's lines (sorted: agents run in parallel, so
+their interleaving is not a property of the qmgr), the final queue counts, and the
+notices that reached local mailboxes (subject, recipients and DSN fields). Queue ids,
+pids, ports, paths and times are normalised away.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import os
+import re
+from collections.abc import Callable
+
+from compat.harness import normalize
+from compat.parity import Outcome
+from pyqmgr.testbed.instance import LOCAL_USER, PostfixInstance
+
+AGENTS = ("smtp", "local", "error", "retry", "discard", "bounce", "virtual", "pipe",
+          "slow", "lmtp", "relay")
+
+_PORT = re.compile(r"(\[127\.0\.0\.1\]):\d+")
+_TMP = re.compile(r"/tmp/pyqmgr-tb-[A-Za-z0-9_]+")
+_QID = re.compile(r"\b[0-9A-F]{10,12}\b")
+
+
+def _clean(text: str) -> str:
+    return _TMP.sub("<root>", _PORT.sub(r"\1:*", text))
+
+
+def log_lines(inst: PostfixInstance, qids: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(qmgr lines in order, agent and bounce lines sorted), normalised."""
+    qmgr: list[str] = []
+    agents: list[str] = []
+    for ln in inst.maillog.lines():
+        name = ln.program_name
+        if name == "qmgr":
+            qmgr.append(_clean(normalize(ln, qids)))
+        elif name in AGENTS:
+            agents.append(_clean(normalize(ln, qids)))
+    return qmgr, sorted(agents)
+
+
+def notices(inst: PostfixInstance, qids: dict[str, str], user: str = LOCAL_USER) -> list[str]:
+    """Each message in a local mailbox: subject, To, and its DSN report fields."""
+    path = inst.mailbox(user)
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        raw = f.read()
+    out = []
+    for chunk in re.split(rb"\n(?=From )", raw):
+        if not chunk.strip():
+            continue
+        msg = email.message_from_bytes(chunk.partition(b"\n")[2], policy=email.policy.compat32)
+        fields = [f"subject={msg.get('Subject', '')}", f"to={msg.get('To', '')}"]
+        for part in msg.walk():
+            if part.get_content_type() == "message/delivery-status":
+                for sub in part.get_payload():
+                    for key in ("Final-Recipient", "Action", "Status", "Diagnostic-Code"):
+                        if sub.get(key):
+                            fields.append(f"{key}={sub.get(key)}")
+        text = " | ".join(fields)
+        for qid in _QID.findall(text):
+            qids.setdefault(qid, f"Q{len(qids) + 1}")
+            text = text.replace(qid, qids[qid])
+        out.append(_clean(text))
+    return sorted(out)
+
+
+def outcome(inst: PostfixInstance, unordered: bool = False, **extra: object) -> Outcome:
+    """``unordered``: the order messages were picked up in is not comparable (it is a
+    directory order, and the two runs have different queue ids), so ids are blanked
+    and qmgr's lines sorted too."""
+    qids: dict[str, str] = {}
+    qmgr, agents = log_lines(inst, qids)
+    if unordered:
+        qmgr = sorted(re.sub(r"\bQ\d+\b", "Q", line) for line in qmgr)
+        agents = sorted(re.sub(r"\bQ\d+\b", "Q", line) for line in agents)
+    return Outcome(log=qmgr + ["--- agents ---"] + agents, queue=inst.queue_counts(),
+                   notices=notices(inst, qids), extra=dict(extra))
+
+
+def wait_log(inst: PostfixInstance, pred: Callable[..., bool], what: str,
+             timeout: float = 30, count: int = 1) -> None:
+    inst.maillog.wait_for(pred, timeout=timeout, count=count, what=what)
+
+
+def settle(inst: PostfixInstance, seconds: float = 1.0) -> None:
+    """Let trailing log lines (bounce, removal) arrive: wait until the log is quiet."""
+    import time
+
+    last = -1
+    while True:
+        n = len(inst.maillog.lines())
+        if n == last:
+            return
+        last = n
+        time.sleep(seconds)
