@@ -25,10 +25,12 @@ AGENTS = ("smtp", "local", "error", "retry", "discard", "bounce", "virtual", "pi
 _PORT = re.compile(r"(\[127\.0\.0\.1\]):\d+")
 _TMP = re.compile(r"/tmp/pyqmgr-tb-[A-Za-z0-9_]+")
 _QID = re.compile(r"\b[0-9A-F]{10,12}\b")
+#: How often an smtp connection was reused depends on timing, not on the qmgr.
+_CONN_USE = re.compile(r"conn_use=\d+, ")
 
 
 def _clean(text: str) -> str:
-    return _TMP.sub("<root>", _PORT.sub(r"\1:*", text))
+    return _CONN_USE.sub("", _TMP.sub("<root>", _PORT.sub(r"\1:*", text)))
 
 
 def log_lines(inst: PostfixInstance, qids: dict[str, str]) -> tuple[list[str], list[str]]:
