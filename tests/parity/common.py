@@ -73,12 +73,17 @@ def notices(inst: PostfixInstance, qids: dict[str, str], user: str = LOCAL_USER)
     return sorted(out)
 
 
-def outcome(inst: PostfixInstance, unordered: bool = False, **extra: object) -> Outcome:
+def outcome(inst: PostfixInstance, unordered: bool = False, collapse: bool = False,
+            **extra: object) -> Outcome:
     """``unordered``: the order messages were picked up in is not comparable (it is a
     directory order, and the two runs have different queue ids), so ids are blanked
-    and qmgr's lines sorted too."""
+    and qmgr's lines sorted too. ``collapse``: how many periodic retries fit into the
+    scenario's waits is timing, so repeated lines count once."""
     qids: dict[str, str] = {}
     qmgr, agents = log_lines(inst, qids)
+    if collapse:
+        qmgr = [x for i, x in enumerate(qmgr) if i == 0 or qmgr[i - 1] != x]
+        agents = sorted(set(agents))
     if unordered:
         qmgr = sorted(re.sub(r"\bQ\d+\b", "Q", line) for line in qmgr)
         agents = sorted(re.sub(r"\bQ\d+\b", "Q", line) for line in agents)

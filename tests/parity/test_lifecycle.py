@@ -105,6 +105,9 @@ def test_delay_warning_then_delay_cleared(side_by_side, srv):
         (qid,) = inst.smtp_send([(inst.local_address, ["slow@sink.example"])])
         wait_log(inst, lambda ln: ln.program_name == "bounce"
                  and "delay notification" in ln.text, "the delay warning", timeout=40)
+        wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
+                 "the warning delivered", timeout=40)
+        settle(inst)
         srv.set_replies({})
         inst.postqueue("-f")
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
@@ -112,7 +115,7 @@ def test_delay_warning_then_delay_cleared(side_by_side, srv):
         wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
                  "notices delivered", count=2, timeout=40)
         settle(inst)
-        return outcome(inst)
+        return outcome(inst, collapse=True)
 
     side_by_side(scenario, name="delay warning and delay cleared",
                  item="4.2 expiry and notices",
