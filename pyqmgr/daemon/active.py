@@ -62,7 +62,7 @@ READ_FLAG_NOTIFY_SUCCESS = 1 << 2
 LOCKED_RETRY_DELAY = 60
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ActiveMessage:
     """The daemon's half of a message: the queue file and its disposition."""
 

@@ -159,7 +159,7 @@ class Opened(NamedTuple):
     nrcpt: int
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Message:
     """Envelope state of one queue file; persists across recipient batches.
 
