@@ -308,7 +308,8 @@ class ActiveQueue:
                     rcpt.address = resolver.rewrite("local", qf.redirect)
                     res = resolver.resolve(sender, rcpt.address, verify=verify)
                     transport, nexthop, flags = res.transport, res.nexthop, res.flags
-                    rcpt.address = res.recipient
+                    if res.recipient != rcpt.address:
+                        rcpt.address = res.recipient
                 elif qf.filter and not probe:
                     transport, _, nexthop = qf.filter.partition(":")
                     if not nexthop:
@@ -318,7 +319,8 @@ class ActiveQueue:
                 else:
                     res = resolver.resolve(sender, rcpt.address, verify=verify)
                     transport, nexthop, flags = res.transport, res.nexthop, res.flags
-                    rcpt.address = res.recipient
+                    if res.recipient != rcpt.address:
+                        rcpt.address = res.recipient
                 if flags & RESOLVE_FLAG_FAIL:
                     transport, nexthop, flags = RETRY, "4.3.0 address resolver failure", 0
                 elif flags & RESOLVE_FLAG_ERROR:

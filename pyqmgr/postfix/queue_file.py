@@ -443,9 +443,12 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
             if rtype == REC_TYPE_RCPT:
                 if msg.rcpt_offset == 0:
                     msg.rcpt_unread -= 1
+                    address = _text(start)
+                    orig = _text(orig_rcpt) if orig_rcpt else ""
+                    if orig == address:
+                        orig = address  # one string for both: big messages stay smaller
                     recipients.append(Recipient(
-                        cur, _text(start),
-                        _text(orig_rcpt) if orig_rcpt else "",
+                        cur, address, orig,
                         _text(dsn_orcpt) if dsn_orcpt else "",
                         dsn_notify))
                     orig_rcpt = dsn_orcpt = None
