@@ -11,6 +11,7 @@ scheduler strictly in the order they were read, keeping stock's enqueue order.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 
@@ -441,14 +442,23 @@ class Qmgr:
         self.dispatch()
 
     def expire_calls(self) -> None:
+        """An agent silent for daemon_timeout is fatal, as in stock.
+
+        Stock's watchdogs (qmgr_transport_abort, qmgr_deliver_abort) call msg_fatal:
+        the qmgr exits, master starts a new one, and start-up recovery puts the
+        message back in the queue. Nothing is lost; the transport is not throttled.
+        """
         now = time.monotonic()
         for call in [c for c in self.calls if c.expired(now)]:
-            state = call.state
-            call.close()
-            if state == "announce":
-                self._agent_unavailable(call, "timeout connecting to transport")
+            if call.state == "announce":
+                name = call.entry
+                self.log.fatal(f"timeout connecting to transport: {name}")
             else:
-                self._agent_reply(call, None, "timeout")
+                entry = call.entry
+                assert isinstance(entry, Entry)
+                self.log.fatal(f"{entry.message.queue_id}: timeout receiving delivery "
+                               f"status from transport: {entry.transport}")
+            os._exit(1)
 
     def _process_decisions(self) -> None:
         sched = self.scheduler

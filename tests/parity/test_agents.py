@@ -1,0 +1,76 @@
+"""Parity scenarios for broken delivery agents: one that crashes mid-request, one that
+never answers. Both are tiny programs in the instance's own daemon_directory, run by
+master(8) like any agent."""
+
+from __future__ import annotations
+
+import os
+
+from compat.parity import Outcome
+from tests.parity.common import log_lines, outcome, settle, wait_log
+
+# An agent that announces itself, reads the request, and exits without a reply; or,
+# with "hang", keeps the connection open and never answers.
+AGENT = """#!/usr/bin/python3
+import os, socket, sys, time
+listen = socket.socket(fileno=6)
+conn, _ = listen.accept()
+conn.sendall(b"protocol\\0delivery_request_protocol\\0\\0")
+conn.recv(65536)
+if sys.argv[-1] == "hang":
+    time.sleep(3600)
+os._exit(1)
+"""
+
+
+def _install_agent(inst, name: str) -> None:
+    path = os.path.join(inst.daemon_dir, name)
+    with open(path, "w") as f:
+        f.write(AGENT)
+    os.chmod(path, 0o755)
+
+
+def test_agent_crash_defers_the_message(side_by_side):
+    def scenario(inst, qmgr):
+        _install_agent(inst, "crashagent")
+        (qid,) = inst.smtp_send([("s@test.example", ["x@crash.example"])])
+        wait_log(inst, lambda ln: ln.queue_id == qid and ln.status == "deferred"
+                 or ln.program_name == "qmgr" and "malformed" in ln.text
+                 or ln.program_name == "qmgr" and "crash" in ln.text, "the crash noticed")
+        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
+                        "the message deferred")
+        settle(inst)
+        return outcome(inst)
+
+    side_by_side(scenario, name="agent crashes without a reply", item="4.4 dead transports",
+                 description="An agent that reads the request and exits: qmgr (3.7.11) "
+                             "defers the message and leaves the transport alive.",
+                 transports={"crash.example": "crash:"},
+                 master_cf_extra=["crash unix - - n - - crashagent"],
+                 main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s"})
+
+
+def test_agent_without_reply_is_fatal_and_loses_nothing(side_by_side):
+    def scenario(inst, qmgr):
+        _install_agent(inst, "hangagent")
+        (qid,) = inst.smtp_send([("s@test.example", ["x@hang.example"])])
+        wait_log(inst, lambda ln: ln.program_name == "qmgr" and ln.severity == "fatal",
+                 "the qmgr's fatal timeout", timeout=30)
+        wait_log(inst, lambda ln: ln.program_name == "master" and "exit status 1" in ln.text,
+                 "master seeing the qmgr exit", timeout=30)
+        # The file is still in the queue (active/, recovered by the next qmgr).
+        still_queued = any(inst.queue_path(q, qid) for q in ("active", "incoming"))
+        inst.stop()
+        qmgr_lines, _ = log_lines(inst, {})
+        # Up to the first fatal: after it, master's restarts repeat the cycle on a timer.
+        upto = next(i for i, x in enumerate(qmgr_lines) if "fatal:" in x)
+        return Outcome(log=qmgr_lines[:upto + 1], extra={"still_queued": still_queued})
+
+    side_by_side(scenario, name="agent never replies", item="4.4 dead transports",
+                 description="An agent that takes the request and never answers: after "
+                             "daemon_timeout the qmgr logs stock's fatal error and exits; "
+                             "master starts a new one and the message is still queued.",
+                 transports={"hang.example": "hang:"},
+                 master_cf_extra=["hang unix - - n - - hangagent hang"],
+                 main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s",
+                          "daemon_timeout": "5s"})
