@@ -62,6 +62,14 @@ def unquote_822_local(address: str) -> str:
     return f"{local}@{domain}" if at else local
 
 
+#: Stock's mail_connect_wait sleeps this long between connection attempts.
+CONNECT_RETRY_DELAY = 10.0
+
+
+class ConnectFailure(OSError):
+    """The service's socket refused the connection (not an exchange that broke)."""
+
+
 class ResolverFailure(Exception):
     """trivial-rewrite could not be reached or answered nonsense for too long."""
 
@@ -110,11 +118,22 @@ class ResolveClient:
         payload = encode((("request", request), ("sender", sender), ("address", address)))
         deadline = now + self.give_up_after
         tries = 0
+        connects = 0
         while True:
             tries += 1
             try:
                 result = self._exchange(payload)
                 break
+            except ConnectFailure as exc:
+                # Stock's mail_connect_wait: warn with a count, wait 10 s, try again.
+                connects += 1
+                if self._warn is not None:
+                    self._warn(f"connect #{connects} to subsystem {self.path}: "
+                               f"{exc.strerror or exc}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ResolverFailure(str(exc)) from exc
+                self._sleep(min(CONNECT_RETRY_DELAY, left))
             except (AttrError, OSError, EOFError) as exc:
                 self.close()
                 if tries == 1:
@@ -122,7 +141,8 @@ class ResolveClient:
                     # its last use (it restarts when tables change): reconnect at once.
                     continue
                 if tries > 2 and self._warn is not None:
-                    self._warn(f"problem talking to service rewrite: {exc}")
+                    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                    self._warn(f"problem talking to service rewrite: {text}")
                 if time.monotonic() >= deadline:
                     raise ResolverFailure(str(exc)) from exc
                 self._sleep(1.0)
@@ -165,9 +185,9 @@ class ResolveClient:
         sock.settimeout(self.ipc_timeout)
         try:
             sock.connect(self.path)
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            raise ConnectFailure(exc.errno, exc.strerror) from exc
         self._sock = sock
         self._parser = AttrParser()
         self._opened = time.monotonic()

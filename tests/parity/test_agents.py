@@ -5,6 +5,7 @@ master(8) like any agent."""
 from __future__ import annotations
 
 import os
+import time
 
 from compat.parity import Outcome
 from tests.parity.common import log_lines, outcome, settle, wait_log
@@ -74,3 +75,36 @@ def test_agent_without_reply_is_fatal_and_loses_nothing(side_by_side):
                  master_cf_extra=["hang unix - - n - - hangagent hang"],
                  main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s",
                           "daemon_timeout": "5s"})
+
+
+def test_unreachable_trivial_rewrite(side_by_side):
+    def scenario(inst, qmgr):
+        qids = inst.preload([("s@test.example", [f"r{i}@discard.example"]) for i in range(3)])
+        line = inst.postconf("-M", "rewrite/unix").strip()
+        inst.postconf("-M#", "rewrite/unix")
+        inst.reload()
+        inst.release_preload()
+        time.sleep(8)  # > qmgr_ipc_timeout
+        where = {qid: next((q for q in ("incoming", "active", "deferred")
+                            if inst.queue_path(q, qid)), "gone") for qid in qids}
+        inst.postconf("-Me", f"rewrite/unix={line}")
+        inst.reload()
+        inst.postqueue("-f")
+        for qid in qids:
+            wait_log(inst, lambda ln, q=qid: ln.queue_id == q and ln.text.endswith("removed"),
+                     "delivery once trivial-rewrite is back", timeout=60)
+        settle(inst)
+        return outcome(inst, unordered=True, collapse=True,
+                       while_down=sorted(where.values()))
+
+    side_by_side(scenario, name="trivial-rewrite unreachable", item="4.6 faults",
+                 description="With the rewrite service gone, stock's qmgr retries the "
+                             "resolver forever (its whole loop stalls, the files wait in "
+                             "active/); pyqmgr gives up after qmgr_ipc_timeout, logs "
+                             "'address resolver failure -- deferring message' and defers "
+                             "them. Either way every message is delivered once the "
+                             "service is back.",
+                 intended="pyqmgr does not stall the whole queue on one dead service; "
+                          "it defers, which loses nothing",
+                 transports={"discard.example": "discard:"},
+                 main_cf={"qmgr_ipc_timeout": "3s"})
