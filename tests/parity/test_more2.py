@@ -1,0 +1,173 @@
+"""Parity scenarios: force-expire with -e, bounce_queue_lifetime, postqueue -i, VERP,
+an unreachable bounce service, the W and I triggers, and the age-based backoff."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import time
+
+from tests.parity.common import outcome, settle, wait_log
+
+FAST = {"queue_run_delay": "1s", "minimal_backoff_time": "2s", "maximal_backoff_time": "4s"}
+SLOW = {"queue_run_delay": "300s", "minimal_backoff_time": "300s",
+        "maximal_backoff_time": "600s"}
+
+
+def _cfg(srv, **main):
+    return dict(transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
+                main_cf={**FAST, **main})
+
+
+def _deferred(inst, qid):
+    inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
+                    f"{qid} in deferred/")
+
+
+def test_postsuper_e_expires_at_next_attempt(side_by_side, sink):
+    srv = sink(replies={"*": "450 4.2.0 later"})
+
+    def scenario(inst, qmgr):
+        (qid,) = inst.smtp_send([(inst.local_address, ["e@sink.example"])])
+        _deferred(inst, qid)
+        inst.postsuper("-e", qid)
+        inst.postqueue("-i", qid)
+        wait_log(inst, lambda ln: ln.queue_id == qid and "status=force-expired" in ln.text,
+                 "the expiry at the next attempt", timeout=40)
+        wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
+                 "the bounce delivered")
+        settle(inst)
+        return outcome(inst, collapse=True)
+
+    side_by_side(scenario, name="postsuper -e force-expire", item="4.2 expiry and notices",
+                 description="postsuper -e marks a deferred message expired; it is tried "
+                             "no more and returned at its next queue run.",
+                 **_cfg(srv, **SLOW))
+
+
+def test_bounce_queue_lifetime(side_by_side, sink):
+    srv = sink(replies={"*": "450 4.2.0 later"})
+
+    def scenario(inst, qmgr):
+        with __import__("smtplib").SMTP("127.0.0.1", inst.smtpd_port, timeout=60) as smtp:
+            smtp.ehlo()
+            smtp.sendmail("", ["b@sink.example"], b"Subject: x\r\n\r\nbody\r\n")
+        wait_log(inst, lambda ln: ln.program_name == "qmgr" and "status=expired" in ln.text,
+                 "the null-sender message given up", timeout=40)
+        settle(inst)
+        return outcome(inst, collapse=True)
+
+    side_by_side(scenario, name="bounce_queue_lifetime", item="4.2 expiry and notices",
+                 description="A null-sender message uses bounce_queue_lifetime (2s) "
+                             "instead of maximal_queue_lifetime (1d): it is given up "
+                             "after its next attempt.",
+                 **_cfg(srv, bounce_queue_lifetime="2s"))
+
+
+def test_postqueue_i_delivers_one_message(side_by_side, sink):
+    srv = sink(replies={"*": "450 4.2.0 later"})
+
+    def scenario(inst, qmgr):
+        start = len(srv.messages())
+        one, two = inst.smtp_send([("s@sink.example", ["one@sink.example"]),
+                                   ("s@sink.example", ["two@sink.example"])])
+        _deferred(inst, one)
+        _deferred(inst, two)
+        srv.set_replies({})
+        inst.postqueue("-i", one)
+        wait_log(inst, lambda ln: ln.queue_id == one and ln.text.endswith("removed"),
+                 "the flushed message delivered")
+        settle(inst)
+        delivered = sorted(r for m in srv.messages()[start:] for r in m.recipients)
+        srv.set_replies({"*": "450 4.2.0 later"})
+        return outcome(inst, delivered=delivered)
+
+    side_by_side(scenario, name="postqueue -i", item="4.1 deferred queue",
+                 description="postqueue -i flushes one deferred message; the other waits.",
+                 **_cfg(srv, **SLOW))
+
+
+def test_verp_notice(side_by_side, sink):
+    srv = sink(replies={"b@sink.example": "550 5.1.1 gone"})
+
+    def scenario(inst, qmgr):
+        start = len(srv.messages())
+        inst.sendmail(inst.local_address, ["a@sink.example", "b@sink.example"],
+                      extra_args=["-XV"])
+        wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
+                 "the VERP bounce delivered", timeout=40)
+        settle(inst)
+        senders = sorted(m.sender for m in srv.messages()[start:])
+        return outcome(inst, sink_senders=[s.split("@")[0] for s in senders])
+
+    side_by_side(scenario, name="VERP delivery and bounce", item="4.2 expiry and notices",
+                 description="sendmail -XV: each recipient gets its own VERP sender; the "
+                             "bounce for the failed one goes to its VERP address.",
+                 **_cfg(srv, recipient_delimiter="+"))
+
+
+def test_bounce_service_unreachable(side_by_side, sink):
+    srv = sink(replies={"*": "550 5.1.1 gone"})
+
+    def scenario(inst, qmgr):
+        line = inst.postconf("-M", "bounce/unix").strip()
+        inst.postconf("-M#", "bounce/unix")
+        inst.reload()
+        (qid,) = inst.smtp_send([(inst.local_address, ["x@sink.example"])])
+        _deferred(inst, qid)
+        settle(inst)
+        out = outcome(inst, collapse=True)
+        inst.postconf("-Me", f"bounce/unix={line}")
+        return out
+
+    side_by_side(scenario, name="bounce service unreachable", item="4.6 faults",
+                 description="With no bounce service, a 5xx cannot be bounced: the "
+                             "message is deferred, not lost.", **_cfg(srv, **SLOW))
+
+
+def test_w_and_i_triggers(side_by_side, sink):
+    srv = sink()
+
+    def scenario(inst, qmgr):
+        (qid,) = inst.preload([("s@sink.example", ["w@sink.example"])])
+        inst.release_preload()
+        wait_log(inst, lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
+                 "the preloaded message delivered")
+        (qid2,) = inst.preload([("s@sink.example", ["i@sink.example"])])
+        inst.release_preload()
+        for request in ("W", "I"):
+            subprocess.run(["postkick", "-c", inst.config_dir, "public", "qmgr", request],
+                           check=True, timeout=30)
+        wait_log(inst, lambda ln: ln.queue_id == qid2 and ln.text.endswith("removed"),
+                 "the second message delivered")
+        settle(inst)
+        return outcome(inst)
+
+    side_by_side(scenario, name="incoming scans (start-up, W and I)",
+                 item="4.1 deferred queue",
+                 description="Files waiting in incoming/ are picked up by the start-up "
+                             "scan and after W and I triggers.", **_cfg(srv, **SLOW))
+
+
+def test_backoff_grows_with_age(side_by_side, sink):
+    srv = sink(replies={"*": "450 4.2.0 later"})
+
+    def scenario(inst, qmgr):
+        (qid,) = inst.smtp_send([("s@sink.example", ["old@sink.example"])])
+        _deferred(inst, qid)
+        time.sleep(3.2)  # now about 3 s old: between minimal (2 s) and maximal (4 s)
+        inst.postqueue("-i", qid)
+        wait_log(inst, lambda ln: ln.queue_id == qid and ln.program_name == "smtp",
+                 "the second attempt", count=2)
+        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 20,
+                        "deferred again")
+        time.sleep(0.3)
+        st = os.stat(inst.queue_path("deferred", qid))
+        return outcome(inst, collapse=True, backoff_s=math.ceil(st.st_mtime - st.st_ctime))
+
+    side_by_side(scenario, name="backoff from the message's age", item="4.1 deferred queue",
+                 description="The retry delay is the message's age, between "
+                             "minimal_backoff_time (2s) and maximal_backoff_time (10s).",
+                 **_cfg(srv, queue_run_delay="300s", minimal_backoff_time="2s",
+                        maximal_backoff_time="10s"))
