@@ -35,7 +35,6 @@ RESOLVE_CLASS_DEFAULT = 0x1000
 PROTOCOL = "trivial_rewrite_protocol"
 _REPLY_NAMES = ("flags", "transport", "nexthop", "recipient", "flags")
 _CACHE_TTL = 30.0
-_CACHE_MAX = 4096
 
 
 _SPECIALS = set('()<>@,;:\\".[] \t')
@@ -105,16 +104,18 @@ class ResolveClient:
         self._parser = AttrParser()
         self._opened = 0.0
         self._used = 0.0
-        self._cache: dict[tuple[str, str, str], tuple[float, Resolved]] = {}
+        self._last_key: tuple[str, str, str] | None = None
+        self._last_result: Resolved | None = None
+        self._last_expire = 0.0
 
     def resolve(self, sender: str, address: str, verify: bool = False) -> Resolved:
         request = "verify" if verify else "resolve"
         key = (request, sender, address)
         now = time.monotonic()
-        if address:
-            hit = self._cache.get(key)
-            if hit is not None and now - hit[0] < _CACHE_TTL:
-                return hit[1]
+        # Stock's one-entry cache: the same lookup again within 30 s is not sent.
+        if address and key == self._last_key and now < self._last_expire:
+            assert self._last_result is not None
+            return self._last_result
         payload = encode((("request", request), ("sender", sender), ("address", address)))
         deadline = now + self.give_up_after
         tries = 0
@@ -146,10 +147,9 @@ class ResolveClient:
                 if time.monotonic() >= deadline:
                     raise ResolverFailure(str(exc)) from exc
                 self._sleep(1.0)
-        if address:
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-            self._cache[key] = (time.monotonic(), result)
+        self._last_key = key
+        self._last_result = result
+        self._last_expire = time.monotonic() + _CACHE_TTL
         return result
 
     def rewrite(self, rule: str, address: str) -> str:
