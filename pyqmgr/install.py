@@ -68,6 +68,8 @@ def launcher_text(python: str | None = None) -> str:
         f"#!{python or sys.executable} -I\n"
         "# Written by 'pyqmgr install': master(8) runs this as the qmgr service.\n"
         "import sys\n"
+        "# Only local sockets, never TLS: keep OpenSSL (4 MiB resident) out of the daemon.\n"
+        "sys.modules['ssl'] = None\n"
         "from pyqmgr.daemon import main\n"
         "sys.exit(main(sys.argv))\n"
     )
