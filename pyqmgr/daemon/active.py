@@ -194,9 +194,13 @@ class ActiveQueue:
             limit = self.qmgr.scheduler.first_read_limit()
             batch = queue_file.read_batch(data, qf, min(limit, MAX_BATCH),
                                           verp_filter=self.cfg.verp_delimiter_filter)
+            # Stock logs as it reads: warnings before the sender record come first.
+            split = batch.opened_after if batch.opened is not None else len(batch.warnings)
+            for text in batch.warnings[:split]:
+                self.log.warning(text)
             if batch.opened is not None:
                 self._log_opened(qid, batch.opened)
-            for text in batch.warnings:
+            for text in batch.warnings[split:]:
                 self.log.warning(text)
             if not batch.ok:
                 os.close(fd)

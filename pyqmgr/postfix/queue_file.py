@@ -234,6 +234,9 @@ class Batch:
     #: Set when the S record was first read in this call, even if the file was then
     #: refused: stock logs the "(queue active)" line before it finds the damage.
     opened: Opened | None = None
+    #: How many of ``warnings`` came before the sender record: stock logs the
+    #: ``(queue active)`` line right there, between them.
+    opened_after: int = 0
 
     @property
     def sender_seen_now(self) -> bool:
@@ -368,6 +371,7 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
     warnings: list[str] = []
     recipients: list[Recipient] = []
     opened: Opened | None = None
+    opened_after = 0
     save_offset = msg.rcpt_offset
     save_unread = msg.rcpt_unread
     seen = msg.seen_attrs
@@ -535,6 +539,7 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
                 if msg.sender is None:
                     msg.sender = _text(start)
                     opened = Opened(msg.sender, msg.cont_length, msg.rcpt_unread)
+                    opened_after = len(warnings)
             elif rtype == REC_TYPE_DSN_ENVID:
                 msg.envelope_id = _text(start)
             elif rtype == REC_TYPE_DSN_RET:
@@ -562,7 +567,7 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
         warnings.append(str(exc))
         msg.rcpt_offset = save_offset
         msg.rcpt_unread = save_unread
-        return Batch([], warnings, False, opened)
+        return Batch([], warnings, False, opened, opened_after)
 
     if dsn_orcpt is not None and end_type > 0:
         warnings.append(f"{qid}: ignoring out-of-order DSN original recipient "
@@ -590,7 +595,7 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
         msg.rcpt_offset = save_offset
         msg.rcpt_unread = save_unread
         recipients = []
-    return Batch(recipients, warnings, ok, opened)
+    return Batch(recipients, warnings, ok, opened, opened_after)
 
 
 def _attribute(msg: Message, name: bytes, value: bytes, offset: int, seen: set[str],

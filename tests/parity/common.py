@@ -73,17 +73,41 @@ def notices(inst: PostfixInstance, qids: dict[str, str], user: str = LOCAL_USER)
     return sorted(out)
 
 
+def _grouped(lines: list[str]) -> list[str]:
+    """Each file's lines together, files in name order, each file's own order kept.
+
+    A line without a queue id (stock's "Unexpected record type") belongs to the file
+    of the next line that has one: the reader logs it just before that file's verdict.
+    """
+    keys: list[str] = []
+    for line in lines:
+        m = re.search(r"\b([A-Z0-9]{6,12})\b(?=[:\"])", line)
+        keys.append(m.group(1) if m else "")
+    nxt = "~"
+    for i in range(len(lines) - 1, -1, -1):
+        if keys[i]:
+            nxt = keys[i]
+        else:
+            keys[i] = nxt
+    order = sorted(range(len(lines)), key=lambda i: (keys[i], i))
+    return [lines[i] for i in order]
+
+
 def outcome(inst: PostfixInstance, unordered: bool = False, collapse: bool = False,
-            **extra: object) -> Outcome:
+            grouped: bool = False, **extra: object) -> Outcome:
     """``unordered``: the order messages were picked up in is not comparable (it is a
     directory order, and the two runs have different queue ids), so ids are blanked
     and qmgr's lines sorted too. ``collapse``: how many periodic retries fit into the
-    scenario's waits is timing, so repeated lines count once."""
+    scenario's waits is timing, so repeated lines count once. ``grouped``: files
+    dropped into a queue directory by hand are picked up in directory order, which is
+    not the qmgr's choice: compare each file's lines, files in name order."""
     qids: dict[str, str] = {}
     qmgr, agents = log_lines(inst, qids)
     if collapse:
         qmgr = [x for i, x in enumerate(qmgr) if i == 0 or qmgr[i - 1] != x]
         agents = sorted(set(agents))
+    if grouped:
+        qmgr = _grouped(qmgr)
     if unordered:
         qmgr = sorted(re.sub(r"\bQ\d+\b", "Q", line) for line in qmgr)
         agents = sorted(re.sub(r"\bQ\d+\b", "Q", line) for line in agents)

@@ -135,7 +135,7 @@ def test_every_malformation_goes_to_corrupt(side_by_side):
             wait_log(inst, lambda ln, q=qid: ln.text == f'warning: saving corrupt file "{q}" '
                      'from queue "active" to queue "corrupt"', f"{qid} saved as corrupt")
         settle(inst)
-        return outcome(inst, corrupt=sorted(inst.queue_files("corrupt")))
+        return outcome(inst, grouped=True, corrupt=sorted(inst.queue_files("corrupt")))
 
     side_by_side(scenario, name="malformed queue files", item="4.6 faults",
                  description="Eight kinds of damaged queue file (truncated, not a queue "
@@ -237,3 +237,55 @@ def test_kill_9_trials_lose_and_double_nothing(postfix_instance, sink, parity_re
     assert figures["pyqmgr"]["lost"] == 0
     assert figures["pyqmgr"]["doubled"] <= figures["stock"]["doubled"]
     assert figures["stock"]["recipients"] == figures["pyqmgr"]["recipients"] == 200
+
+
+def _valid_with(extra_envelope: list[tuple[str, bytes]] = (), sender: bytes = b"a@discard.example",
+                size: bytes | None = None) -> bytes:
+    """A valid queue file with extra envelope records (and optionally a bad size record)."""
+    from pyqmgr.postfix.record import encode_record
+
+    recs = [("T", b"1795344681 411377"), ("A", b"create_time=1795344681"),
+            *extra_envelope, ("S", sender), ("O", b"b@discard.example"),
+            ("R", b"b@discard.example"), ("M", b"")]
+    body = b"".join(encode_record(t, p) for t, p in recs)
+    probe = encode_record("C", b"%15d %15d %15d %15d %15d %15d" % (7, 0, 1, 0, 7, 0))
+    offset = len(probe) + len(body)
+    head = encode_record("C", size if size is not None else
+                         b"%15d %15d %15d %15d %15d %15d" % (7, offset, 1, 0, 7, 0))
+    return head + body + encode_record("N", b"hello") + encode_record("X", b"") \
+        + encode_record("E", b"")
+
+
+MORE_MALFORMED = {
+    "BBBBB1": b"C\x80",  # EOF in the middle of a length
+    "BBBBB2": b"C" + b"\xff" * 6 + b"\x01" + b"x" * 10,  # too many length bits
+    "BBBBB3": _valid_with([("p", b"not-a-number")]),  # malformed pointer record
+    "BBBBB4": _valid_with(size=b"abc def ghi"),  # invalid size record
+    "BBBBB5": _valid_with([("A", b"no-equals-sign")]),  # bad attribute record
+    "BBBBB6": _valid_with([("A", b"dsn_ret=junk")]),  # malformed DSN RET flags
+    "BBBBB7": _valid_with([("V", b"+=")], sender=b""),  # VERP for a null sender
+    "BBBBB8": _valid_with([("V", b"abc")]),  # bad VERP delimiters
+    "BBBBB9": _valid_with(size=b"%15d %15d %15d %15d %15d %15d" % (7, 9, 1, 0, 7, 999)),
+}
+
+
+def test_more_malformations(side_by_side):
+    def scenario(inst, qmgr):
+        for qid, data in MORE_MALFORMED.items():
+            _drop_in_incoming(inst, qid, data)
+        inst.postqueue("-f")
+        for qid in MORE_MALFORMED:
+            wait_log(inst, lambda ln, q=qid: q in ln.text and (
+                "corrupt" in ln.text or ln.text.endswith("removed")),
+                f"{qid} delivered or saved as corrupt")
+        settle(inst)
+        return outcome(inst, grouped=True, corrupt=sorted(inst.queue_files("corrupt")))
+
+    side_by_side(scenario, name="reader and record malformations", item="4.6 faults",
+                 description="The other reader errors the facts list: EOF inside a "
+                             "length, too many length bits, a malformed pointer record, "
+                             "an invalid size record or flags, a bad attribute record, "
+                             "bad DSN RET flags, VERP for a null sender, bad VERP "
+                             "delimiters. Warnings and fates (corrupt/ or delivered) "
+                             "as stock's.",
+                 transports={"discard.example": "discard:"})
