@@ -171,3 +171,33 @@ def test_backoff_grows_with_age(side_by_side, sink):
                              "minimal_backoff_time (2s) and maximal_backoff_time (10s).",
                  **_cfg(srv, queue_run_delay="300s", minimal_backoff_time="2s",
                         maximal_backoff_time="10s"))
+
+
+def test_flush_revives_a_dead_site(side_by_side, sink):
+    srv = sink()
+
+    def scenario(inst, qmgr):
+        start = len(srv.messages())
+        srv.refuse()
+        (first,) = inst.smtp_send([("s@sink.example", ["one@sink.example"])])
+        wait_log(inst, lambda ln: ln.queue_id == first and ln.program_name == "smtp"
+                 and ln.status == "deferred", "connection refused")
+        (second,) = inst.smtp_send([("s@sink.example", ["two@sink.example"])])
+        wait_log(inst, lambda ln: ln.queue_id == second and "suspended" in ln.text,
+                 "the dead site")
+        _deferred(inst, first)
+        _deferred(inst, second)
+        srv.reopen()
+        inst.postqueue("-f")
+        for q in (first, second):
+            wait_log(inst, lambda ln, q=q: ln.queue_id == q and ln.text.endswith("removed"),
+                     "delivery after the flush")
+        settle(inst)
+        return outcome(inst, delivered=sorted(r for m in srv.messages()[start:]
+                                              for r in m.recipients))
+
+    side_by_side(scenario, name="postqueue -f revives a dead site", item="4.1 deferred queue",
+                 description="The F trigger forgets dead transports and destinations: "
+                             "after a flush, mail for a site that was declared dead is "
+                             "tried at once.",
+                 **_cfg(srv, **SLOW, initial_destination_concurrency="1"))
