@@ -81,7 +81,7 @@ def _grouped(lines: list[str]) -> list[str]:
     """
     keys: list[str] = []
     for line in lines:
-        m = re.search(r"\b([A-Z0-9]{6,12})\b(?=[:\"])", line)
+        m = re.search(r"\b(Q\d+|[A-Z0-9]{6,12})\b(?=[:\"])", line)
         keys.append(m.group(1) if m else "")
     nxt = "~"
     for i in range(len(lines) - 1, -1, -1):
