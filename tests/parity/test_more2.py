@@ -202,3 +202,42 @@ def test_flush_revives_a_dead_site(side_by_side, sink):
                              "after a flush, mail for a site that was declared dead is "
                              "tried at once.",
                  **_cfg(srv, **SLOW, initial_destination_concurrency="1"))
+
+
+def test_damage_after_the_first_recipient_batch(side_by_side):
+    from pyqmgr.postfix.record import encode_record
+    from tests.test_bad_input import _drop_in_incoming
+
+    def big_file(n: int, broken_at: int) -> bytes:
+        recs = [("T", b"1795344681 411377"), ("A", b"create_time=1795344681"),
+                ("S", b"a@discard.example")]
+        for i in range(n):
+            rtype = "Z" if i == broken_at else "R"
+            recs += [("O", b"r%d@discard.example" % i), (rtype, b"r%d@discard.example" % i)]
+        recs.append(("M", b""))
+        body = b"".join(encode_record(t, p) for t, p in recs)
+        probe = encode_record("C", b"%15d %15d %15d %15d %15d %15d" % (7, 0, n, 0, 7, 0))
+        head = encode_record("C", b"%15d %15d %15d %15d %15d %15d"
+                             % (7, len(probe) + len(body), n, 0, 7, 0))
+        return head + body + encode_record("N", b"hello") + encode_record("X", b"") \
+            + encode_record("E", b"")
+
+    def scenario(inst, qmgr):
+        _drop_in_incoming(inst, "CCCCC1", big_file(60, 45))
+        inst.postqueue("-f")
+        wait_log(inst, lambda ln: 'saving corrupt file "CCCCC1"' in ln.text,
+                 "the file saved as corrupt after its good batches", timeout=60)
+        settle(inst)
+        return outcome(inst, corrupt=inst.queue_files("corrupt"))
+
+    side_by_side(scenario, name="damage after the first recipient batch", item="4.6 faults",
+                 description="A 60-recipient file read 10 recipients at a time whose 46th "
+                             "recipient record is damaged: the batches before it are "
+                             "delivered, then the file goes to corrupt/.",
+                 transports={"discard.example": "discard:"},
+                 main_cf={"qmgr_message_active_limit": "10",
+                          "qmgr_message_recipient_limit": "10",
+                          "qmgr_message_recipient_minimum": "10",
+                          "default_recipient_limit": "10",
+                          "default_extra_recipient_limit": "0",
+                          "discard_destination_recipient_limit": "5"})
