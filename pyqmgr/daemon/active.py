@@ -352,7 +352,7 @@ class ActiveQueue:
 
     def _queue_name(self, transport: str, nexthop: str, address: str) -> str:
         if transport not in (ERROR, RETRY):
-            params = self.qmgr.transport_params(transport)
+            params = self.cfg.transport(transport)
             if params.destination_recipient_limit == 1:
                 return per_recipient_queue_name(
                     address, nexthop, self.cfg.recipient_delimiter,

@@ -28,7 +28,7 @@ from pyqmgr.daemon.active import (
 )
 from pyqmgr.daemon.delivery import AgentCall
 from pyqmgr.postfix import bounce, mail_queue, queue_file
-from pyqmgr.postfix.config import QmgrConfig, TransportConfig
+from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import DeliveryReply, encode_request
 from pyqmgr.postfix.log_adhoc import log_adhoc_line
 from pyqmgr.postfix.maillog_client import MailLog
@@ -39,9 +39,6 @@ from pyqmgr.scheduler.core import DeferRecipient, Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
-
-#: Stock keeps at most this many agent connections per transport waiting for an agent.
-MAX_PENDING_PER_TRANSPORT = 2
 
 #: Messages fed per event-loop pass. Stock feeds one; a few amortise the loop's own
 #: cost, and agent replies are still served between passes.
@@ -109,19 +106,7 @@ class Qmgr:
         self.cfg = cfg
         self.log = log
         self.flow = flow
-        self.scheduler = Scheduler(
-            self.transport_params,
-            min_backoff_time=cfg.minimal_backoff_time,
-            transport_retry_time=cfg.transport_retry_time,
-            initial_concurrency=cfg.initial_destination_concurrency,
-            feedback_debug=cfg.destination_concurrency_feedback_debug,
-            active_limit=cfg.qmgr_message_active_limit,
-            clog_warn_time=cfg.qmgr_clog_warn_time,
-            helpful_warnings=cfg.helpful_warnings,
-            rcpt_limit=cfg.qmgr_message_recipient_limit,
-            msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
-            refill=self._refill,
-        )
+        self.scheduler = Scheduler.from_settings(cfg, refill=self._refill)
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}",
             ipc_timeout=cfg.qmgr_ipc_timeout,
@@ -138,14 +123,6 @@ class Qmgr:
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: set[AgentCall] = set()
         self.loop = asyncio.get_running_loop()
-        self._params: dict[str, TransportConfig] = {}
-
-    def transport_params(self, name: str) -> TransportConfig:
-        params = self._params.get(name)
-        if params is None:
-            params = self.cfg.transport(name)
-            self._params[name] = params
-        return params
 
     # -- life cycle ---------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from pyqmgr.scheduler.entry import Entry, entry_create, entry_unselect
+from pyqmgr.scheduler.entry import Entry, entry_create
 from pyqmgr.scheduler.feedback import parse_or_warn
 from pyqmgr.scheduler.job import (
     blocker_update,
@@ -54,6 +54,22 @@ class FullTransportParams(TransportParams, Protocol):
     positive_feedback_name: str
     negative_feedback: str
     negative_feedback_name: str
+
+
+class Settings(Protocol):
+    """The main.cf parameters the core reads, by their names (config.QmgrConfig)."""
+
+    minimal_backoff_time: int
+    transport_retry_time: int
+    initial_destination_concurrency: int
+    destination_concurrency_feedback_debug: bool
+    qmgr_message_active_limit: int
+    qmgr_clog_warn_time: int
+    helpful_warnings: bool
+    qmgr_message_recipient_limit: int
+    qmgr_message_recipient_minimum: int
+
+    def transport(self, name: str) -> FullTransportParams: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +150,23 @@ class Scheduler:
         #: Times at which :meth:`tick` has work (decisions: arm a timer for each).
         self.timers: list[float] = []
 
+    @classmethod
+    def from_settings(cls, cfg: Settings, refill: Refill | None = None) -> Scheduler:
+        """The scheduler as main.cf configures it: the daemon's and the simulator's."""
+        return cls(
+            cfg.transport,
+            min_backoff_time=cfg.minimal_backoff_time,
+            transport_retry_time=cfg.transport_retry_time,
+            initial_concurrency=cfg.initial_destination_concurrency,
+            feedback_debug=cfg.destination_concurrency_feedback_debug,
+            active_limit=cfg.qmgr_message_active_limit,
+            clog_warn_time=cfg.qmgr_clog_warn_time,
+            helpful_warnings=cfg.helpful_warnings,
+            rcpt_limit=cfg.qmgr_message_recipient_limit,
+            msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
+            refill=refill,
+        )
+
     @property
     def clock(self) -> int:
         """Stock's whole-second clock for preemption scores, refills and caching."""
@@ -204,10 +237,8 @@ class Scheduler:
         """
         self._admit(message)
         if message.more:
-            limit = message.rcpt_limit - message.rcpt_count
-        else:
-            limit = max(self.rcpt_limit - self.rcpt_count, message.rcpt_limit)
-        return min(limit, MAX_READ)
+            return min(message.rcpt_limit - message.rcpt_count, MAX_READ)
+        return min(max(self.rcpt_limit - self.rcpt_count, message.rcpt_limit), MAX_READ)
 
     def first_read_limit(self) -> int:
         """:meth:`read_limit` for a message not created yet (the driver reads first)."""
@@ -378,11 +409,6 @@ class Scheduler:
         if t.pending > 0:
             t.pending -= 1
         self.throttle_transport(name, dsn, now)
-
-    def send_failed(self, entry: Entry, dsn: Dsn, now: float) -> None:
-        """The request could not be sent: put the entry back, the transport is dead."""
-        entry_unselect(entry)
-        self.throttle_transport(entry.queue.transport.name, dsn, now)
 
     def done(self, entry: Entry, status: int, hop: Dsn | None, crashed: bool, now: float) -> None:
         """A delivery finished (``qmgr_deliver_update``).

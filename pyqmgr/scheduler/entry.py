@@ -83,14 +83,3 @@ def entry_select(peer: Peer, now: int) -> Entry | None:
         queue.dflags &= ~DEL_REQ_FLAG_CONN_STORE
     queue.transport.sync(queue)
     return entry
-
-
-def entry_unselect(entry: Entry) -> None:
-    """Put a busy entry back at the front of its peer (the agent took no request)."""
-    queue = entry.queue
-    entry.busy = False
-    queue.busy_count -= 1
-    queue.todo.append(entry.queue_node)
-    entry.peer.entries.prepend(entry.peer_node)
-    entry.peer.job.selected_entries -= 1
-    queue.transport.sync(queue)

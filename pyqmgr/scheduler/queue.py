@@ -83,9 +83,6 @@ class Queue:
         self.window = 1
         self.resume_at = None
 
-    def has_room(self) -> bool:
-        return self.window > self.busy_count
-
     @property
     def idle(self) -> bool:
         """No entries at all: a live queue like this is discarded (``qmgr_queue_done``)."""

@@ -110,20 +110,7 @@ class Engine:
         self.rng = random.Random(scenario.seed if seed is None else seed)
         text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
         self.cfg = QmgrConfig.from_text(text, hostname="sim.example")
-        cfg = self.cfg
-        self.sched = Scheduler(
-            self.cfg.transport,
-            min_backoff_time=cfg.minimal_backoff_time,
-            transport_retry_time=cfg.transport_retry_time,
-            initial_concurrency=cfg.initial_destination_concurrency,
-            feedback_debug=cfg.destination_concurrency_feedback_debug,
-            active_limit=cfg.qmgr_message_active_limit,
-            clog_warn_time=cfg.qmgr_clog_warn_time,
-            helpful_warnings=cfg.helpful_warnings,
-            rcpt_limit=cfg.qmgr_message_recipient_limit,
-            msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
-            refill=self._refill,
-        )
+        self.sched = Scheduler.from_settings(self.cfg, refill=self._refill)
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
