@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import SinkServer
 
@@ -72,7 +74,7 @@ def test_preemption_gives_stocks_delivery_order(postfix_instance, sink):
         f"\nstock : {stock}\npyqmgr: {orders['pyqmgr']}")
 
 
-def _deferral_rate(make, sink, qmgr: str) -> tuple[float, int]:
+def _deferral_rate(make, sink, qmgr: str, feedback: str) -> tuple[float, int]:
     """First-pass deferral rate against a server that allows five sessions."""
     srv: SinkServer = sink(latency=0.02, client_limit=5)
     pf: PostfixInstance = make(
@@ -80,7 +82,9 @@ def _deferral_rate(make, sink, qmgr: str) -> tuple[float, int]:
         transports={"limited.example": f"smtp:[127.0.0.1]:{srv.port}"},
         main_cf={"smtp_destination_recipient_limit": "2",
                  "smtp_destination_concurrency_limit": "20",
-                 "initial_destination_concurrency": "5"},
+                 "initial_destination_concurrency": "5",
+                 "default_destination_concurrency_positive_feedback": feedback,
+                 "default_destination_concurrency_negative_feedback": feedback},
     )
     n = 400
     (qid,) = pf.smtp_send([("s@test.example", [f"r{i}@limited.example" for i in range(n)])])
@@ -92,10 +96,19 @@ def _deferral_rate(make, sink, qmgr: str) -> tuple[float, int]:
     return deferred / n, deferred
 
 
-def test_421_limiter_deferral_rate_matches_stock(postfix_instance, sink):
-    rates = {q: _deferral_rate(postfix_instance, sink, q) for q in ("stock", "pyqmgr")}
+@pytest.mark.parametrize("feedback, low, high", [
+    # Theory 1/(1 + 5) at concurrency 5.
+    ("1/concurrency", 0.05, 0.30),
+    # Stock 3.7's rounding drops the window by two on the first failure after a
+    # success: about 1/3, where the seed's 2007 scheduler deferred 1/2 (see
+    # scenarios/limiter-421-feedback-1-stock.toml, which simulates this run).
+    ("1", 0.25, 0.45),
+])
+def test_421_limiter_deferral_rate_matches_stock(postfix_instance, sink, feedback, low, high):
+    rates = {q: _deferral_rate(postfix_instance, sink, q, feedback)
+             for q in ("stock", "pyqmgr")}
     (stock, _), (ours, _) = rates["stock"], rates["pyqmgr"]
-    print(f"first-pass deferral rate: stock {stock:.1%}, pyqmgr {ours:.1%}")
-    # Default feedback is 1/concurrency: theory says about 1/(1 + 5) at concurrency 5.
-    assert 0.05 < stock < 0.4, rates
+    print(f"feedback {feedback}: first-pass deferral rate: stock {stock:.1%}, "
+          f"pyqmgr {ours:.1%}")
+    assert low < stock < high, rates
     assert abs(stock - ours) <= 0.03, rates

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pyqmgr.scheduler.entry import Entry, entry_create
-from pyqmgr.scheduler.feedback import parse_or_warn
+from pyqmgr.scheduler.feedback import ROUNDINGS, parse_or_warn
 from pyqmgr.scheduler.job import (
     blocker_update,
     job_entry_select,
@@ -116,6 +116,7 @@ class Scheduler:
         rcpt_limit: int = 20000,
         msg_rcpt_limit: int = 10,
         refill: Refill | None = None,
+        feedback_rounding: str = "stock",
     ) -> None:
         self.params_for = params_for
         self.min_backoff_time = min_backoff_time
@@ -130,6 +131,11 @@ class Scheduler:
         #: qmgr_message_recipient_minimum: every message's own slot reserve.
         self.msg_rcpt_limit = msg_rcpt_limit
         self.refill = refill
+        #: "stock" (the daemon, always) or "pseudocode" (the seed's 2007 rules, for
+        #: reproducing its tables in the simulator): see feedback.ROUNDINGS.
+        if feedback_rounding not in ROUNDINGS:
+            raise ValueError(f"feedback rounding must be one of {', '.join(ROUNDINGS)}")
+        self.feedback_rounding = feedback_rounding
         #: Messages in the active queue; the driver keeps it current (clog warnings).
         self.message_count = 0
         #: Recipients in core, all messages (stock's qmgr_recipient_count).
@@ -151,7 +157,8 @@ class Scheduler:
         self.timers: list[float] = []
 
     @classmethod
-    def from_settings(cls, cfg: Settings, refill: Refill | None = None) -> Scheduler:
+    def from_settings(cls, cfg: Settings, refill: Refill | None = None,
+                      feedback_rounding: str = "stock") -> Scheduler:
         """The scheduler as main.cf configures it: the daemon's and the simulator's."""
         return cls(
             cfg.transport,
@@ -165,6 +172,7 @@ class Scheduler:
             rcpt_limit=cfg.qmgr_message_recipient_limit,
             msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
             refill=refill,
+            feedback_rounding=feedback_rounding,
         )
 
     @property
@@ -181,7 +189,8 @@ class Scheduler:
             pos, pos_warn = parse_or_warn(cfg.positive_feedback, cfg.positive_feedback_name)
             neg, neg_warn = parse_or_warn(cfg.negative_feedback, cfg.negative_feedback_name)
             debug = self.feedback_debug and name not in (RETRY, ERROR)
-            t = Transport(name, cfg, pos, neg, self._info, feedback_debug=debug)
+            t = Transport(name, cfg, pos, neg, self._info, feedback_debug=debug,
+                          rounding=self.feedback_rounding)
             for warn in (pos_warn, neg_warn):
                 if warn:
                     self.log.append(("warning", warn))

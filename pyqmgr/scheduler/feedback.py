@@ -14,6 +14,17 @@ from dataclasses import dataclass
 IDX_NONE = 0
 IDX_WIN = 1
 
+#: How a window step is rounded. ``stock`` is qmgr_queue.c since postfix-2.5-20071129:
+#: a step is taken once the counter is within half a feedback of the hysteresis
+#: boundary (slack against floating-point error), and a destination dies when its
+#: failed pseudo-cohorts reach the limit (>=). ``pseudocode`` is the seed document's
+#: November 2007 pseudocode, the code its measured tables came from: no slack, and
+#: death only beyond the limit (>). They differ only where a feedback step is large
+#: (above 2/3): with feedback 1, stock drops the window by two on the first failure
+#: after a success, which is why stock defers about 1/3 of the mail against a 421
+#: limiter where the seed measured 1/2.
+ROUNDINGS = ("stock", "pseudocode")
+
 _INT_MAX = 2**31 - 1
 # A C strtod number: decimal with optional exponent, hex float, inf/nan.
 _NUMBER = (

@@ -123,7 +123,7 @@ class Queue:
             self._log_feedback(feedback)
             self.success += feedback
             hysteresis = t.pos_feedback.hysteresis
-            while self.success + feedback / 2 >= hysteresis:
+            while self.success + feedback * t.feedback_slack >= hysteresis:
                 self.window += hysteresis
                 self.success -= hysteresis
                 self.failure = 0.0
@@ -137,14 +137,15 @@ class Queue:
         if self.ready:
             self.fail_cohorts += 1.0 / self.window
             limit = t.cfg.failed_cohort_limit
-            if limit > 0 and self.fail_cohorts >= limit:
+            if limit > 0 and (self.fail_cohorts > limit if t.cohort_beyond_limit
+                              else self.fail_cohorts >= limit):
                 self.window = THROTTLED
         if self.ready:
             feedback = t.neg_feedback.value(self.window)
             self._log_feedback(feedback)
             self.failure -= feedback
             hysteresis = t.neg_feedback.hysteresis
-            while self.failure - feedback / 2 < 0:
+            while self.failure - feedback * t.feedback_slack < 0:
                 self.window -= hysteresis
                 self.success = 0.0
                 self.failure += hysteresis

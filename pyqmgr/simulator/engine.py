@@ -110,7 +110,8 @@ class Engine:
         self.rng = random.Random(scenario.seed if seed is None else seed)
         text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
         self.cfg = QmgrConfig.from_text(text, hostname="sim.example")
-        self.sched = Scheduler.from_settings(self.cfg, refill=self._refill)
+        self.sched = Scheduler.from_settings(self.cfg, refill=self._refill,
+                                             feedback_rounding=scenario.feedback_rounding)
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []

@@ -7,6 +7,10 @@ duration = 3600            # stop the clock here at the latest (seconds)
 [main_cf]                  # any main.cf parameter, as text, read with stock's rules
 smtp_destination_concurrency_limit = "20"
 
+[scheduler]
+feedback_rounding = "stock" # "stock" (Postfix 3.7, as the daemon) or "pseudocode" (the
+                           # seed's November 2007 rules its tables were measured with)
+
 [transports.smtp]
 process_limit = 100        # master.cf maxproc of the service
 
@@ -39,6 +43,8 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
+
+from pyqmgr.scheduler.feedback import ROUNDINGS
 
 OVERLOADS = ("421", "connect-timeout", "greeting-timeout")
 
@@ -90,6 +96,7 @@ class Scenario:
     destinations: dict[str, Destination] = field(default_factory=dict)
     messages: list[MessageSpec] = field(default_factory=list)
     title: str = ""
+    feedback_rounding: str = "stock"
 
 
 def _latency(value: Any, where: str) -> Latency:
@@ -111,6 +118,11 @@ def parse(data: dict[str, Any]) -> Scenario:
     sc = Scenario(seed=int(data.get("seed", 1)), duration=float(data.get("duration", 86400)),
                   title=str(data.get("title", "")))
     sc.main_cf = {str(k): str(v) for k, v in data.get("main_cf", {}).items()}
+    rounding = str(data.get("scheduler", {}).get("feedback_rounding", "stock"))
+    if rounding not in ROUNDINGS:
+        raise ScenarioError(
+            f"scheduler.feedback_rounding must be one of {', '.join(ROUNDINGS)}")
+    sc.feedback_rounding = rounding
     for name, t in data.get("transports", {}).items():
         sc.process_limits[name] = int(t.get("process_limit", 100))
     for name, d in data.get("destinations", {}).items():

@@ -1,6 +1,7 @@
 """The 2.5 concurrency window, step by step, against traces derived by hand from stock's
 qmgr_queue.c (which is what parity needs; the seed's pseudocode differs in two details:
 stock compares the cohort count with >=, and adds half a feedback step of rounding slack).
+The pseudocode's rules are the "pseudocode" rounding, traced at the end.
 """
 
 
@@ -14,10 +15,10 @@ from tests.unit.params import Params as Cfg
 DSN = Dsn("4.4.1", "connect refused")
 
 
-def queue(pos="1", neg="1", window=None, **cfg):
+def queue(pos="1", neg="1", window=None, rounding="stock", **cfg):
     lines: list[str] = []
     t = Transport("smtp", Cfg(**cfg), parse(pos), parse(neg), lines.append,
-                  feedback_debug=True)
+                  feedback_debug=True, rounding=rounding)
     q = t.queue("example.com", "example.com")
     if window is not None:
         q.window = window
@@ -105,3 +106,42 @@ def test_success_resets_failed_cohorts_and_positive_resets_failure():
     q.busy_count = 10
     q.unthrottle()
     assert q.fail_cohorts == 0 and q.failure == 0 and q.window == 4
+
+
+def test_pseudocode_rounding_drops_one_per_failure():
+    # Pseudocode: failure -= 1 -> -1; while (failure < 0): window -= 1, failure += 1.
+    q, _ = queue(failed_cohort_limit=0, rounding="pseudocode")
+    q.throttle(DSN, 0.0, 300)
+    assert q.window == 4 and q.failure == 0.0
+    q.throttle(DSN, 0.0, 300)
+    assert q.window == 3
+    q.busy_count = 3
+    q.unthrottle()
+    assert q.window == 4 and q.success == 0.0
+
+
+def test_pseudocode_rounding_one_over_concurrency_grows_at_exactly_one():
+    # No slack: five steps of 1/5 make exactly 1.0 in binary floating point too.
+    q, _ = queue(pos="1/concurrency", rounding="pseudocode")
+    q.busy_count = 5
+    for _ in range(4):
+        q.unthrottle()
+    assert q.window == 5
+    q.unthrottle()
+    assert q.window == 6
+
+
+def test_pseudocode_rounding_kills_only_beyond_the_cohort_limit():
+    # Window 2, negative feedback 0 so the window stays 2: cohorts 0.5, 1.0, 1.5.
+    q, _ = queue(neg="0", window=2, rounding="pseudocode")
+    assert not q.throttle(DSN, 0.0, 300)
+    assert not q.throttle(DSN, 0.0, 300), "1.0 is not beyond the limit of 1"
+    assert q.throttle(DSN, 0.0, 300)
+    stock, _ = queue(neg="0", window=2)
+    assert not stock.throttle(DSN, 0.0, 300)
+    assert stock.throttle(DSN, 0.0, 300), "stock: 1.0 reaches the limit of 1"
+
+
+def test_unknown_rounding_is_refused():
+    with pytest.raises(ValueError, match="stock, pseudocode"):
+        queue(rounding="2007")
