@@ -18,8 +18,9 @@ IDX_WIN = 1
 #: a step is taken once the counter is within half a feedback of the hysteresis
 #: boundary (slack against floating-point error), and a destination dies when its
 #: failed pseudo-cohorts reach the limit (>=). ``pseudocode`` is the seed document's
-#: November 2007 pseudocode, the code its measured tables came from: no slack, and
-#: death only beyond the limit (>). They differ only where a feedback step is large
+#: November 2007 pseudocode, the rules its measured tables came from (the code before
+#: 2.5-20071129): no slack, and, as the pseudocode writes it (the code said >=), death
+#: only beyond the limit (>). They differ only where a feedback step is large
 #: (above 2/3): with feedback 1, stock drops the window by two on the first failure
 #: after a success, which is why stock defers about 1/3 of the mail against a 421
 #: limiter where the seed measured 1/2.
