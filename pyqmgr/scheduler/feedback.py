@@ -20,10 +20,11 @@ IDX_WIN = 1
 #: failed pseudo-cohorts reach the limit (>=). ``pseudocode`` is the seed document's
 #: November 2007 pseudocode, the rules its measured tables came from (the code before
 #: 2.5-20071129): no slack, and, as the pseudocode writes it (the code said >=), death
-#: only beyond the limit (>). They differ only where a feedback step is large
-#: (above 2/3): with feedback 1, stock drops the window by two on the first failure
-#: after a success, which is why stock defers about 1/3 of the mail against a 421
-#: limiter where the seed measured 1/2.
+#: only beyond the limit (>). They agree when 1/feedback is a whole number of steps,
+#: except for negative feedback above 2/3: with feedback 1, stock drops the window by
+#: two on the first failure after a success, which is why stock defers about 1/3 of the
+#: mail against a 421 limiter where the seed measured 1/2. Other feedback (0.3, say)
+#: makes stock step one feedback early.
 ROUNDINGS = ("stock", "pseudocode")
 
 _INT_MAX = 2**31 - 1
