@@ -131,3 +131,37 @@ def settle(inst: PostfixInstance, seconds: float = 1.0) -> None:
             return
         last = n
         time.sleep(seconds)
+
+
+#: Short retry timers, so that deferral scenarios finish within seconds.
+FAST = {"queue_run_delay": "1s", "minimal_backoff_time": "2s", "maximal_backoff_time": "4s"}
+#: Timers long enough that no queue run or retry happens during a scenario.
+SLOW = {"queue_run_delay": "300s", "minimal_backoff_time": "300s",
+        "maximal_backoff_time": "600s"}
+
+
+def sink_config(srv, *domains: str, extra: dict[str, str] | None = None,
+                **main: str) -> dict:
+    """Instance settings: sink.example (and ``domains``) to the sink, FAST timers."""
+    nexthop = f"smtp:[127.0.0.1]:{srv.port}"
+    transports = {d: nexthop for d in ("sink.example", *domains)}
+    transports.update(extra or {})
+    return dict(transports=transports, main_cf={**FAST, **main})
+
+
+def delivered(srv, since: int) -> list[str]:
+    """Recipients the sink received after its first ``since`` messages, sorted."""
+    return sorted(r for m in srv.messages()[since:] for r in m.recipients)
+
+
+def wait_deferred(inst: PostfixInstance, qid: str) -> None:
+    inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
+                    f"{qid} in deferred/")
+
+
+def postkick(inst: PostfixInstance, request: str, service: str = "qmgr") -> None:
+    """Send a trigger the way postqueue and postsuper do."""
+    import subprocess
+
+    subprocess.run(["postkick", "-c", inst.config_dir, "public", service, request],
+                   check=True, timeout=30)

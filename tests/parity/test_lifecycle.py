@@ -13,24 +13,12 @@ import time
 
 import pytest
 
-from tests.parity.common import outcome, settle, wait_log
-
-FAST = {"queue_run_delay": "1s", "minimal_backoff_time": "2s", "maximal_backoff_time": "4s"}
+from tests.parity.common import FAST, delivered, outcome, settle, sink_config, wait_log
 
 
 @pytest.fixture
 def srv(sink):
     return sink()
-
-
-def _sink_cfg(srv, **main):
-    return dict(transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}",
-                            "other.example": f"smtp:[127.0.0.1]:{srv.port}"},
-                main_cf={**FAST, **main})
-
-
-def _delivered(srv, since: int) -> list[str]:
-    return sorted(r for m in srv.messages()[since:] for r in m.recipients)
 
 
 def test_deferred_then_flush(side_by_side, srv):
@@ -51,13 +39,13 @@ def test_deferred_then_flush(side_by_side, srv):
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
                  "removal after the flush")
         settle(inst)
-        return outcome(inst, backoff_s=backoff, delivered=_delivered(srv, start))
+        return outcome(inst, backoff_s=backoff, delivered=delivered(srv, start))
 
     side_by_side(scenario, name="4xx, deferred queue, postqueue -f",
                  item="4.1 deferred queue",
                  description="A recipient answered 450 goes to deferred/ with its retry "
                              "time (minimal_backoff_time) on the file's mtime; "
-                             "postqueue -f delivers it.", **_sink_cfg(srv))
+                             "postqueue -f delivers it.", **sink_config(srv, "other.example"))
 
 
 def test_postqueue_s_flushes_one_site(side_by_side, srv):
@@ -74,13 +62,14 @@ def test_postqueue_s_flushes_one_site(side_by_side, srv):
         wait_log(inst, lambda ln: ln.queue_id == qids[0] and ln.text.endswith("removed"),
                  "the flushed site's message removed")
         settle(inst)
-        return outcome(inst, delivered=_delivered(srv, start),
+        return outcome(inst, delivered=delivered(srv, start),
                        other_still_deferred=inst.queue_path("deferred", qids[1]) is not None)
 
     side_by_side(scenario, name="postqueue -s site", item="4.1 deferred queue",
                  description="Two deferred messages for two sites; postqueue -s flushes "
                              "only the named site's mail.",
-                 **_sink_cfg(srv, fast_flush_domains="sink.example, other.example"))
+                 **sink_config(srv, "other.example",
+                               fast_flush_domains="sink.example, other.example"))
 
 
 def test_bounce_for_a_permanent_failure(side_by_side, srv):
@@ -96,7 +85,7 @@ def test_bounce_for_a_permanent_failure(side_by_side, srv):
     side_by_side(scenario, name="bounce for 5xx", item="4.2 expiry and notices",
                  description="A 550 recipient is bounced: the bounce daemon's notice "
                              "reaches the (local) sender; the other recipient is "
-                             "delivered.", **_sink_cfg(srv))
+                             "delivered.", **sink_config(srv, "other.example"))
 
 
 def test_delay_warning_then_delay_cleared(side_by_side, srv):
@@ -122,7 +111,8 @@ def test_delay_warning_then_delay_cleared(side_by_side, srv):
                  description="delay_warning_time=1s: a deferred message gets a delay "
                              "warning on its next attempt; with confirm_delay_cleared, "
                              "its delivery sends a 'delay cleared' notice.",
-                 **_sink_cfg(srv, delay_warning_time="1s", confirm_delay_cleared="yes"))
+                 **sink_config(srv, "other.example", delay_warning_time="1s",
+                               confirm_delay_cleared="yes"))
 
 
 def test_force_expire(side_by_side, srv):
@@ -143,7 +133,7 @@ def test_force_expire(side_by_side, srv):
     side_by_side(scenario, name="postsuper -f force-expire", item="4.2 expiry and notices",
                  description="A deferred message force-expired with postsuper -f is "
                              "returned to the sender with its defer log's reason.",
-                 **_sink_cfg(srv))
+                 **sink_config(srv, "other.example"))
 
 
 def test_hold_and_release(side_by_side, srv):
@@ -163,11 +153,11 @@ def test_hold_and_release(side_by_side, srv):
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
                  "delivery after release", timeout=40)
         settle(inst)
-        return outcome(inst, held_during_flush=held, delivered=_delivered(srv, start))
+        return outcome(inst, held_during_flush=held, delivered=delivered(srv, start))
 
     side_by_side(scenario, name="postsuper -h / -H", item="4.3 hold and admin tools",
                  description="A held message is not delivered by a flush; released, it "
-                             "is.", **_sink_cfg(srv))
+                             "is.", **sink_config(srv, "other.example"))
 
 
 def test_missing_agent_defers(side_by_side):
@@ -217,12 +207,12 @@ def test_defer_transports_then_flush(side_by_side, srv):
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
                  "delivery by the flush")
         settle(inst)
-        return outcome(inst, delivered=_delivered(srv, start))
+        return outcome(inst, delivered=delivered(srv, start))
 
     side_by_side(scenario, name="defer_transports, postqueue -f", item="4.4 dead transports",
                  description="defer_transports=smtp defers without trying; postqueue -f "
                              "ignores it and delivers.",
-                 **_sink_cfg(srv, defer_transports="smtp"))
+                 **sink_config(srv, "other.example", defer_transports="smtp"))
 
 
 def test_startup_recovers_active(side_by_side, srv):
@@ -237,8 +227,8 @@ def test_startup_recovers_active(side_by_side, srv):
             wait_log(inst, lambda ln, q=q: ln.queue_id == q and ln.text.endswith("removed"),
                      "every recovered message delivered")
         settle(inst)
-        return outcome(inst, unordered=True, delivered=_delivered(srv, start))
+        return outcome(inst, unordered=True, delivered=delivered(srv, start))
 
     side_by_side(scenario, name="start-up recovery of active/", item="4.6 faults",
                  description="Files left in active/ by a stopped qmgr are moved back "
-                             "and delivered when qmgr starts.", **_sink_cfg(srv))
+                             "and delivered when qmgr starts.", **sink_config(srv, "other.example"))

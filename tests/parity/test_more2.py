@@ -8,21 +8,7 @@ import os
 import subprocess
 import time
 
-from tests.parity.common import outcome, settle, wait_log
-
-FAST = {"queue_run_delay": "1s", "minimal_backoff_time": "2s", "maximal_backoff_time": "4s"}
-SLOW = {"queue_run_delay": "300s", "minimal_backoff_time": "300s",
-        "maximal_backoff_time": "600s"}
-
-
-def _cfg(srv, **main):
-    return dict(transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
-                main_cf={**FAST, **main})
-
-
-def _deferred(inst, qid):
-    inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
-                    f"{qid} in deferred/")
+from tests.parity.common import SLOW, outcome, settle, sink_config, wait_deferred, wait_log
 
 
 def test_postsuper_e_expires_at_next_attempt(side_by_side, sink):
@@ -30,7 +16,7 @@ def test_postsuper_e_expires_at_next_attempt(side_by_side, sink):
 
     def scenario(inst, qmgr):
         (qid,) = inst.smtp_send([(inst.local_address, ["e@sink.example"])])
-        _deferred(inst, qid)
+        wait_deferred(inst, qid)
         inst.postsuper("-e", qid)
         inst.postqueue("-i", qid)
         wait_log(inst, lambda ln: ln.queue_id == qid and "status=force-expired" in ln.text,
@@ -43,7 +29,7 @@ def test_postsuper_e_expires_at_next_attempt(side_by_side, sink):
     side_by_side(scenario, name="postsuper -e force-expire", item="4.2 expiry and notices",
                  description="postsuper -e marks a deferred message expired; it is tried "
                              "no more and returned at its next queue run.",
-                 **_cfg(srv, **SLOW))
+                 **sink_config(srv, **SLOW))
 
 
 def test_bounce_queue_lifetime(side_by_side, sink):
@@ -62,7 +48,7 @@ def test_bounce_queue_lifetime(side_by_side, sink):
                  description="A null-sender message uses bounce_queue_lifetime (2s) "
                              "instead of maximal_queue_lifetime (1d): it is given up "
                              "after its next attempt.",
-                 **_cfg(srv, bounce_queue_lifetime="2s"))
+                 **sink_config(srv, bounce_queue_lifetime="2s"))
 
 
 def test_postqueue_i_delivers_one_message(side_by_side, sink):
@@ -72,8 +58,8 @@ def test_postqueue_i_delivers_one_message(side_by_side, sink):
         start = len(srv.messages())
         one, two = inst.smtp_send([("s@sink.example", ["one@sink.example"]),
                                    ("s@sink.example", ["two@sink.example"])])
-        _deferred(inst, one)
-        _deferred(inst, two)
+        wait_deferred(inst, one)
+        wait_deferred(inst, two)
         srv.set_replies({})
         inst.postqueue("-i", one)
         wait_log(inst, lambda ln: ln.queue_id == one and ln.text.endswith("removed"),
@@ -85,7 +71,7 @@ def test_postqueue_i_delivers_one_message(side_by_side, sink):
 
     side_by_side(scenario, name="postqueue -i", item="4.1 deferred queue",
                  description="postqueue -i flushes one deferred message; the other waits.",
-                 **_cfg(srv, **SLOW))
+                 **sink_config(srv, **SLOW))
 
 
 def test_verp_notice(side_by_side, sink):
@@ -104,7 +90,7 @@ def test_verp_notice(side_by_side, sink):
     side_by_side(scenario, name="VERP delivery and bounce", item="4.2 expiry and notices",
                  description="sendmail -XV: each recipient gets its own VERP sender; the "
                              "bounce for the failed one goes to its VERP address.",
-                 **_cfg(srv, recipient_delimiter="+"))
+                 **sink_config(srv, recipient_delimiter="+"))
 
 
 def test_bounce_service_unreachable(side_by_side, sink):
@@ -115,7 +101,7 @@ def test_bounce_service_unreachable(side_by_side, sink):
         inst.postconf("-M#", "bounce/unix")
         inst.reload()
         (qid,) = inst.smtp_send([(inst.local_address, ["x@sink.example"])])
-        _deferred(inst, qid)
+        wait_deferred(inst, qid)
         settle(inst)
         out = outcome(inst, collapse=True)
         inst.postconf("-Me", f"bounce/unix={line}")
@@ -123,7 +109,7 @@ def test_bounce_service_unreachable(side_by_side, sink):
 
     side_by_side(scenario, name="bounce service unreachable", item="4.6 faults",
                  description="With no bounce service, a 5xx cannot be bounced: the "
-                             "message is deferred, not lost.", **_cfg(srv, **SLOW))
+                             "message is deferred, not lost.", **sink_config(srv, **SLOW))
 
 
 def test_w_and_i_triggers(side_by_side, sink):
@@ -147,7 +133,7 @@ def test_w_and_i_triggers(side_by_side, sink):
     side_by_side(scenario, name="incoming scans (start-up, W and I)",
                  item="4.1 deferred queue",
                  description="Files waiting in incoming/ are picked up by the start-up "
-                             "scan and after W and I triggers.", **_cfg(srv, **SLOW))
+                             "scan and after W and I triggers.", **sink_config(srv, **SLOW))
 
 
 def test_backoff_grows_with_age(side_by_side, sink):
@@ -155,7 +141,7 @@ def test_backoff_grows_with_age(side_by_side, sink):
 
     def scenario(inst, qmgr):
         (qid,) = inst.smtp_send([("s@sink.example", ["old@sink.example"])])
-        _deferred(inst, qid)
+        wait_deferred(inst, qid)
         time.sleep(3.2)  # now about 3 s old: between minimal (2 s) and maximal (4 s)
         inst.postqueue("-i", qid)
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.program_name == "smtp",
@@ -169,7 +155,7 @@ def test_backoff_grows_with_age(side_by_side, sink):
     side_by_side(scenario, name="backoff from the message's age", item="4.1 deferred queue",
                  description="The retry delay is the message's age, between "
                              "minimal_backoff_time (2s) and maximal_backoff_time (10s).",
-                 **_cfg(srv, queue_run_delay="300s", minimal_backoff_time="2s",
+                 **sink_config(srv, queue_run_delay="300s", minimal_backoff_time="2s",
                         maximal_backoff_time="10s"))
 
 
@@ -185,8 +171,8 @@ def test_flush_revives_a_dead_site(side_by_side, sink):
         (second,) = inst.smtp_send([("s@sink.example", ["two@sink.example"])])
         wait_log(inst, lambda ln: ln.queue_id == second and "suspended" in ln.text,
                  "the dead site")
-        _deferred(inst, first)
-        _deferred(inst, second)
+        wait_deferred(inst, first)
+        wait_deferred(inst, second)
         srv.reopen()
         inst.postqueue("-f")
         for q in (first, second):
@@ -201,7 +187,7 @@ def test_flush_revives_a_dead_site(side_by_side, sink):
                  description="The F trigger forgets dead transports and destinations: "
                              "after a flush, mail for a site that was declared dead is "
                              "tried at once.",
-                 **_cfg(srv, **SLOW, initial_destination_concurrency="1"))
+                 **sink_config(srv, **SLOW, initial_destination_concurrency="1"))
 
 
 def test_damage_after_the_first_recipient_batch(side_by_side):

@@ -7,14 +7,7 @@ import os
 import smtplib
 import time
 
-from tests.parity.common import outcome, settle, wait_log
-
-FAST = {"queue_run_delay": "1s", "minimal_backoff_time": "2s", "maximal_backoff_time": "4s"}
-
-
-def _cfg(srv, **main):
-    return dict(transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
-                main_cf={**FAST, **main})
+from tests.parity.common import outcome, settle, sink_config, wait_log
 
 
 def test_sendmail_v_trace(side_by_side, sink):
@@ -30,7 +23,7 @@ def test_sendmail_v_trace(side_by_side, sink):
     side_by_side(scenario, name="sendmail -v (trace)", item="4.2 expiry and notices",
                  description="A message sent with sendmail -v is delivered and its "
                              "sender gets the trace report from the bounce daemon.",
-                 **_cfg(srv))
+                 **sink_config(srv))
 
 
 def test_sendmail_bv_verification(side_by_side, sink):
@@ -47,7 +40,7 @@ def test_sendmail_bv_verification(side_by_side, sink):
     side_by_side(scenario, name="sendmail -bv (address verification request)",
                  item="4.2 expiry and notices",
                  description="sendmail -bv: nothing is delivered; the sender gets a "
-                             "report of what would happen.", **_cfg(srv))
+                             "report of what would happen.", **sink_config(srv))
 
 
 def test_address_verification_probe(side_by_side, sink):
@@ -68,7 +61,7 @@ def test_address_verification_probe(side_by_side, sink):
                              "a probe through the queue; qmgr delivers it as a probe "
                              "(nothing reaches the mailbox) and smtpd accepts the "
                              "recipient.",
-                 **_cfg(srv, smtpd_recipient_restrictions="reject_unverified_recipient, "
+                 **sink_config(srv, smtpd_recipient_restrictions="reject_unverified_recipient, "
                                                           "permit_mynetworks, reject"))
 
 
@@ -89,7 +82,7 @@ def test_double_bounce_is_discarded(side_by_side, sink):
                  description="A null-sender message bounces; the postmaster notice "
                              "(from double-bounce) cannot be delivered either and qmgr "
                              "discards it instead of bouncing it again.",
-                 **_cfg(srv, notify_classes="bounce",
+                 **sink_config(srv, notify_classes="bounce",
                         **{"2bounce_notice_recipient": "nobody-here@sink.example"}))
 
 
@@ -117,4 +110,4 @@ def test_locked_file_is_skipped(side_by_side, sink):
     side_by_side(scenario, name="file locked by an agent", item="4.3 hold and admin tools",
                  description="A queue file another process holds locked is skipped "
                              "('skipped, still being delivered') and delivered once "
-                             "the lock is gone.", **_cfg(srv))
+                             "the lock is gone.", **sink_config(srv))
