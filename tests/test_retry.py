@@ -63,20 +63,25 @@ def test_postqueue_i_revives_a_dead_destination_for_that_message(postfix, sink, 
     assert srv.stats.delivered == {"two@sink.example": 1}
 
 
+def _delivery_gaps(srv, n: int, timeout: float = 20) -> list[float]:
+    """Seconds between the sink's first ``n`` deliveries, polled every 10 ms."""
+    t0 = time.monotonic()
+    times: list[float] = []
+    while len(times) < n:
+        assert time.monotonic() - t0 < timeout, f"timed out waiting for {n} deliveries"
+        if sum(srv.stats.delivered.values()) > len(times):
+            times.append(time.monotonic())
+        time.sleep(0.01)
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
 @pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
 def test_destination_rate_delay_spaces_deliveries(postfix, sink, qmgr):
     srv = sink()
     pf = postfix(qmgr=qmgr, transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
                  main_cf={"smtp_destination_rate_delay": "1s"})
     pf.smtp_send([("s@sink.example", [f"r{i}@sink.example"]) for i in range(3)])
-    t0 = time.monotonic()
-    times = []
-    while len(times) < 3:
-        assert time.monotonic() - t0 < 20, "timed out waiting for three deliveries"
-        if sum(srv.stats.delivered.values()) > len(times):
-            times.append(time.monotonic())
-        time.sleep(0.01)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = _delivery_gaps(srv, 3)
     assert all(0.9 <= g <= 1.6 for g in gaps), gaps
 
 
@@ -87,14 +92,7 @@ def test_transport_rate_delay_spaces_deliveries_across_destinations(postfix, sin
     pf = postfix(qmgr=qmgr, transports={f"d{i}.example": nexthop for i in range(3)},
                  main_cf={"smtp_transport_rate_delay": "1s"})
     pf.smtp_send([("s@sink.example", [f"r@d{i}.example"]) for i in range(3)])
-    t0 = time.monotonic()
-    times = []
-    while len(times) < 3:
-        assert time.monotonic() - t0 < 20, "timed out waiting for three deliveries"
-        if sum(srv.stats.delivered.values()) > len(times):
-            times.append(time.monotonic())
-        time.sleep(0.01)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = _delivery_gaps(srv, 3)
     # One delivery at a time for the whole transport, a second apart, even though
     # each message goes to a different destination.
     assert all(0.9 <= g <= 1.8 for g in gaps), gaps
