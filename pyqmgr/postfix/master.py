@@ -37,6 +37,8 @@ STAT_AVAIL = 1
 TRIGGER_BUF_SIZE = 1024
 #: How long the skeleton waits for an accepted trigger connection to become readable.
 TRIGGER_READ_WAIT = 10.0
+#: How long to wait for the NUL that follows a trigger request in a second write.
+TRIGGER_NUL_WAIT = 1.0
 
 _STATUS = struct.Struct("=iIi")
 
@@ -264,27 +266,40 @@ class TriggerServer:
         conn.setblocking(False)
         self.loop.create_task(self._serve(conn))
 
+    async def _readable(self, conn: socket.socket, timeout: float) -> bool:
+        readable: asyncio.Future[None] = self.loop.create_future()
+
+        def wake() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        self.loop.add_reader(conn.fileno(), wake)
+        try:
+            await asyncio.wait_for(readable, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.loop.remove_reader(conn.fileno())
+
     async def _serve(self, conn: socket.socket) -> None:
         try:
-            readable: asyncio.Future[None] = self.loop.create_future()
-
-            def wake() -> None:
-                if not readable.done():
-                    readable.set_result(None)
-
-            self.loop.add_reader(conn.fileno(), wake)
-            try:
-                await asyncio.wait_for(readable, TRIGGER_READ_WAIT)
-            except TimeoutError:
+            if not await self._readable(conn, TRIGGER_READ_WAIT):
                 return
-            finally:
-                self.loop.remove_reader(conn.fileno())
             if self.status is not None:
                 self.status.notify(STAT_TAKEN)
             try:
                 data = conn.recv(TRIGGER_BUF_SIZE)
             except OSError:
                 data = b""
+            # The client (unix_trigger) writes its request and then, separately, a
+            # NUL. Closing between the two would kill postkick/postqueue with SIGPIPE
+            # (seen under load; stock has the same window, only narrower): when the
+            # NUL is not here yet, give it a moment, still without waiting for EOF.
+            if data and not data.endswith(b"\0") and await self._readable(
+                    conn, TRIGGER_NUL_WAIT):
+                with contextlib.suppress(OSError):
+                    data += conn.recv(TRIGGER_BUF_SIZE)
             self.on_trigger(data)
             if self.status is not None and not self.status.notify(STAT_AVAIL):
                 self.on_master_gone()
