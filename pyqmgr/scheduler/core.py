@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pyqmgr.scheduler.entry import Entry, entry_create
-from pyqmgr.scheduler.feedback import ROUNDINGS, parse_or_warn
+from pyqmgr.scheduler.feedback import parse_or_warn, rounding_rules
 from pyqmgr.scheduler.job import (
     blocker_update,
     job_entry_select,
@@ -133,8 +133,7 @@ class Scheduler:
         self.refill = refill
         #: "stock" (the daemon, always) or "pseudocode" (the seed's 2007 rules, for
         #: reproducing its tables in the simulator): see feedback.ROUNDINGS.
-        if feedback_rounding not in ROUNDINGS:
-            raise ValueError(f"feedback rounding must be one of {', '.join(ROUNDINGS)}")
+        rounding_rules(feedback_rounding)  # refuse an unknown rule now, not at first use
         self.feedback_rounding = feedback_rounding
         #: Messages in the active queue; the driver keeps it current (clog warnings).
         self.message_count = 0

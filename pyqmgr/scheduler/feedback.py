@@ -27,6 +27,17 @@ IDX_WIN = 1
 #: makes stock step one feedback early.
 ROUNDINGS = ("stock", "pseudocode")
 
+
+def rounding_rules(rounding: str) -> tuple[float, bool]:
+    """(slack, dies only beyond the cohort limit) for a rule in ROUNDINGS.
+
+    The slack is the fraction of a feedback step that counts as reaching the
+    hysteresis boundary. Raises ValueError for an unknown rule.
+    """
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"feedback rounding must be one of {', '.join(ROUNDINGS)}")
+    return (0.5, False) if rounding == "stock" else (0.0, True)
+
 _INT_MAX = 2**31 - 1
 # A C strtod number: decimal with optional exponent, hex float, inf/nan.
 _NUMBER = (

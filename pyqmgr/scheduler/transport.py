@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from pyqmgr.scheduler.feedback import ROUNDINGS, Feedback
+from pyqmgr.scheduler.feedback import Feedback, rounding_rules
 from pyqmgr.scheduler.qlist import Node, QList
 from pyqmgr.scheduler.queue import Dsn, Queue
 
@@ -48,8 +48,6 @@ class Transport:
     def __init__(self, name: str, cfg: TransportParams, pos: Feedback, neg: Feedback,
                  log: Callable[[str], None], feedback_debug: bool = False,
                  rounding: str = "stock") -> None:
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"feedback rounding must be one of {', '.join(ROUNDINGS)}")
         self.name = name
         self.cfg = cfg
         self.pos_feedback = pos
@@ -57,8 +55,7 @@ class Transport:
         #: Feedback rounding (see feedback.ROUNDINGS): the fraction of a feedback step
         #: that counts as reaching the hysteresis boundary, and whether a destination
         #: dies at (stock) or only beyond (pseudocode) the failed cohort limit.
-        self.feedback_slack = 0.5 if rounding == "stock" else 0.0
-        self.cohort_beyond_limit = rounding == "pseudocode"
+        self.feedback_slack, self.cohort_beyond_limit = rounding_rules(rounding)
         self.log = log
         self.feedback_debug = feedback_debug
         self.node: Node[Transport] = Node(self)
