@@ -8,7 +8,7 @@ import os
 import time
 
 from compat.parity import Outcome
-from tests.parity.common import log_lines, outcome, settle, wait_log
+from tests.parity.common import log_lines, outcome, settle, wait_deferred, wait_log
 
 # An agent that announces itself, reads the request, and exits without a reply; or,
 # with "hang", keeps the connection open and never answers.
@@ -38,8 +38,7 @@ def test_agent_crash_defers_the_message(side_by_side):
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.status == "deferred"
                  or ln.program_name == "qmgr" and "malformed" in ln.text
                  or ln.program_name == "qmgr" and "crash" in ln.text, "the crash noticed")
-        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
-                        "the message deferred")
+        wait_deferred(inst, qid)
         settle(inst)
         return outcome(inst)
 

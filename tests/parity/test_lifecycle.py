@@ -13,7 +13,15 @@ import time
 
 import pytest
 
-from tests.parity.common import FAST, delivered, outcome, settle, sink_config, wait_log
+from tests.parity.common import (
+    FAST,
+    delivered,
+    outcome,
+    settle,
+    sink_config,
+    wait_deferred,
+    wait_log,
+)
 
 
 @pytest.fixture
@@ -121,8 +129,7 @@ def test_force_expire(side_by_side, srv):
     def scenario(inst, qmgr):
         srv.set_replies({"*": "450 4.2.0 later"})
         (qid,) = inst.smtp_send([(inst.local_address, ["x@sink.example"])])
-        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
-                        "the message deferred")
+        wait_deferred(inst, qid)
         inst.postsuper("-f", qid)
         inst.postqueue("-i", qid)
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
@@ -143,8 +150,7 @@ def test_hold_and_release(side_by_side, srv):
         start = len(srv.messages())
         srv.set_replies({"*": "450 4.2.0 later"})
         (qid,) = inst.smtp_send([("s@sink.example", ["h@sink.example"])])
-        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
-                        "the message deferred")
+        wait_deferred(inst, qid)
         inst.postsuper("-h", qid)
         srv.set_replies({})
         inst.postqueue("-f")
@@ -167,8 +173,7 @@ def test_missing_agent_defers(side_by_side):
         (qid,) = inst.smtp_send([("s@test.example", ["x@nowhere.example"])])
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.status == "deferred",
                  "the deferral")
-        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
-                        "the message deferred")
+        wait_deferred(inst, qid)
         settle(inst)
         return outcome(inst)
 
@@ -203,8 +208,7 @@ def test_defer_transports_then_flush(side_by_side, srv):
         (qid,) = inst.smtp_send([("s@sink.example", ["d@sink.example"])])
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.status == "deferred",
                  "the deferral")
-        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
-                        "the message deferred")
+        wait_deferred(inst, qid)
         inst.postqueue("-f")
         wait_log(inst, lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
                  "delivery by the flush")

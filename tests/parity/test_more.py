@@ -15,6 +15,7 @@ from tests.parity.common import (
     postkick,
     settle,
     sink_config,
+    wait_deferred,
     wait_log,
 )
 from tests.test_bad_input import MALFORMED, _drop_in_incoming
@@ -29,8 +30,7 @@ def test_d_and_a_triggers(side_by_side, sink):
         start = len(srv.messages())
         srv.set_replies({"*": "450 4.2.0 later"})
         (qid,) = inst.smtp_send([("s@sink.example", ["t@sink.example"])])
-        inst.wait_until(lambda: inst.queue_path("deferred", qid) is not None, 30,
-                        "the message deferred")
+        wait_deferred(inst, qid)
         srv.set_replies({})
         postkick(inst, "D")  # a deferred scan: the file's retry time is in the future
         time.sleep(1.5)
