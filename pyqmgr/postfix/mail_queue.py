@@ -10,15 +10,19 @@ postsuper, showq and the delivery agents all compute it independently.
 from __future__ import annotations
 
 import errno
+import functools
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 #: ``VALID_HOSTNAME_LEN``: the longest acceptable queue file name.
 MAX_ID_LEN = 255
-_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-_QUEUE_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+# One regex match per name instead of a per-character loop: these checks run several
+# times per message on qmgr's hot path. \Z, not $, so that a trailing newline fails.
+_ID_OK = re.compile(rf"[A-Za-z0-9_]{{1,{MAX_ID_LEN}}}\Z").match
+_QUEUE_NAME_OK = re.compile(r"[A-Za-z0-9]{1,100}\Z").match
 
 #: The long-id alphabet (``safe_ultostr.c``): digits and consonants, no vowels.
 SAFE_CHARS = "0123456789BCDFGHJKLMNPQRSTVWXYZbcdfghjklmnpqrstvwxyz"
@@ -40,7 +44,7 @@ def mail_queue_id_ok(qid: str) -> bool:
     The ``_`` is there because ``flush/`` logs are named after domains; everything else
     (cleanup's ``usec.pid`` temporaries, postsuper's ``ID#FIX``) is skipped by scans.
     """
-    return 0 < len(qid) <= MAX_ID_LEN and all(c in _ID_CHARS for c in qid)
+    return _ID_OK(qid) is not None
 
 
 #: Older name, kept for callers.
@@ -49,7 +53,7 @@ queue_id_ok = mail_queue_id_ok
 
 def mail_queue_name_ok(queue: str) -> bool:
     """A valid queue directory name: 1..100 alphanumerics."""
-    return 0 < len(queue) <= 100 and all(c in _QUEUE_NAME_CHARS for c in queue)
+    return _QUEUE_NAME_OK(queue) is not None
 
 
 def long_id_separator(qid: str) -> int:
@@ -115,10 +119,15 @@ def dir_forest(name: str, depth: int) -> str:
 
 def is_hashed(queue: str, hash_queue_names: Iterable[str] | str) -> bool:
     """Whether ``queue`` is listed in ``hash_queue_names`` (case-insensitive)."""
-    if isinstance(hash_queue_names, str):
-        hash_queue_names = hash_queue_names.replace(",", " ").split()
-    lower = queue.lower()
-    return any(lower == name.lower() for name in hash_queue_names)
+    names = (_hashed_names(hash_queue_names) if isinstance(hash_queue_names, str)
+             else frozenset(name.lower() for name in hash_queue_names))
+    return queue.lower() in names
+
+
+@functools.lru_cache(maxsize=16)
+def _hashed_names(hash_queue_names: str) -> frozenset[str]:
+    """The parsed ``hash_queue_names`` value; parsed once, not once per path."""
+    return frozenset(name.lower() for name in hash_queue_names.replace(",", " ").split())
 
 
 def mail_queue_dir(queue: str, qid: str, hash_queue_names: Iterable[str] | str,
