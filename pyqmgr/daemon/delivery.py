@@ -26,7 +26,8 @@ class AgentCall:
     """States: connecting -> waiting for the agent -> waiting for the reply -> done."""
 
     __slots__ = ("loop", "path", "sock", "parser", "deadline", "state", "out",
-                 "on_ready", "on_reply", "on_unavailable", "entry", "rate_delay", "timeout")
+                 "on_ready", "on_reply", "on_unavailable", "on_send_failed", "entry",
+                 "rate_delay", "timeout")
 
     def __init__(
         self,
@@ -36,6 +37,7 @@ class AgentCall:
         on_ready: Callable[[AgentCall], bytes | None],
         on_reply: Callable[[AgentCall, DeliveryReply | None, str | None], None],
         on_unavailable: Callable[[AgentCall, str], None],
+        on_send_failed: Callable[[AgentCall, str], None],
         rate_delay: float = 0.0,
     ) -> None:
         self.loop = loop
@@ -49,6 +51,9 @@ class AgentCall:
         self.on_ready = on_ready
         self.on_reply = on_reply
         self.on_unavailable = on_unavailable
+        #: The request could not be written: stock puts the entry back and defers
+        #: the transport, which is not what a crashed agent gets.
+        self.on_send_failed = on_send_failed
         self.entry: object = None
         #: transport_rate_delay: wait this long after the announcement before asking
         #: the scheduler for an entry (stock's qmgr_transport_rate_event).
@@ -133,6 +138,12 @@ class AgentCall:
         self._send(request)
 
     def _send(self, data: bytes) -> None:
+        """Write the request; a large one in several goes, reading nothing meanwhile.
+
+        Stock writes the whole request before it reads, so an agent that goes away
+        early shows up as a failed write (``write to process``), not as a missing
+        reply: the reader is off until the last byte is out.
+        """
         sock = self.sock
         assert sock is not None
         try:
@@ -140,15 +151,21 @@ class AgentCall:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
-            self._fail(f"write: {exc.strerror}")
+            self.close()
+            self.on_send_failed(self, exc.strerror or str(exc))
             return
+        was_partial = bool(self.out)
         self.out = data[sent:]
         if self.out:
-            self.loop.add_writer(sock.fileno(), self._writable)
+            if not was_partial:
+                self.loop.remove_reader(sock.fileno())
+                self.loop.add_writer(sock.fileno(), self._writable)
+        elif was_partial:
+            self.loop.remove_writer(sock.fileno())
+            self.loop.add_reader(sock.fileno(), self._readable)
 
     def _writable(self) -> None:
         assert self.sock is not None
-        self.loop.remove_writer(self.sock.fileno())
         self._send(self.out)
 
     def _fail(self, why: str) -> None:
@@ -166,8 +183,10 @@ class AgentCall:
         self.state = "done"
         sock = self.sock
         if sock is not None:
-            self.loop.remove_reader(sock.fileno())
             if self.out:
                 self.loop.remove_writer(sock.fileno())
+                self.out = b""
+            else:
+                self.loop.remove_reader(sock.fileno())
             sock.close()
             self.sock = None

@@ -355,7 +355,7 @@ class Qmgr:
         while (name := sched.allocate()) is not None:
             call = AgentCall(self.loop, f"private/{name}", self.cfg.daemon_timeout,
                              self._agent_ready, self._agent_reply, self._agent_unavailable,
-                             rate_delay=sched.select_delay(name))
+                             self._agent_send_failed, rate_delay=sched.select_delay(name))
             call.entry = name
             self.calls.add(call)
             call.start()
@@ -395,6 +395,17 @@ class Qmgr:
         self.scheduler.allocation_failed(
             name, Dsn("4.3.0", "mail transport unavailable"), time.monotonic()
         )
+        self._process_decisions()
+        self.dispatch()
+
+    def _agent_send_failed(self, call: AgentCall, why: str) -> None:
+        """The request could not be written: the entry goes back, the transport waits."""
+        self.calls.discard(call)
+        entry = call.entry
+        assert isinstance(entry, Entry)
+        self.log.warning(f"write to process ({entry.transport}): {why}")
+        self.scheduler.send_failed(entry, Dsn("4.3.0", "mail transport unavailable"),
+                                   time.monotonic())
         self._process_decisions()
         self.dispatch()
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from pyqmgr.scheduler.entry import Entry, entry_create
+from pyqmgr.scheduler.entry import Entry, entry_create, entry_unselect
 from pyqmgr.scheduler.feedback import parse_or_warn, rounding_rules
 from pyqmgr.scheduler.job import (
     blocker_update,
@@ -417,6 +417,17 @@ class Scheduler:
         if t.pending > 0:
             t.pending -= 1
         self.throttle_transport(name, dsn, now)
+
+    def send_failed(self, entry: Entry, dsn: Dsn, now: float) -> None:
+        """The request could not be written to the agent (``qmgr_deliver``).
+
+        The entry never reached the agent: it goes back to todo, and the transport is
+        treated as unavailable, so that entry and every other waiting one are deferred
+        (moved to the retry transport) and no agent is asked for until
+        ``transport_retry_time`` has passed.
+        """
+        entry_unselect(entry)
+        self.throttle_transport(entry.queue.transport.name, dsn, now)
 
     def done(self, entry: Entry, status: int, hop: Dsn | None, crashed: bool, now: float) -> None:
         """A delivery finished (``qmgr_deliver_update``).

@@ -83,3 +83,20 @@ def entry_select(peer: Peer, now: int) -> Entry | None:
         queue.dflags &= ~DEL_REQ_FLAG_CONN_STORE
     queue.transport.sync(queue)
     return entry
+
+
+def entry_unselect(entry: Entry) -> None:
+    """Put a busy entry back to todo (``qmgr_entry_unselect``): its request never left.
+
+    Back at the head of the peer's list, so that select and unselect do not reorder the
+    message's entries, but at the end of the queue's todo list, as stock does.
+    """
+    queue = entry.queue
+    peer = entry.peer
+    assert entry.busy, f"entry_unselect: {entry!r} is not busy"
+    entry.busy = False
+    queue.busy_count -= 1
+    queue.todo.append(entry.queue_node)
+    peer.entries.prepend(entry.peer_node)
+    peer.job.selected_entries -= 1
+    queue.transport.sync(queue)

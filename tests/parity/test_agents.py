@@ -10,13 +10,17 @@ import time
 from compat.parity import Outcome
 from tests.parity.common import log_lines, outcome, settle, wait_deferred, wait_log
 
-# An agent that announces itself, reads the request, and exits without a reply; or,
-# with "hang", keeps the connection open and never answers.
+# An agent that announces itself, reads the request, and exits without a reply; with
+# "hang", keeps the connection open and never answers; with "noread", goes away half a
+# second after its announcement without reading anything.
 AGENT = """#!/usr/bin/python3
 import os, socket, sys, time
 listen = socket.socket(fileno=6)
 conn, _ = listen.accept()
 conn.sendall(b"protocol\\0delivery_request_protocol\\0\\0")
+if sys.argv[-1] == "noread":
+    time.sleep(0.5)
+    os._exit(1)
 conn.recv(65536)
 if sys.argv[-1] == "hang":
     time.sleep(3600)
@@ -48,6 +52,27 @@ def test_agent_crash_defers_the_message(side_by_side):
                  transports={"crash.example": "crash:"},
                  master_cf_extra=["crash unix - - n - - crashagent"],
                  main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s"})
+
+
+def test_request_that_cannot_be_written_defers_the_transport(side_by_side):
+    def scenario(inst, qmgr):
+        _install_agent(inst, "noreadagent")
+        # One request of about 400 kB: more than a unix socket buffers, so the write
+        # is still under way when the agent goes away, and fails.
+        rcpts = [f"{'x' * 180}{i:04d}@noread.example" for i in range(1000)]
+        (qid,) = inst.smtp_send([("s@test.example", rcpts)])
+        wait_deferred(inst, qid)
+        settle(inst)
+        return outcome(inst, collapse=True)
+
+    side_by_side(scenario, name="request write fails", item="4.4 dead transports",
+                 description="An agent that goes away without reading a large request: "
+                             "qmgr logs 'write to process', puts the entry back, throttles "
+                             "the transport and defers its mail through retry.",
+                 transports={"noread.example": "noread:"},
+                 master_cf_extra=["noread unix - - n - - noreadagent noread"],
+                 main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s",
+                          "noread_destination_recipient_limit": "5000"})
 
 
 def test_agent_without_reply_is_fatal_and_loses_nothing(side_by_side):

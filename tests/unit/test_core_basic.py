@@ -90,3 +90,29 @@ def test_destination_rate_delay_suspends_between_deliveries():
     assert s.select("smtp") is None
     s.tick(12.0)
     assert q.window == 1 and s.select("smtp") is not None
+
+
+def test_send_failure_puts_the_entry_back_and_defers_the_transport():
+    # qmgr_deliver: a request that cannot be written is unselected, the transport
+    # is throttled, and its waiting entries (that one first in line again) move to
+    # the retry transport; no agent is allocated until transport_retry_time passes.
+    s = make(destination_recipient_limit=1)
+    m = Message("Q1", 0.0)
+    s.assign(m, routes(3))
+    t = s.transport("smtp")
+    q = t.queues["example.com"]
+    e = s.select("smtp")
+    assert q.busy_count == 1 and e.busy
+    s.send_failed(e, Dsn("4.3.0", "mail transport unavailable"), 5.0)
+    assert q.busy_count == 0 and not e.busy
+    assert t.revive_at == 65.0 and 65.0 in s.timers
+    retry = s.transport(RETRY)
+    assert retry.todo_count == 3, "the unselected entry is deferred with the others"
+    (rq,) = retry.queues.values()
+    assert rq.nexthop == "4.3.0 mail transport unavailable"
+    assert [r.address for entry in rq.todo for r in entry.recipients] == \
+        ["u1@example.com", "u2@example.com", "u0@example.com"]
+    assert m.refcount == 3 and not s.has_work("smtp")
+    assert all(name != "smtp" for name in iter(s.allocate, None))
+    s.tick(65.0)
+    assert t.revive_at is None
