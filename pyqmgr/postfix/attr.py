@@ -70,30 +70,38 @@ class AttrParser:
         self.lists: list[AttrList] = []
 
     def feed(self, data: bytes) -> None:
-        """Consume ``data``; every list completed by it is appended to ``self.lists``."""
+        """Consume ``data``; every list completed by it is appended to ``self.lists``.
+
+        Everything up to the last NUL is decoded and split in one go: NUL never occurs
+        inside a UTF-8 sequence, so this decodes exactly as token by token would.
+        """
         buf = self._buf
         buf += data
-        start = 0
-        while True:
-            end = buf.find(b"\0", start)
-            if end < 0:
-                break
-            token = bytes(buf[start:end]).decode("utf-8", "surrogateescape")
-            start = end + 1
-            if self._name is None:
-                if token == "":
-                    self.lists.append(self._current)
-                    self._current = []
-                elif token in ("{", "}"):
-                    # Hash tables never occur in qmgr's protocols; refuse them loudly
-                    # instead of mis-pairing every following name and value.
-                    raise AttrError(f"unexpected attribute table marker {token!r}")
+        end = buf.rfind(b"\0")
+        if end < 0:
+            return
+        tokens = buf[:end].decode("utf-8", "surrogateescape").split("\0")
+        del buf[:end + 1]
+        name = self._name
+        current = self._current
+        try:
+            for token in tokens:
+                if name is None:
+                    if not token:
+                        self.lists.append(current)
+                        current = []
+                    elif token == "{" or token == "}":
+                        # Hash tables never occur in qmgr's protocols; refuse them
+                        # loudly instead of mis-pairing every following name and value.
+                        raise AttrError(f"unexpected attribute table marker {token!r}")
+                    else:
+                        name = token
                 else:
-                    self._name = token
-            else:
-                self._current.append((self._name, token))
-                self._name = None
-        del buf[:start]
+                    current.append((name, token))
+                    name = None
+        finally:
+            self._name = name
+            self._current = current
 
     def pop(self) -> AttrList | None:
         """Return the oldest complete list, or None when none is complete yet."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pyqmgr.postfix.attr import AttrError, AttrList, AttrValue, encode, expect, to_int
@@ -81,12 +81,83 @@ class RequestMessage:
     sasl_sender: str = ""
     log_ident: str = ""
     rewrite_context: str = "local"
+    #: The message's fixed attributes, encoded on the first request and reused.
+    wire: tuple[bytes, bytes, bytes] | None = field(default=None, repr=False, compare=False)
+
+
+# Attributes that change per request go through these formats; the message's fixed
+# ones are encoded once (``_message_wire``). A request is about 70 attributes, and
+# qmgr sends one per delivery, so this is one of the daemon's hot paths.
+_HEAD = (b"flags\0%d\0%bnexthop\0%b\0%bsmtputf8\0%d\0sender\0%b\0%b"
+         b"recipient_count\0%d\0\0")
+_HEAD_NULS = 2 * 23 + 1
+_RCPT = (b"original_recipient\0%b\0recipient\0%b\0offset\0%d\0dsn_orig_rcpt\0%b\0"
+         b"notify_flags\0%d\0\0")
+_RCPT_NULS = 2 * 5 + 1
+
+
+def _message_wire(msg: RequestMessage) -> tuple[bytes, bytes, bytes]:
+    """The three runs of fixed attributes between the per-request ones, encoded."""
+    first = encode((
+        ("queue_name", "active"),
+        ("queue_id", msg.queue_id),
+        ("offset", msg.data_offset),
+        ("size", msg.cont_length),
+    ))[:-1]
+    encoding = encode((("encoding", msg.encoding),))[:-1]
+    rest = encode((
+        ("envelope_id", msg.envelope_id),
+        ("ret_flags", msg.ret_flags),
+        ("time", msg.stats),
+        ("log_client_name", msg.client_name),
+        ("log_client_address", msg.client_address),
+        ("log_client_port", msg.client_port),
+        ("log_protocol_name", msg.protocol_name),
+        ("log_helo_name", msg.helo_name),
+        ("sasl_method", msg.sasl_method),
+        ("sasl_username", msg.sasl_username),
+        ("sasl_sender", msg.sasl_sender),
+        ("log_ident", msg.log_ident),
+        ("rewrite_context", msg.rewrite_context),
+    ))[:-1]
+    msg.wire = (first, encoding, rest)
+    return msg.wire
 
 
 def encode_request(
     flags: int, msg: RequestMessage, nexthop: str, smtputf8: int, sender: str,
     recipients: Sequence[RequestRecipient],
 ) -> bytes:
+    """The request's bytes: the common list, then one list per recipient.
+
+    Byte for byte what :func:`pyqmgr.postfix.attr.encode` makes of the same lists; a
+    value it would refuse (a NUL inside, a negative number) takes that path, so the
+    error is the same too.
+    """
+    first, encoding, rest = msg.wire or _message_wire(msg)
+    head = _HEAD % (flags, first, nexthop.encode("utf-8", "surrogateescape"), encoding,
+                    smtputf8, sender.encode("utf-8", "surrogateescape"), rest,
+                    len(recipients))
+    if flags < 0 or smtputf8 < 0 or head.count(b"\0") != _HEAD_NULS:
+        return _encode_request_lists(flags, msg, nexthop, smtputf8, sender, recipients)
+    parts = [head]
+    for r in recipients:
+        offset = r.offset
+        notify = r.dsn_notify
+        part = _RCPT % (r.orig_addr.encode("utf-8", "surrogateescape"),
+                        r.address.encode("utf-8", "surrogateescape"), offset,
+                        r.dsn_orcpt.encode("utf-8", "surrogateescape"), notify)
+        if offset < 0 or notify < 0 or part.count(b"\0") != _RCPT_NULS:
+            return _encode_request_lists(flags, msg, nexthop, smtputf8, sender, recipients)
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _encode_request_lists(
+    flags: int, msg: RequestMessage, nexthop: str, smtputf8: int, sender: str,
+    recipients: Sequence[RequestRecipient],
+) -> bytes:
+    """The same request through the general encoder (odd values, and their errors)."""
     common: list[tuple[str, AttrValue]] = [
         ("flags", flags),
         ("queue_name", "active"),

@@ -78,3 +78,15 @@ def test_utf8_and_invalid_bytes_survive_a_round_trip():
     attrs = parser.pop()
     assert attrs[0] == ("recipient", "jürgen@x")
     assert encode(attrs) == b"recipient\0j\xc3\xbcrgen@x\0raw\0\xff\xfe\0\0"
+
+
+def test_multibyte_characters_split_across_reads():
+    # The parser decodes everything up to the last NUL at once; a character whose
+    # bytes arrive in two reads must still come out whole, invalid bytes escaped.
+    wire = encode([("recipient", "jürgen@bücher.example"), ("raw", "x\udcc3")])
+    for cut in range(len(wire) + 1):
+        parser = AttrParser()
+        for piece in (wire[:cut], wire[cut:]):
+            parser.feed(piece)
+        assert parser.pop() == [("recipient", "jürgen@bücher.example"), ("raw", "x\udcc3")]
+        assert not parser.pending

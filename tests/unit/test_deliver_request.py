@@ -1,0 +1,78 @@
+"""encode_request's preformatted path against the general attribute encoder."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from pyqmgr.postfix.attr import encode
+from pyqmgr.postfix.deliver_request import RequestMessage, encode_request, msg_stats
+
+
+@dataclass
+class Rcpt:
+    orig_addr: str
+    address: str
+    offset: int
+    dsn_orcpt: str
+    dsn_notify: int
+
+
+def reference(flags, msg, nexthop, smtputf8, sender, recipients) -> bytes:
+    """client_protocols.md section 3, attribute by attribute."""
+    out = encode([
+        ("flags", flags), ("queue_name", "active"), ("queue_id", msg.queue_id),
+        ("offset", msg.data_offset), ("size", msg.cont_length), ("nexthop", nexthop),
+        ("encoding", msg.encoding), ("smtputf8", smtputf8), ("sender", sender),
+        ("envelope_id", msg.envelope_id), ("ret_flags", msg.ret_flags),
+        ("time", msg.stats), ("log_client_name", msg.client_name),
+        ("log_client_address", msg.client_address),
+        ("log_client_port", msg.client_port), ("log_protocol_name", msg.protocol_name),
+        ("log_helo_name", msg.helo_name), ("sasl_method", msg.sasl_method),
+        ("sasl_username", msg.sasl_username), ("sasl_sender", msg.sasl_sender),
+        ("log_ident", msg.log_ident), ("rewrite_context", msg.rewrite_context),
+        ("recipient_count", len(recipients)),
+    ])
+    for r in recipients:
+        out += encode([("original_recipient", r.orig_addr), ("recipient", r.address),
+                       ("offset", r.offset), ("dsn_orig_rcpt", r.dsn_orcpt),
+                       ("notify_flags", r.dsn_notify)])
+    return out
+
+
+TEXTS = ["", "a@b.example", "ü@bücher.example", "x\udcff@raw.example", "%d %b", "{", "}"]
+
+
+def test_same_bytes_as_the_general_encoder():
+    rnd = random.Random(7)
+    for _ in range(300):
+        msg = RequestMessage(
+            queue_id="4B5C61A2B3", data_offset=rnd.randrange(1 << 20),
+            cont_length=rnd.randrange(1 << 20), encoding=rnd.choice(["", "8BIT", "7BIT"]),
+            smtputf8=rnd.randrange(4), sender=rnd.choice(TEXTS),
+            envelope_id=rnd.choice(TEXTS), ret_flags=rnd.choice([0, 1, 2, -1]),
+            stats=msg_stats((rnd.randrange(1 << 31), 5), (rnd.randrange(1 << 31), 9)),
+            client_name=rnd.choice(TEXTS), helo_name=rnd.choice(TEXTS),
+            log_ident=rnd.choice(TEXTS), rewrite_context=rnd.choice(["local", "remote"]),
+        )
+        rcpts = [Rcpt(rnd.choice(TEXTS), rnd.choice(TEXTS), rnd.randrange(1 << 40),
+                      rnd.choice(TEXTS), rnd.randrange(32)) for _ in range(rnd.randrange(4))]
+        args = (rnd.randrange(1 << 14), msg, rnd.choice(TEXTS), rnd.randrange(4),
+                rnd.choice(TEXTS), rcpts)
+        assert encode_request(*args) == reference(*args)
+        # Second request for the same message: the cached fixed part is reused.
+        assert msg.wire is not None
+        assert encode_request(*args) == reference(*args)
+
+
+def test_odd_values_take_the_general_path():
+    msg = RequestMessage("Q1", 100, 200, "", 0, "s@x", "", 0, b"\x01" * 88)
+    neg = [Rcpt("a@x", "a@x", -1, "", 0)]
+    assert encode_request(1, msg, "x", 0, "s@x", neg) == reference(1, msg, "x", 0, "s@x", neg)
+    assert b"offset\x004294967295\x00" in encode_request(1, msg, "x", 0, "s@x", neg)
+    with pytest.raises(ValueError, match="sender"):
+        encode_request(1, msg, "x", 0, "s\0@x", [])
+    with pytest.raises(ValueError, match="recipient"):
+        encode_request(1, msg, "x", 0, "s@x", [Rcpt("a@x", "a\0@x", 5, "", 0)])
