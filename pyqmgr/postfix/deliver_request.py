@@ -10,9 +10,10 @@ optional hop-level DSN that says the whole next hop should be avoided.
 
 from __future__ import annotations
 
+import base64
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from pyqmgr.postfix.attr import AttrError, AttrList, AttrValue, encode, expect, to_int
@@ -81,47 +82,21 @@ class RequestMessage:
     sasl_sender: str = ""
     log_ident: str = ""
     rewrite_context: str = "local"
-    #: The message's fixed attributes, encoded on the first request and reused.
-    wire: tuple[bytes, bytes, bytes] | None = field(default=None, repr=False, compare=False)
 
 
-# Attributes that change per request go through these formats; the message's fixed
-# ones are encoded once (``_message_wire``). A request is about 70 attributes, and
-# qmgr sends one per delivery, so this is one of the daemon's hot paths.
-_HEAD = (b"flags\0%d\0%bnexthop\0%b\0%bsmtputf8\0%d\0sender\0%b\0%b"
-         b"recipient_count\0%d\0\0")
+# The request as two preformatted lists: about 70 attributes go out per delivery, so
+# this is one of the daemon's hot paths. Byte for byte what the general encoder makes
+# of the same lists (tests/unit/test_deliver_request.py holds it to that).
+_HEAD = (b"flags\0%d\0queue_name\0active\0queue_id\0%b\0offset\0%d\0size\0%d\0"
+         b"nexthop\0%b\0encoding\0%b\0smtputf8\0%d\0sender\0%b\0envelope_id\0%b\0"
+         b"ret_flags\0%d\0time\0%b\0log_client_name\0%b\0log_client_address\0%b\0"
+         b"log_client_port\0%b\0log_protocol_name\0%b\0log_helo_name\0%b\0"
+         b"sasl_method\0%b\0sasl_username\0%b\0sasl_sender\0%b\0log_ident\0%b\0"
+         b"rewrite_context\0%b\0recipient_count\0%d\0\0")
 _HEAD_NULS = 2 * 23 + 1
 _RCPT = (b"original_recipient\0%b\0recipient\0%b\0offset\0%d\0dsn_orig_rcpt\0%b\0"
          b"notify_flags\0%d\0\0")
 _RCPT_NULS = 2 * 5 + 1
-
-
-def _message_wire(msg: RequestMessage) -> tuple[bytes, bytes, bytes]:
-    """The three runs of fixed attributes between the per-request ones, encoded."""
-    first = encode((
-        ("queue_name", "active"),
-        ("queue_id", msg.queue_id),
-        ("offset", msg.data_offset),
-        ("size", msg.cont_length),
-    ))[:-1]
-    encoding = encode((("encoding", msg.encoding),))[:-1]
-    rest = encode((
-        ("envelope_id", msg.envelope_id),
-        ("ret_flags", msg.ret_flags),
-        ("time", msg.stats),
-        ("log_client_name", msg.client_name),
-        ("log_client_address", msg.client_address),
-        ("log_client_port", msg.client_port),
-        ("log_protocol_name", msg.protocol_name),
-        ("log_helo_name", msg.helo_name),
-        ("sasl_method", msg.sasl_method),
-        ("sasl_username", msg.sasl_username),
-        ("sasl_sender", msg.sasl_sender),
-        ("log_ident", msg.log_ident),
-        ("rewrite_context", msg.rewrite_context),
-    ))[:-1]
-    msg.wire = (first, encoding, rest)
-    return msg.wire
 
 
 def encode_request(
@@ -130,23 +105,31 @@ def encode_request(
 ) -> bytes:
     """The request's bytes: the common list, then one list per recipient.
 
-    Byte for byte what :func:`pyqmgr.postfix.attr.encode` makes of the same lists; a
-    value it would refuse (a NUL inside, a negative number) takes that path, so the
-    error is the same too.
+    A value the general encoder would refuse (a NUL inside) or print differently (a
+    negative number, as unsigned) sends the request through that encoder instead, so
+    the bytes and the errors are the same either way.
     """
-    first, encoding, rest = msg.wire or _message_wire(msg)
-    head = _HEAD % (flags, first, nexthop.encode("utf-8", "surrogateescape"), encoding,
-                    smtputf8, sender.encode("utf-8", "surrogateescape"), rest,
-                    len(recipients))
-    if flags < 0 or smtputf8 < 0 or head.count(b"\0") != _HEAD_NULS:
+    enc = "surrogateescape"
+    head = _HEAD % (
+        flags, msg.queue_id.encode("utf-8", enc), msg.data_offset, msg.cont_length,
+        nexthop.encode("utf-8", enc), msg.encoding.encode("utf-8", enc), smtputf8,
+        sender.encode("utf-8", enc), msg.envelope_id.encode("utf-8", enc), msg.ret_flags,
+        base64.b64encode(msg.stats), msg.client_name.encode("utf-8", enc),
+        msg.client_address.encode("utf-8", enc), msg.client_port.encode("utf-8", enc),
+        msg.protocol_name.encode("utf-8", enc), msg.helo_name.encode("utf-8", enc),
+        msg.sasl_method.encode("utf-8", enc), msg.sasl_username.encode("utf-8", enc),
+        msg.sasl_sender.encode("utf-8", enc), msg.log_ident.encode("utf-8", enc),
+        msg.rewrite_context.encode("utf-8", enc), len(recipients),
+    )
+    if (head.count(b"\0") != _HEAD_NULS
+            or min(flags, msg.data_offset, msg.cont_length, smtputf8, msg.ret_flags) < 0):
         return _encode_request_lists(flags, msg, nexthop, smtputf8, sender, recipients)
     parts = [head]
     for r in recipients:
         offset = r.offset
         notify = r.dsn_notify
-        part = _RCPT % (r.orig_addr.encode("utf-8", "surrogateescape"),
-                        r.address.encode("utf-8", "surrogateescape"), offset,
-                        r.dsn_orcpt.encode("utf-8", "surrogateescape"), notify)
+        part = _RCPT % (r.orig_addr.encode("utf-8", enc), r.address.encode("utf-8", enc),
+                        offset, r.dsn_orcpt.encode("utf-8", enc), notify)
         if offset < 0 or notify < 0 or part.count(b"\0") != _RCPT_NULS:
             return _encode_request_lists(flags, msg, nexthop, smtputf8, sender, recipients)
         parts.append(part)
