@@ -1008,3 +1008,48 @@ def test_fuzz_mutated_samples(name, draw):
     record.reset_goto_state()
     _read_all_batches(bytes(data), draw.draw(st.integers(min_value=1, max_value=3)))
     _read_message_cleanly(bytes(data))
+
+
+# -- fast paths against the C-faithful scanners -------------------------------------------
+
+
+def _sscanf_size(s: bytes) -> list[int]:
+    """sscanf("%ld %ld %d %d %ld %d") field by field, through the strtol emulation."""
+    values: list[int] = []
+    pos = 0
+    for index in range(6):
+        value, pos, ok = queue_file._strtol(s, pos)
+        if not ok:
+            break
+        values.append(value if index in (0, 1, 4) else queue_file._int32(value))
+    return values
+
+
+def _regex_nameval(buf: bytes) -> tuple[str | None, bytes, bytes]:
+    m = queue_file._NAMEVAL.match(buf)
+    if m is None:
+        stripped = buf.lstrip(queue_file._SPACES)
+        if not stripped or stripped[0] == 0x3D:
+            return "missing attribute name", b"", b""
+        return "missing '=' after attribute name", b"", b""
+    return None, m.group(1), buf[m.end():].strip(queue_file._SPACES)
+
+
+_SIZE_PIECES = [b"1", b"0", b"9", b" ", b"\t", b"\n", b"\v", b"-", b"+", b"x", b"99999",
+                b"2147483648", b"4294967296", b"99999999999999999999"]
+_NAMEVAL_PIECES = [b"a", b"_", b"=", b" ", b"\t", b"\v", b"1", b"\xc3", b"-", b"Z", b".",
+                   b"log_client_name"]
+
+
+@given(st.lists(st.sampled_from(_SIZE_PIECES), max_size=14))
+@settings(max_examples=3000, deadline=None)
+def test_size_record_fast_path_scans_like_sscanf(pieces):
+    s = b"".join(pieces)
+    assert queue_file._scan_size(s) == _sscanf_size(s)
+
+
+@given(st.lists(st.sampled_from(_NAMEVAL_PIECES), max_size=10))
+@settings(max_examples=3000, deadline=None)
+def test_attribute_fast_path_splits_like_split_nameval(pieces):
+    buf = b"".join(pieces)
+    assert queue_file._split_nameval(buf) == _regex_nameval(buf)

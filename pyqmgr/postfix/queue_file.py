@@ -302,6 +302,12 @@ def _atoi(s: bytes) -> int:
 
 def _scan_size(s: bytes) -> list[int]:
     """``sscanf(s, "%ld %ld %d %d %ld %d")``: the values converted, in order."""
+    fields = s.split()
+    if (0 < len(fields) <= 6 and all(f.isdigit() and len(f) < 10 for f in fields)):
+        # What cleanup writes: plain decimal fields, small enough that neither the
+        # long clamp nor the int truncation can apply. bytes.split() splits on
+        # exactly C's isspace() set, so this is what the scan below would find.
+        return [int(f) for f in fields]
     values: list[int] = []
     pos = 0
     for index in range(6):
@@ -322,6 +328,11 @@ def _text(b: bytes) -> str:
 
 def _split_nameval(buf: bytes) -> tuple[str | None, bytes, bytes]:
     """Stock's ``split_nameval``: (error text or None, name, value)."""
+    name, eq, value = buf.partition(b"=")
+    if eq and name.replace(b"_", b"a").isalnum():
+        # What Postfix writes: ``name=value`` with a plain ASCII name (no whitespace
+        # in or around it), which is all the pattern below would take as the name.
+        return None, name, value.strip(_SPACES)
     m = _NAMEVAL.match(buf)
     if m is None:
         stripped = buf.lstrip(_SPACES)
