@@ -100,7 +100,10 @@ def outcome(inst: PostfixInstance, unordered: bool = False, collapse: bool = Fal
     and qmgr's lines sorted too. ``collapse``: how many periodic retries fit into the
     scenario's waits is timing, so repeated lines count once. ``grouped``: files
     dropped into a queue directory by hand are picked up in directory order, which is
-    not the qmgr's choice: compare each file's lines, files in name order."""
+    not the qmgr's choice; and a notice that bounce creates while its original
+    completes may be picked up before or after the original's "removed" (stock's
+    abounce_flush is asynchronous, and both orders were seen with either qmgr):
+    compare each file's lines, files in name order."""
     qids: dict[str, str] = {}
     qmgr, agents = log_lines(inst, qids)
     if collapse:

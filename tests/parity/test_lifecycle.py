@@ -88,7 +88,7 @@ def test_bounce_for_a_permanent_failure(side_by_side, srv):
         wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
                  "the bounce notice delivered to the sender")
         settle(inst)
-        return outcome(inst)
+        return outcome(inst, grouped=True)
 
     side_by_side(scenario, name="bounce for 5xx", item="4.2 expiry and notices",
                  description="A 550 recipient is bounced: the bounce daemon's notice "
@@ -193,7 +193,7 @@ def test_error_and_relocated(side_by_side):
         wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
                  "the bounce delivered")
         settle(inst)
-        return outcome(inst)
+        return outcome(inst, grouped=True)
 
     side_by_side(scenario, name="error transport and relocated_maps",
                  item="4.4 dead transports",

@@ -57,7 +57,7 @@ def test_expiry_by_maximal_queue_lifetime(side_by_side, sink):
         wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
                  "the bounce delivered")
         settle(inst)
-        return outcome(inst)
+        return outcome(inst, grouped=True)
 
     side_by_side(scenario, name="maximal_queue_lifetime", item="4.2 expiry and notices",
                  description="maximal_queue_lifetime=2s: after a deferral, the next "

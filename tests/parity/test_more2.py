@@ -24,7 +24,7 @@ def test_postsuper_e_expires_at_next_attempt(side_by_side, sink):
         wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
                  "the bounce delivered")
         settle(inst)
-        return outcome(inst, collapse=True)
+        return outcome(inst, collapse=True, grouped=True)
 
     side_by_side(scenario, name="postsuper -e force-expire", item="4.2 expiry and notices",
                  description="postsuper -e marks a deferred message expired; it is tried "
@@ -85,7 +85,7 @@ def test_verp_notice(side_by_side, sink):
                  "the VERP bounce delivered", timeout=40)
         settle(inst)
         senders = sorted(m.sender for m in srv.messages()[start:])
-        return outcome(inst, sink_senders=[s.split("@")[0] for s in senders])
+        return outcome(inst, grouped=True, sink_senders=[s.split("@")[0] for s in senders])
 
     side_by_side(scenario, name="VERP delivery and bounce", item="4.2 expiry and notices",
                  description="sendmail -XV: each recipient gets its own VERP sender; the "

@@ -18,7 +18,7 @@ def test_sendmail_v_trace(side_by_side, sink):
         wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
                  "the delivery report delivered to the sender", timeout=40)
         settle(inst)
-        return outcome(inst)
+        return outcome(inst, grouped=True)
 
     side_by_side(scenario, name="sendmail -v (trace)", item="4.2 expiry and notices",
                  description="A message sent with sendmail -v is delivered and its "
@@ -35,7 +35,7 @@ def test_sendmail_bv_verification(side_by_side, sink):
         wait_log(inst, lambda ln: ln.program_name == "local" and ln.status == "sent",
                  "the verification report delivered to the sender", timeout=40)
         settle(inst)
-        return outcome(inst, messages_at_sink=len(srv.messages()) - start)
+        return outcome(inst, grouped=True, messages_at_sink=len(srv.messages()) - start)
 
     side_by_side(scenario, name="sendmail -bv (address verification request)",
                  item="4.2 expiry and notices",
@@ -76,7 +76,7 @@ def test_double_bounce_is_discarded(side_by_side, sink):
         wait_log(inst, lambda ln: ln.to == "nobody-here@sink.example"
                  and ln.status == "bounced", "the postmaster notice failing", timeout=40)
         settle(inst)
-        return outcome(inst)
+        return outcome(inst, grouped=True)
 
     side_by_side(scenario, name="double-bounce discard", item="4.2 expiry and notices",
                  description="A null-sender message bounces; the postmaster notice "
