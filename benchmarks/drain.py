@@ -4,6 +4,11 @@ Each round preloads N one-recipient messages into incoming/ while no qmgr runs, 
 starts the chosen qmgr and times from the reload until the last ``removed`` line's
 file is gone. Rounds alternate stock and pyqmgr in one run so both see the same
 machine state; the ratio of the medians is reported.
+
+Each round also reports the qmgr process's own scheduler accounting
+(``/proc/PID/schedstat``): time on a CPU, and time runnable but waiting for one. Their
+sum against the wall time says whether the qmgr was busy or waiting on other
+processes, and CPU time varies less than wall time on a shared machine.
 """
 
 from __future__ import annotations
@@ -15,19 +20,29 @@ import time
 from pyqmgr.testbed.instance import PostfixInstance, wait_until
 
 
-def drain_once(qmgr: str, n: int) -> float:
+def _schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable waiting for one) of a live process."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        on_cpu, waiting, _ = f.read().split()
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+def drain_once(qmgr: str, n: int) -> tuple[float, float, float]:
+    """(wall seconds, qmgr CPU seconds, qmgr run-queue seconds) for one drain."""
     with PostfixInstance(qmgr=qmgr, transports={"discard.example": "discard:"}) as pf:
         pf.start()
         pf.preload([("s@discard.example", [f"r{i}@discard.example"]) for i in range(n)])
         start = time.monotonic()
         pf.release_preload()
+        pid = pf.qmgr_pid()
         wait_until(pf.queue_empty, 600, f"{n} messages drained by {qmgr}", interval=0.01)
         elapsed = time.monotonic() - start
+        on_cpu, runnable = _schedstat(pid)
         removed = len(pf.maillog.lines("postfix/qmgr", contains=": removed"))
         if removed != n:
             wait_until(lambda: len(pf.maillog.lines("postfix/qmgr", contains=": removed")) >= n,
                        30, "all removed lines")
-        return elapsed
+        return elapsed, on_cpu, runnable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,16 +51,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     times: dict[str, list[float]] = {"stock": [], "pyqmgr": []}
+    cpu: dict[str, list[float]] = {"stock": [], "pyqmgr": []}
     for r in range(args.rounds):
         for qmgr in ("stock", "pyqmgr") if r % 2 == 0 else ("pyqmgr", "stock"):
-            t = drain_once(qmgr, args.messages)
+            t, on_cpu, runnable = drain_once(qmgr, args.messages)
             times[qmgr].append(t)
+            cpu[qmgr].append(on_cpu)
             print(f"round {r + 1} {qmgr:6s}: {args.messages} messages in {t:.2f} s "
-                  f"({args.messages / t:.0f} msg/s)", flush=True)
+                  f"({args.messages / t:.0f} msg/s); qmgr on CPU {on_cpu:.2f} s, "
+                  f"waiting for a CPU {runnable:.2f} s", flush=True)
     stock = statistics.median(times["stock"])
     ours = statistics.median(times["pyqmgr"])
+    stock_cpu = statistics.median(cpu["stock"])
+    ours_cpu = statistics.median(cpu["pyqmgr"])
     print(f"median stock {stock:.2f} s, pyqmgr {ours:.2f} s, ratio pyqmgr/stock "
           f"{ours / stock:.2f}")
+    print(f"median qmgr CPU: stock {stock_cpu:.2f} s, pyqmgr {ours_cpu:.2f} s, ratio "
+          f"{ours_cpu / stock_cpu:.2f} ({1e6 * ours_cpu / args.messages:.0f} us vs "
+          f"{1e6 * stock_cpu / args.messages:.0f} us a message)")
     return 0
 
 
