@@ -163,8 +163,19 @@ def wait_deferred(inst: PostfixInstance, qid: str) -> None:
 
 
 def postkick(inst: PostfixInstance, request: str, service: str = "qmgr") -> None:
-    """Send a trigger the way postqueue and postsuper do."""
+    """Send a trigger the way postqueue and postsuper do.
+
+    unix_trigger writes the request and then, separately, a NUL; stock's trigger
+    server does one read and closes. When the read comes between the two writes (a
+    loaded machine), postkick dies of SIGPIPE on the NUL although its request was
+    taken. That death is accepted here; any other failure is not. A request that was
+    really lost shows up as the scenario's next wait timing out.
+    """
+    import signal
     import subprocess
 
-    subprocess.run(["postkick", "-c", inst.config_dir, "public", service, request],
-                   check=True, timeout=30)
+    done = subprocess.run(["postkick", "-c", inst.config_dir, "public", service, request],
+                          timeout=30, capture_output=True, text=True)
+    if done.returncode not in (0, -signal.SIGPIPE):
+        raise AssertionError(f"postkick {service} {request} failed with status "
+                             f"{done.returncode}: {done.stderr.strip()}")

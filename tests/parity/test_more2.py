@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import time
 
-from tests.parity.common import SLOW, outcome, settle, sink_config, wait_deferred, wait_log
+from tests.parity.common import (
+    SLOW,
+    outcome,
+    postkick,
+    settle,
+    sink_config,
+    wait_deferred,
+    wait_log,
+)
 
 
 def test_postsuper_e_expires_at_next_attempt(side_by_side, sink):
@@ -123,8 +130,7 @@ def test_w_and_i_triggers(side_by_side, sink):
         (qid2,) = inst.preload([("s@sink.example", ["i@sink.example"])])
         inst.release_preload()
         for request in ("W", "I"):
-            subprocess.run(["postkick", "-c", inst.config_dir, "public", "qmgr", request],
-                           check=True, timeout=30)
+            postkick(inst, request)
         wait_log(inst, lambda ln: ln.queue_id == qid2 and ln.text.endswith("removed"),
                  "the second message delivered")
         settle(inst)
