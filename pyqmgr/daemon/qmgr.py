@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 from pyqmgr.daemon.active import (
     FLUSH_DFXP,
@@ -136,8 +137,8 @@ class Qmgr:
         self.spawn(self._deferred_timer())
         self.spawn(self._ticker())
 
-    def spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self._task_done)
 

@@ -1137,7 +1137,7 @@ def mynetworks_default(style: str, protocols: str, interfaces: str) -> str:
 
 def _families(protocols: str) -> list[int]:
     words = {w.lower() for w in split_list(protocols)}
-    families = []
+    families: list[int] = []
     if words & {"all", "ipv4"}:
         families.append(socket.AF_INET)
     if words & {"all", "ipv6"} and socket.has_ipv6:
@@ -1160,7 +1160,8 @@ def _interface_wanted(addr: ipaddress.IPv4Address | ipaddress.IPv6Address,
 
 def _network_pattern(addr: ipaddress.IPv4Address | ipaddress.IPv6Address,
                      mask: ipaddress.IPv4Address | ipaddress.IPv6Address, style: str) -> str:
-    bits = addr.max_prefixlen
+    bits: int = addr.max_prefixlen
+    prefix: int
     if style == "host":
         prefix = bits
     elif style == "class" and addr.version == 4:

@@ -50,10 +50,19 @@ MAX_READ = 5000
 
 
 class FullTransportParams(TransportParams, Protocol):
-    positive_feedback: str
-    positive_feedback_name: str
-    negative_feedback: str
-    negative_feedback_name: str
+    """A transport's settings with the feedback strings the core parses itself.
+
+    Read-only properties, so that a frozen config (config.TransportConfig) fits.
+    """
+
+    @property
+    def positive_feedback(self) -> str: ...
+    @property
+    def positive_feedback_name(self) -> str: ...
+    @property
+    def negative_feedback(self) -> str: ...
+    @property
+    def negative_feedback_name(self) -> str: ...
 
 
 class Settings(Protocol):
@@ -285,6 +294,7 @@ class Scheduler:
         for route in routes:
             t = self.transport(route.transport)
             queue: Queue | None
+            dsn: Dsn | None
             if flush_each and t.throttled:
                 self._transport_unthrottle(t)
             if flush_each and not t.throttled:

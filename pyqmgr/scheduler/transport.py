@@ -26,22 +26,39 @@ MAX_PENDING = 2
 
 
 class TransportParams(Protocol):
-    """What the core needs of a transport's configuration (config.TransportConfig)."""
+    """What the core needs of a transport's configuration (config.TransportConfig).
 
-    destination_concurrency_limit: int
-    destination_recipient_limit: int
-    initial_destination_concurrency: int
-    failed_cohort_limit: int
-    destination_rate_delay: int
-    transport_rate_delay: int
-    delivery_slot_cost: int
-    delivery_slot_loan: int
-    delivery_slot_discount: int
-    minimum_delivery_slots: int
-    recipient_limit: int
-    extra_recipient_limit: int
-    recipient_refill_limit: int
-    recipient_refill_delay: int
+    Read-only properties, so that a frozen config fits.
+    """
+
+    @property
+    def destination_concurrency_limit(self) -> int: ...
+    @property
+    def destination_recipient_limit(self) -> int: ...
+    @property
+    def initial_destination_concurrency(self) -> int: ...
+    @property
+    def failed_cohort_limit(self) -> int: ...
+    @property
+    def destination_rate_delay(self) -> int: ...
+    @property
+    def transport_rate_delay(self) -> int: ...
+    @property
+    def delivery_slot_cost(self) -> int: ...
+    @property
+    def delivery_slot_loan(self) -> int: ...
+    @property
+    def delivery_slot_discount(self) -> int: ...
+    @property
+    def minimum_delivery_slots(self) -> int: ...
+    @property
+    def recipient_limit(self) -> int: ...
+    @property
+    def extra_recipient_limit(self) -> int: ...
+    @property
+    def recipient_refill_limit(self) -> int: ...
+    @property
+    def recipient_refill_delay(self) -> int: ...
 
 
 class Transport:

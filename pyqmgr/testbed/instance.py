@@ -451,7 +451,7 @@ class PostfixInstance:
         Names with anything but letters and digits (cleanup's ``usec.pid`` temporary
         files, for one) are not queue files yet and are left out.
         """
-        found = []
+        found: list[str] = []
         for _dirpath, _dirs, files in os.walk(os.path.join(self.queue_dir, queue)):
             found.extend(f for f in files if f.isalnum())
         return found
