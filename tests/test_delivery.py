@@ -128,3 +128,20 @@ def test_clog_warning_matches_stock(postfix, sink):
     assert ours == stock
     assert ours[0] == ("warning: mail for [127.0.0.1]:PORT is using up 3 of 3 active queue "
                        "entries")
+
+
+def test_request_larger_than_the_socket_buffer_is_delivered(postfix):
+    # One delivery request of about 400 kB: more than a unix socket holds, so pyqmgr
+    # writes it in several goes, with the agent's reply unread until the last byte is
+    # out. Every recipient must get discard's status line, in one request.
+    pf = postfix(qmgr="pyqmgr", transports={"discard.example": "discard:"},
+                 main_cf={"discard_destination_recipient_limit": "5000"})
+    rcpts = [f"{'y' * 180}{i:04d}@discard.example" for i in range(1000)]
+    (qid,) = pf.smtp_send([("s@discard.example", rcpts)])
+    pf.maillog.wait_for(lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
+                        timeout=20, what="the big message removed")
+    sent = pf.maillog.lines("postfix/discard", queue_id=qid, contains="status=sent")
+    assert sorted(re.search(r"to=<([^>]+)>", ln.text).group(1) for ln in sent) == rcpts
+    # One request: every status line came from the same discard process.
+    assert len({ln.pid for ln in sent}) == 1
+    assert [ln for ln in pf.maillog.lines("postfix/qmgr") if ln.severity != "info"] == []
