@@ -35,6 +35,17 @@ def _install_agent(inst, name: str) -> None:
     os.chmod(path, 0o755)
 
 
+def _agent_transport(name: str, mode: str = "", **main: str) -> dict[str, object]:
+    """side_by_side settings: ``<name>.example`` goes to the fake agent ``<name>agent``
+    (installed by the scenario) as transport ``<name>``; retries are far off, so the
+    first attempt is all a scenario sees."""
+    return {
+        "transports": {f"{name}.example": f"{name}:"},
+        "master_cf_extra": [f"{name} unix - - n - - {name}agent {mode}".rstrip()],
+        "main_cf": {"queue_run_delay": "300s", "minimal_backoff_time": "300s", **main},
+    }
+
+
 def test_agent_crash_defers_the_message(side_by_side):
     def scenario(inst, qmgr):
         _install_agent(inst, "crashagent")
@@ -49,9 +60,7 @@ def test_agent_crash_defers_the_message(side_by_side):
     side_by_side(scenario, name="agent crashes without a reply", item="4.4 dead transports",
                  description="An agent that reads the request and exits: qmgr (3.7.11) "
                              "defers the message and leaves the transport alive.",
-                 transports={"crash.example": "crash:"},
-                 master_cf_extra=["crash unix - - n - - crashagent"],
-                 main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s"})
+                 **_agent_transport("crash"))
 
 
 def test_request_that_cannot_be_written_defers_the_transport(side_by_side):
@@ -69,10 +78,8 @@ def test_request_that_cannot_be_written_defers_the_transport(side_by_side):
                  description="An agent that goes away without reading a large request: "
                              "qmgr logs 'write to process', puts the entry back, throttles "
                              "the transport and defers its mail through retry.",
-                 transports={"noread.example": "noread:"},
-                 master_cf_extra=["noread unix - - n - - noreadagent noread"],
-                 main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s",
-                          "noread_destination_recipient_limit": "5000"})
+                 **_agent_transport("noread", "noread",
+                                    noread_destination_recipient_limit="5000"))
 
 
 def test_agent_without_reply_is_fatal_and_loses_nothing(side_by_side):
@@ -95,10 +102,7 @@ def test_agent_without_reply_is_fatal_and_loses_nothing(side_by_side):
                  description="An agent that takes the request and never answers: after "
                              "daemon_timeout the qmgr logs stock's fatal error and exits; "
                              "master starts a new one and the message is still queued.",
-                 transports={"hang.example": "hang:"},
-                 master_cf_extra=["hang unix - - n - - hangagent hang"],
-                 main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s",
-                          "daemon_timeout": "5s"})
+                 **_agent_transport("hang", "hang", daemon_timeout="5s"))
 
 
 def test_unreachable_trivial_rewrite(side_by_side):
