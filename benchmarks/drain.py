@@ -5,6 +5,11 @@ starts the chosen qmgr and times from the reload until the last ``removed`` line
 file is gone. Rounds alternate stock and pyqmgr in one run so both see the same
 machine state; the ratio of the medians is reported.
 
+A third contender, the *floor* (``benchmarks/floor_qmgr.py``), runs in the same rounds
+unless ``--no-floor``: a stand-in qmgr on pyqmgr's own start-up, event loop and protocol
+layer that does only the unavoidable per-message I/O, with no scheduler and no
+bookkeeping. Its ratio to stock is how close any Python qmgr built this way can get here.
+
 Each round also reports the qmgr process's own scheduler accounting
 (``/proc/PID/schedstat``): time on a CPU, and time runnable but waiting for one. Their
 sum against the wall time says whether the qmgr was busy or waiting on other
@@ -17,7 +22,11 @@ import argparse
 import statistics
 import time
 
+from benchmarks import floor_qmgr
 from pyqmgr.testbed.instance import PostfixInstance, wait_until
+
+#: Each round runs every contender once; the order rotates so none always goes first.
+CONTENDERS = ("stock", "pyqmgr", "floor")
 
 
 def _schedstat(pid: int) -> tuple[float, float]:
@@ -29,7 +38,10 @@ def _schedstat(pid: int) -> tuple[float, float]:
 
 def drain_once(qmgr: str, n: int) -> tuple[float, float, float]:
     """(wall seconds, qmgr CPU seconds, qmgr run-queue seconds) for one drain."""
-    with PostfixInstance(qmgr=qmgr, transports={"discard.example": "discard:"}) as pf:
+    with PostfixInstance(qmgr="stock" if qmgr == "stock" else "pyqmgr",
+                         transports={"discard.example": "discard:"}) as pf:
+        if qmgr == "floor":
+            floor_qmgr.install(pf)
         pf.start()
         pf.preload([("s@discard.example", [f"r{i}@discard.example"]) for i in range(n)])
         start = time.monotonic()
@@ -49,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-floor", action="store_true",
+                        help="leave out the floor (a qmgr with no scheduler)")
     args = parser.parse_args(argv)
-    times: dict[str, list[float]] = {"stock": [], "pyqmgr": []}
-    cpu: dict[str, list[float]] = {"stock": [], "pyqmgr": []}
+    contenders = CONTENDERS[:2] if args.no_floor else CONTENDERS
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
     for r in range(args.rounds):
-        for qmgr in ("stock", "pyqmgr") if r % 2 == 0 else ("pyqmgr", "stock"):
+        k = r % len(contenders)
+        for qmgr in contenders[k:] + contenders[:k]:
             t, on_cpu, runnable = drain_once(qmgr, args.messages)
             times[qmgr].append(t)
             cpu[qmgr].append(on_cpu)
@@ -69,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median qmgr CPU: stock {stock_cpu:.2f} s, pyqmgr {ours_cpu:.2f} s, ratio "
           f"{ours_cpu / stock_cpu:.2f} ({1e6 * ours_cpu / args.messages:.0f} us vs "
           f"{1e6 * stock_cpu / args.messages:.0f} us a message)")
+    if "floor" in times:
+        floor = statistics.median(times["floor"])
+        floor_cpu = statistics.median(cpu["floor"])
+        print(f"median floor {floor:.2f} s, ratio floor/stock {floor / stock:.2f}; floor "
+              f"qmgr CPU {floor_cpu:.2f} s, ratio {floor_cpu / stock_cpu:.2f} "
+              f"({1e6 * floor_cpu / args.messages:.0f} us a message)")
     return 0
 
 

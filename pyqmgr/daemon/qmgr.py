@@ -137,6 +137,10 @@ class Qmgr:
         self.spawn(self._deferred_timer())
         self.spawn(self._ticker())
 
+    def close(self) -> None:
+        """On the way out: let trivial-rewrite see the connection end."""
+        self.resolver.close()
+
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)

@@ -15,6 +15,8 @@ import os
 import pwd
 import signal
 import sys
+from collections.abc import Callable
+from typing import Protocol
 
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
@@ -29,6 +31,20 @@ from pyqmgr.postfix.master import (
     parse_argv,
 )
 
+
+class QueueManager(Protocol):
+    """What the start-up skeleton drives: :class:`Qmgr`, or a benchmark's stand-in."""
+
+    def start(self) -> None: ...
+
+    def trigger(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+#: Builds the queue manager once logging, configuration and privileges are settled.
+QueueManagerFactory = Callable[[QmgrConfig, MailLog, FlowControl | None], QueueManager]
+
 #: Exit status for start-up failures: non-zero so master throttles instead of re-forking.
 EXIT_FATAL = 1
 
@@ -37,7 +53,12 @@ def _tag(syslog_name: str, progname: str) -> str:
     return f"{syslog_name}/{progname}"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], daemon: QueueManagerFactory = Qmgr) -> int:
+    """Run as master(8)'s qmgr service.
+
+    ``daemon`` exists so that a benchmark can run its own stand-in (a qmgr with no
+    scheduler) under exactly the same start-up, master protocol and logging.
+    """
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     progname = os.path.basename(argv[0]) if argv else "qmgr"
@@ -48,7 +69,7 @@ def main(argv: list[str]) -> int:
     else:
         log.use_syslog()
     try:
-        return _run(argv, log)
+        return _run(argv, log, daemon)
     except (UsageError, ConfigError) as exc:
         for text in getattr(exc, "warnings", ()):
             log.warning(text)
@@ -56,7 +77,7 @@ def main(argv: list[str]) -> int:
         return EXIT_FATAL
 
 
-def _run(argv: list[str], log: MailLog) -> int:
+def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     opts = parse_argv(argv)
     if opts.log_stderr:
         log.stderr = True
@@ -98,7 +119,7 @@ def _run(argv: list[str], log: MailLog) -> int:
     # the scheduler's structures are acyclic apart from long-lived back references.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
-    return asyncio.run(_serve(cfg, log, status, flow))
+    return asyncio.run(_serve(cfg, log, status, flow, daemon))
 
 
 #: Allocations between young-generation collections (CPython's default is 700).
@@ -132,7 +153,7 @@ def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> No
 
 
 async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
-                 flow: FlowControl | None) -> int:
+                 flow: FlowControl | None, daemon: QueueManagerFactory) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -151,7 +172,7 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
 
         profiler = cProfile.Profile()
         profiler.enable()
-    qmgr = Qmgr(cfg, log, flow)
+    qmgr = daemon(cfg, log, flow)
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
@@ -165,5 +186,5 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     if server is not None:
         server.close()
     with contextlib.suppress(Exception):
-        qmgr.resolver.close()
+        qmgr.close()
     os._exit(code)
