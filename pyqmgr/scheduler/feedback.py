@@ -38,6 +38,7 @@ def rounding_rules(rounding: str) -> tuple[float, bool]:
         raise ValueError(f"feedback rounding must be one of {', '.join(ROUNDINGS)}")
     return (0.5, False) if rounding == "stock" else (0.0, True)
 
+
 _INT_MAX = 2**31 - 1
 # A C strtod number: decimal with optional exponent, hex float, inf/nan.
 _NUMBER = (
