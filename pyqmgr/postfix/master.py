@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyqmgr.postfix.config import ConfigError, option_nameval
+from pyqmgr.postfix.getopt import MISSING_ARGUMENT, UNKNOWN, GetOpt
 
 FLOW_READ_FD = 3
 FLOW_WRITE_FD = 4
@@ -41,9 +42,6 @@ TRIGGER_READ_WAIT = 10.0
 TRIGGER_NUL_WAIT = 1.0
 
 _STATUS = struct.Struct("=iIi")
-
-# Options of Postfix's server skeletons; those that take an argument are followed by ':'.
-_OPTSTRING = "cdDi:lm:n:o:s:St:uvVz"
 
 
 class UsageError(Exception):
@@ -72,35 +70,14 @@ def parse_argv(argv: list[str]) -> ServerOptions:
     """Parse argv like the skeleton's ``getopt("+...")``: stop at the first non-option."""
     progname = os.path.basename(argv[0]) if argv else "qmgr"
     opts = ServerOptions(progname=progname, service_name=progname)
-    i = 1
-    while i < len(argv):
-        word = argv[i]
-        if word == "--":
-            i += 1
-            break
-        if not word.startswith("-") or word == "-":
-            break
-        j = 1
-        while j < len(word):
-            letter = word[j]
-            pos = _OPTSTRING.find(letter)
-            if pos < 0 or letter == ":":
-                raise UsageError(f"invalid option -- '{letter}'")
-            value: str | None = None
-            if pos + 1 < len(_OPTSTRING) and _OPTSTRING[pos + 1] == ":":
-                if j + 1 < len(word):
-                    value = word[j + 1 :]
-                else:
-                    i += 1
-                    if i >= len(argv):
-                        raise UsageError(f"option requires an argument -- '{letter}'")
-                    value = argv[i]
-                j = len(word)
-            else:
-                j += 1
-            _apply_option(opts, letter, value)
-        i += 1
-    opts.args = argv[i:]
+    options = GetOpt(argv, optind=1)
+    for letter, value in options:
+        if letter == UNKNOWN:
+            raise UsageError(f"invalid option -- '{value}'")
+        if letter == MISSING_ARGUMENT:
+            raise UsageError(f"option requires an argument -- '{value}'")
+        _apply_option(opts, letter, value)
+    opts.args = list(argv[options.optind:])
     return opts
 
 

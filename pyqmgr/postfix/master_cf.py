@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 
 from pyqmgr.postfix.config import ConfigError, logical_lines, option_nameval, split_list
 from pyqmgr.postfix.expand import compat_level_from_string, is_digit, strtol
+from pyqmgr.postfix.getopt import SERVER_OPTIONS, GetOpt
 
 #: ``CHARS_SPACE``: the field separators of master.cf.
 BLANKS = " \t\r\n"
 SERVICE_TYPES = ("inet", "unix", "unix-dgram", "fifo", "pass")
-#: The option letters of the server skeletons; ``:`` marks an option with a value.
-SERVER_OPTIONS = "cdDi:lm:n:o:s:St:uvVz"
 
 
 @dataclass(frozen=True)
@@ -135,32 +134,9 @@ def extract_overrides(args: Sequence[str], optstring: str = SERVER_OPTIONS
     daemon itself refuses them).
     """
     found: list[tuple[str, str]] = []
-    i = 0
-    while i < len(args):
-        word = args[i]
-        if word == "--":
-            break
-        if not word.startswith("-") or word == "-":
-            break
-        j = 1
-        while j < len(word):
-            letter = word[j]
-            pos = optstring.find(letter)
-            takes_value = pos >= 0 and letter != ":" and optstring[pos + 1:pos + 2] == ":"
-            if not takes_value:
-                j += 1
-                continue
-            if j + 1 < len(word):
-                value = word[j + 1:]
-            else:
-                i += 1
-                if i >= len(args):
-                    return found
-                value = args[i]
-            if letter == "o":
-                found.append(option_nameval(value))
-            break
-        i += 1
+    for letter, value in GetOpt(args, optstring):
+        if letter == "o" and value is not None:
+            found.append(option_nameval(value))
     return found
 
 
