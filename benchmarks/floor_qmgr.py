@@ -36,25 +36,13 @@ from pyqmgr.postfix.deliver_request import (
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import FlowControl
 from pyqmgr.postfix.resolve import ResolveClient, Resolved
+from pyqmgr.scheduler.message import Recipient
 from pyqmgr.testbed.instance import PostfixInstance
 
 #: Files read per event-loop turn, so that replies are handled while reading goes on.
 READ_CHUNK = 10
 #: Deliveries queued ahead of the agents; reading pauses above this.
 QUEUED_AHEAD = 100
-
-
-class Rcpt:
-    """The fields ``encode_request`` takes from a recipient."""
-
-    __slots__ = ("orig_addr", "address", "offset", "dsn_orcpt", "dsn_notify")
-
-    def __init__(self, address: str, offset: int) -> None:
-        self.orig_addr = ""
-        self.address = address
-        self.offset = offset
-        self.dsn_orcpt = ""
-        self.dsn_notify = 0
 
 
 class Envelope:
@@ -65,13 +53,14 @@ class Envelope:
         self.arrival = (0, 0)
         self.sender = ""
         self.attrs: dict[bytes, bytes] = {}
-        self.recipients: list[Rcpt] = []
+        self.recipients: list[Recipient] = []
 
 
 def read_envelope(data: bytes) -> Envelope:
     """Walk every envelope record once, skipping the content as stock does.
 
-    No validation beyond what the walk needs: a truncated or odd file raises.
+    No validation beyond what the walk needs: a truncated or odd file raises. It does
+    not call ``record.rec_get_buf`` on purpose: the floor wants the least work per record.
     """
     env = Envelope()
     pos = 0
@@ -92,7 +81,7 @@ def read_envelope(data: bytes) -> Envelope:
         payload = data[pos:pos + length]
         pos += length
         if rtype == 0x52:  # R: recipient
-            env.recipients.append(Rcpt(payload.decode("utf-8", "surrogateescape"), start))
+            env.recipients.append(Recipient(start, payload.decode("utf-8", "surrogateescape")))
         elif rtype == 0x41:  # A: name=value
             name, _, value = payload.partition(b"=")
             env.attrs[name] = value
@@ -110,7 +99,7 @@ def read_envelope(data: bytes) -> Envelope:
     return env
 
 
-Delivery = tuple[RequestMessage, Resolved, Rcpt]
+Delivery = tuple[RequestMessage, Resolved, Recipient]
 
 
 class FloorQmgr:
