@@ -77,7 +77,7 @@ def parse_argv(argv: list[str]) -> ServerOptions:
         if letter == MISSING_ARGUMENT:
             raise UsageError(f"option requires an argument -- '{value}'")
         _apply_option(opts, letter, value)
-    opts.args = list(argv[options.optind:])
+    opts.args = argv[options.optind:]
     return opts
 
 
