@@ -2,8 +2,8 @@
 
 Each round preloads N one-recipient messages into incoming/ while no qmgr runs, then
 starts the chosen qmgr and times from the reload until the last ``removed`` line's
-file is gone. Rounds alternate stock and pyqmgr in one run so both see the same
-machine state; the ratio of the medians is reported.
+file is gone. Each round runs every contender once, in rotating order, so all see the
+same machine state; the ratio of the medians is reported.
 
 A third contender, the *floor* (``benchmarks/floor_qmgr.py``), runs in the same rounds
 unless ``--no-floor``: a stand-in qmgr on pyqmgr's own start-up, event loop and protocol
