@@ -12,9 +12,11 @@ Reading more recipients of a message is the one request the core makes synchrono
 (the ``refill`` callback), because stock's selection reads them in the middle of
 choosing and uses them at once.
 
-This is stock's nqmgr: the Postfix 2.5 concurrency window per destination
-(:mod:`.queue`), and per transport the preemptive job scheduler with recipient slot
-pools (:mod:`.job`), with entries (:mod:`.entry`) and peers (:mod:`.peer`) between them.
+What every scheduler shares lives here and beside it: transports and agent allocation
+(:mod:`.transport`), the Postfix 2.5 concurrency window per destination and dead sites
+(:mod:`.queue`), entries (:mod:`.entry`) and messages (:mod:`.message`). Which entry an
+agent delivers, and the bookkeeping that decision needs, is each transport's policy
+(:mod:`.policy`): stock's nqmgr (:mod:`.nqmgr`) unless ``policy_for`` says otherwise.
 """
 
 from __future__ import annotations
@@ -24,17 +26,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from pyqmgr.scheduler.entry import Entry, entry_create, entry_unselect
+from pyqmgr.scheduler.entry import Entry, entry_unselect
 from pyqmgr.scheduler.feedback import parse_or_warn, rounding_rules
-from pyqmgr.scheduler.job import (
-    blocker_update,
-    job_entry_select,
-    job_free,
-    job_obtain,
-    move_limits,
-)
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.peer import peer_free, peer_obtain
+from pyqmgr.scheduler.nqmgr import Nqmgr
+from pyqmgr.scheduler.policy import Policy, PolicyClass
 from pyqmgr.scheduler.qlist import QList
 from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.transport import Transport, TransportParams
@@ -126,8 +122,25 @@ class Scheduler:
         msg_rcpt_limit: int = 10,
         refill: Refill | None = None,
         feedback_rounding: str = "stock",
+        policy_for: Callable[[str], PolicyClass] | None = None,
+        setting: Callable[[str, str, str], str] | None = None,
+        oqmgr_reading: bool = False,
+        fudge_factor: int = 100,
     ) -> None:
         self.params_for = params_for
+        #: Each transport's policy class (nqmgr unless pyqmgr.cf says otherwise).
+        self.policy_for = policy_for
+        self._setting = setting
+        #: The policy classes in use, for their per-message hooks.
+        self.policy_classes: list[PolicyClass] = []
+        #: A policy without nqmgr's job slots is in use: a message without jobs then
+        #: reads its recipients by oqmgr's limits (:meth:`read_limit`).
+        self.slotless = False
+        #: oqmgr's reading as a whole (the default policy is oqmgr): no more files
+        #: opened while the in-core recipient limit is reached, early refills.
+        self.oqmgr_reading = oqmgr_reading
+        #: oqmgr's qmgr_fudge_factor (percent of the recipient limit per batch).
+        self.fudge_factor = fudge_factor
         self.min_backoff_time = min_backoff_time
         self.transport_retry_time = transport_retry_time
         self.initial_concurrency = initial_concurrency
@@ -166,7 +179,9 @@ class Scheduler:
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
-                      feedback_rounding: str = "stock") -> Scheduler:
+                      feedback_rounding: str = "stock",
+                      policy_for: Callable[[str], PolicyClass] | None = None,
+                      setting: Callable[[str, str, str], str] | None = None) -> Scheduler:
         """The scheduler as main.cf configures it: the daemon's and the simulator's."""
         return cls(
             cfg.transport,
@@ -181,6 +196,8 @@ class Scheduler:
             msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
             refill=refill,
             feedback_rounding=feedback_rounding,
+            policy_for=policy_for,
+            setting=setting,
         )
 
     @property
@@ -209,9 +226,34 @@ class Scheduler:
                         f"{name}: {fb_name} feedback type {fb.index} value at "
                         f"{self.initial_concurrency}: {fb.value(self.initial_concurrency):g}"
                     )
+            self._attach_policy(t)
             self.transports[name] = t
             self.transport_list.prepend(t.node)
         return t
+
+    def _attach_policy(self, t: Transport) -> None:
+        """Give a new transport its policy; the retry and error transports stay nqmgr."""
+        cls: PolicyClass = Nqmgr
+        if self.policy_for is not None and t.name not in (RETRY, ERROR):
+            cls = self.policy_for(t.name)
+        policy = cls(t, self)
+        t.policy = policy
+        if cls is not Nqmgr:
+            self.slotless = True
+        t.dest_cap = cls.dest_cap
+        t.gated = cls.gates_allocation
+        if cls not in self.policy_classes:
+            self.policy_classes.append(cls)
+
+    def setting(self, name: str, transport: str, default: str) -> str:
+        """A pyqmgr.cf parameter for a policy (``<transport>_<name>``, then ``<name>``)."""
+        if self._setting is None:
+            return default
+        return self._setting(name, transport, default)
+
+    def policy(self, name: str) -> Policy:
+        """The policy of transport ``name`` (created with the transport if need be)."""
+        return self.transport(name).policy
 
     def _queue(self, t: Transport, name: str, nexthop: str) -> Queue:
         queue = t.queues.get(name)
@@ -227,6 +269,7 @@ class Scheduler:
             del t.queues[queue.name]
             self.queue_count -= 1
         t.ready_queues.pop(queue, None)
+        t.policy.queue_done(queue)
 
     def _info(self, text: str) -> None:
         self.log.append(("info", text))
@@ -253,9 +296,21 @@ class Scheduler:
         the message's jobs were given. Never more than 5000 at once.
         """
         self._admit(message)
-        if message.more:
+        if message.more and not (self.slotless and not message.jobs):
             return min(message.rcpt_limit - message.rcpt_count, MAX_READ)
+        if self.slotless and not message.jobs:
+            # No job holds this message's slots: oqmgr's per-batch limit.
+            return min(self.fudge_limit, MAX_READ)
         return min(max(self.rcpt_limit - self.rcpt_count, message.rcpt_limit), MAX_READ)
+
+    @property
+    def fudge_limit(self) -> int:
+        """oqmgr's batch size: FUDGE(qmgr_message_recipient_limit)."""
+        return max(1, self.rcpt_limit * self.fudge_factor // 100)
+
+    def may_feed(self) -> bool:
+        """May the driver open another queue file? (oqmgr: not at the recipient limit.)"""
+        return not self.oqmgr_reading or self.rcpt_count < self.rcpt_limit
 
     def first_read_limit(self) -> int:
         """:meth:`read_limit` for a message not created yet (the driver reads first)."""
@@ -289,8 +344,8 @@ class Scheduler:
             self.now = now
         self._admit(message)
         message.refill_time = self.clock
-        job = None
-        peer = None
+        last: Entry | None = None
+        last_queue: Queue | None = None
         for route in routes:
             t = self.transport(route.transport)
             queue: Queue | None
@@ -315,29 +370,17 @@ class Scheduler:
                 message.deferred = True
                 self.deferrals.append(DeferRecipient(message, route.recipient, dsn))
                 continue
-            if job is None or job.transport is not queue.transport:
-                job = job_obtain(message, queue.transport)
-                peer = None
-            if peer is None or peer.queue is not queue:
-                peer = peer_obtain(job, queue)
-            limit = queue.transport.recipient_limit
-            entry = peer.entries.last()
-            if message.single_rcpt or entry is None or (
-                    limit != 0 and len(entry.recipients) >= limit):
-                entry = entry_create(peer, message)
-                if self.helpful_warnings and self.clog_warn_time > 0:
-                    self._clog_warning(queue)
-            entry.recipients.append(route.recipient)
-            job.rcpt_count += 1
+            if queue is not last_queue:
+                last = None
+                last_queue = queue
+            refs = message.refcount
+            last = queue.transport.policy.add(message, queue, route.recipient, last)
+            if message.refcount != refs and self.helpful_warnings and self.clog_warn_time > 0:
+                self._clog_warning(queue)
             message.rcpt_count += 1
             self.rcpt_count += 1
-        # Jobs of this message that got nothing new still changed estimates.
-        for other in message.jobs.values():
-            if other.has_entries and other.blocker_tag != other.transport.blocker_tag:
-                other.transport.candidate_cache_current = None
-        if not message.more:
-            for other in list(message.jobs.values()):
-                move_limits(other)
+        for cls in self.policy_classes:
+            cls.message_assigned(message)
 
     def _clog_warning(self, queue: Queue) -> None:
         """One destination filling the active queue: stock's advice, at most so often."""
@@ -414,7 +457,7 @@ class Scheduler:
             return None
         if t.pending > 0:
             t.pending -= 1
-        entry = job_entry_select(t, self)
+        entry = t.policy.select()
         if entry is None:
             # Stock would keep the rate lock until some delivery ends; with none under
             # way the transport would never be chosen again.
@@ -473,29 +516,15 @@ class Scheduler:
         """Finish an entry, busy (a delivery came back) or todo (``qmgr_entry_done``)."""
         queue = entry.queue
         message = entry.message
-        peer = entry.peer
-        job = peer.job
-        t = job.transport
+        t = queue.transport
         if busy:
             entry.busy = False
             queue.busy_count -= 1
         else:
-            peer.entries.unlink(entry.peer_node)
-            job.selected_entries += 1
             queue.todo.unlink(entry.queue_node)
         n = len(entry.recipients)
-        job.rcpt_count -= n
         message.rcpt_count -= n
         self.rcpt_count -= n
-        # Jobs that sponsored this message's slots get them back first; then the rest
-        # goes on to the next job still reading.
-        for sponsor in list(message.jobs.values()):
-            if sponsor.rcpt_count >= sponsor.rcpt_limit or sponsor is job:
-                continue
-            if sponsor.stack_level < 0 or not message.more:
-                move_limits(sponsor)
-        if not message.more:
-            move_limits(job)
         # destination_rate_delay emulates a slow channel: pause the destination after
         # each delivery; scheduling decisions wait for it to resume.
         delay = t.cfg.destination_rate_delay
@@ -505,11 +534,7 @@ class Scheduler:
             if queue.ready:
                 queue.suspend(self.now, delay)
                 self.timers.append(self.now + delay)
-        if not queue.suspended and queue.blocker_tag == t.blocker_tag:
-            blocker_update(queue)
-        peer.refcount -= 1
-        if peer.refcount == 0:
-            peer_free(peer)
+        t.policy.done(entry, busy)
         if busy:
             queue.last_done = self.clock
         if queue.idle:
@@ -520,15 +545,17 @@ class Scheduler:
                 self._queue_done(queue)
         t.sync(queue)
         message.refcount -= 1
+        if (self.oqmgr_reading and message.more and not message.jobs
+                and self.rcpt_count < self.fudge_limit - 100):
+            self.realloc(message)
         if message.refcount == 0:
             self._message_done(message)
 
     def _message_done(self, message: Message) -> None:
-        """All in-core entries finished: tell the driver; free the jobs if all read."""
+        """All in-core entries finished: tell the driver; policies drop their state."""
         self.finished.append(message)
-        if not message.more:
-            for job in list(message.jobs.values()):
-                job_free(job)
+        for cls in self.policy_classes:
+            cls.message_done(message)
 
     def _defer_todo(self, queue: Queue, dsn: Dsn) -> None:
         """A dead destination: move its waiting entries to retry, or defer them."""
@@ -545,11 +572,11 @@ class Scheduler:
     def _entry_move_todo(self, dst: Queue, entry: Entry) -> None:
         """Hand a todo entry's recipients to another queue (the retry transport)."""
         message = entry.message
-        dst_job = job_obtain(message, dst.transport)
-        new = entry_create(peer_obtain(dst_job, dst), message)
+        dst_policy = dst.transport.policy
+        new = dst_policy.new_entry(message, dst)
         new.recipients, entry.recipients = entry.recipients, []
-        entry.peer.job.rcpt_count -= len(new.recipients)
-        dst_job.rcpt_count += len(new.recipients)
+        entry.queue.transport.policy.moved(entry, -len(new.recipients))
+        dst_policy.moved(new, len(new.recipients))
         self._entry_done(entry, busy=False)
 
     def throttle_transport(self, name: str, dsn: Dsn, now: float) -> None:
@@ -589,7 +616,7 @@ class Scheduler:
                     if queue.ready and queue.idle:
                         self._queue_done(queue)
                     else:
-                        blocker_update(queue)
+                        t.policy.resumed(queue)
 
     def enable_all(self) -> None:
         """``F`` trigger: forget dead transports and destinations now."""

@@ -1,10 +1,11 @@
 """A queue entry: one delivery request's worth of recipients (``qmgr_entry.c``).
 
-An entry belongs to one message, one destination queue and one job peer; it is "todo"
-(on the queue's todo list and the peer's entry list) until the scheduler selects it for
-an agent, then "busy" until the agent's reply comes back. The functions here move
-entries between those states; finishing an entry (``entry_done``) touches the whole
-scheduler and lives in :mod:`pyqmgr.scheduler.core`.
+An entry belongs to one message and one destination queue; it is "todo" (on the
+queue's todo list) until a policy selects it for an agent, then "busy" until the
+agent's reply comes back. The functions here are the halves of stock's entry
+functions that every scheduler shares; a policy that keeps entries on lists of its
+own (nqmgr's peers) subclasses :class:`Entry` and does its half around these.
+Finishing an entry touches the whole scheduler and lives in :mod:`.core`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.qlist import Node
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.peer import Peer
     from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.transport import Transport
 
 #: Delivery request flags for opportunistic connection caching (deliver_request.h).
 DEL_REQ_FLAG_CONN_LOAD = 1 << 11
@@ -25,17 +26,14 @@ DEL_REQ_FLAG_CONN_MASK = DEL_REQ_FLAG_CONN_LOAD | DEL_REQ_FLAG_CONN_STORE
 
 
 class Entry:
-    __slots__ = ("message", "queue", "peer", "recipients", "busy", "queue_node",
-                 "peer_node")
+    __slots__ = ("message", "queue", "recipients", "busy", "queue_node")
 
-    def __init__(self, message: Message, queue: Queue, peer: Peer) -> None:
+    def __init__(self, message: Message, queue: Queue) -> None:
         self.message = message
         self.queue = queue
-        self.peer = peer
         self.recipients: list[Recipient] = []
         self.busy = False
         self.queue_node: Node[Entry] = Node(self)
-        self.peer_node: Node[Entry] = Node(self)
 
     @property
     def transport(self) -> str:
@@ -46,35 +44,26 @@ class Entry:
                 f"{self.queue.name} x{len(self.recipients)}{' busy' if self.busy else ''})")
 
 
-def entry_create(peer: Peer, message: Message) -> Entry:
-    """A new todo entry at the end of the peer's and the queue's lists."""
-    queue = peer.queue
+def entry_link(entry: Entry, transport: Transport) -> Entry:
+    """A new entry goes at the end of its queue's todo list and counts on its message."""
+    queue = entry.queue
     assert not queue.throttled, f"entry_create: dead queue {queue.name}"
-    entry = Entry(message, queue, peer)
-    message.refcount += 1
-    peer.entries.append(entry.peer_node)
-    peer.refcount += 1
+    entry.message.refcount += 1
     queue.todo.append(entry.queue_node)
-    peer.job.read_entries += 1
-    queue.transport.sync(queue)
+    transport.sync(queue)
     return entry
 
 
-def entry_select(peer: Peer, now: int) -> Entry | None:
-    """Take the peer's first entry from todo to busy (``qmgr_entry_select``).
+def entry_select(entry: Entry, now: int) -> Entry:
+    """Take a todo entry to busy (``qmgr_entry_select``).
 
     Also keeps the queue's connection-caching flags: caching starts once deliveries
     to the destination come back to back, and stops when they no longer overlap.
     """
-    entry = peer.entries.first()
-    if entry is None:
-        return None
     queue = entry.queue
     queue.todo.unlink(entry.queue_node)
     queue.busy_count += 1
     entry.busy = True
-    peer.entries.unlink(entry.peer_node)
-    peer.job.selected_entries += 1
     back_to_back = queue.last_done + 1 >= now
     if not queue.dflags & DEL_REQ_FLAG_CONN_STORE:
         if back_to_back:
@@ -88,15 +77,12 @@ def entry_select(peer: Peer, now: int) -> Entry | None:
 def entry_unselect(entry: Entry) -> None:
     """Put a busy entry back to todo (``qmgr_entry_unselect``): its request never left.
 
-    Back at the head of the peer's list, so that select and unselect do not reorder the
-    message's entries, but at the end of the queue's todo list, as stock does.
+    At the end of the queue's todo list, as stock does.
     """
     queue = entry.queue
-    peer = entry.peer
     assert entry.busy, f"entry_unselect: {entry!r} is not busy"
     entry.busy = False
     queue.busy_count -= 1
     queue.todo.append(entry.queue_node)
-    peer.entries.prepend(entry.peer_node)
-    peer.job.selected_entries -= 1
+    queue.transport.policy.unselect(entry)
     queue.transport.sync(queue)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.job import Job
+    from pyqmgr.scheduler.nqmgr.job import Job
 
 
 @dataclass(eq=False, slots=True)
@@ -50,7 +50,7 @@ class Message:
     refill_time: float = 0.0
     #: Set when some recipient needs another attempt (agent deferral, crash, dead site).
     deferred: bool = False
-    #: Jobs by transport name, in creation order (stock's message job list).
+    #: nqmgr's jobs by transport name, in creation order (stock's message job list).
     jobs: dict[str, Job] = field(default_factory=dict)
     #: The daemon's per-message state; the core never looks inside.
     owner: Any = None

@@ -1,12 +1,12 @@
-"""A transport: one master.cf delivery service, its queues and its jobs (``qmgr_transport.c``).
+"""A transport: one master.cf delivery service and its queues (``qmgr_transport.c``).
 
 Holds the transport's parameters (looked up by the configuration layer with stock's
 ``<transport>_*`` then ``default_*`` rule, see :class:`TransportParams`), its parsed
-feedback, its destination queues by name, and nqmgr's per-transport state: the
-scheduler's job list (preemption reorders it) and the by-time job list (enqueue order,
-for recipient-slot handout), the current job, the candidate cache, the blocker tag and
-the recipient slot pool. A transport whose agent cannot be reached is "dead" for
-``transport_retry_time``; while dead, its mail goes to the retry transport.
+feedback, its destination queues by name, which of them could take a delivery now
+(the allocation test), and its scheduling policy (:mod:`.policy`), which keeps its own
+per-transport state (nqmgr's job lists, oqmgr's round-robin list, ...). A transport
+whose agent cannot be reached is "dead" for ``transport_retry_time``; while dead, its
+mail goes to the retry transport.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.scheduler.feedback import Feedback, rounding_rules
-from pyqmgr.scheduler.qlist import Node, QList
+from pyqmgr.scheduler.qlist import Node
 from pyqmgr.scheduler.queue import Dsn, Queue
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.job import Job
+    from pyqmgr.scheduler.policy import Policy
 
 #: Stock keeps at most this many agent connections per transport waiting for an agent.
 MAX_PENDING = 2
@@ -85,25 +85,12 @@ class Transport:
         self.rate_lock = False
         #: Agent connections asked for and not yet announced.
         self.pending = 0
-        # nqmgr state (qmgr_job.c).
-        self.job_list: QList[Job] = QList()
-        self.job_bytime: QList[Job] = QList()
-        self.job_current: Job | None = None
-        self.job_next_unread: Job | None = None
-        self.candidate_cache: Job | None = None
-        self.candidate_cache_current: Job | None = None
-        self.candidate_cache_time = 0
-        #: Odd and bumped by 2, so a job's or queue's tag 0 never matches.
-        self.blocker_tag = 1
-        self.slot_cost = cfg.delivery_slot_cost
-        self.slot_loan = cfg.delivery_slot_loan
-        self.slot_loan_factor = 100 - cfg.delivery_slot_discount
-        self.min_slots = cfg.minimum_delivery_slots
-        #: The recipient slot pool (may go negative by the per-stack extra).
-        self.rcpt_unused = cfg.recipient_limit
-        self.rcpt_per_stack = cfg.extra_recipient_limit
-        self.refill_limit = cfg.recipient_refill_limit
-        self.refill_delay = cfg.recipient_refill_delay
+        #: The transport's scheduling policy (set by the core right after creation).
+        self.policy: Policy = None  # type: ignore[assignment]
+        #: The policy's cap on deliveries in flight per destination (0: none).
+        self.dest_cap = 0
+        #: Ask the policy before connecting an agent (Policy.gates_allocation).
+        self.gated = False
 
     @property
     def throttled(self) -> bool:
@@ -129,9 +116,18 @@ class Transport:
             self.queues[name] = queue
         return queue
 
+    def room(self, queue: Queue) -> int:
+        """Deliveries ``queue`` may start now: its window, capped by the policy's cap."""
+        window = queue.window
+        cap = self.dest_cap
+        if cap and window > cap:
+            window = cap
+        return window - queue.busy_count
+
     def sync(self, queue: Queue) -> None:
         """Keep :attr:`ready_queues` true for ``queue`` after any change to it."""
-        if queue.window > queue.busy_count and queue.todo and queue.window > 0:
+        if queue.window > queue.busy_count and queue.todo and queue.window > 0 and (
+                not self.dest_cap or queue.busy_count < self.dest_cap):
             self.ready_queues[queue] = None
         else:
             self.ready_queues.pop(queue, None)
@@ -146,8 +142,12 @@ class Transport:
         if self.dsn is not None or self.rate_lock or self.pending >= MAX_PENDING:
             return False
         need = self.pending + 1
+        cap = self.dest_cap
         for queue in self.ready_queues:
-            need -= min(queue.window - queue.busy_count, len(queue.todo))
+            room = queue.window - queue.busy_count
+            if cap and cap - queue.busy_count < room:
+                room = cap - queue.busy_count
+            need -= min(room, len(queue.todo))
             if need <= 0:
-                return True
+                return not self.gated or self.policy.has_work()
         return False

@@ -103,7 +103,7 @@ def test_older_mail_beats_fewer_recipients():
 
 
 def jobs_in_list_order(s: Scheduler) -> list[str]:
-    return [j.message.queue_id for j in s.transport("smtp").job_list]
+    return [j.message.queue_id for j in s.policy("smtp").job_list]
 
 
 def test_preemption_stack_and_job_list_order():
@@ -119,7 +119,7 @@ def test_preemption_stack_and_job_list_order():
     add(s, "8", 50, now=0)
     seq = deliver(s, 4, now=0)
     assert seq == "4447", "7 preempts 4 once 4 saved 2 * 2 slots"
-    t = s.transport("smtp")
+    t = s.policy("smtp")
     jobs = {j.message.queue_id: j for j in t.job_list}
     assert jobs_in_list_order(s) == ["7", "4", "1", "2", "3", "5", "6", "8"]
     assert jobs["7"].stack_parent is jobs["4"] and jobs["7"].stack_level == 2
@@ -138,8 +138,8 @@ def test_blocker_job_is_skipped_and_revived_when_its_destination_frees_up():
     # slow is at its window of 1: job 1 blocks, job 2's destination is served.
     second = s.select("smtp", 0)
     assert second is not None and second.message.queue_id == "2"
-    t = s.transport("smtp")
-    job1 = s.transports["smtp"].job_list.first()
+    t = s.policy("smtp")
+    job1 = s.policy("smtp").job_list.first()
     assert job1 is not None and job1.blocker_tag == t.blocker_tag
     s.done(second, 0, None, False, 0)
     # slow frees up: all blockers are released at once and job 1 comes first again.
@@ -161,7 +161,7 @@ def test_children_of_a_finished_job_are_adopted_by_its_parent():
     seven = add(s, "7", 2, now=0, dest="blocked")
     eight = add(s, "8", 2, now=0)
     # Hold "blocked" busy with one of 7's deliveries so that 7 becomes a blocker.
-    t = s.transport("smtp")
+    t = s.policy("smtp")
     busy: list[Entry] = []
     seq = ""
     siblings_seen = False

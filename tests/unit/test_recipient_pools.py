@@ -8,8 +8,8 @@ against the specification's bounds.
 from __future__ import annotations
 
 from pyqmgr.scheduler.core import Route, Scheduler
-from pyqmgr.scheduler.job import Job
 from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.nqmgr.job import Job
 from tests.unit.params import Params
 
 
@@ -79,7 +79,7 @@ def test_transport_pool_goes_to_the_first_job_still_reading():
     s = make(file, recipient_limit=30, extra_recipient_limit=0, global_limit=20)
     one = file.add(s, "1", 100)
     two = file.add(s, "2", 100)
-    t = s.transport("smtp")
+    t = s.policy("smtp")
     assert t.job_next_unread is one.jobs["smtp"]
     assert one.jobs["smtp"].rcpt_limit == 30 and two.jobs["smtp"].rcpt_limit == 0
     assert t.rcpt_unused == 0
@@ -116,7 +116,7 @@ def test_big_message_read_in_batches_delivers_every_recipient_once():
     # max(minimum * active messages + recipient_limit + extra_recipient_limit, global).
     assert peak <= max(10 * len(msgs) + 40 + 20, 20), peak
     assert len([r for r in file.reads if r[0] == "big"]) > 5, "read in many batches"
-    assert s.rcpt_count == 0 and s.transport("smtp").rcpt_unused == 40, "slots all returned"
+    assert s.rcpt_count == 0 and s.policy("smtp").rcpt_unused == 40, "slots all returned"
     assert all(not m.jobs for m in msgs)
 
 
@@ -130,7 +130,7 @@ def test_unread_job_preempting_gets_half_of_the_extra_pool():
     small = file.add(s, "2", 12)
     assert small.more and small.rcpt_unread == 2
     job = small.jobs["smtp"]
-    t = s.transport("smtp")
+    t = s.policy("smtp")
     assert job.rcpt_limit == 0 and t.rcpt_unused == 0
     seq = ""
     while not seq.endswith("2"):

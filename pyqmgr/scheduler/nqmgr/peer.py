@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.entry import Entry
-    from pyqmgr.scheduler.job import Job
+    from pyqmgr.scheduler.nqmgr import NqEntry as Entry
+    from pyqmgr.scheduler.nqmgr.job import Job
     from pyqmgr.scheduler.queue import Queue
 
 

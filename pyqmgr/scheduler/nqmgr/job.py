@@ -16,25 +16,17 @@ choices; the comments say why a step is there when stock's reason is not obvious
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.entry import Entry, entry_select
-from pyqmgr.scheduler.peer import Peer, peer_select
+from pyqmgr.scheduler.nqmgr.peer import Peer, peer_select
 from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
+    from pyqmgr.scheduler.nqmgr import Nqmgr as Transport
+    from pyqmgr.scheduler.policy import Context as Refiller
     from pyqmgr.scheduler.queue import Queue
-    from pyqmgr.scheduler.transport import Transport
-
-
-class Refiller(Protocol):
-    """What selection needs from the scheduler: the clock, and reading more recipients."""
-
-    @property
-    def clock(self) -> int: ...
-
-    def realloc(self, message: Message) -> None: ...
 
 
 class Job:
@@ -66,7 +58,7 @@ class Job:
         self.rcpt_limit = 0
 
     def __repr__(self) -> str:
-        return (f"Job({self.message.queue_id}/{self.transport.name} lvl {self.stack_level} "
+        return (f"Job({self.message.queue_id}/{self.transport.tname} lvl {self.stack_level} "
                 f"sel {self.selected_entries}/{self.read_entries} "
                 f"slots {self.slots_available})")
 
@@ -99,7 +91,7 @@ def reset_candidate_cache(transport: Transport) -> None:
 
 def job_create(message: Message, transport: Transport) -> Job:
     job = Job(message, transport)
-    message.jobs[transport.name] = job
+    message.jobs[transport.tname] = job
     return job
 
 
@@ -162,7 +154,7 @@ def job_obtain(message: Message, transport: Transport) -> Job:
     deliverable entry; since other blockers may follow it, the current job pointer is
     reset to the head rather than patched.
     """
-    job = message.jobs.get(transport.name)
+    job = message.jobs.get(transport.tname)
     if job is None:
         job = job_create(message, transport)
     if job.stack_level < 0:
@@ -239,7 +231,7 @@ def job_free(job: Job) -> None:
     assert job.rcpt_limit == 0, f"job_free: recipient slots leak ({job.rcpt_limit})"
     if job.stack_level >= 0:
         job_unlink(job)
-    del job.message.jobs[job.transport.name]
+    del job.message.jobs[job.transport.tname]
 
 
 # -- preemption -------------------------------------------------------------------------
@@ -396,8 +388,7 @@ def job_entry_select(t: Transport, ctx: Refiller) -> Entry | None:
             continue
         peer = _job_peer_select(job, ctx)
         if peer is not None:
-            entry = entry_select(peer, ctx.clock)
-            assert entry is not None
+            entry = peer_entry_select(peer, ctx.clock)
             _count_slots(job)
             t.job_current = job
             # All entries selected and nothing left to read: it cannot get more
@@ -419,13 +410,21 @@ def job_entry_select(t: Transport, ctx: Refiller) -> Entry | None:
     return None
 
 
-def blocker_update(queue: Queue) -> None:
+def peer_entry_select(peer: Peer, now: int) -> Entry:
+    """The peer's first entry goes busy (nqmgr's half of ``qmgr_entry_select``)."""
+    entry = peer.entries.first()
+    assert entry is not None
+    peer.entries.unlink(entry.peer_node)
+    peer.job.selected_entries += 1
+    return entry_select(entry, now)
+
+
+def blocker_update(t: Transport, queue: Queue) -> None:
     """A blocking queue may take a delivery again: unblock all blockers at once.
 
     Bumping the transport's tag by 2 (it stays odd) clears every job's and queue's
     blocker status without visiting them; selection re-finds the real current job.
     """
-    t = queue.transport
     if queue.blocker_tag == t.blocker_tag:
         if queue.window > queue.busy_count and queue.todo:
             t.blocker_tag += 2

@@ -1,0 +1,171 @@
+"""nqmgr: stock Postfix's queue manager scheduler, the default policy.
+
+Per transport, the preemptive job scheduler (:mod:`.job`): one job per message and
+transport, peers per job and destination (:mod:`.peer`), a job list that preemption
+reorders, blocker jobs, and the recipient slot pools that decide how many recipients
+of a message are read into core. Everything here follows stock's ``qmgr_job.c``,
+``qmgr_peer.c`` and the nqmgr halves of ``qmgr_entry.c`` and ``qmgr_message.c``, so
+that the same events give the same choices as stock qmgr; the parity suite holds it
+to that.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from pyqmgr.scheduler.entry import Entry, entry_link
+from pyqmgr.scheduler.nqmgr.job import (
+    Job,
+    blocker_update,
+    job_entry_select,
+    job_free,
+    job_obtain,
+    move_limits,
+)
+from pyqmgr.scheduler.nqmgr.peer import Peer, peer_free, peer_obtain
+from pyqmgr.scheduler.policy import Context, Policy
+from pyqmgr.scheduler.qlist import Node, QList
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.message import Message, Recipient
+    from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.transport import Transport
+
+
+class NqEntry(Entry):
+    """An entry that is also on its job peer's list."""
+
+    __slots__ = ("peer", "peer_node")
+
+    def __init__(self, message: Message, queue: Queue, peer: Peer) -> None:
+        super().__init__(message, queue)
+        self.peer = peer
+        self.peer_node: Node[NqEntry] = Node(self)
+
+
+class Nqmgr(Policy):
+    """One transport's nqmgr state: its job lists, candidate cache and slot pools."""
+
+    name = "nqmgr"
+
+    def __init__(self, transport: Transport, ctx: Context) -> None:
+        super().__init__(transport, ctx)
+        cfg = transport.cfg
+        #: The scheduler's job list (preemption reorders it).
+        self.job_list: QList[Job] = QList()
+        #: The jobs in enqueue order, along which recipient slots are handed out.
+        self.job_bytime: QList[Job] = QList()
+        self.job_current: Job | None = None
+        self.job_next_unread: Job | None = None
+        self.candidate_cache: Job | None = None
+        self.candidate_cache_current: Job | None = None
+        self.candidate_cache_time = 0
+        #: Odd and bumped by 2, so a job's or queue's tag 0 never matches.
+        self.blocker_tag = 1
+        self.slot_cost = cfg.delivery_slot_cost
+        self.slot_loan = cfg.delivery_slot_loan
+        self.slot_loan_factor = 100 - cfg.delivery_slot_discount
+        self.min_slots = cfg.minimum_delivery_slots
+        #: The recipient slot pool (may go negative by the per-stack extra).
+        self.rcpt_unused = cfg.recipient_limit
+        self.rcpt_per_stack = cfg.extra_recipient_limit
+        self.refill_limit = cfg.recipient_refill_limit
+        self.refill_delay = cfg.recipient_refill_delay
+
+    # -- recipients in ------------------------------------------------------------------
+
+    def add(self, message: Message, queue: Queue, recipient: Recipient,
+            last: Entry | None) -> Entry:
+        """``qmgr_message_assign``'s step: the message's job, its peer, the last entry.
+
+        The last entry of the peer is filled up to the recipient limit, even one made
+        by an earlier batch, so that refills do not fragment delivery requests.
+        """
+        if last is not None:
+            peer = cast(NqEntry, last).peer
+            job = peer.job
+        else:
+            job = job_obtain(message, self)
+            peer = peer_obtain(job, queue)
+        limit = self.transport.recipient_limit
+        entry = peer.entries.last()
+        if message.single_rcpt or entry is None or (
+                limit != 0 and len(entry.recipients) >= limit):
+            entry = self._entry_create(message, queue, peer)
+        entry.recipients.append(recipient)
+        job.rcpt_count += 1
+        return entry
+
+    def new_entry(self, message: Message, queue: Queue) -> Entry:
+        return self._entry_create(message, queue, peer_obtain(job_obtain(message, self), queue))
+
+    def _entry_create(self, message: Message, queue: Queue, peer: Peer) -> NqEntry:
+        entry = NqEntry(message, queue, peer)
+        peer.entries.append(entry.peer_node)
+        peer.refcount += 1
+        peer.job.read_entries += 1
+        entry_link(entry, self.transport)
+        return entry
+
+    def moved(self, entry: Entry, count: int) -> None:
+        cast(NqEntry, entry).peer.job.rcpt_count += count
+
+    @classmethod
+    def message_assigned(cls, message: Message) -> None:
+        """Jobs of this message that got nothing new still changed estimates."""
+        for other in message.jobs.values():
+            t = other.transport
+            if other.has_entries and other.blocker_tag != t.blocker_tag:
+                t.candidate_cache_current = None
+        if not message.more:
+            for other in list(message.jobs.values()):
+                move_limits(other)
+
+    # -- deliveries -------------------------------------------------------------------
+
+    def select(self) -> Entry | None:
+        return job_entry_select(self, self.ctx)
+
+    def unselect(self, entry: Entry) -> None:
+        """Back at the head of the peer's list: select/unselect must not reorder."""
+        nq = cast(NqEntry, entry)
+        nq.peer.entries.prepend(nq.peer_node)
+        nq.peer.job.selected_entries -= 1
+
+    def done(self, entry: Entry, busy: bool) -> None:
+        nq = cast(NqEntry, entry)
+        peer = nq.peer
+        job = peer.job
+        message = entry.message
+        queue = entry.queue
+        if not busy:
+            peer.entries.unlink(nq.peer_node)
+            job.selected_entries += 1
+        job.rcpt_count -= len(entry.recipients)
+        # Jobs that sponsored this message's slots get them back first; then the rest
+        # goes on to the next job still reading.
+        for sponsor in list(message.jobs.values()):
+            if sponsor.rcpt_count >= sponsor.rcpt_limit or sponsor is job:
+                continue
+            if sponsor.stack_level < 0 or not message.more:
+                move_limits(sponsor)
+        if not message.more:
+            move_limits(job)
+        # A rate-delayed (suspended) queue postpones the decision until it resumes.
+        if not queue.suspended and queue.blocker_tag == self.blocker_tag:
+            blocker_update(self, queue)
+        peer.refcount -= 1
+        if peer.refcount == 0:
+            peer_free(peer)
+
+    @classmethod
+    def message_done(cls, message: Message) -> None:
+        if not message.more:
+            for job in list(message.jobs.values()):
+                job_free(job)
+
+    def resumed(self, queue: Queue) -> None:
+        blocker_update(self, queue)
+
+    def describe(self) -> dict[str, object]:
+        return {"policy": self.name, "jobs": len(self.job_list)}

@@ -1,0 +1,222 @@
+"""The policy seam: what one scheduler decides, behind a small interface.
+
+Every scheduler pyqmgr runs shares the same machinery (:mod:`.core`, :mod:`.transport`,
+:mod:`.queue`, :mod:`.entry`, :mod:`.message`): transports and their agent allocation,
+destination queues with the Postfix 2.5 concurrency window and dead sites, entries that
+carry a delivery request's recipients, messages and their recipient reading. What
+differs between schedulers is small, and a :class:`Policy` says it for one transport:
+
+* where a newly read recipient goes (:meth:`Policy.add`): nqmgr files it under the
+  message's job and peer, the others straight into the destination queue;
+* which entry the next agent of the transport delivers (:meth:`Policy.select`);
+* the bookkeeping when an entry goes back (:meth:`Policy.unselect`) or ends
+  (:meth:`Policy.done`), and when a rate-delayed destination resumes
+  (:meth:`Policy.resumed`);
+* optionally, how many deliveries one destination may have in flight whatever its
+  window (:attr:`Policy.dest_cap`), and whether the transport has work for another
+  agent beyond what the queues' windows say (:meth:`Policy.has_work`, consulted only
+  when :attr:`Policy.gates_allocation` is set, so that nqmgr pays nothing for it).
+
+A policy is created per transport, the first time the transport is used, with the
+transport and the scheduler (:class:`Context`: the clock, recipient refills, the
+settings a policy reads). Policies never do I/O and never read the clock: time comes
+in through the context.
+
+Built-in policies, one module or package each, named after them: :mod:`.nqmgr`
+(stock's, the default), :mod:`.oqmgr`, :mod:`.finch`, :mod:`.zmailer`. A user's own
+policy is a Python file with a ``Policy`` subclass (``scheduler_policy =
+module:PATH``); :func:`load` finds either.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from pyqmgr.scheduler.entry import Entry, entry_link
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.message import Message, Recipient
+    from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.transport import Transport
+
+
+class Context(Protocol):
+    """What a policy may ask of the scheduler that created it."""
+
+    @property
+    def clock(self) -> int: ...
+
+    #: The scheduler clock (seconds) as of the latest event.
+    now: float
+    #: Recipients in core, all messages.
+    rcpt_count: int
+
+    def realloc(self, message: Message) -> None:
+        """Read the message's next recipient batch now (it lands through ``add``)."""
+
+    def setting(self, name: str, transport: str, default: str) -> str:
+        """A pyqmgr.cf parameter, transport-specific form first (``<transport>_<name>``)."""
+
+
+class Policy:
+    """One transport's scheduling decisions. Subclass it; override what differs.
+
+    The defaults are the plainest scheduler that works: recipients go into the
+    destination queue's todo list in arrival order, and :meth:`select` must be
+    written by the subclass.
+    """
+
+    #: The name ``scheduler_policy`` knows it by (and logs and reports show).
+    name: ClassVar[str] = ""
+    #: Most deliveries in flight to one destination whatever its window (0: no cap).
+    dest_cap: ClassVar[int] = 0
+    #: Set when :meth:`has_work` must be asked before an agent is connected.
+    gates_allocation: ClassVar[bool] = False
+
+    def __init__(self, transport: Transport, ctx: Context) -> None:
+        self.transport = transport
+        self.ctx = ctx
+
+    @property
+    def tname(self) -> str:
+        return self.transport.name
+
+    # -- recipients in ----------------------------------------------------------------
+
+    def add(self, message: Message, queue: Queue, recipient: Recipient,
+            last: Entry | None) -> Entry:
+        """File one recipient; return the entry that now holds it.
+
+        ``last`` is the entry the previous recipient of this batch went to, when it
+        was for the same queue: stock's oqmgr fills that one up to the transport's
+        recipient limit before it starts a new one. The default does the same.
+        """
+        limit = self.transport.recipient_limit
+        if (last is None or message.single_rcpt
+                or (limit != 0 and len(last.recipients) >= limit)):
+            last = self.new_entry(message, queue)
+        last.recipients.append(recipient)
+        return last
+
+    def new_entry(self, message: Message, queue: Queue) -> Entry:
+        """A new, empty todo entry for ``message`` at ``queue`` (``qmgr_entry_create``)."""
+        return entry_link(Entry(message, queue), self.transport)
+
+    def moved(self, entry: Entry, count: int) -> None:
+        """``count`` recipients left (negative) or joined (positive) ``entry``."""
+
+    @classmethod
+    def message_assigned(cls, message: Message) -> None:
+        """A batch of ``message`` is filed (once per batch, per policy class in use).
+
+        A class method, because a policy that keeps per-message state across its
+        transports (nqmgr's jobs) must revisit all of them, touched or not.
+        """
+
+    # -- deliveries -------------------------------------------------------------------
+
+    def select(self) -> Entry | None:
+        """The entry an agent of this transport that just announced itself delivers.
+
+        Take it with :func:`pyqmgr.scheduler.entry.entry_select`; None sends the
+        agent away.
+        """
+        raise NotImplementedError
+
+    def unselect(self, entry: Entry) -> None:
+        """The selected entry's request never reached the agent; it is todo again."""
+
+    def done(self, entry: Entry, busy: bool) -> None:
+        """``entry`` is finished: its delivery came back (busy) or it left todo.
+
+        Called after the shared counts were updated and a rate-delayed destination
+        was suspended, before the entry's queue and message are settled.
+        """
+
+    @classmethod
+    def message_done(cls, message: Message) -> None:
+        """Every in-core entry of ``message`` is finished (per policy class in use)."""
+
+    def resumed(self, queue: Queue) -> None:
+        """A rate-delayed destination of this transport may deliver again."""
+
+    def queue_done(self, queue: Queue) -> None:
+        """An idle destination queue is discarded (``qmgr_queue_done``); forget it."""
+
+    def has_work(self) -> bool:
+        """Would :meth:`select` find an entry now? (Asked when gates_allocation.)"""
+        return True
+
+    def describe(self) -> dict[str, object]:
+        """The policy's own state for status reports (plain, JSON-able values)."""
+        return {"policy": self.name}
+
+
+#: The built-in policies: name -> "module:class", imported when first asked for.
+BUILTIN = {
+    "nqmgr": "pyqmgr.scheduler.nqmgr:Nqmgr",
+    "oqmgr": "pyqmgr.scheduler.oqmgr:Oqmgr",
+    "finch": "pyqmgr.scheduler.finch:Finch",
+    "zmailer": "pyqmgr.scheduler.zmailer:Zmailer",
+}
+
+MODULE_PREFIX = "module:"
+
+
+class PolicyError(Exception):
+    """``scheduler_policy`` names nothing usable; the text says why."""
+
+
+PolicyClass = type[Policy]
+Resolver = Callable[[str], PolicyClass]
+
+
+def load(spec: str) -> PolicyClass:
+    """The policy class ``scheduler_policy`` names: a built-in or ``module:PATH``.
+
+    A module file must define exactly one :class:`Policy` subclass of its own (or one
+    named ``Policy``... any subclass it defines itself): its name is what the logs
+    show. Errors are :class:`PolicyError` with the reason, for a fatal log line.
+    """
+    spec = spec.strip()
+    if spec in BUILTIN:
+        modname, _, clsname = BUILTIN[spec].partition(":")
+        cls = getattr(importlib.import_module(modname), clsname)
+        assert issubclass(cls, Policy)
+        return cls
+    if not spec.startswith(MODULE_PREFIX):
+        known = ", ".join(BUILTIN)
+        raise PolicyError(f'unknown scheduler policy "{spec}" (known: {known}, '
+                          f"or {MODULE_PREFIX}PATH)")
+    path = spec[len(MODULE_PREFIX):]
+    if not os.path.isabs(path):
+        raise PolicyError(f'policy module "{path}": the path must be absolute')
+    modname = "pyqmgr_policy_" + "".join(c if c.isalnum() else "_" for c in path)
+    try:
+        loader_spec = importlib.util.spec_from_file_location(modname, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise PolicyError(f'policy module "{path}": not a Python file')
+        module = importlib.util.module_from_spec(loader_spec)
+        loader_spec.loader.exec_module(module)
+    except PolicyError:
+        raise
+    except FileNotFoundError:
+        raise PolicyError(f'policy module "{path}": no such file') from None
+    except Exception as exc:  # noqa: BLE001 - any error in user code is a load failure
+        raise PolicyError(f'policy module "{path}" does not load: '
+                          f"{type(exc).__name__}: {exc}") from None
+    found = [obj for obj in vars(module).values()
+             if inspect.isclass(obj) and issubclass(obj, Policy) and obj is not Policy
+             and obj.__module__ == module.__name__]
+    if len(found) != 1:
+        raise PolicyError(f'policy module "{path}" must define one Policy subclass, '
+                          f"found {len(found)}")
+    cls = found[0]
+    if not cls.name:
+        cls.name = f"module:{os.path.basename(path)}"
+    return cls
