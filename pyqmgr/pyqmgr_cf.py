@@ -138,16 +138,25 @@ class PyqmgrCf:
         """Parameter name -> file, for every value of the form ``module:PATH``.
 
         These files are Python code the daemon will import as root, so the start-up
-        trust check covers them. A relative PATH is taken relative to the directory
-        of pyqmgr.cf (config_directory), never to the daemon's working directory.
+        trust check covers them. PATH is returned as written: the policy loader
+        (:mod:`pyqmgr.scheduler.policy`) accepts only absolute paths, and a relative
+        one is reported by :meth:`relative_module_paths` rather than guessed at.
         """
         found: dict[str, str] = {}
-        base = os.path.dirname(self.path)
         for name, value in self.values.items():
-            if value.startswith(MODULE_PREFIX):
-                target = value[len(MODULE_PREFIX):].strip()
-                found[name] = os.path.normpath(os.path.join(base, target))
+            text = value.strip()
+            if text.startswith(MODULE_PREFIX):
+                found[name] = text[len(MODULE_PREFIX):]
         return found
+
+    def relative_module_paths(self) -> list[str]:
+        """Problems for ``module:PATH`` values whose PATH is not absolute.
+
+        Relative to what? The daemon's working directory is the queue directory and
+        becomes / after a chroot: no answer is safe, so such a value is an error.
+        """
+        return [f"{self.path}: parameter {name}: module path \"{path}\" is not absolute"
+                for name, path in self.module_paths().items() if not os.path.isabs(path)]
 
 
 def from_text(text: str, path: str = PYQMGR_CF,

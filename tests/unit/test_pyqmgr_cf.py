@@ -158,12 +158,15 @@ def test_bad_expansion_is_an_error_naming_the_parameter():
         from_text("loop = $loop\n", PATH)
 
 
-def test_module_paths_are_made_absolute_against_the_config_directory():
+def test_module_paths_are_found_and_relative_ones_reported():
     cf = from_text("scheduler_policy = module:/etc/postfix/p.py\n"
-                   "smtp_scheduler_policy = module: policies/fair.py\n"
+                   "smtp_scheduler_policy = module:policies/fair.py\n"
                    "other = fifo\n", PATH)
     assert cf.module_paths() == {"scheduler_policy": "/etc/postfix/p.py",
-                                 "smtp_scheduler_policy": "/etc/postfix/policies/fair.py"}
+                                 "smtp_scheduler_policy": "policies/fair.py"}
+    assert cf.relative_module_paths() == [
+        f'{PATH}: parameter smtp_scheduler_policy: module path "policies/fair.py" '
+        "is not absolute"]
 
 
 def test_missing_file_means_no_settings(tmp_path):
