@@ -1002,6 +1002,24 @@ class QmgrConfig:
 # -- helpers for mail_params_init()'s checks -----------------------------------------------
 
 
+def oqmgr_fudge_factor(cfg: QmgrConfig) -> int:
+    """oqmgr's ``qmgr_fudge_factor`` (10..100, default 100), read only for oqmgr.
+
+    Stock qmgr never reads it, so it is looked up here, after qmgr's own tables, and
+    only when a policy needs it: reading it among qmgr's tables would register its
+    default in the dictionary and change what ``$qmgr_fudge_factor`` expands to.
+    """
+    text = cfg.get("qmgr_fudge_factor")
+    if not text:
+        return 100
+    try:
+        value = _int_value("qmgr_fudge_factor", text)
+        _check_int("qmgr_fudge_factor", value, 10, 100)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return value
+
+
 def hostname_problem(name: str) -> str | None:
     """``valid_hostname()``'s complaint about ``name``, or None if it is fine."""
     if not name:

@@ -16,7 +16,8 @@ What every scheduler shares lives here and beside it: transports and agent alloc
 (:mod:`.transport`), the Postfix 2.5 concurrency window per destination and dead sites
 (:mod:`.queue`), entries (:mod:`.entry`) and messages (:mod:`.message`). Which entry an
 agent delivers, and the bookkeeping that decision needs, is each transport's policy
-(:mod:`.policy`): stock's nqmgr (:mod:`.nqmgr`) unless ``policy_for`` says otherwise.
+(:mod:`.policy`): stock's nqmgr (:mod:`.nqmgr`) unless the scheduler's
+:class:`~.policy.PolicyTable` says otherwise.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pyqmgr.scheduler.entry import Entry, entry_unselect
 from pyqmgr.scheduler.feedback import parse_or_warn, rounding_rules
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.nqmgr import Nqmgr
-from pyqmgr.scheduler.policy import Policy, PolicyClass
+from pyqmgr.scheduler.policy import Policy, PolicyClass, PolicyTable
 from pyqmgr.scheduler.qlist import QList
 from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.transport import Transport, TransportParams
@@ -39,6 +40,8 @@ RETRY = "retry"
 ERROR = "error"
 
 SUSPENDED = "delivery temporarily suspended: "
+#: Why mail waits when a transport's policy raised (as for an unreachable agent).
+POLICY_DSN = Dsn("4.3.0", "mail transport unavailable: scheduler policy error")
 _DSN_RE = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
 
 #: Stock reads at most this many recipients at once, to keep event latency in check.
@@ -122,15 +125,14 @@ class Scheduler:
         msg_rcpt_limit: int = 10,
         refill: Refill | None = None,
         feedback_rounding: str = "stock",
-        policy_for: Callable[[str], PolicyClass] | None = None,
-        setting: Callable[[str, str, str], str] | None = None,
-        oqmgr_reading: bool = False,
+        policies: PolicyTable | None = None,
         fudge_factor: int = 100,
+        process_limit_for: Callable[[str], int] | None = None,
     ) -> None:
         self.params_for = params_for
-        #: Each transport's policy class (nqmgr unless pyqmgr.cf says otherwise).
-        self.policy_for = policy_for
-        self._setting = setting
+        #: Each transport's policy (nqmgr everywhere unless pyqmgr.cf says otherwise).
+        self.policies = policies or PolicyTable()
+        self._process_limit_for = process_limit_for
         #: The policy classes in use, for their per-message hooks.
         self.policy_classes: list[PolicyClass] = []
         #: A policy without nqmgr's job slots is in use: a message without jobs then
@@ -138,7 +140,7 @@ class Scheduler:
         self.slotless = False
         #: oqmgr's reading as a whole (the default policy is oqmgr): no more files
         #: opened while the in-core recipient limit is reached, early refills.
-        self.oqmgr_reading = oqmgr_reading
+        self.oqmgr_reading = self.policies.oqmgr_reading
         #: oqmgr's qmgr_fudge_factor (percent of the recipient limit per batch).
         self.fudge_factor = fudge_factor
         self.min_backoff_time = min_backoff_time
@@ -180,8 +182,9 @@ class Scheduler:
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
                       feedback_rounding: str = "stock",
-                      policy_for: Callable[[str], PolicyClass] | None = None,
-                      setting: Callable[[str, str, str], str] | None = None) -> Scheduler:
+                      policies: PolicyTable | None = None,
+                      process_limit_for: Callable[[str], int] | None = None,
+                      fudge_factor: int = 100) -> Scheduler:
         """The scheduler as main.cf configures it: the daemon's and the simulator's."""
         return cls(
             cfg.transport,
@@ -196,8 +199,9 @@ class Scheduler:
             msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
             refill=refill,
             feedback_rounding=feedback_rounding,
-            policy_for=policy_for,
-            setting=setting,
+            policies=policies,
+            process_limit_for=process_limit_for,
+            fudge_factor=fudge_factor,
         )
 
     @property
@@ -234,8 +238,8 @@ class Scheduler:
     def _attach_policy(self, t: Transport) -> None:
         """Give a new transport its policy; the retry and error transports stay nqmgr."""
         cls: PolicyClass = Nqmgr
-        if self.policy_for is not None and t.name not in (RETRY, ERROR):
-            cls = self.policy_for(t.name)
+        if t.name not in (RETRY, ERROR):
+            cls = self.policies.policy_for(t.name)
         policy = cls(t, self)
         t.policy = policy
         if cls is not Nqmgr:
@@ -247,9 +251,15 @@ class Scheduler:
 
     def setting(self, name: str, transport: str, default: str) -> str:
         """A pyqmgr.cf parameter for a policy (``<transport>_<name>``, then ``<name>``)."""
-        if self._setting is None:
+        if self.policies.setting is None:
             return default
-        return self._setting(name, transport, default)
+        return self.policies.setting(name, transport, default)
+
+    def process_limit(self, transport: str) -> int:
+        """master.cf's maxproc for the transport (0: no limit); 100 when unknown."""
+        if self._process_limit_for is None:
+            return 100
+        return self._process_limit_for(transport)
 
     def policy(self, name: str) -> Policy:
         """The policy of transport ``name`` (created with the transport if need be)."""
@@ -269,7 +279,8 @@ class Scheduler:
             del t.queues[queue.name]
             self.queue_count -= 1
         t.ready_queues.pop(queue, None)
-        t.policy.queue_done(queue)
+        if not t.broken:
+            t.policy.queue_done(queue)
 
     def _info(self, text: str) -> None:
         self.log.append(("info", text))
@@ -374,13 +385,34 @@ class Scheduler:
                 last = None
                 last_queue = queue
             refs = message.refcount
-            last = queue.transport.policy.add(message, queue, route.recipient, last)
+            try:
+                last = queue.transport.policy.add(message, queue, route.recipient, last)
+            except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
+                self._policy_failed(queue.transport, "add", exc)
+                message.deferred = True
+                self.deferrals.append(DeferRecipient(message, route.recipient, POLICY_DSN))
+                last = last_queue = None
+                continue
             if message.refcount != refs and self.helpful_warnings and self.clog_warn_time > 0:
                 self._clog_warning(queue)
             message.rcpt_count += 1
             self.rcpt_count += 1
         for cls in self.policy_classes:
             cls.message_assigned(message)
+
+    def _policy_failed(self, t: Transport, where: str, exc: Exception) -> None:
+        """A policy raised: log it with its name, and treat it as a failed agent.
+
+        The transport is dead for transport_retry_time, so its waiting mail goes to
+        the retry transport and is deferred, never lost; its policy is not asked again
+        until the transport revives with a fresh one.
+        """
+        if t.broken:
+            return
+        t.broken = True
+        self.log.append(("warning", f"transport {t.name}: scheduler policy {t.policy.name}: "
+                                    f"{where}: {type(exc).__name__}: {exc}"))
+        self.throttle_transport(t.name, POLICY_DSN, self.now)
 
     def _clog_warning(self, queue: Queue) -> None:
         """One destination filling the active queue: stock's advice, at most so often."""
@@ -457,7 +489,11 @@ class Scheduler:
             return None
         if t.pending > 0:
             t.pending -= 1
-        entry = t.policy.select()
+        try:
+            entry = None if t.broken else t.policy.select()
+        except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
+            self._policy_failed(t, "select", exc)
+            entry = None
         if entry is None:
             # Stock would keep the rate lock until some delivery ends; with none under
             # way the transport would never be chosen again.
@@ -534,7 +570,11 @@ class Scheduler:
             if queue.ready:
                 queue.suspend(self.now, delay)
                 self.timers.append(self.now + delay)
-        t.policy.done(entry, busy)
+        if not t.broken:
+            try:
+                t.policy.done(entry, busy)
+            except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
+                self._policy_failed(t, "done", exc)
         if busy:
             queue.last_done = self.clock
         if queue.idle:
@@ -575,7 +615,9 @@ class Scheduler:
         dst_policy = dst.transport.policy
         new = dst_policy.new_entry(message, dst)
         new.recipients, entry.recipients = entry.recipients, []
-        entry.queue.transport.policy.moved(entry, -len(new.recipients))
+        src = entry.queue.transport
+        if not src.broken:
+            src.policy.moved(entry, -len(new.recipients))
         dst_policy.moved(new, len(new.recipients))
         self._entry_done(entry, busy=False)
 
@@ -591,6 +633,14 @@ class Scheduler:
             self._defer_todo(queue, dsn)
 
     def _transport_unthrottle(self, t: Transport) -> None:
+        if t.broken:
+            if any(q.busy_count for q in t.queues.values()):
+                # Deliveries chosen by the broken policy are still out: wait longer.
+                t.revive_at = self.now + self.transport_retry_time
+                self.timers.append(t.revive_at)
+                return
+            t.broken = False
+            self._attach_policy(t)
         t.dsn = None
         t.revive_at = None
         t.rate_lock = False
@@ -615,7 +665,7 @@ class Scheduler:
                     t.sync(queue)
                     if queue.ready and queue.idle:
                         self._queue_done(queue)
-                    else:
+                    elif not t.broken:
                         t.policy.resumed(queue)
 
     def enable_all(self) -> None:

@@ -84,5 +84,6 @@ def entry_unselect(entry: Entry) -> None:
     entry.busy = False
     queue.busy_count -= 1
     queue.todo.append(entry.queue_node)
-    queue.transport.policy.unselect(entry)
+    if not queue.transport.broken:
+        queue.transport.policy.unselect(entry)
     queue.transport.sync(queue)

@@ -62,6 +62,9 @@ class Context(Protocol):
     def setting(self, name: str, transport: str, default: str) -> str:
         """A pyqmgr.cf parameter, transport-specific form first (``<transport>_<name>``)."""
 
+    def process_limit(self, transport: str) -> int:
+        """The transport's master.cf process limit (maxproc): its workers."""
+
 
 class Policy:
     """One transport's scheduling decisions. Subclass it; override what differs.
@@ -77,6 +80,10 @@ class Policy:
     dest_cap: ClassVar[int] = 0
     #: Set when :meth:`has_work` must be asked before an agent is connected.
     gates_allocation: ClassVar[bool] = False
+    #: The policy's own pyqmgr.cf parameters: name -> (default, kind, min, max), kind
+    #: "int", "number" or "bool" (yes/no); checked at start-up in every
+    #: ``<transport>_`` form the file gives.
+    knobs: ClassVar[dict[str, tuple[str, str, float, float | None]]] = {}
 
     def __init__(self, transport: Transport, ctx: Context) -> None:
         self.transport = transport
@@ -85,6 +92,11 @@ class Policy:
     @property
     def tname(self) -> str:
         return self.transport.name
+
+    def knob(self, name: str) -> float:
+        """One of :attr:`knobs` for this transport (``<transport>_<name>`` first)."""
+        default, kind, lo, hi = self.knobs[name]
+        return parse_knob(self.ctx.setting(name, self.tname, default), kind, lo, hi)
 
     # -- recipients in ----------------------------------------------------------------
 
@@ -220,3 +232,93 @@ def load(spec: str) -> PolicyClass:
     if not cls.name:
         cls.name = f"module:{os.path.basename(path)}"
     return cls
+
+
+POLICY_PARAM = "scheduler_policy"
+
+
+def parse_knob(value: str, kind: str, lo: float, hi: float | None = None) -> float:
+    """A policy knob's value; ValueError with the reason when it is not acceptable.
+
+    Booleans are Postfix's (``yes``/``no``, case-insensitive) and come back as 1 or 0.
+    """
+    text = value.strip()
+    if kind == "bool":
+        if text.lower() not in ("yes", "no"):
+            raise ValueError(f'bad boolean configuration: "{value}" (yes or no)')
+        return 1.0 if text.lower() == "yes" else 0.0
+    try:
+        number = int(text) if kind == "int" else float(text)
+    except ValueError:
+        what = "an integer" if kind == "int" else "a number"
+        raise ValueError(f'bad numerical configuration: "{value}" is not {what}') from None
+    if number < lo or (hi is not None and number > hi):
+        upper = "" if hi is None else f" and at most {hi:g}"
+        raise ValueError(f"value {number:g} must be at least {lo:g}{upper}")
+    return number
+
+
+class PolicyTable:
+    """Which policy each transport runs: ``scheduler_policy`` and its transport forms.
+
+    Built once at start-up, before the privilege drop and chroot, because loading a
+    ``module:PATH`` policy reads and runs a file; a bad name or a module that does
+    not load is reported then, naming the parameter, and never during deliveries.
+    """
+
+    def __init__(self, default: PolicyClass = Policy,
+                 by_transport: dict[str, PolicyClass] | None = None,
+                 setting: Callable[[str, str, str], str] | None = None) -> None:
+        from pyqmgr.scheduler.nqmgr import Nqmgr
+
+        self.default: PolicyClass = Nqmgr if default is Policy else default
+        self.by_transport = dict(by_transport or {})
+        self.setting = setting
+
+    @property
+    def oqmgr_reading(self) -> bool:
+        """Recipients are read by oqmgr's limits when the default policy is oqmgr."""
+        return self.default.name == "oqmgr"
+
+    @property
+    def stock(self) -> bool:
+        """nqmgr everywhere: the scheduler is exactly stock's."""
+        return self.default.name == "nqmgr" and all(
+            cls.name == "nqmgr" for cls in self.by_transport.values())
+
+    def policy_for(self, transport: str) -> PolicyClass:
+        return self.by_transport.get(transport, self.default)
+
+    @classmethod
+    def build(cls, values: dict[str, str], setting: Callable[[str, str, str], str],
+              fail: Callable[[str, str], Exception]) -> PolicyTable:
+        """From pyqmgr.cf's parameters (all of them, by name, values expanded).
+
+        ``fail(parameter, text)`` makes the exception to raise for a bad value. Each
+        policy's own knobs (:attr:`Policy.knobs`) are checked here as well, in every
+        form the file gives them, so that a bad number is a start-up error.
+        """
+        default: PolicyClass = Policy
+        by_transport: dict[str, PolicyClass] = {}
+        for name, value in values.items():
+            if name != POLICY_PARAM and not name.endswith("_" + POLICY_PARAM):
+                continue
+            try:
+                policy = load(value)
+            except PolicyError as exc:
+                raise fail(name, str(exc)) from None
+            if name == POLICY_PARAM:
+                default = policy
+            else:
+                by_transport[name[:-len(POLICY_PARAM) - 1]] = policy
+        table = cls(default, by_transport, setting)
+        in_use = {table.default, *by_transport.values()}
+        for policy in in_use:
+            for knob, (_, kind, lo, hi) in policy.knobs.items():
+                for name, value in values.items():
+                    if name == knob or name.endswith("_" + knob):
+                        try:
+                            parse_knob(value, kind, lo, hi)
+                        except ValueError as exc:
+                            raise fail(name, str(exc)) from None
+        return table

@@ -91,6 +91,9 @@ class Transport:
         self.dest_cap = 0
         #: Ask the policy before connecting an agent (Policy.gates_allocation).
         self.gated = False
+        #: The policy raised: its hooks are not called again, the transport is dead
+        #: until transport_retry_time passes, then it gets a fresh policy.
+        self.broken = False
 
     @property
     def throttled(self) -> bool:

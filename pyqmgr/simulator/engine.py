@@ -25,12 +25,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyqmgr.postfix.config import QmgrConfig
+from pyqmgr.postfix.config import QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.scheduler.core import ERROR, RETRY, Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn, Queue
-from pyqmgr.simulator.scenario import Destination, Scenario
+from pyqmgr.simulator.scenario import Destination, Scenario, ScenarioError
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,31 @@ class _SimMessage:
         self.destination = destination
 
 
+def policy_table(values: dict[str, str]) -> PolicyTable:
+    """The scenario's policies, from its pyqmgr.cf parameters (bad ones: ScenarioError)."""
+
+    def setting(name: str, transport: str, default: str) -> str:
+        return values.get(f"{transport}_{name}", values.get(name, default))
+
+    def fail(name: str, text: str) -> Exception:
+        return ScenarioError(f"pyqmgr_cf.{name}: {text}")
+
+    return PolicyTable.build(values, setting, fail)
+
+
 class Engine:
     def __init__(self, scenario: Scenario, seed: int | None = None) -> None:
         self.sc = scenario
         self.rng = random.Random(scenario.seed if seed is None else seed)
         text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
         self.cfg = QmgrConfig.from_text(text, hostname="sim.example")
-        self.sched = Scheduler.from_settings(self.cfg, refill=self._refill,
-                                             feedback_rounding=scenario.feedback_rounding)
+        self.policies = policy_table(scenario.pyqmgr_cf)
+        self.sched = Scheduler.from_settings(
+            self.cfg, refill=self._refill, feedback_rounding=scenario.feedback_rounding,
+            policies=self.policies,
+            process_limit_for=lambda name: scenario.process_limits.get(
+                name, self.cfg.default_process_limit),
+            fudge_factor=oqmgr_fudge_factor(self.cfg))
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -166,7 +184,8 @@ class Engine:
         return arrive
 
     def _feed(self) -> None:
-        while self.incoming and self.active < self.cfg.qmgr_message_active_limit:
+        while (self.incoming and self.active < self.cfg.qmgr_message_active_limit
+               and self.sched.may_feed()):
             msg = self.incoming.pop(0)
             self.active += 1
             sched = self.sched

@@ -10,6 +10,10 @@ smtp_destination_concurrency_limit = "20"
 [scheduler]
 feedback_rounding = "stock" # "stock" (Postfix 3.7, as the daemon) or "pseudocode" (the
                            # seed's November 2007 rules its tables were measured with)
+policy = "nqmgr"           # scheduler_policy: nqmgr, oqmgr, finch, zmailer, module:PATH
+
+[pyqmgr_cf]                # any pyqmgr.cf parameter, as text (transport forms too)
+smtp_finch_scale_max_concurrency = "10"
 
 [transports.smtp]
 process_limit = 100        # master.cf maxproc of the service
@@ -97,6 +101,8 @@ class Scenario:
     messages: list[MessageSpec] = field(default_factory=list)
     title: str = ""
     feedback_rounding: str = "stock"
+    #: pyqmgr.cf parameters; ``[scheduler] policy`` is its ``scheduler_policy``.
+    pyqmgr_cf: dict[str, str] = field(default_factory=dict)
 
 
 def _latency(value: Any, where: str) -> Latency:
@@ -123,6 +129,10 @@ def parse(data: dict[str, Any]) -> Scenario:
         raise ScenarioError(
             f"scheduler.feedback_rounding must be one of {', '.join(ROUNDINGS)}")
     sc.feedback_rounding = rounding
+    sc.pyqmgr_cf = {str(k): str(v) for k, v in data.get("pyqmgr_cf", {}).items()}
+    policy = data.get("scheduler", {}).get("policy")
+    if policy is not None:
+        sc.pyqmgr_cf["scheduler_policy"] = str(policy)
     for name, t in data.get("transports", {}).items():
         sc.process_limits[name] = int(t.get("process_limit", 100))
     for name, d in data.get("destinations", {}).items():

@@ -1,0 +1,152 @@
+"""finch: Tony Finch's MTA scheduling design (``finch-mta-scheduling.txt`` in the seeds).
+
+First come, first served over messages, with a per-message cap on deliveries in flight
+that grows with the transport's free workers::
+
+    def allowed_new_worker(job):
+        if job.message.concurrency < max_message_concurrency: return true
+        else if job.message.concurrency < scale_max_concurrency * free_workers: ...
+
+Here a worker is one of the transport's delivery agent processes: free workers are
+its master.cf process limit less its deliveries in flight. With a scale of 10 one big
+envelope on an otherwise idle transport can hold about 10/11 (91%) of the agents, two
+can hold 10/21 (47%) each, and when a second big envelope arrives it takes each agent
+the first one gives back until the two are at that equilibrium.
+
+Knobs (pyqmgr.cf, with ``<transport>_`` forms): ``finch_max_message_concurrency``
+(default 10) and ``finch_scale_max_concurrency`` (default 10).
+
+What the design's other parts become in Postfix:
+
+* destdb's retry records are the shared dead-site state: a destination whose
+  failed cohorts reach its limit is dead until ``minimal_backoff_time`` has passed,
+  and its mail goes to the retry transport meanwhile; the records are collected
+  when they expire, and at once when the in-core queues crowd memory;
+* pipelining down a connection, choosing among MX hosts and closing idle
+  connections are the delivery agent's: smtp(8) with its connection cache, its MX
+  ordering and ``smtp_connection_cache_time_limit``. The queue manager cannot reach
+  into a connection, so this policy schedules messages, not connections.
+
+The walk is first come, first served: messages that may not take another worker, or
+whose destinations are all at their window, are passed over, so a select costs the
+number of messages skipped before the one chosen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.entry import Entry, entry_link, entry_select
+from pyqmgr.scheduler.policy import Context, Policy
+from pyqmgr.scheduler.qlist import Node, QList
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.message import Message
+    from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.transport import Transport
+
+
+class FinchEntry(Entry):
+    __slots__ = ("job", "job_node")
+
+    def __init__(self, message: Message, queue: Queue, job: FinchJob) -> None:
+        super().__init__(message, queue)
+        self.job = job
+        self.job_node: Node[FinchEntry] = Node(self)
+
+
+class FinchJob:
+    """One message's work on the transport: its todo entries and its concurrency."""
+
+    __slots__ = ("message", "todo", "concurrency", "refs", "node")
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+        self.todo: QList[FinchEntry] = QList()
+        #: Deliveries of this message in flight on the transport.
+        self.concurrency = 0
+        #: Entries (todo and busy) that still refer to the job.
+        self.refs = 0
+        self.node: Node[FinchJob] = Node(self)
+
+
+class Finch(Policy):
+    name = "finch"
+    gates_allocation = True
+    knobs = {
+        "finch_max_message_concurrency": ("10", "int", 0, None),
+        "finch_scale_max_concurrency": ("10", "number", 0, None),
+    }
+
+    def __init__(self, transport: Transport, ctx: Context) -> None:
+        super().__init__(transport, ctx)
+        self.max_concurrency = int(self.knob("finch_max_message_concurrency"))
+        self.scale = self.knob("finch_scale_max_concurrency")
+        #: Workers: the agent processes master(8) may run (0: no limit, taken as 100).
+        self.workers = ctx.process_limit(transport.name) or 100
+        #: Deliveries in flight on the transport.
+        self.busy = 0
+        #: Jobs in first-come order (by when their message first reached the policy).
+        self.jobs: QList[FinchJob] = QList()
+        self.by_message: dict[Message, FinchJob] = {}
+
+    def allowed_new_worker(self, job: FinchJob) -> bool:
+        if job.concurrency < self.max_concurrency:
+            return True
+        return job.concurrency < self.scale * (self.workers - self.busy)
+
+    def new_entry(self, message: Message, queue: Queue) -> Entry:
+        job = self.by_message.get(message)
+        if job is None:
+            job = self.by_message[message] = FinchJob(message)
+            self.jobs.append(job.node)
+        entry = FinchEntry(message, queue, job)
+        job.todo.append(entry.job_node)
+        job.refs += 1
+        return entry_link(entry, self.transport)
+
+    def _find(self) -> FinchEntry | None:
+        """The first job allowed a new worker, and its first entry with room."""
+        room = self.transport.room
+        for job in self.jobs:
+            if not self.allowed_new_worker(job):
+                continue
+            for entry in job.todo:
+                if room(entry.queue) > 0:
+                    return entry
+        return None
+
+    def has_work(self) -> bool:
+        return self._find() is not None
+
+    def select(self) -> Entry | None:
+        entry = self._find()
+        if entry is None:
+            return None
+        entry.job.todo.unlink(entry.job_node)
+        entry.job.concurrency += 1
+        self.busy += 1
+        return entry_select(entry, self.ctx.clock)
+
+    def unselect(self, entry: Entry) -> None:
+        fe: FinchEntry = entry  # type: ignore[assignment]
+        fe.job.todo.prepend(fe.job_node)
+        fe.job.concurrency -= 1
+        self.busy -= 1
+
+    def done(self, entry: Entry, busy: bool) -> None:
+        fe: FinchEntry = entry  # type: ignore[assignment]
+        job = fe.job
+        if busy:
+            job.concurrency -= 1
+            self.busy -= 1
+        else:
+            job.todo.unlink(fe.job_node)
+        job.refs -= 1
+        if job.refs == 0:
+            self.jobs.unlink(job.node)
+            del self.by_message[job.message]
+
+    def describe(self) -> dict[str, object]:
+        return {"policy": self.name, "workers": self.workers, "busy": self.busy,
+                "messages": [(j.message.queue_id, j.concurrency) for j in self.jobs][:20]}
