@@ -29,6 +29,7 @@ from pyqmgr.daemon.active import (
     request_flags,
 )
 from pyqmgr.daemon.delivery import AgentCall
+from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import DeliveryReply, encode_request
@@ -126,6 +127,14 @@ class Qmgr:
         self.calls: set[AgentCall] = set()
         self.loop = asyncio.get_running_loop()
 
+    def use_policies(self, setup: PolicySetup) -> None:
+        """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
+        if setup.table.stock:
+            return
+        self.scheduler = Scheduler.from_settings(
+            self.cfg, refill=self._refill, policies=setup.table,
+            process_limit_for=setup.process_limit, fudge_factor=setup.fudge_factor)
+
     # -- life cycle ---------------------------------------------------------------------
 
     def start(self) -> None:
@@ -204,7 +213,8 @@ class Qmgr:
         while True:
             fed: bool | None = None
             for _ in range(FEED_PER_PASS):
-                if self.message_count >= self.cfg.qmgr_message_active_limit:
+                if (self.message_count >= self.cfg.qmgr_message_active_limit
+                        or not self.scheduler.may_feed()):
                     fed = None
                     break
                 fed, from_incoming = self._feed_once()

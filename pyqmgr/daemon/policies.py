@@ -1,0 +1,57 @@
+"""The daemon's scheduling policies, from pyqmgr.cf, settled before the chroot.
+
+``scheduler_policy`` and its ``<transport>_scheduler_policy`` forms name each
+transport's policy; a ``module:PATH`` policy is a file to import, so the table is
+built at start-up while the file system is whole (before chroot and the privilege
+drop) and every mistake is a fatal start-up error naming pyqmgr.cf and the parameter,
+never a surprise during deliveries. With no pyqmgr.cf the table is nqmgr everywhere,
+exactly stock.
+
+The table also carries what some policies need from outside the scheduler: master.cf's
+process limits (finch's workers), read here for the same reason, and oqmgr's
+``qmgr_fudge_factor`` from main.cf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyqmgr.postfix.config import ConfigError, QmgrConfig, oqmgr_fudge_factor
+from pyqmgr.postfix.master_cf import load_master_cf
+from pyqmgr.pyqmgr_cf import PyqmgrCf
+from pyqmgr.scheduler.policy import PolicyTable
+
+
+@dataclass(frozen=True)
+class PolicySetup:
+    table: PolicyTable
+    #: master.cf maxproc per service (unix type); absent ones get default_process_limit.
+    process_limits: dict[str, int]
+    default_process_limit: int
+    fudge_factor: int
+
+    def process_limit(self, transport: str) -> int:
+        return self.process_limits.get(transport, self.default_process_limit)
+
+
+def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
+    """Load every policy pyqmgr.cf names and check its knobs; PyqmgrCfError if bad."""
+    values = {name: settings.get(name) or "" for name in settings.names()}
+
+    def setting(name: str, transport: str, default: str) -> str:
+        value = settings.get(name, transport)
+        return default if value is None else value
+
+    table = PolicyTable.build(values, setting, settings.error)
+    limits: dict[str, int] = {}
+    if not table.stock:
+        try:
+            master = load_master_cf(cfg.config_dir,
+                                    default_process_limit=cfg.default_process_limit)
+        except (ConfigError, OSError) as exc:
+            raise settings.error("scheduler_policy",
+                                 f"cannot read master.cf for process limits: {exc}") from None
+        for service in master.services:
+            if service.type == "unix":
+                limits[service.service] = service.process_limit
+    return PolicySetup(table, limits, cfg.default_process_limit, oqmgr_fudge_factor(cfg))
