@@ -137,6 +137,10 @@ def _inline_map(entries: dict[str, str]) -> str:
     return "inline:{" + ", ".join(items) + "}"
 
 
+#: What the qmgr service can run: stock qmgr, pyqmgr, or Postfix's own oqmgr.
+QMGRS = ("stock", "pyqmgr", "oqmgr")
+
+
 class PostfixInstance:
     """One Postfix instance; a context manager that stops it and removes its files.
 
@@ -158,9 +162,10 @@ class PostfixInstance:
         qmgr_args: Iterable[str] = (),
         root: str | None = None,
         base_dir: str | None = None,
+        pyqmgr_cf: dict[str, str] | None = None,
     ) -> None:
-        if qmgr not in ("stock", "pyqmgr"):
-            raise ValueError(f"qmgr must be 'stock' or 'pyqmgr', not {qmgr!r}")
+        if qmgr not in QMGRS:
+            raise ValueError(f"qmgr must be one of {', '.join(QMGRS)}, not {qmgr!r}")
         base = base_dir or os.environ.get(BASE_ENV) or "/tmp"
         self.root = root or tempfile.mkdtemp(prefix="pyqmgr-tb-", dir=base)
         self.config_dir = os.path.join(self.root, "etc")
@@ -181,8 +186,10 @@ class PostfixInstance:
         try:
             self._create(main_cf or {}, transports or {}, list(master_cf_extra),
                          list(qmgr_args))
-            if qmgr == "pyqmgr":
-                self.use_qmgr("pyqmgr")
+            if pyqmgr_cf is not None:
+                self.write_pyqmgr_cf(pyqmgr_cf)
+            if qmgr != "stock":
+                self.use_qmgr(qmgr)
         except BaseException:
             shutil.rmtree(self.root, ignore_errors=True)
             raise
@@ -310,13 +317,31 @@ class PostfixInstance:
         self.postconf("-e", *[f"{k}={v}" for k, v in params.items()])
 
     def use_qmgr(self, which: str) -> None:
-        """Make the qmgr service run ``"stock"`` or ``"pyqmgr"``; reloads if running."""
+        """Make the qmgr service run ``"stock"``, ``"pyqmgr"`` or ``"oqmgr"``.
+
+        ``"oqmgr"`` is Postfix's own old queue manager (``$daemon_directory/oqmgr``),
+        the reference for pyqmgr's oqmgr policy. Reloads if running.
+        """
         from pyqmgr.install import install, uninstall
 
-        if which not in ("stock", "pyqmgr"):
-            raise ValueError(f"qmgr must be 'stock' or 'pyqmgr', not {which!r}")
+        if which not in QMGRS:
+            raise ValueError(f"qmgr must be one of {', '.join(QMGRS)}, not {which!r}")
         (install if which == "pyqmgr" else uninstall)(self.config_dir)
+        if which == "oqmgr":
+            cmd = self.postconf("-F", "qmgr/unix/command").partition(" = ")[2].split()
+            self.postconf("-F", "qmgr/unix/command=" + " ".join(["oqmgr", *cmd[1:]]))
+            if self.started:
+                self.reload()
         self.qmgr = which
+
+    def write_pyqmgr_cf(self, params: dict[str, str]) -> str:
+        """Write ``$config_directory/pyqmgr.cf`` (root's, 0644, as the trust check wants)."""
+        path = os.path.join(self.config_dir, "pyqmgr.cf")
+        with open(path, "w") as f:
+            for name, value in params.items():
+                f.write(f"{name} = {value}\n")
+        os.chmod(path, 0o644)
+        return path
 
     # -- life cycle -------------------------------------------------------------------
 
