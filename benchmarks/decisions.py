@@ -9,6 +9,9 @@ Two figures per size:
 * simulator: ``pyqmgr simulate`` end to end on the same load (arrivals, virtual clock,
   destination models, reports), total time divided by the decisions it made.
 
+Then the core alone under each other built-in policy (oqmgr, finch, zmailer), with
+the ratio of its slowest to its fastest size: 1.0 is flat.
+
 The cost per decision should not grow with the number of jobs: stock's structures are
 amortized O(1) per decision (candidate cache, blocker tags, linked lists), and so are
 these. Target: at least 100,000 decisions per second on a 2-core machine.
@@ -22,6 +25,7 @@ import time
 
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.policy import BUILTIN, PolicyTable, load
 from pyqmgr.simulator import simulate
 from pyqmgr.simulator.scenario import parse
 
@@ -52,8 +56,10 @@ class _Params:
     negative_feedback_name = "default_destination_concurrency_negative_feedback"
 
 
-def core_rate(jobs: int, decisions: int) -> float:
-    sched = Scheduler(lambda name: _Params(), active_limit=jobs, rcpt_limit=10**8)
+def core_rate(jobs: int, decisions: int, policy: str = "nqmgr") -> float:
+    table = PolicyTable(load(policy)) if policy != "nqmgr" else None
+    sched = Scheduler(lambda name: _Params(), active_limit=jobs, rcpt_limit=10**8,
+                      policies=table)
     per_job = decisions // jobs + 2
     for k in range(jobs):
         m = Message(f"M{k}", 0.0)
@@ -104,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         sim = simulator_rate(jobs, args.decisions)
         print(f"{jobs:>7} jobs: core {core:>9,.0f} decisions/s "
               f"({1e6 / core:5.1f} us each), simulator {sim:>9,.0f} decisions/s")
+    # The other policies, core alone: flat in the number of jobs is what matters.
+    for policy in BUILTIN:
+        if policy == "nqmgr":
+            continue
+        rates = [core_rate(jobs, args.decisions // 2, policy) for jobs in SIZES]
+        cells = ", ".join(f"{jobs:,} jobs {rate:>9,.0f}/s"
+                          for jobs, rate in zip(SIZES, rates, strict=True))
+        print(f"{policy:>8}: core {cells}; slowest/fastest {min(rates) / max(rates):.2f}")
     return 0
 
 
