@@ -78,14 +78,15 @@ def judge(path: str, st: os.stat_result) -> list[str]:
         problems.append(f"{path}: owned by uid {st.st_uid}, not root{_user(st.st_uid)}")
     if stat.S_ISLNK(st.st_mode):
         return problems
-    if st.st_mode & stat.S_IWGRP:
-        problems.append(f"{path}: writable by group ({_group(st.st_gid)})")
+    # Writable by others says all there is to say; its group bit would only add noise.
     if st.st_mode & stat.S_IWOTH:
         if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
             problems.append(f"{path}: writable by others (a sticky world-writable "
                             "directory such as /tmp is not trusted either)")
         else:
             problems.append(f"{path}: writable by others")
+    elif st.st_mode & stat.S_IWGRP:
+        problems.append(f"{path}: writable by group ({_group(st.st_gid)})")
     return problems
 
 
@@ -264,6 +265,18 @@ def daemon_paths(python_executable: str, package_dir: str,
         paths += [os.path.join(dirpath, name) for name in sorted(filenames)]
     paths += list(extra)
     return list(dict.fromkeys(paths))
+
+
+def ancestors(directory: str) -> list[str]:
+    """``directory`` and every directory above it, up to / (for ``assume_trusted``)."""
+    found = []
+    path = os.path.abspath(directory)
+    while True:
+        found.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            return found
+        path = parent
 
 
 def loaded_module_files(modules: Iterable[ModuleType | None]) -> list[str]:
