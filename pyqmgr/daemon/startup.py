@@ -4,6 +4,12 @@ The order matters: logging must be connected before chroot (postlog is an absolu
 path), main.cf is read before the ``-o`` overrides are applied, every module must be
 imported before privileges are dropped (the interpreter's files may not be readable by
 mail_owner), and fd 5 must be watched so that ``postfix reload`` restarts us.
+
+pyqmgr.cf is read and the trust check (:mod:`pyqmgr.trust`) runs as soon as logging
+goes where main.cf says, before the queue directory is touched or privileges are
+dropped: running as root with code or settings that someone else can change is worse
+than not running. A failure is fatal like a bad main.cf: master(8) logs the exit,
+throttles the service, and mail waits in the queue.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import Protocol
 
+from pyqmgr import trust
+from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
@@ -30,6 +38,8 @@ from pyqmgr.postfix.master import (
     generation_from_env,
     parse_argv,
 )
+from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
+from pyqmgr.pyqmgr_cf import load as load_pyqmgr_cf
 
 
 class QueueManager(Protocol):
@@ -70,7 +80,7 @@ def main(argv: list[str], daemon: QueueManagerFactory = Qmgr) -> int:
         log.use_syslog()
     try:
         return _run(argv, log, daemon)
-    except (UsageError, ConfigError) as exc:
+    except (UsageError, ConfigError, PyqmgrCfError, trust.UntrustedError) as exc:
         for text in getattr(exc, "warnings", ()):
             log.warning(text)
         log.fatal(str(exc))
@@ -104,6 +114,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
         log.use_syslog(cfg.syslog_facility)
     for text in cfg.warnings:
         log.warning(text)
+    pyqmgr_cf = load_trusted_settings(cfg, log)
+    # module: policies are files to import: settle them while the file system is whole.
+    policies = policy_setup(pyqmgr_cf, cfg)
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -119,7 +132,40 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # the scheduler's structures are acyclic apart from long-lived back references.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
-    return asyncio.run(_serve(cfg, log, status, flow, daemon))
+    return asyncio.run(_serve(cfg, log, status, flow, daemon, pyqmgr_cf, policies))
+
+
+def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
+    """Read pyqmgr.cf and check that everything the daemon runs is root's alone.
+
+    The check covers the interpreter, its import directories, the pyqmgr package,
+    pyqmgr.cf itself, every ``module:PATH`` policy file it names, and the files of the
+    modules already imported (they ran as root already: the check cannot undo that,
+    but it names the file to fix and stops this start before anything else happens).
+    The launcher (``__main__``) is judged as ``pyqmgr check`` judges it: the file and
+    its directory, but not daemon_directory and above, which are Postfix's and
+    ``postfix check``'s to answer for (every Postfix daemon is run from there).
+    Raises PyqmgrCfError or trust.UntrustedError, which :func:`main` logs as fatal.
+    """
+    settings = load_pyqmgr_cf(cfg.config_dir, cfg.lookup)
+    for text in settings.warnings:
+        log.warning(text)
+    relative = settings.relative_module_paths()
+    if relative:
+        raise PyqmgrCfError(relative[0])
+    extra = [settings.path] if settings.exists else []
+    extra += settings.module_paths().values()
+    modules = dict(sys.modules)
+    main_module = modules.pop("__main__", None)
+    extra += trust.loaded_module_files(list(modules.values()))
+    launcher = trust.loaded_module_files([main_module])
+    problems = trust.untrusted_paths(
+        launcher, assume_trusted=trust.ancestors(cfg.daemon_directory))
+    problems += trust.untrusted_paths(
+        trust.daemon_paths(sys.executable, trust.package_dir(), extra))
+    if problems:
+        raise trust.UntrustedError(problems)
+    return settings
 
 
 #: Allocations between young-generation collections (CPython's default is 700).
@@ -153,7 +199,8 @@ def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> No
 
 
 async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
-                 flow: FlowControl | None, daemon: QueueManagerFactory) -> int:
+                 flow: FlowControl | None, daemon: QueueManagerFactory,
+                 pyqmgr_cf: PyqmgrCf, policies: PolicySetup) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -173,6 +220,11 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         profiler = cProfile.Profile()
         profiler.enable()
     qmgr = daemon(cfg, log, flow)
+    # An attribute rather than a constructor argument, so that every QueueManager
+    # (Qmgr, a benchmark's stand-in) keeps its signature; set before start() reads it.
+    setattr(qmgr, "pyqmgr_cf", pyqmgr_cf)  # noqa: B010 - not part of the Protocol
+    if isinstance(qmgr, Qmgr):
+        qmgr.use_policies(policies)
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
