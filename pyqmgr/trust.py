@@ -279,6 +279,37 @@ def ancestors(directory: str) -> list[str]:
         path = parent
 
 
+def _inside(path: str, directory: str) -> bool:
+    return os.path.abspath(path).startswith(os.path.abspath(directory).rstrip("/") + "/")
+
+
+def untrusted_installation(python_executable: str, package_dir: str, *, config_dir: str,
+                           daemon_dir: str, settings: Iterable[str] = (),
+                           launcher: Iterable[str] = (),
+                           extra: Iterable[str] = ()) -> list[str]:
+    """The one check the daemon and ``pyqmgr check`` share; problems, as above.
+
+    - ``settings`` (pyqmgr.cf, ``module:PATH`` files): judged up to /, except that for
+      those inside config_directory the directories *above* config_directory are
+      walked through but not judged. Whoever can change those can replace main.cf and
+      master.cf, which master(8) reads as root: pyqmgr cannot be safer than Postfix
+      there, and ``postfix check`` is what answers for them. config_directory itself,
+      and everything below it, is judged.
+    - ``launcher`` (the launcher and its directory): the same, for daemon_directory,
+      from which master(8) runs every Postfix daemon.
+    - the interpreter, venv, import directories and package (:func:`daemon_paths`)
+      and ``extra`` (loaded module files): judged all the way up to /.
+    """
+    settings = list(settings)
+    inside = [p for p in settings if _inside(p, config_dir)]
+    outside = [p for p in settings if not _inside(p, config_dir)]
+    problems = untrusted_paths(inside, assume_trusted=ancestors(config_dir)[1:])
+    problems += untrusted_paths(launcher, assume_trusted=ancestors(daemon_dir)[1:])
+    problems += untrusted_paths(daemon_paths(python_executable, package_dir,
+                                             [*outside, *extra]))
+    return list(dict.fromkeys(problems))
+
+
 def loaded_module_files(modules: Iterable[ModuleType | None]) -> list[str]:
     """The source and cached files of modules already imported (``sys.modules``).
 

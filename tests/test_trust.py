@@ -154,6 +154,30 @@ def test_assume_trusted_skips_only_the_named_directories(base):
         f"{launcher}: writable by group (gid 0, root)"]
 
 
+def test_installation_check_leaves_the_dirs_above_postfixs_own_to_postfix(base):
+    """Above config_directory and daemon_directory: walked, not judged; below: judged."""
+    os.chmod(base, 0o777)  # stands for /tmp above a test bed
+    for d in ("etc", "libexec/pyqmgr", "policies"):
+        os.makedirs(f"{base}/{d}")
+    cf = make(f"{base}/etc/pyqmgr.cf")
+    inner = make(f"{base}/etc/inner.py")
+    launcher = make(f"{base}/libexec/pyqmgr/qmgr", mode=0o755)
+    outer = make(f"{base}/policies/p.py")
+
+    def check(settings, launchers=()):
+        return trust.untrusted_installation(
+            sys.executable, trust.package_dir(), config_dir=f"{base}/etc",
+            daemon_dir=f"{base}/libexec", settings=settings, launcher=launchers)
+
+    assert check([cf, inner], [f"{base}/libexec/pyqmgr", launcher]) == []
+    assert check([outer]) == [f"{base}: writable by others (on the way to {outer})"]
+    os.chmod(f"{base}/etc", 0o775)
+    os.chmod(f"{base}/libexec", 0o757)
+    assert check([cf], [launcher]) == [
+        f"{base}/etc: writable by group (gid 0, root) (on the way to {cf})",
+        f"{base}/libexec: writable by others (on the way to {launcher})"]
+
+
 def test_untrusted_error_names_the_first_path_and_keeps_the_rest_as_warnings():
     err = trust.UntrustedError(["/a: writable by others", "/b: owned by uid 7, not root"])
     assert str(err) == ("/a: writable by others (and 1 more, logged above); pyqmgr starts "

@@ -142,9 +142,9 @@ def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
     pyqmgr.cf itself, every ``module:PATH`` policy file it names, and the files of the
     modules already imported (they ran as root already: the check cannot undo that,
     but it names the file to fix and stops this start before anything else happens).
-    The launcher (``__main__``) is judged as ``pyqmgr check`` judges it: the file and
-    its directory, but not daemon_directory and above, which are Postfix's and
-    ``postfix check``'s to answer for (every Postfix daemon is run from there).
+    The launcher (``__main__``) and pyqmgr.cf are judged as ``pyqmgr check`` judges
+    them (:func:`trust.untrusted_installation`): the directories above
+    daemon_directory and config_directory are Postfix's to answer for.
     Raises PyqmgrCfError or trust.UntrustedError, which :func:`main` logs as fatal.
     """
     settings = load_pyqmgr_cf(cfg.config_dir, cfg.lookup)
@@ -153,16 +153,15 @@ def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
     relative = settings.relative_module_paths()
     if relative:
         raise PyqmgrCfError(relative[0])
-    extra = [settings.path] if settings.exists else []
-    extra += settings.module_paths().values()
+    files = [settings.path] if settings.exists else []
+    files += settings.module_paths().values()
     modules = dict(sys.modules)
     main_module = modules.pop("__main__", None)
-    extra += trust.loaded_module_files(list(modules.values()))
-    launcher = trust.loaded_module_files([main_module])
-    problems = trust.untrusted_paths(
-        launcher, assume_trusted=trust.ancestors(cfg.daemon_directory))
-    problems += trust.untrusted_paths(
-        trust.daemon_paths(sys.executable, trust.package_dir(), extra))
+    problems = trust.untrusted_installation(
+        sys.executable, trust.package_dir(), config_dir=cfg.config_dir,
+        daemon_dir=cfg.daemon_directory, settings=files,
+        launcher=trust.loaded_module_files([main_module]),
+        extra=trust.loaded_module_files(list(modules.values())))
     if problems:
         raise trust.UntrustedError(problems)
     return settings
