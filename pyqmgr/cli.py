@@ -1,4 +1,4 @@
-"""The ``pyqmgr`` command: demo, install, uninstall, simulate.
+"""The ``pyqmgr`` command: demo, check, install, uninstall, simulate.
 
 The daemon itself is not started from here: master(8) runs the launcher that
 ``pyqmgr install`` writes, which calls :func:`pyqmgr.daemon.main` directly.
@@ -7,6 +7,7 @@ The daemon itself is not started from here: master(8) runs the launcher that
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -20,6 +21,53 @@ def _install(args: argparse.Namespace) -> int:
         print(f"pyqmgr install: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+#: ``pyqmgr check`` exit statuses: clean, problems found, could not check at all.
+CHECK_OK = 0
+CHECK_PROBLEMS = 1
+CHECK_ERROR = 2
+
+
+def _check(args: argparse.Namespace) -> int:
+    from pyqmgr.install import InstallError, check_installation
+
+    try:
+        report = check_installation(args.config_dir)
+    except InstallError as exc:
+        if args.json:
+            print(json.dumps({"config_dir": args.config_dir, "ok": False,
+                              "error": str(exc)}, indent=2))
+        else:
+            print(f"pyqmgr check: {exc}", file=sys.stderr)
+        return CHECK_ERROR
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+        return CHECK_OK if report.ok else CHECK_PROBLEMS
+    launcher = report.launcher if report.launcher_installed else f"{report.launcher} (absent)"
+    if report.launcher_interpreter:
+        launcher += f", runs {report.launcher_interpreter}"
+    python = report.python + (f" (venv {report.venv})" if report.venv else "")
+    if report.pyqmgr_cf_error:
+        settings = f"{report.pyqmgr_cf}: does not parse"
+    elif report.pyqmgr_cf_exists:
+        settings = f"{report.pyqmgr_cf}: parses, {len(report.pyqmgr_cf_parameters)} parameter(s)"
+    else:
+        settings = f"{report.pyqmgr_cf}: absent (no settings: stock behaviour)"
+    lines = [f"config_dir  {report.config_dir}", f"launcher    {launcher}",
+             f"python      {python}", f"package     {report.package_dir}",
+             f"pyqmgr.cf   {settings}"]
+    lines += [f"policy      {name}: {path}" for name, path in report.policy_modules.items()]
+    lines.append(f"checked     {report.paths_checked} paths in "
+                 f"{report.check_seconds * 1000:.1f} ms")
+    lines += [f"note: {text}" for text in report.notes]
+    if report.ok:
+        lines.append("ok: no problems found")
+    else:
+        lines.append(f"{len(report.problems)} problem(s):")
+        lines += [f"  {text}" for text in report.problems]
+    print("\n".join(lines))
+    return CHECK_OK if report.ok else CHECK_PROBLEMS
 
 
 def _uninstall(args: argparse.Namespace) -> int:
@@ -76,6 +124,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=40, help="messages to send (default 40)")
     p.add_argument("--keep", action="store_true", help="keep the sandbox directory")
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser(
+        "check", help="report what would make the daemon unsafe to run as root (read-only)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Check, without changing anything, what master(8) would run as root for this\n"
+            "instance: the launcher in $daemon_directory/pyqmgr/, this pyqmgr's interpreter\n"
+            "and virtual environment, the pyqmgr package, $config_directory/pyqmgr.cf and\n"
+            "every module:PATH policy file it names. Each must be owned by root and not be\n"
+            "writable by group or others, and so must every directory above it (symbolic\n"
+            "links are followed; a sticky world-writable directory like /tmp does not\n"
+            "count as safe). pyqmgr.cf must also parse. The daemon makes the same check at\n"
+            "every start and refuses to run; 'pyqmgr install' refuses to install."),
+        epilog=("exit status: 0 no problems, 1 problems found (listed), 2 could not check\n"
+                "(not a Postfix configuration directory, postconf failed)"))
+    p.add_argument("--config-dir", required=True, help="the instance's config_directory")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (keys: ok, problems, notes, launcher, python, "
+                        "venv, package_dir, pyqmgr_cf, policy_modules, ...)")
+    p.set_defaults(func=_check)
 
     p = sub.add_parser("install", help="make pyqmgr the qmgr service of a Postfix instance")
     p.add_argument("--config-dir", required=True, help="the instance's config_directory")
