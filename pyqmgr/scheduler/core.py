@@ -325,6 +325,8 @@ class Scheduler:
 
     def first_read_limit(self) -> int:
         """:meth:`read_limit` for a message not created yet (the driver reads first)."""
+        if self.oqmgr_reading:
+            return min(self.fudge_limit, MAX_READ)
         return min(max(self.rcpt_limit - self.rcpt_count, self.msg_rcpt_limit), MAX_READ)
 
     def realloc(self, message: Message) -> None:
