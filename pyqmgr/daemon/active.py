@@ -192,8 +192,9 @@ class ActiveQueue:
             qf = queue_file.Message(queue_id=qid)
             data = _read_all(fd, size)
             limit = self.qmgr.scheduler.first_read_limit()
-            batch = queue_file.read_batch(data, qf, min(limit, MAX_BATCH),
-                                          verp_filter=self.cfg.verp_delimiter_filter)
+            batch = queue_file.read_batch(
+                data, qf, min(limit, MAX_BATCH), verp_filter=self.cfg.verp_delimiter_filter,
+                count_check=not self.qmgr.scheduler.oqmgr_reading)
             # Stock logs as it reads: warnings before the sender record come first.
             split = batch.opened_after if batch.opened is not None else len(batch.warnings)
             for text in batch.warnings[:split]:

@@ -309,7 +309,8 @@ class Qmgr:
             am.extra["read_failed"] = "open"
             return None
         batch = queue_file.read_batch(data, am.qf, min(limit, MAX_BATCH),
-                                      verp_filter=self.cfg.verp_delimiter_filter)
+                                      verp_filter=self.cfg.verp_delimiter_filter,
+                                      count_check=not self.scheduler.oqmgr_reading)
         for text in batch.warnings:
             self.log.warning(text)
         if not batch.ok:

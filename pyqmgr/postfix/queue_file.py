@@ -355,7 +355,8 @@ def _source_bytes(source: bytes | bytearray | memoryview | BinaryIO) -> bytes:
 
 
 def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, limit: int,
-               *, path: str | None = None, verp_filter: str = DEF_VERP_FILTER) -> Batch:
+               *, path: str | None = None, verp_filter: str = DEF_VERP_FILTER,
+               count_check: bool = True) -> Batch:
     """Read the next recipient batch of a queue file into ``msg``.
 
     ``source`` is the whole file (bytes) or a binary file object (read whole from
@@ -365,7 +366,8 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
     in-core recipients, at least the per-message minimum); it is capped at 5000 here as
     in stock, and must be positive (stock panics otherwise). ``path`` is the name that
     prefixes record-level warnings (stock's stream path, default ``active/<id>``);
-    ``verp_filter`` is ``verp_delimiter_filter``.
+    ``verp_filter`` is ``verp_delimiter_filter``. ``count_check`` False skips the
+    "rcpt count mismatch" check, which oqmgr does not make (it keeps no unread count).
 
     Bad input never raises: ``ok`` is False and the warnings say why. On failure
     ``rcpt_offset``/``rcpt_unread`` are restored and no recipients are returned.
@@ -589,7 +591,8 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
     if msg.create_time == 0:
         msg.create_time = msg.arrival_time[0]
     if msg.rcpt_unread < 0 or (msg.rcpt_offset == 0 and msg.rcpt_unread != 0):
-        warnings.append(f"{qid}: rcpt count mismatch ({msg.rcpt_unread})")
+        if count_check:
+            warnings.append(f"{qid}: rcpt count mismatch ({msg.rcpt_unread})")
         msg.rcpt_unread = 0
     ok = False
     if end_type <= 0:
