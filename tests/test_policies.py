@@ -47,4 +47,7 @@ def test_stock_oqmgr_runs_in_the_testbed(postfix_instance, sink):
     pf: PostfixInstance = postfix_instance(
         qmgr="oqmgr", transports={f"d{i}.example": nexthop for i in range(3)})
     _workload(pf, srv, 10)
-    assert any(ln.program_name == "oqmgr" for ln in pf.maillog.lines())
+    commands = [" ".join(argv) for argv in pf.processes().values()]
+    assert any("postfix-oqmgr/qmgr" in c for c in commands), commands
+    assert any(ln.program_name == "qmgr" and ln.text.endswith("(queue active)")
+               for ln in pf.maillog.lines()), "oqmgr logs as postfix/qmgr, like stock"

@@ -139,6 +139,8 @@ def _inline_map(entries: dict[str, str]) -> str:
 
 #: What the qmgr service can run: stock qmgr, pyqmgr, or Postfix's own oqmgr.
 QMGRS = ("stock", "pyqmgr", "oqmgr")
+#: Where the test bed puts Postfix's oqmgr under the name qmgr (in daemon_directory).
+OQMGR_DIR = "postfix-oqmgr"
 
 
 class PostfixInstance:
@@ -328,8 +330,16 @@ class PostfixInstance:
             raise ValueError(f"qmgr must be one of {', '.join(QMGRS)}, not {which!r}")
         (install if which == "pyqmgr" else uninstall)(self.config_dir)
         if which == "oqmgr":
+            # Under a directory of its own as "qmgr": the log tag is argv[0]'s
+            # basename, so its lines read postfix/qmgr[pid] like stock's and pyqmgr's.
+            ref_dir = os.path.join(self.daemon_dir, OQMGR_DIR)
+            os.makedirs(ref_dir, exist_ok=True)
+            target = os.path.join(ref_dir, "qmgr")
+            if not os.path.exists(target):
+                os.link(os.path.join(self.daemon_dir, "oqmgr"), target)
             cmd = self.postconf("-F", "qmgr/unix/command").partition(" = ")[2].split()
-            self.postconf("-F", "qmgr/unix/command=" + " ".join(["oqmgr", *cmd[1:]]))
+            self.postconf("-F", "qmgr/unix/command="
+                          + " ".join([f"{OQMGR_DIR}/qmgr", *cmd[1:]]))
             if self.started:
                 self.reload()
         self.qmgr = which

@@ -27,9 +27,22 @@ def parity_report() -> Iterator[Report]:
             f.write(_REPORT.render())
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked ``oqmgr`` run a second time: Postfix's oqmgr against the policy."""
+    if ("parity_reference" in metafunc.fixturenames
+            and metafunc.definition.get_closest_marker("oqmgr") is not None):
+        metafunc.parametrize("parity_reference", ["stock", "oqmgr"])
+
+
+@pytest.fixture
+def parity_reference() -> str:
+    """The qmgr pyqmgr is compared with: stock qmgr unless the test is marked oqmgr."""
+    return "stock"
+
+
 @pytest.fixture
 def side_by_side(postfix_instance: Callable[..., PostfixInstance],
-                 parity_report: Report) -> Callable[..., Result]:
+                 parity_report: Report, parity_reference: str) -> Callable[..., Result]:
     """``side_by_side(scenario, name=, item=, description=, **instance_kw)``.
 
     Runs the scenario under both qmgrs, records the result in the report, and fails
@@ -37,10 +50,10 @@ def side_by_side(postfix_instance: Callable[..., PostfixInstance],
     """
 
     def run(scenario: Scenario, **kw: Any) -> Result:
-        result = compare(scenario, postfix_instance, **kw)
+        result = compare(scenario, postfix_instance, reference=parity_reference, **kw)
         parity_report.add(result)
         if result.intended is None:
-            assert result.agree, f"stock and pyqmgr differ:\n{result.diff()}"
+            assert result.agree, f"{parity_reference} and pyqmgr differ:\n{result.diff()}"
         return result
 
     return run

@@ -29,6 +29,7 @@ def srv(sink):
     return sink()
 
 
+@pytest.mark.oqmgr
 def test_deferred_then_flush(side_by_side, srv):
     def scenario(inst, qmgr):
         start = len(srv.messages())
@@ -80,6 +81,7 @@ def test_postqueue_s_flushes_one_site(side_by_side, srv):
                                fast_flush_domains="sink.example, other.example"))
 
 
+@pytest.mark.oqmgr
 def test_bounce_for_a_permanent_failure(side_by_side, srv):
     def scenario(inst, qmgr):
         srv.set_replies({"gone@sink.example": "550 5.1.1 no such user"})
@@ -125,6 +127,7 @@ def test_delay_warning_then_delay_cleared(side_by_side, srv):
                                confirm_delay_cleared="yes"))
 
 
+@pytest.mark.oqmgr
 def test_force_expire(side_by_side, srv):
     def scenario(inst, qmgr):
         srv.set_replies({"*": "450 4.2.0 later"})
@@ -147,6 +150,7 @@ def test_force_expire(side_by_side, srv):
                  **sink_config(srv, "other.example"))
 
 
+@pytest.mark.oqmgr
 def test_hold_and_release(side_by_side, srv):
     def scenario(inst, qmgr):
         start = len(srv.messages())
@@ -170,6 +174,7 @@ def test_hold_and_release(side_by_side, srv):
                              "is.", **sink_config(srv, "other.example"))
 
 
+@pytest.mark.oqmgr
 def test_missing_agent_defers(side_by_side):
     def scenario(inst, qmgr):
         (qid,) = inst.smtp_send([("s@test.example", ["x@nowhere.example"])])
@@ -187,6 +192,7 @@ def test_missing_agent_defers(side_by_side):
                  main_cf={"queue_run_delay": "300s", "minimal_backoff_time": "300s"})
 
 
+@pytest.mark.oqmgr
 def test_error_and_relocated(side_by_side):
     def scenario(inst, qmgr):
         inst.smtp_send([(inst.local_address, ["e@err.example", "moved@test.example"])])
@@ -223,6 +229,7 @@ def test_defer_transports_then_flush(side_by_side, srv):
                  **sink_config(srv, "other.example", defer_transports="smtp"))
 
 
+@pytest.mark.oqmgr
 def test_startup_recovers_active(side_by_side, srv):
     def scenario(inst, qmgr):
         start = len(srv.messages())

@@ -8,6 +8,8 @@ import random
 import signal
 import time
 
+import pytest
+
 from tests.parity.common import (
     SLOW,
     delivered,
@@ -70,6 +72,7 @@ def test_expiry_by_maximal_queue_lifetime(side_by_side, sink):
                                maximal_backoff_time="8s"))
 
 
+@pytest.mark.oqmgr
 def test_postsuper_d_and_r(side_by_side, sink):
     srv = sink()
 
@@ -121,6 +124,7 @@ def test_dead_site_suspends_delivery(side_by_side, sink):
                                initial_destination_concurrency="1"))
 
 
+@pytest.mark.oqmgr
 def test_every_malformation_goes_to_corrupt(side_by_side):
     def scenario(inst, qmgr):
         for qid, data in MALFORMED.items():
@@ -140,6 +144,7 @@ def test_every_malformation_goes_to_corrupt(side_by_side):
                  transports={"discard.example": "discard:"})
 
 
+@pytest.mark.oqmgr
 def test_active_queue_limit(side_by_side, sink):
     srv = sink(latency=0.05)
 

@@ -7,6 +7,8 @@ import math
 import os
 import time
 
+import pytest
+
 from tests.parity.common import (
     SLOW,
     outcome,
@@ -169,6 +171,7 @@ def test_backoff_grows_with_age(side_by_side, sink):
                         maximal_backoff_time="10s"))
 
 
+@pytest.mark.oqmgr
 def test_flush_revives_a_dead_site(side_by_side, sink):
     srv = sink()
 
