@@ -96,6 +96,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     try:
         scenario = load(args.scenario)
+        if args.policy:
+            scenario.pyqmgr_cf["scheduler_policy"] = args.policy
         result = simulate(scenario, seed=args.seed)
     except (ScenarioError, ValueError) as exc:
         print(f"pyqmgr simulate: {exc}", file=sys.stderr)
@@ -158,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", metavar="FILE.png", help="draw the windows over time")
     p.add_argument("--seed", type=int, help="override the scenario's random seed")
     p.add_argument("--quiet", action="store_true", help="only the summary table")
+    p.add_argument("--policy", metavar="NAME",
+                   help="scheduler_policy for every transport, overriding the scenario's: "
+                        "nqmgr (stock), oqmgr, finch, zmailer, or module:/path/file.py")
     p.set_defaults(func=_simulate)
 
     args = parser.parse_args(argv)

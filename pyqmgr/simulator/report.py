@@ -10,8 +10,11 @@ def summary(sc: Scenario, res: Result) -> list[str]:
     out = []
     if sc.title:
         out.append(sc.title)
+    policies = {k: v for k, v in sorted(sc.pyqmgr_cf.items())
+                if k == "scheduler_policy" or k.endswith("_scheduler_policy")}
+    policy = ", ".join(f"{k} = {v}" for k, v in policies.items()) or "scheduler_policy = nqmgr"
     out.append(f"simulated {res.end_time:.1f} s, {len(res.deliveries)} deliveries, "
-               f"{res.decisions} scheduling decisions")
+               f"{res.decisions} scheduling decisions ({policy})")
     out.append(f"{'destination':<24} {'sent':>8} {'deferred':>8} {'rate':>7} "
                f"{'mean conc':>9} {'max window':>10}")
     for dest in sorted(set(res.sent) | set(res.deferred)):

@@ -192,3 +192,14 @@ def test_a_module_policy_loads_from_its_file(tmp_path):
     entry = s.select("smtp", 1.0)
     assert entry is not None and len(entry.recipients) == 3
     assert in_core(s) == 0
+
+
+def test_simulate_takes_a_policy_on_the_command_line(capsys):
+    from pyqmgr.cli import main
+
+    assert main(["simulate", "--quiet", "--policy", "oqmgr", "scenarios/preemption.toml"]) == 0
+    out = capsys.readouterr().out
+    assert "(scheduler_policy = oqmgr)" in out
+    assert main(["simulate", "--quiet", "--policy", "nosuch", "scenarios/preemption.toml"]) == 1
+    err = capsys.readouterr().err
+    assert 'unknown scheduler policy "nosuch"' in err
