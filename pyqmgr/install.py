@@ -195,6 +195,15 @@ def _shebang_interpreter(path: str) -> str | None:
     return words[0] if words else None
 
 
+def _same_interpreter(a: str, b: str) -> bool:
+    """``venv/bin/python`` and ``venv/bin/python3`` are one interpreter in one venv.
+
+    Both the venv (found from the unresolved path) and the real binary must match.
+    """
+    return (trust.venv_root(a) == trust.venv_root(b)
+            and os.path.realpath(a) == os.path.realpath(b))
+
+
 def _main_lookup(config_dir: str, report: CheckReport) -> QmgrConfig | None:
     """main.cf as the daemon will see it (with the qmgr service's -o overrides)."""
     overrides: tuple[tuple[str, str], ...] = ()
@@ -231,7 +240,8 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
         pyqmgr_cf=os.path.join(config_dir, PYQMGR_CF), pyqmgr_cf_exists=False)
     if not installed:
         report.notes.append(f"no launcher at {launcher} yet: 'pyqmgr install' writes it")
-    elif report.launcher_interpreter not in (None, sys.executable):
+    elif (report.launcher_interpreter is not None
+          and not _same_interpreter(report.launcher_interpreter, sys.executable)):
         report.notes.append(
             f"the launcher runs {report.launcher_interpreter}, not this pyqmgr's "
             f"interpreter {sys.executable}; what was checked is this one "

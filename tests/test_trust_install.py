@@ -267,3 +267,19 @@ def test_pyqmgr_cf_names_are_invisible_to_postconf(postfix):
     proc = subprocess.run(["postconf", "-c", pf.config_dir, "-n"], capture_output=True,
                           text=True, timeout=60)
     assert "unused parameter: scheduler_policy=nqmgr" in proc.stderr
+
+
+def test_check_notes_a_launcher_that_runs_another_interpreter(trusted_base, postfix):
+    from pyqmgr.install import inspect_installation, launcher_text
+
+    pf = postfix(qmgr="pyqmgr", start=False, base_dir=trusted_base)
+    launcher = launcher_path(pf.daemon_dir)
+    venv_bin = os.path.dirname(sys.executable)
+    for python, noted in ((os.path.join(venv_bin, "python3"), False),
+                          (os.path.realpath(sys.executable), True)):
+        with open(launcher, "w") as f:
+            f.write(launcher_text(python))
+        report = inspect_installation(pf.config_dir, pf.daemon_dir)
+        assert report.launcher_interpreter == python
+        assert any("the launcher runs" in n for n in report.notes) is noted, report.notes
+        assert report.ok, report.problems
