@@ -28,8 +28,10 @@ What the design's other parts become in Postfix:
   into a connection, so this policy schedules messages, not connections.
 
 The walk is first come, first served: messages that may not take another worker, or
-whose destinations are all at their window, are passed over, so a select costs the
-number of messages skipped before the one chosen.
+whose destinations are all at their window, are passed over. The second kind is
+tagged as nqmgr tags blocker jobs, and skipped without a look until one of those
+destinations takes a delivery again, so a long run of messages waiting for one busy
+destination costs one pass, not one per decision.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class FinchEntry(Entry):
 class FinchJob:
     """One message's work on the transport: its todo entries and its concurrency."""
 
-    __slots__ = ("message", "todo", "concurrency", "refs", "node")
+    __slots__ = ("message", "todo", "concurrency", "refs", "node", "blocker_tag")
 
     def __init__(self, message: Message) -> None:
         self.message = message
@@ -68,6 +70,8 @@ class FinchJob:
         #: Entries (todo and busy) that still refer to the job.
         self.refs = 0
         self.node: Node[FinchJob] = Node(self)
+        #: Equal to the policy's tag while every todo entry's destination is full.
+        self.blocker_tag = 0
 
 
 class Finch(Policy):
@@ -89,11 +93,24 @@ class Finch(Policy):
         #: Jobs in first-come order (by when their message first reached the policy).
         self.jobs: QList[FinchJob] = QList()
         self.by_message: dict[Message, FinchJob] = {}
+        #: nqmgr's trick for jobs whose destinations are all full: tag them (and those
+        #: destinations) and skip them until one of the destinations takes a delivery
+        #: again, when bumping the tag (it stays odd) releases them all at once.
+        self.blocker_tag = 1
+
+    def free_workers(self) -> int:
+        """Workers neither delivering nor already asked for (pending agent connections).
+
+        The worker being decided about is among them: :meth:`select` runs after the
+        core has stopped counting its agent as pending, and :meth:`has_work` before it
+        asks for another one.
+        """
+        return self.workers - self.busy - self.transport.pending
 
     def allowed_new_worker(self, job: FinchJob) -> bool:
         if job.concurrency < self.max_concurrency:
             return True
-        return job.concurrency < self.scale * (self.workers - self.busy)
+        return job.concurrency < self.scale * self.free_workers()
 
     def new_entry(self, message: Message, queue: Queue) -> Entry:
         job = self.by_message.get(message)
@@ -103,18 +120,30 @@ class Finch(Policy):
         entry = FinchEntry(message, queue, job)
         job.todo.append(entry.job_node)
         job.refs += 1
+        job.blocker_tag = 0
         return entry_link(entry, self.transport)
 
     def _find(self) -> FinchEntry | None:
         """The first job allowed a new worker, and its first entry with room."""
         room = self.transport.room
+        tag = self.blocker_tag
         for job in self.jobs:
-            if not self.allowed_new_worker(job):
+            if job.blocker_tag == tag or not self.allowed_new_worker(job):
                 continue
             for entry in job.todo:
                 if room(entry.queue) > 0:
                     return entry
+            if job.todo:
+                job.blocker_tag = tag
+                for entry in job.todo:
+                    entry.queue.blocker_tag = tag
         return None
+
+    def _unblock(self, queue: Queue) -> None:
+        """A destination that blocked jobs may take a delivery: release all of them."""
+        if queue.blocker_tag == self.blocker_tag and self.transport.room(queue) > 0:
+            self.blocker_tag += 2
+            queue.blocker_tag = 0
 
     def has_work(self) -> bool:
         return self._find() is not None
@@ -132,7 +161,9 @@ class Finch(Policy):
         fe: FinchEntry = entry  # type: ignore[assignment]
         fe.job.todo.prepend(fe.job_node)
         fe.job.concurrency -= 1
+        fe.job.blocker_tag = 0
         self.busy -= 1
+        self._unblock(entry.queue)
 
     def done(self, entry: Entry, busy: bool) -> None:
         fe: FinchEntry = entry  # type: ignore[assignment]
@@ -140,12 +171,16 @@ class Finch(Policy):
         if busy:
             job.concurrency -= 1
             self.busy -= 1
+            self._unblock(entry.queue)
         else:
             job.todo.unlink(fe.job_node)
         job.refs -= 1
         if job.refs == 0:
             self.jobs.unlink(job.node)
             del self.by_message[job.message]
+
+    def resumed(self, queue: Queue) -> None:
+        self._unblock(queue)
 
     def describe(self) -> dict[str, object]:
         return {"policy": self.name, "workers": self.workers, "busy": self.busy,
