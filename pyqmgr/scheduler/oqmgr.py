@@ -7,7 +7,10 @@ code and differs in what this module holds:
 * no jobs, peers or preemption: a transport's agent takes the oldest todo entry of
   the next destination in round-robin order (``qmgr_queue_select``: the first queue
   with room and work, after which the transport's queue list is rotated so that the
-  scan starts past it next time); a new destination joins the end of that list;
+  scan starts past it next time); a new destination joins the end of that list when
+  oqmgr creates it, which is while qmgr_message_resolve walks the batch's recipients
+  sorted by domain and address, not when entries are made after a second sort by
+  queue name (the order the core hands recipients in): see :meth:`Oqmgr.add`;
 * a message's recipients fill the entry the previous recipient went to, when it was
   for the same destination, up to the recipient limit (``qmgr_message_assign``);
 * recipients are read by oqmgr's own limits, not by job slots: a batch of up to
@@ -27,14 +30,14 @@ destinations without room or work are passed over one by one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pyqmgr.scheduler.entry import Entry, entry_link, entry_select
 from pyqmgr.scheduler.policy import Context, Policy
 from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.message import Message
+    from pyqmgr.scheduler.message import Message, Recipient
     from pyqmgr.scheduler.queue import Queue
     from pyqmgr.scheduler.transport import Transport
 
@@ -47,6 +50,54 @@ class Oqmgr(Policy):
         #: The transport's destinations in round-robin order (``queue_list``).
         self.queue_list: QList[Queue] = QList()
         self._nodes: dict[Queue, Node[Queue]] = {}
+        #: Queues created by the current batches and not yet put in their place:
+        #: node -> (batch, the smallest resolve-order key of its recipients).
+        self._created: dict[Node[Queue], tuple[int, tuple[int, str, str]]] = {}
+
+    #: Counts batches (``message_assigned``), so that queues created by different
+    #: batches before the next selection keep the order of their batches.
+    _batch: ClassVar[int] = 0
+
+    @staticmethod
+    def resolve_key(address: str) -> tuple[int, str, str]:
+        """``qmgr_message_sort_compare`` before resolving (no queue yet): domain
+        (from the last @, no domain last), then address, both case-insensitive."""
+        at = address.rfind("@")
+        return (1, "", address.lower()) if at < 0 else (0, address[at:].lower(),
+                                                         address.lower())
+
+    def add(self, message: Message, queue: Queue, recipient: Recipient,
+            last: Entry | None) -> Entry:
+        """File the recipient; a queue it creates is placed as oqmgr's resolver would.
+
+        The core creates a queue at its first entry, with the batch sorted by queue
+        name; oqmgr creates it (``qmgr_queue_create``: end of the round-robin list)
+        at its first recipient in domain order. Which of a batch's new queues comes
+        first is settled before the next selection (:meth:`_place_created`).
+        """
+        new = queue not in self._nodes
+        entry = super().add(message, queue, recipient, last)
+        node = self._nodes.get(queue)
+        if node is not None:
+            key = (Oqmgr._batch, self.resolve_key(recipient.address))
+            if new:
+                self._created[node] = key
+            elif node in self._created and key < self._created[node]:
+                self._created[node] = key
+        return entry
+
+    @classmethod
+    def message_assigned(cls, message: Message) -> None:
+        Oqmgr._batch += 1
+
+    def _place_created(self) -> None:
+        """Reorder the not yet placed new queues, the list's tail, by resolve order."""
+        created = sorted(self._created.items(), key=lambda kv: kv[1])
+        self._created.clear()
+        for node, _ in created:
+            self.queue_list.unlink(node)
+        for node, _ in created:
+            self.queue_list.append(node)
 
     def new_entry(self, message: Message, queue: Queue) -> Entry:
         if queue not in self._nodes:
@@ -54,6 +105,8 @@ class Oqmgr(Policy):
         return entry_link(Entry(message, queue), self.transport)
 
     def select(self) -> Entry | None:
+        if self._created:
+            self._place_created()
         node = self.queue_list.head
         while node is not None:
             queue = node.item
@@ -68,7 +121,10 @@ class Oqmgr(Policy):
     def queue_done(self, queue: Queue) -> None:
         node = self._nodes.pop(queue, None)
         if node is not None:
+            self._created.pop(node, None)
             self.queue_list.unlink(node)
 
     def describe(self) -> dict[str, object]:
+        if self._created:
+            self._place_created()
         return {"policy": self.name, "destinations": len(self.queue_list)}
