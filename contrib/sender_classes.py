@@ -16,9 +16,10 @@ what a queue manager can see:
   ``_large_weight``). A class with nothing deliverable is skipped, so the transport
   is never idle while any class has work, and a large sender alone gets every agent.
   When a mailing list of 50,000 recipients is being delivered, a one-recipient
-  message still gets one of the next two agents that come free, instead of waiting
-  behind the list (first come, first served) or behind every other destination
-  (oqmgr's round robin by destination).
+  message waits for at most two agents handed to other classes (what is left of the
+  current turn), plus any small messages ahead of it, instead of waiting behind the
+  list (first come, first served) or behind every other destination (oqmgr's round
+  robin by destination).
 
 The per-destination concurrency window, dead sites and the retry transport are the
 shared machinery's; this policy only says which todo entry goes next.
@@ -26,17 +27,18 @@ shared machinery's; this policy only says which todo entry goes next.
 Cost per decision: entries whose destination is at its window are not skipped over and
 over. The first time one reaches the head of its class while its destination has no
 room, it is *parked* with that destination (O(1)); when a delivery to the destination
-ends (or a rate-delayed destination resumes), as many parked entries as it has room
-for go back to the head of their class, oldest first. Each entry is therefore looked
-at a bounded number of times per delivery that frees its destination, and a
-decision is O(1) amortized whatever the backlog: no walk over destinations
-(oqmgr) or messages (finch).
+ends (or a rate-delayed destination resumes), as many parked entries of each class as
+it has room for go back to the head of their class, oldest first. Each entry is
+therefore looked at a bounded number of times per delivery that frees its
+destination, and a decision is O(1) amortized whatever the backlog: it never walks
+the destinations or the messages.
 
 A message's class is looked at when one of its entries reaches the head of a class
 queue: an entry filed while its message was small and found there after the message
-grew moves to its new class then (and back, as its backlog shrinks). This is lazy on
-purpose: moving every entry of a message each time its backlog crosses a limit would
-cost a walk over the message's entries.
+grew moves to its new class then, at the tail (a newcomer there); one found in a
+bigger class after its message shrank moves to the head of the smaller class (it has
+waited longest). This is lazy on purpose: moving every entry of a message each time
+its backlog crosses a limit would cost a walk over the message's entries.
 
 Knobs (pyqmgr.cf, each also as ``<transport>_<name>``; checked at start-up):
 ``sender_classes_small_limit`` (10), ``sender_classes_medium_limit`` (100, taken as

@@ -179,6 +179,31 @@ def test_sender_classes_bookkeeping_under_random_traffic(seed):
     _random_traffic(seed)
 
 
+def test_the_readme_example_policy_runs(tmp_path):
+    """The 20-line example in README.md loads and serves the oldest message first."""
+    with open(os.path.join(os.path.dirname(CONTRIB), "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("## Your own scheduling policy"):]
+    code = section[section.index("```python\n") + 10:]
+    code = code[:code.index("```")]
+    path = tmp_path / "oldest_first.py"
+    path.write_text(code)
+    s = _scheduler(f"module:{path}", destination_recipient_limit=1,
+                   initial_destination_concurrency=1)
+    assert s.policy("smtp").name == "oldest_first"
+    young, old = Message("YOUNG", 20.0), Message("OLD", 10.0)
+    s.assign(young, [Route("smtp", "a.example", "x", Recipient(0, "y@a.example"))])
+    s.assign(old, [Route("smtp", "b.example", "x", Recipient(i, f"o{i}@b.example"))
+                   for i in range(2)])
+    first, second = s.select("smtp"), s.select("smtp")
+    assert first is not None and first.message is old
+    assert second is not None and second.message is young, "b.example is at its window"
+    assert s.select("smtp") is None
+    s.done(first, 0, None, False, 1.0)
+    third = s.select("smtp", 1.0)
+    assert third is not None and third.message is old
+
+
 # -- real Postfix ----------------------------------------------------------------------
 
 
