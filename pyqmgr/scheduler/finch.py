@@ -8,10 +8,12 @@ that grows with the transport's free workers::
         else if job.message.concurrency < scale_max_concurrency * free_workers: ...
 
 Here a worker is one of the transport's delivery agent processes: free workers are
-its master.cf process limit less its deliveries in flight. With a scale of 10 one big
-envelope on an otherwise idle transport can hold about 10/11 (91%) of the agents, two
-can hold 10/21 (47%) each, and when a second big envelope arrives it takes each agent
-the first one gives back until the two are at that equilibrium.
+its master.cf process limit less its deliveries in flight and less the agent
+connections already asked for (each will take a worker; counting them free would let
+the first message past its cap whenever two agents are on their way). With a scale of
+10 one big envelope on an otherwise idle transport can hold about 10/11 (91%) of the
+agents, two can hold 10/21 (47%) each, and when a second big envelope arrives it takes
+each agent the first one gives back until the two are at that equilibrium.
 
 Knobs (pyqmgr.cf, with ``<transport>_`` forms): ``finch_max_message_concurrency``
 (default 10) and ``finch_scale_max_concurrency`` (default 10).
