@@ -118,3 +118,17 @@ def test_cli_reports_a_bad_scenario(tmp_path, capsys):
         load(str(tmp_path / "missing.toml"))
     with pytest.raises(ScenarioError, match="feedback_rounding must be one of stock"):
         parse({"scheduler": {"feedback_rounding": "2.4"}})
+
+
+def test_cli_output_into_a_closed_pipe_is_no_error():
+    """`pyqmgr simulate ... | head` is how admins skim a long delivery sequence."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
+    proc = subprocess.run(
+        f"{script} simulate scenarios/finch-big-envelopes.toml | head -1",
+        shell=True, capture_output=True, text=True, timeout=120,
+        executable="/bin/bash")
+    assert proc.stdout.startswith("finch:"), proc.stdout
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
