@@ -326,11 +326,6 @@ def test_bad_policy_settings_are_fatal_and_mail_stays_queued(postfix_instance, s
         assert param in fatal.text, fatal.text
         return
     named = f"fatal: {path}: parameter {param}: "
-    if case == "missing module" and not fatal.text.startswith(named):
-        # The start-up trust check looks at the module file before the policy loader
-        # does, and its line names the missing file but not pyqmgr.cf or the
-        # parameter. Fatal, and the mail waits; only the wording falls short.
-        pytest.xfail(f"the trust check's fatal line does not name {param}: {fatal.text}")
     assert fatal.text.startswith(named), fatal.text
 
 

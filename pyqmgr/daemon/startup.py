@@ -153,6 +153,11 @@ def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
     relative = settings.relative_module_paths()
     if relative:
         raise PyqmgrCfError(relative[0])
+    for name, path in settings.module_paths().items():
+        # A file that is not there is a setting's mistake, named as such, not a
+        # trust problem.
+        if not os.path.lexists(path):
+            raise settings.error(name, f'policy module "{path}": no such file')
     files = [settings.path] if settings.exists else []
     files += settings.module_paths().values()
     modules = dict(sys.modules)
