@@ -191,9 +191,10 @@ Resolver = Callable[[str], PolicyClass]
 def load(spec: str) -> PolicyClass:
     """The policy class ``scheduler_policy`` names: a built-in or ``module:PATH``.
 
-    A module file must define exactly one :class:`Policy` subclass of its own (or one
-    named ``Policy``... any subclass it defines itself): its name is what the logs
-    show. Errors are :class:`PolicyError` with the reason, for a fatal log line.
+    A module file must define exactly one :class:`Policy` subclass of its own
+    (imported ones, such as a built-in it extends, do not count); its ``name`` is
+    what the logs show. Errors are :class:`PolicyError` with the reason, for a fatal
+    log line.
     """
     spec = spec.strip()
     if spec in BUILTIN:
