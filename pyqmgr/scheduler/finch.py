@@ -62,10 +62,12 @@ class FinchEntry(Entry):
 class FinchJob:
     """One message's work on the transport: its todo entries and its concurrency."""
 
-    __slots__ = ("message", "todo", "concurrency", "refs", "node", "blocker_tag")
+    __slots__ = ("message", "seq", "todo", "concurrency", "refs", "node", "blocker_tag")
 
-    def __init__(self, message: Message) -> None:
+    def __init__(self, message: Message, seq: int) -> None:
         self.message = message
+        #: First-come order: when the message first reached the policy.
+        self.seq = seq
         self.todo: QList[FinchEntry] = QList()
         #: Deliveries of this message in flight on the transport.
         self.concurrency = 0
@@ -92,9 +94,12 @@ class Finch(Policy):
         self.workers = ctx.process_limit(transport.name) or 100
         #: Deliveries in flight on the transport.
         self.busy = 0
-        #: Jobs in first-come order (by when their message first reached the policy).
+        #: Jobs with todo entries, in first-come order. A job whose entries are all
+        #: in flight leaves the walk until it has a todo entry again, so that a
+        #: decision does not step over every message that is merely being delivered.
         self.jobs: QList[FinchJob] = QList()
         self.by_message: dict[Message, FinchJob] = {}
+        self._seq = 0
         #: nqmgr's trick for jobs whose destinations are all full: tag them (and those
         #: destinations) and skip them until one of the destinations takes a delivery
         #: again, when bumping the tag (it stays odd) releases them all at once.
@@ -117,13 +122,33 @@ class Finch(Policy):
     def new_entry(self, message: Message, queue: Queue) -> Entry:
         job = self.by_message.get(message)
         if job is None:
-            job = self.by_message[message] = FinchJob(message)
-            self.jobs.append(job.node)
+            self._seq += 1
+            job = self.by_message[message] = FinchJob(message, self._seq)
         entry = FinchEntry(message, queue, job)
         job.todo.append(entry.job_node)
+        self._waiting(job)
         job.refs += 1
-        job.blocker_tag = 0
         return entry_link(entry, self.transport)
+
+    def _waiting(self, job: FinchJob) -> None:
+        """The job has a todo entry (again): on the walk, in its first-come place.
+
+        A new job goes last at once; a job that gets a later recipient batch walks back
+        past the younger waiting jobs, once per batch, not per decision.
+        """
+        job.blocker_tag = 0
+        if job.node.owner is not None:
+            return
+        nxt = None
+        prev = self.jobs.tail
+        while prev is not None and prev.item.seq > job.seq:
+            nxt, prev = prev, prev.prev
+        self.jobs.link(prev, job.node, nxt)
+
+    def _drained(self, job: FinchJob) -> None:
+        """No todo entry left: off the walk until it gets one."""
+        if not job.todo and job.node.owner is not None:
+            self.jobs.unlink(job.node)
 
     def _find(self) -> FinchEntry | None:
         """The first job allowed a new worker, and its first entry with room."""
@@ -154,16 +179,18 @@ class Finch(Policy):
         entry = self._find()
         if entry is None:
             return None
-        entry.job.todo.unlink(entry.job_node)
-        entry.job.concurrency += 1
+        job = entry.job
+        job.todo.unlink(entry.job_node)
+        job.concurrency += 1
         self.busy += 1
+        self._drained(job)
         return entry_select(entry, self.ctx.clock)
 
     def unselect(self, entry: Entry) -> None:
         fe: FinchEntry = entry  # type: ignore[assignment]
         fe.job.todo.prepend(fe.job_node)
         fe.job.concurrency -= 1
-        fe.job.blocker_tag = 0
+        self._waiting(fe.job)
         self.busy -= 1
         self._unblock(entry.queue)
 
@@ -176,9 +203,9 @@ class Finch(Policy):
             self._unblock(entry.queue)
         else:
             job.todo.unlink(fe.job_node)
+            self._drained(job)
         job.refs -= 1
         if job.refs == 0:
-            self.jobs.unlink(job.node)
             del self.by_message[job.message]
 
     def resumed(self, queue: Queue) -> None:
@@ -186,4 +213,5 @@ class Finch(Policy):
 
     def describe(self) -> dict[str, object]:
         return {"policy": self.name, "workers": self.workers, "busy": self.busy,
-                "messages": [(j.message.queue_id, j.concurrency) for j in self.jobs][:20]}
+                "messages": [(j.message.queue_id, j.concurrency)
+                             for j in self.by_message.values()][:20]}
