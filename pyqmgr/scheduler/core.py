@@ -307,11 +307,11 @@ class Scheduler:
         the message's jobs were given. Never more than 5000 at once.
         """
         self._admit(message)
-        if message.more and not (self.slotless and not message.jobs):
-            return min(message.rcpt_limit - message.rcpt_count, MAX_READ)
         if self.slotless and not message.jobs:
-            # No job holds this message's slots: oqmgr's per-batch limit.
+            # No nqmgr job holds slots for this message: oqmgr's per-batch limit.
             return min(self.fudge_limit, MAX_READ)
+        if message.more:
+            return min(message.rcpt_limit - message.rcpt_count, MAX_READ)
         return min(max(self.rcpt_limit - self.rcpt_count, message.rcpt_limit), MAX_READ)
 
     @property
