@@ -283,3 +283,49 @@ def test_check_notes_a_launcher_that_runs_another_interpreter(trusted_base, post
         assert report.launcher_interpreter == python
         assert any("the launcher runs" in n for n in report.notes) is noted, report.notes
         assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("what", ["venv", "package"])
+def test_a_venv_or_package_a_stranger_can_change_stops_install_and_daemon(
+        trusted_base, stranger, postfix, what):
+    """The real venv and package, briefly handed to a stranger, and put back after.
+
+    venv: its pyvenv.cfg (read by the interpreter at every start) becomes the
+    stranger's; package: the scheduler directory becomes writable by everyone. Both
+    are what a root-started daemon must refuse to run from.
+    """
+    from pyqmgr import trust
+
+    pf = postfix(qmgr="pyqmgr", start=False, base_dir=trusted_base,
+                 main_cf={"service_throttle_time": "2s"})
+    if what == "venv":
+        root = trust.venv_root(sys.executable)
+        assert root is not None, "the tests run from the project's venv"
+        path = os.path.join(root, "pyvenv.cfg")
+        expected = f"{path}: owned by uid {stranger.pw_uid}, not root"
+    else:
+        path = os.path.join(trust.package_dir(), "scheduler")
+        expected = f"{path}: writable by others"
+    st = os.lstat(path)
+    try:
+        if what == "venv":
+            os.chown(path, stranger.pw_uid, stranger.pw_gid)
+        else:
+            os.chmod(path, 0o777)
+        proc = run("check", "--config-dir", pf.config_dir)
+        assert proc.returncode == 1 and expected in proc.stdout, proc.stdout
+        proc = run("install", "--config-dir", pf.config_dir)
+        assert proc.returncode == 1 and expected in proc.stderr, proc.stderr
+
+        pf.start()
+        (qid,) = pf.smtp_send([("s@test.example", [pf.local_address])])
+        fatal = qmgr_fatal(pf, f"pyqmgr refusing to run from a changeable {what}")
+        assert fatal.text.startswith(f"fatal: {expected}"), fatal.text
+        assert pf.queue_path("incoming", qid) is not None, pf.queue_counts()
+        assert not os.path.exists(pf.mailbox())
+    finally:
+        os.chown(path, st.st_uid, st.st_gid)
+        os.chmod(path, st.st_mode & 0o7777)
+    # Put back, the next retry of master(8) delivers the waiting message.
+    pf.maillog.wait_for(lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
+                        timeout=30, what="the queued message delivered once trusted")
