@@ -51,3 +51,28 @@ def test_stock_oqmgr_runs_in_the_testbed(postfix_instance, sink):
     assert any("postfix-oqmgr/qmgr" in c for c in commands), commands
     assert any(ln.program_name == "qmgr" and ln.text.endswith("(queue active)")
                for ln in pf.maillog.lines()), "oqmgr logs as postfix/qmgr, like stock"
+
+
+def test_policies_chosen_per_transport_run_side_by_side(postfix_instance, sink):
+    """``relay_scheduler_policy = zmailer`` beside the default nqmgr, in one qmgr.
+
+    Each destination has a sink of its own and ten messages; the zmailer transport
+    never has two sessions at its destination, while nqmgr's window (initial
+    concurrency 5) lets the smtp destination have several.
+    """
+    slow, fast = sink(latency=0.3), sink(latency=0.3)
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", pyqmgr_cf={"scheduler_policy": "nqmgr",
+                                  "relay_scheduler_policy": "zmailer"},
+        transports={"z.example": f"relay:[127.0.0.1]:{slow.port}",
+                    "n.example": f"smtp:[127.0.0.1]:{fast.port}"},
+        main_cf={"smtp_connection_cache_on_demand": "no",
+                 "relay_connection_cache_on_demand": "no"})
+    msgs = [("s@test.example", [f"r{i}@z.example"]) for i in range(10)]
+    msgs += [("s@test.example", [f"r{i}@n.example"]) for i in range(10)]
+    pf.smtp_send(msgs)
+    pf.wait_until(lambda: slow.delivered_count() + fast.delivered_count() >= 20, 60,
+                  "20 deliveries at the two sinks")
+    pf.wait_queue_empty(30)
+    assert slow.snapshot().max_concurrent == 1, "zmailer: one agent per destination"
+    assert fast.snapshot().max_concurrent >= 3, "nqmgr: the window admits several"

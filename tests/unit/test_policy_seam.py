@@ -203,3 +203,32 @@ def test_simulate_takes_a_policy_on_the_command_line(capsys):
     assert main(["simulate", "--quiet", "--policy", "nosuch", "scenarios/preemption.toml"]) == 1
     err = capsys.readouterr().err
     assert 'unknown scheduler policy "nosuch"' in err
+
+
+def test_mixed_policies_in_one_message_keep_every_count():
+    """One message, recipients on an nqmgr, an oqmgr and a zmailer transport at once.
+
+    nqmgr's job slots and the slotless policies' reading must share the message's
+    counts: everything is selected once, and at the end nothing is left in core.
+    """
+    table = PolicyTable(Nqmgr, {"bulk": Oqmgr, "relay": Zmailer})
+    s = Scheduler(lambda name: Params(destination_recipient_limit=2), policies=table,
+                  rcpt_limit=1000)
+    m = Message("Q1", 0.0)
+    rs = [Route(t, f"{t}{i % 3}", f"{t}{i % 3}", Recipient(n, f"r{n}@{t}{i % 3}"))
+          for n, (t, i) in enumerate((t, i) for t in ("bulk", "relay", "smtp")
+                                     for i in range(12))]
+    rs.sort(key=lambda r: (r.transport, r.queue_name))
+    s.assign(m, rs, now=0.0)
+    assert set(m.jobs) == {"smtp"}, "only nqmgr keeps jobs"
+    delivered = []
+    for _ in range(100):
+        busy = [e for t in ("bulk", "relay", "smtp") if (e := s.select(t, 1.0)) is not None]
+        if not busy:
+            break
+        for e in busy:
+            delivered += [r.address for r in e.recipients]
+            s.done(e, 0, None, False, 1.0)
+    assert sorted(delivered) == sorted(r.recipient.address for r in rs)
+    assert m.refcount == 0 and m.rcpt_count == 0 and s.rcpt_count == 0
+    assert s.finished == [m] and not m.jobs
