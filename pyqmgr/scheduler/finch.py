@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.entry import Entry, entry_link, entry_select
-from pyqmgr.scheduler.policy import Context, Policy
+from pyqmgr.scheduler.policy import Context, Policy, Reason, reason
 from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
@@ -210,6 +210,17 @@ class Finch(Policy):
 
     def resumed(self, queue: Queue) -> None:
         self._unblock(queue)
+
+    def explain(self, queue: Queue | None, message: Message | None) -> list[Reason]:
+        job = self.by_message.get(message) if message is not None else None
+        if job is None or not job.todo or self.allowed_new_worker(job):
+            return []
+        return [reason(
+            "message concurrency", f"{self.tname}_finch_scale_max_concurrency",
+            f"{job.message.queue_id} has {job.concurrency} deliveries in flight; finch "
+            f"allows another while it has fewer than {self.max_concurrency} "
+            f"(finch_max_message_concurrency) or fewer than {self.scale:g} x "
+            f"{self.free_workers()} free workers", concurrency=job.concurrency)]
 
     def describe(self) -> dict[str, object]:
         return {"policy": self.name, "workers": self.workers, "busy": self.busy,

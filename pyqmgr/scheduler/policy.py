@@ -168,6 +168,25 @@ class Policy:
         """The policy's own state for status reports (plain, JSON-able values)."""
         return {"policy": self.name}
 
+    def explain(self, queue: Queue | None, message: Message | None) -> list[Reason]:
+        """Why this policy is not delivering ``message`` or to ``queue`` right now.
+
+        Only the policy's own reasons (nqmgr: a blocker job, a preempted job); the
+        shared ones (window, dead site, process limit, rate delay) are found by
+        :mod:`.explain`. Each reason names the constraint and the setting behind it.
+        """
+        return []
+
+
+#: One reason something is not being delivered: the constraint, the setting that
+#: produced it (a main.cf/pyqmgr.cf/master.cf name, or "" for none), and a sentence.
+Reason = dict[str, object]
+
+
+def reason(constraint: str, setting: str, text: str, **extra: object) -> Reason:
+    """A :data:`Reason` (keeps every producer's keys the same)."""
+    return {"constraint": constraint, "setting": setting, "text": text, **extra}
+
 
 #: The built-in policies: name -> "module:class", imported when first asked for.
 BUILTIN = {

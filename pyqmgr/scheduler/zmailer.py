@@ -31,7 +31,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.entry import Entry, entry_link, entry_select
-from pyqmgr.scheduler.policy import Context, Policy
+from pyqmgr.scheduler.policy import Context, Policy, Reason, reason
 from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
@@ -158,6 +158,20 @@ class Zmailer(Policy):
                 self.continuing.append(thread.node)
             else:
                 self.waiting.append(thread.node)
+
+    def explain(self, queue: Queue | None, message: Message | None) -> list[Reason]:
+        thread = self.threads.get(queue) if queue is not None else None
+        if thread is None or thread.node.owner is not self.waiting:
+            return []
+        ahead = 0
+        for other in self.waiting:
+            if other is thread:
+                break
+            ahead += 1
+        return [reason(
+            "thread waiting", f"master.cf {self.tname} maxproc",
+            f"the thread for {queue.nexthop if queue else '?'} waits for a free agent "
+            f"behind {ahead} older threads", ahead=ahead)]
 
     def queue_done(self, queue: Queue) -> None:
         thread = self.threads.pop(queue, None)

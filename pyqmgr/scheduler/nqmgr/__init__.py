@@ -23,7 +23,7 @@ from pyqmgr.scheduler.nqmgr.job import (
     move_limits,
 )
 from pyqmgr.scheduler.nqmgr.peer import Peer, peer_free, peer_obtain
-from pyqmgr.scheduler.policy import Context, Policy
+from pyqmgr.scheduler.policy import Context, Policy, Reason, reason
 from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
@@ -168,4 +168,36 @@ class Nqmgr(Policy):
         blocker_update(self, queue)
 
     def describe(self) -> dict[str, object]:
-        return {"policy": self.name, "jobs": len(self.job_list)}
+        current = self.job_current
+        return {"policy": self.name, "jobs": len(self.job_list),
+                "current_job": current.message.queue_id if current is not None else None}
+
+    def explain(self, queue: Queue | None, message: Message | None) -> list[Reason]:
+        """Blocker jobs and preemption: nqmgr's own reasons for waiting."""
+        t = self.tname
+        out: list[Reason] = []
+        if message is None:
+            if queue is not None and queue.blocker_tag == self.blocker_tag:
+                out.append(reason(
+                    "blocker job", f"{t}_destination_concurrency_limit",
+                    f"jobs with mail for {queue.nexthop} are blockers: every destination "
+                    "they have mail for is at its window, so they are skipped until one "
+                    "takes a delivery again"))
+            return out
+        job = message.jobs.get(t)
+        if job is None:
+            return out
+        if job.blocker_tag == self.blocker_tag:
+            out.append(reason(
+                "blocker job", f"{t}_destination_concurrency_limit",
+                f"the job of {message.queue_id} on {t} is a blocker: every destination "
+                "it has mail for is at its window"))
+        if job.children and self.job_current is not job:
+            child = job.children.first()
+            assert child is not None
+            out.append(reason(
+                "preempted", f"{t}_delivery_slot_cost",
+                f"the job of {message.queue_id} on {t} is preempted by the job of "
+                f"{child.message.queue_id}, which needs fewer delivery slots; it resumes "
+                "when that one is done", preempted_by=child.message.queue_id))
+        return out

@@ -1,0 +1,243 @@
+"""What the scheduler is doing and why: status snapshots and "why is this not going out".
+
+Postfix shows its scheduler's state only through debug log lines; admins ask "why is
+mail to X slow?". These functions answer from the core's own structures, as plain
+JSON-able values, for the control channel and its commands (``pyqmgr status``,
+``pyqmgr explain``). Each reason names the constraint and the setting that produced it
+(:func:`~pyqmgr.scheduler.policy.reason`), so that an admin can tell whether a plateau
+comes from shaping configuration or from the remote side.
+
+Nothing here changes the scheduler, does I/O or reads the clock: ``now`` is the
+scheduler clock the caller passes (the daemon's ``time.monotonic()``), and times in
+the answers are seconds from then. A snapshot walks every in-core queue and entry, so
+it costs in proportion to the active queue; it is built in one go when asked, never on
+the delivery path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.policy import Reason, reason
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.core import Scheduler
+    from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.scheduler.message import Message
+    from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.transport import Transport
+
+
+def _in(when: float | None, now: float) -> float | None:
+    return None if when is None else round(when - now, 3)
+
+
+def _busy(t: Transport) -> int:
+    return sum(q.busy_count for q in t.queues.values())
+
+
+def transport_status(sched: Scheduler, t: Transport, now: float) -> dict[str, object]:
+    todo = [e for q in t.queues.values() for e in q.todo]
+    return {
+        "name": t.name,
+        "policy": t.policy.name,
+        "agents_busy": _busy(t),
+        "agents_pending": t.pending,
+        "process_limit": sched.process_limit(t.name),
+        "destinations": len(t.queues),
+        "queued_entries": len(todo),
+        "queued_recipients": sum(len(e.recipients) for e in todo),
+        "dead": t.throttled,
+        "reason": t.dsn.reason if t.dsn is not None else None,
+        "retry_in": _in(t.revive_at, now),
+        "rate_lock": t.rate_lock,
+        "policy_state": t.policy.describe(),
+    }
+
+
+def destination_status(queue: Queue, now: float) -> dict[str, object]:
+    t = queue.transport
+    return {
+        "transport": t.name,
+        "name": queue.name,
+        "nexthop": queue.nexthop,
+        "window": max(queue.window, 0),
+        "limit": t.cfg.destination_concurrency_limit,
+        "in_flight": queue.busy_count,
+        "queued_entries": len(queue.todo),
+        "queued_recipients": sum(len(e.recipients) for e in queue.todo),
+        "success": round(queue.success, 3),
+        "failure": round(queue.failure, 3),
+        "fail_cohorts": round(queue.fail_cohorts, 3),
+        "dead": queue.throttled,
+        "reason": queue.dsn.reason if queue.dsn is not None else None,
+        "retry_in": _in(queue.revive_at, now),
+        "rate_delayed_for": _in(queue.resume_at, now) if queue.suspended else None,
+    }
+
+
+def status(sched: Scheduler, now: float) -> dict[str, object]:
+    """Every transport and every in-core destination, as ``pyqmgr status`` shows them."""
+    transports = sorted(sched.transports.values(), key=lambda t: t.name)
+    return {
+        "messages": sched.message_count,
+        "recipients": sched.rcpt_count,
+        "transports": [transport_status(sched, t, now) for t in transports],
+        "destinations": [destination_status(q, now) for t in transports
+                         for q in sorted(t.queues.values(), key=lambda q: q.name)],
+    }
+
+
+# -- explain -------------------------------------------------------------------------
+
+
+def _transport_reasons(sched: Scheduler, t: Transport, now: float) -> list[Reason]:
+    out: list[Reason] = []
+    if t.throttled:
+        until = _in(t.revive_at, now)
+        out.append(reason(
+            "transport unavailable", "transport_retry_time",
+            f"transport {t.name} is dead ({t.dsn.reason if t.dsn else 'unknown'}); "
+            f"tried again in {until} s", retry_in=until))
+    limit = sched.process_limit(t.name)
+    busy = _busy(t)
+    if limit and busy + t.pending >= limit:
+        out.append(reason(
+            "process limit", f"master.cf {t.name} maxproc",
+            f"transport {t.name} has {busy} deliveries and {t.pending} agents pending "
+            f"of its process limit {limit}", busy=busy, limit=limit))
+    if t.rate_lock:
+        out.append(reason(
+            "transport rate delay", f"{t.name}_transport_rate_delay",
+            f"transport {t.name} waits {t.cfg.transport_rate_delay} s between "
+            "deliveries"))
+    return out
+
+
+def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
+    t = queue.transport
+    out: list[Reason] = []
+    if queue.throttled:
+        since = (queue.revive_at - sched.min_backoff_time
+                 if queue.revive_at is not None else None)
+        out.append(reason(
+            "dead destination", "minimal_backoff_time",
+            f"{queue.nexthop} is dead since {_in(since, now)} s after "
+            f"{queue.fail_cohorts:g} failed cohorts (limit "
+            f"{t.cfg.failed_cohort_limit}: {t.name}_destination_concurrency_failed_"
+            f"cohort_limit): {queue.dsn.reason if queue.dsn else 'unknown'}; retried in "
+            f"{_in(queue.revive_at, now)} s", since=_in(since, now),
+            retry_in=_in(queue.revive_at, now), fail_cohorts=queue.fail_cohorts))
+        return out
+    if queue.suspended:
+        out.append(reason(
+            "rate delay", f"{t.name}_destination_rate_delay",
+            f"{queue.nexthop} waits {t.cfg.destination_rate_delay} s between deliveries; "
+            f"next in {_in(queue.resume_at, now)} s", resume_in=_in(queue.resume_at, now)))
+        return out
+    room = t.room(queue)
+    if room <= 0:
+        limit = t.cfg.destination_concurrency_limit
+        cap = t.dest_cap
+        if cap and queue.busy_count >= cap and (queue.window > cap or not limit):
+            out.append(reason(
+                "policy destination cap", f"{t.name}_scheduler_policy",
+                f"the {t.policy.name} policy allows {cap} delivery at a time to "
+                f"{queue.nexthop}", cap=cap))
+        elif limit and queue.window >= limit:
+            out.append(reason(
+                "window full", f"{t.name}_destination_concurrency_limit",
+                f"{queue.nexthop} has {queue.busy_count} deliveries in flight, its "
+                f"window is at the limit {limit}", window=queue.window, limit=limit))
+        else:
+            out.append(reason(
+                "window full", f"{t.name}_destination_concurrency_positive_feedback",
+                f"{queue.nexthop} has {queue.busy_count} deliveries in flight, its "
+                f"window is {queue.window} (below the limit "
+                f"{limit or 'none'}; it grows with successful deliveries)",
+                window=queue.window, limit=limit))
+    return out
+
+
+def _find_queues(sched: Scheduler, target: str) -> list[Queue]:
+    key = target.lower()
+    return [q for t in sched.transports.values() for q in t.queues.values()
+            if q.name.lower() == key or q.nexthop.lower() == key]
+
+
+def _find_message(sched: Scheduler, queue_id: str) -> tuple[Message | None, list[Entry]]:
+    """The message and its entries waiting in core (a walk over every todo list)."""
+    message = None
+    entries = []
+    for t in sched.transports.values():
+        for q in t.queues.values():
+            for e in q.todo:
+                if e.message.queue_id == queue_id:
+                    message = e.message
+                    entries.append(e)
+    return message, entries
+
+
+def explain(sched: Scheduler, target: str, now: float,
+            busy: list[Entry] | None = None) -> dict[str, object]:
+    """Why ``target`` (a destination or a queue id) is not being delivered right now.
+
+    ``busy`` is the daemon's list of entries out with agents (the core keeps no list
+    of them), so that a message being delivered says so.
+    """
+    queues = _find_queues(sched, target)
+    if queues:
+        reasons: list[Reason] = []
+        for queue in queues:
+            t = queue.transport
+            reasons += _transport_reasons(sched, t, now)
+            reasons += _queue_reasons(sched, queue, now)
+            if not t.broken:
+                reasons += t.policy.explain(queue, None)
+            if not queue.todo and not queue.throttled:
+                reasons.append(reason(
+                    "nothing waiting", "",
+                    f"no mail for {queue.nexthop} waits in the active queue "
+                    f"({queue.busy_count} in flight); deferred mail waits for its "
+                    "retry time (postqueue -p shows it)"))
+        if not reasons:
+            reasons.append(reason("none", "", "deliverable now: the next free agent "
+                                              "of its transport takes it"))
+        return {"target": target, "kind": "destination",
+                "destinations": [destination_status(q, now) for q in queues],
+                "reasons": reasons}
+    message, entries = _find_message(sched, target)
+    in_flight = [e for e in (busy or []) if e.message.queue_id == target]
+    if message is None and in_flight:
+        message = in_flight[0].message
+    if message is None:
+        return {"target": target, "kind": "unknown", "reasons": [reason(
+            "not in the active queue", "",
+            f"{target} is neither an in-core destination nor a message in the active "
+            "queue (postqueue -p lists the others; deferred mail waits for "
+            "queue_run_delay and its backoff)")]}
+    reasons = []
+    if in_flight:
+        reasons.append(reason("in flight", "",
+                              f"{len(in_flight)} deliveries of {target} are under way"))
+    seen: set[int] = set()
+    for e in entries:
+        queue = e.queue
+        if id(queue) in seen:
+            continue
+        seen.add(id(queue))
+        t = queue.transport
+        for r in _transport_reasons(sched, t, now) + _queue_reasons(sched, queue, now):
+            reasons.append({**r, "destination": queue.nexthop})
+        if not t.broken:
+            reasons += t.policy.explain(queue, message)
+    if message.more and message.rcpt_limit <= message.rcpt_count and message.jobs:
+        reasons.append(reason(
+            "recipient slots used up", "qmgr_message_recipient_limit",
+            f"{target} has {message.rcpt_unread} recipients still in its file; more are "
+            f"read as its {message.rcpt_count} in-core recipients finish"))
+    if not reasons and entries:
+        reasons.append(reason("none", "", "deliverable now: the next free agent of its "
+                                          "transport takes it"))
+    return {"target": target, "kind": "message", "queued_entries": len(entries),
+            "in_flight": len(in_flight), "reasons": reasons}
