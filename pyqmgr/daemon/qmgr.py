@@ -465,6 +465,10 @@ class Qmgr:
                                f"status from transport: {entry.transport}")
             os._exit(1)
 
+    def in_flight(self) -> list[Entry]:
+        """Entries out with delivery agents now (the core keeps no list of them)."""
+        return [call.entry for call in self.calls if isinstance(call.entry, Entry)]
+
     def _process_decisions(self) -> None:
         sched = self.scheduler
         if sched.timers:
