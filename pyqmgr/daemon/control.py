@@ -1,0 +1,384 @@
+"""The control channel's server in the running daemon: ``$queue_directory/pyqmgr/control``.
+
+Why it looks the way it does:
+
+* **Where**: a UNIX-domain socket in the queue directory, because that is the one
+  directory the daemon still sees after a chroot into it, and after the privilege drop
+  to mail_owner. The directory ``pyqmgr`` is made at start-up while still root (owned
+  by mail_owner, mode 0755, so only the daemon can put names in it); the daemon binds
+  ``pyqmgr/control`` relative to the queue directory it has already changed into, so
+  the same path works chrooted or not. The socket is mode 0666: who may do what is
+  decided per request from the peer's credentials, as postqueue(1) decides it.
+* **Who**: the peer's uid and pid come from the kernel (``SO_PEERCRED``), never from
+  the request. Reading commands are for the users ``authorized_mailq_users`` allows
+  (:mod:`pyqmgr.postfix.user_acl`); control commands only for root and mail_owner.
+* **Never stalling deliveries**: requests are parsed with :mod:`pyqmgr.control.protocol`
+  in ``data_received`` callbacks, at most 64 KiB are buffered per client, at most
+  :data:`MAX_CLIENTS` clients are served at once, a client has :data:`REQUEST_TIMEOUT`
+  seconds to finish its request (and as long again to take its reply), and a reply is
+  built synchronously from the scheduler's state in one event-loop turn, with no await
+  in between, so the scheduler never waits on a client and no half-changed state is
+  ever shown.
+* **Optional for mail**: failing to make the directory or the socket is a warning, not
+  a fatal error; mail flows without the channel.
+
+Every refusal and every malformed request is logged as one warning line naming the
+peer's uid and pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import socket
+import stat
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyqmgr.control.protocol import (
+    CONTROL,
+    MAX_REQUEST,
+    ProtocolError,
+    Request,
+    RequestParser,
+    error_reply,
+    ok_reply,
+)
+from pyqmgr.postfix.config import ConfigError, QmgrConfig
+from pyqmgr.postfix.maillog_client import MailLog
+from pyqmgr.postfix.user_acl import UserAcl, UserAclError, configured_acl, login_name
+from pyqmgr.scheduler import explain as scheduler_explain
+
+if TYPE_CHECKING:
+    from pyqmgr.daemon.qmgr import Qmgr
+
+#: The socket's directory and path, relative to queue_directory (the daemon's cwd).
+SOCKET_DIR = "pyqmgr"
+SOCKET_PATH = os.path.join(SOCKET_DIR, "control")
+
+#: Clients served at once; more are answered "busy" and closed at once.
+MAX_CLIENTS = 16
+
+#: Seconds a client has to send its whole request (and then to read the reply).
+REQUEST_TIMEOUT = 5.0
+
+_UCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is on the other end, as the kernel says (struct ucred)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    def __str__(self) -> str:
+        return f"uid={self.uid} pid={self.pid}"
+
+
+#: What answers a request the access check let through: result members, or raises
+#: NotImplementedError (answered "not_implemented") or anything else ("internal").
+Handler = Callable[[dict[str, object], Peer], dict[str, object]]
+
+
+def peer_credentials(sock: socket.socket) -> Peer:
+    """SO_PEERCRED of a connected UNIX-domain socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return Peer(pid, uid, gid)
+
+
+@dataclass
+class Access:
+    """Who may send which kind of command, settled before the chroot.
+
+    ``acl`` is None when authorized_mailq_users cannot be evaluated (a lookup table):
+    then only root and mail_owner may read, and the refusal says why. ``names`` maps
+    the uids of the login names the ACL mentions, looked up before the chroot, where
+    the password file may no longer be readable.
+    """
+
+    acl: UserAcl | None
+    mail_owner_uid: int | None
+    names: dict[int, str] = field(default_factory=dict)
+    acl_error: str | None = None
+
+    def refusal(self, request: Request, peer: Peer) -> str | None:
+        """None if ``peer`` may send ``request``, else the text of the refusal."""
+        privileged = peer.uid == 0 or peer.uid == self.mail_owner_uid
+        if request.kind == CONTROL:
+            if privileged:
+                return None
+            return (f"permission denied: {request.command} is a control command, for "
+                    "root and mail_owner only")
+        if privileged:
+            return None
+        if self.acl is None:
+            return (f"permission denied: uid {peer.uid} may not read the scheduler's "
+                    f"state: {self.acl_error}")
+        if self.acl.allows_uid(peer.uid, mail_owner_uid=self.mail_owner_uid,
+                               name_of=self._name_of):
+            return None
+        name = self._name_of(peer.uid) or "unknown"
+        return (f"permission denied: user {name}({peer.uid}) is not allowed to read the "
+                f"scheduler's state ({self.acl.param})")
+
+    def _name_of(self, uid: int) -> str | None:
+        if uid in self.names:
+            return self.names[uid]
+        return login_name(uid)
+
+
+def access_from_config(cfg: QmgrConfig, log: MailLog) -> Access:
+    """Read authorized_mailq_users and resolve names while the password file is there."""
+    mail_owner_uid = None
+    with contextlib.suppress(KeyError):
+        mail_owner_uid = pwd.getpwnam(cfg.mail_owner).pw_uid
+    try:
+        acl = configured_acl(cfg.lookup, cfg.get)
+    except (UserAclError, ConfigError) as exc:
+        log.warning(f"control socket: {exc}")
+        return Access(None, mail_owner_uid, acl_error=str(exc))
+    for text in acl.warnings:
+        log.warning(text)
+    names: dict[int, str] = {}
+    for name in acl.names():
+        with contextlib.suppress(KeyError):
+            pw = pwd.getpwnam(name)
+            names[pw.pw_uid] = pw.pw_name
+    return Access(acl, mail_owner_uid, names)
+
+
+def prepare_directory(cfg: QmgrConfig, log: MailLog) -> bool:
+    """Make ``pyqmgr/`` in the queue directory (the cwd), owned by mail_owner, 0755.
+
+    Runs as root before the privilege drop, so that mail_owner can later bind the
+    socket in it. A name that is there but is not a directory (a symlink, a file) is
+    left alone with a warning: root must not chown what someone else pointed it at.
+    Returns whether the directory is usable.
+    """
+    try:
+        owner = pwd.getpwnam(cfg.mail_owner)
+    except KeyError:
+        log.warning(f"control socket: unknown mail_owner {cfg.mail_owner}; "
+                    "pyqmgr status and explain are unavailable")
+        return False
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(SOCKET_DIR, 0o755)
+        st = os.lstat(SOCKET_DIR)
+        if not stat.S_ISDIR(st.st_mode):
+            log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR} is not a "
+                        "directory; pyqmgr status and explain are unavailable")
+            return False
+        if os.geteuid() == 0:
+            if (st.st_uid, st.st_gid) != (owner.pw_uid, owner.pw_gid):
+                os.chown(SOCKET_DIR, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
+            if stat.S_IMODE(st.st_mode) != 0o755:
+                os.chmod(SOCKET_DIR, 0o755)
+    except OSError as exc:
+        log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR}: {exc.strerror}; "
+                    "pyqmgr status and explain are unavailable")
+        return False
+    return True
+
+
+class ControlServer:
+    """Accepts clients on a listening socket and answers one request each."""
+
+    def __init__(self, handler: Handler, access: Access, log: MailLog, *,
+                 max_clients: int = MAX_CLIENTS, timeout: float = REQUEST_TIMEOUT,
+                 limit: int = MAX_REQUEST) -> None:
+        self.handler = handler
+        self.access = access
+        self.log = log
+        self.max_clients = max_clients
+        self.timeout = timeout
+        self.limit = limit
+        self.clients = 0
+        self.path: str | None = None
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, path: str = SOCKET_PATH) -> None:
+        """Bind ``path`` (a stale socket there is removed), mode 0666, and serve."""
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            os.chmod(path, 0o666)
+            sock.listen(self.max_clients)
+            sock.setblocking(False)
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_unix_server(
+                lambda: _Connection(self), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        self.path = path
+
+    def close(self) -> None:
+        """Stop listening and remove the socket (clients in progress are dropped)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            self.path = None
+
+    def warn(self, peer: Peer | None, text: str) -> None:
+        who = str(peer) if peer is not None else "unknown peer"
+        self.log.warning(f"control request from {who}: {text}")
+
+    def answer(self, request: Request, peer: Peer) -> bytes:
+        """The reply to a parsed request: refused, or the handler's result.
+
+        Synchronous on purpose: the reply is the scheduler's state of this instant.
+        """
+        refusal = self.access.refusal(request, peer)
+        if refusal is not None:
+            self.warn(peer, f"{request.command}: {refusal}")
+            return error_reply(refusal, "denied")
+        try:
+            return ok_reply(self.handler(request.as_dict(), peer))
+        except NotImplementedError as exc:
+            text = str(exc) or f"{request.command} is not yet implemented"
+            return error_reply(text, "not_implemented")
+        except Exception as exc:  # a bug must not take the daemon down
+            self.warn(peer, f"{request.command}: internal error: {type(exc).__name__}: {exc}")
+            return error_reply(f"internal error: {type(exc).__name__}", "internal")
+
+
+class _Connection(asyncio.Protocol):
+    """One client: one request, one reply, then closed; bounded in bytes and time."""
+
+    def __init__(self, server: ControlServer) -> None:
+        self.server = server
+        self.parser = RequestParser(server.limit)
+        self.transport: asyncio.Transport | None = None
+        self.peer: Peer | None = None
+        self.answered = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.counted = False
+        self.discarded = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            self.peer = peer_credentials(sock)
+        server = self.server
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(server.timeout, self._timed_out)
+        if server.clients >= server.max_clients:
+            text = f"too many clients ({server.max_clients}); try again later"
+            server.warn(self.peer, text)
+            self._reply(error_reply(text, "busy"))
+            return
+        server.clients += 1
+        self.counted = True
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered:
+            # Read and drop what follows the request (closing with unread data would
+            # reset the connection before the client reads its reply), but only so much.
+            self.discarded += len(data)
+            if self.discarded > self.server.limit:
+                self._abort()
+            return
+        try:
+            request = self.parser.feed(data)
+        except ProtocolError as exc:
+            self._refuse(exc)
+            return
+        if request is None:
+            return
+        if self.peer is None:
+            self._reply(error_reply("no peer credentials on the socket", "denied"))
+            self.server.warn(None, "no peer credentials on the socket")
+            return
+        self._reply(self.server.answer(request, self.peer))
+
+    def eof_received(self) -> bool:
+        if not self.answered:
+            try:
+                self.parser.eof()
+            except ProtocolError as exc:
+                self._refuse(exc)
+        # The client is done: the transport closes once the reply has been written.
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.counted:
+            self.server.clients -= 1
+            self.counted = False
+
+    def _refuse(self, exc: ProtocolError) -> None:
+        self.server.warn(self.peer, f"malformed request: {exc}")
+        self._reply(error_reply(str(exc), exc.code))
+
+    def _reply(self, data: bytes) -> None:
+        self.answered = True
+        assert self.transport is not None
+        self.transport.write(data)
+        # Half-close: the client reads the reply up to our end of file and closes, and
+        # its close (eof_received) closes ours. A client that never reads the reply
+        # or never closes is cut off by the timer, armed until the connection is gone.
+        self.transport.write_eof()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = asyncio.get_running_loop().call_later(
+                self.server.timeout, self._abort)
+
+    def _timed_out(self) -> None:
+        if self.answered:
+            self._abort()
+            return
+        what = ("request not finished" if self.parser.pending else "no request")
+        text = f"{what} within {self.server.timeout:g} s"
+        self.server.warn(self.peer, text)
+        self._reply(error_reply(text, "timeout"))
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def scheduler_handler(qmgr: Qmgr) -> Handler:
+    """The daemon's handler: status and explain from ``qmgr.scheduler``, now."""
+
+    def handle(request: dict[str, object], peer: Peer) -> dict[str, object]:
+        command = request["command"]
+        now = time.monotonic()
+        if command == "status":
+            return scheduler_explain.status(qmgr.scheduler, now)
+        if command == "explain":
+            return scheduler_explain.explain(qmgr.scheduler, str(request["target"]), now,
+                                             busy=qmgr.in_flight())
+        raise NotImplementedError(f"{command} is not yet implemented")
+
+    return handle
+
+
+async def start(qmgr: Qmgr, access: Access, log: MailLog) -> ControlServer | None:
+    """Serve the channel for ``qmgr``; on failure log a warning and return None."""
+    server = ControlServer(scheduler_handler(qmgr), access, log)
+    try:
+        await server.start(SOCKET_PATH)
+    except OSError as exc:
+        log.warning(f"control socket {SOCKET_PATH}: {exc.strerror or exc}; "
+                    "pyqmgr status and explain are unavailable")
+        return None
+    return server
