@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
+from pyqmgr.daemon import control
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
@@ -123,6 +124,10 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     generation = generation_from_env(os.environ)
 
     os.chdir(cfg.queue_directory)
+    # The control channel's directory is made as root (its owner is mail_owner), and
+    # its ACL's login names are looked up while the password file is still in reach.
+    access = control.access_from_config(cfg, log)
+    control_dir = control.prepare_directory(cfg, log)
     _drop_privileges(cfg, chroot=opts.chroot, unprivileged=opts.unprivileged)
 
     status = MasterStatus(STATUS_FD, os.getpid(), generation) if _fd_open(STATUS_FD) else None
@@ -132,7 +137,8 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # the scheduler's structures are acyclic apart from long-lived back references.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
-    return asyncio.run(_serve(cfg, log, status, flow, daemon, pyqmgr_cf, policies))
+    return asyncio.run(_serve(cfg, log, status, flow, daemon, pyqmgr_cf, policies,
+                              access if control_dir else None))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
@@ -204,7 +210,8 @@ def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> No
 
 async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
                  flow: FlowControl | None, daemon: QueueManagerFactory,
-                 pyqmgr_cf: PyqmgrCf, policies: PolicySetup) -> int:
+                 pyqmgr_cf: PyqmgrCf, policies: PolicySetup,
+                 access: control.Access | None = None) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -234,6 +241,10 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
         server.start()
     qmgr.start()
+    channel = None
+    if access is not None and isinstance(qmgr, Qmgr):
+        # After start(): a failure here is a warning and mail flows regardless.
+        channel = await control.start(qmgr, access, log)
     code = await stopped
     if profiler is not None and profile_path:
         profiler.disable()
@@ -241,6 +252,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
             profiler.dump_stats(f"{profile_path}.{os.getpid()}")
     if server is not None:
         server.close()
+    if channel is not None:
+        channel.close()
     with contextlib.suppress(Exception):
         qmgr.close()
     os._exit(code)
