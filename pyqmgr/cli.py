@@ -1,4 +1,4 @@
-"""The ``pyqmgr`` command: demo, check, install, uninstall, simulate.
+"""The ``pyqmgr`` command: demo, check, install, uninstall, simulate, status, explain.
 
 The daemon itself is not started from here: master(8) runs the launcher that
 ``pyqmgr install`` writes, which calls :func:`pyqmgr.daemon.main` directly.
@@ -117,6 +117,74 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Exit statuses of status and explain, sysexits(3) as postqueue(1) uses them.
+EX_UNAVAILABLE = 69
+EX_PROTOCOL = 76
+EX_TEMPFAIL = 75
+EX_NOPERM = 77
+
+_CLIENT_EXIT = {"unavailable": EX_UNAVAILABLE, "timeout": EX_TEMPFAIL,
+                "protocol": EX_PROTOCOL}
+
+
+def _ask(args: argparse.Namespace, command: str, **request_args: object) -> (
+        dict[str, object] | int):
+    """One request to the instance's daemon: its successful reply, or an exit status.
+
+    Failures are printed here, as ``pyqmgr COMMAND: text`` on stderr (and, with
+    --json, also the daemon's failed reply on stdout, for scripts).
+    """
+    from pyqmgr.control.client import ClientError, request, socket_path
+
+    try:
+        reply = request(socket_path(args.config_dir), command, request_args)
+    except ClientError as exc:
+        print(f"pyqmgr {command}: {exc}", file=sys.stderr)
+        return _CLIENT_EXIT[exc.kind]
+    if not reply["ok"]:
+        if args.json:
+            print(json.dumps(reply, indent=2))
+        print(f"pyqmgr {command}: {reply['error']}", file=sys.stderr)
+        return EX_NOPERM if reply.get("code") == "denied" else 1
+    return reply
+
+
+def _status(args: argparse.Namespace) -> int:
+    from pyqmgr.control.render import status_lines
+
+    reply = _ask(args, "status")
+    if isinstance(reply, int):
+        return reply
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    else:
+        print("\n".join(status_lines(reply, args.sort)))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from pyqmgr.control.render import explain_lines
+
+    reply = _ask(args, "explain", target=args.target)
+    if isinstance(reply, int):
+        return reply
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    else:
+        print("\n".join(explain_lines(reply)))
+    return 0
+
+
+_CONTROL_EPILOG = (
+    "The daemon answers on $queue_directory/pyqmgr/control; queue_directory comes\n"
+    "from 'postconf -c CONFIG_DIR -h queue_directory'. Anyone allowed by main.cf's\n"
+    "authorized_mailq_users (default static:anyone, as for 'postqueue -p') may read;\n"
+    "root and mail_owner always may.\n\n"
+    "exit status: 0 answered, 1 the daemon refused the request, 69 the daemon is not\n"
+    "running (no socket or connection refused), 75 no reply within 10 s, 76 a reply\n"
+    "that does not parse, 77 permission denied (authorized_mailq_users)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pyqmgr", description="Postfix's queue manager, in Python."
@@ -165,6 +233,53 @@ def main(argv: list[str] | None = None) -> int:
                    help="scheduler_policy for every transport, overriding the scenario's: "
                         "nqmgr (stock), oqmgr, finch, zmailer, or module:/path/file.py")
     p.set_defaults(func=_simulate)
+
+    default_config = os.environ.get("MAIL_CONFIG", "/etc/postfix")
+    p = sub.add_parser(
+        "status", help="show the running scheduler: transports and destinations (read-only)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Ask the running pyqmgr what its scheduler holds now. Per transport: the\n"
+            "policy, agents busy and the process limit, agent connections pending,\n"
+            "destinations, queued entries and recipients, dead or rate-delayed. Per\n"
+            "destination: the concurrency window and its limit, deliveries in flight,\n"
+            "queued entries and recipients, the success and failure accumulators and\n"
+            "failed cohorts of the concurrency feedback, and whether it is dead (with\n"
+            "the reason and when it is tried again) or rate-delayed. Only mail in the\n"
+            "active queue is in core; 'postqueue -p' lists the rest."),
+        epilog=_CONTROL_EPILOG)
+    p.add_argument("--config-dir", default=default_config,
+                   help=f"the instance's config_directory (default: $MAIL_CONFIG or "
+                        f"/etc/postfix, now {default_config})")
+    p.add_argument("--json", action="store_true",
+                   help="print the daemon's reply as JSON (keys: ok, messages, recipients, "
+                        "transports, destinations)")
+    p.add_argument("--sort", choices=["name", "window", "busy", "queued"], default="name",
+                   help="order of the destinations: name (default), window (largest "
+                        "first), busy (most in flight first), queued (most recipients "
+                        "waiting first)")
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser(
+        "explain", help="say why a destination or a message is not being delivered now",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Ask the running pyqmgr why TARGET is not going out right now: each reason\n"
+            "names the constraint (a full window, a dead destination, the transport's\n"
+            "process limit, a rate delay, a blocker or preempted job, ...) and the\n"
+            "setting behind it, so that shaping by configuration can be told from a\n"
+            "slow remote side."),
+        epilog=_CONTROL_EPILOG)
+    p.add_argument("target", metavar="TARGET",
+                   help="a destination as the scheduler names it (a domain, or the nexthop "
+                        "such as [10.0.0.1]:25; see pyqmgr status) or a queue id")
+    p.add_argument("--config-dir", default=default_config,
+                   help="the instance's config_directory (default: $MAIL_CONFIG or "
+                        "/etc/postfix)")
+    p.add_argument("--json", action="store_true",
+                   help="print the daemon's reply as JSON (keys: ok, target, kind, reasons "
+                        "with constraint, setting and text)")
+    p.set_defaults(func=_explain)
 
     args = parser.parse_args(argv)
     try:

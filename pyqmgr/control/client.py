@@ -52,14 +52,14 @@ def socket_path(config_dir: str) -> str:
     return os.path.join(queue_directory(config_dir), SOCKET_PATH)
 
 
-def request(path: str, command: str, *, timeout: float = CLIENT_TIMEOUT,
-            **args: object) -> dict[str, object]:
+def request(path: str, command: str, args: dict[str, object] | None = None, *,
+            timeout: float = CLIENT_TIMEOUT) -> dict[str, object]:
     """Send one request to the daemon at ``path``; return its decoded reply.
 
     A failed reply (``"ok": false``) is returned, not raised: the caller prints its
     text. Raises ClientError when there is no usable reply at all.
     """
-    line = encode_request(command, **args)
+    line = encode_request(command, **(args or {}))
     deadline = time.monotonic() + timeout
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -171,9 +171,9 @@ def test_too_many_clients_are_refused_and_the_others_still_served(tmp_path):
 
 def test_handler_errors_become_replies_not_crashes(tmp_path):
     def body(path: str, _s: ControlServer) -> tuple[dict[str, object], ...]:
-        return (request(path, "explain", target="boom"),
-                request(path, "suspend", target="x"),
-                request(path, "explain", target="fine"))
+        return (request(path, "explain", {"target": "boom"}),
+                request(path, "suspend", {"target": "x"}),
+                request(path, "explain", {"target": "fine"}))
 
     (boom, suspend, fine), log = run(tmp_path, body)
     assert boom == {"ok": False, "error": "internal error: RuntimeError", "code": "internal"}

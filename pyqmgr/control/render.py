@@ -1,0 +1,124 @@
+"""Readable text for the control channel's replies (``pyqmgr status``, ``pyqmgr explain``).
+
+Kept apart from the CLI so that it can be tested on canned replies. It reads the
+members it knows and tolerates missing ones (a newer daemon may add or drop members;
+``--json`` shows everything as sent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+#: ``pyqmgr status --sort`` keys: how destinations are ordered (busiest first for all
+#: but name, so the ones an admin asks about come on top).
+SORTS: dict[str, Callable[[dict[str, object]], tuple[object, ...]]] = {
+    "name": lambda d: (str(d.get("name", "")), str(d.get("transport", ""))),
+    "window": lambda d: (-_num(d.get("window")), str(d.get("name", ""))),
+    "busy": lambda d: (-_num(d.get("in_flight")), str(d.get("name", ""))),
+    "queued": lambda d: (-_num(d.get("queued_recipients")), -_num(d.get("queued_entries")),
+                         str(d.get("name", ""))),
+}
+
+
+def _num(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _seconds(value: object) -> str:
+    return f"{value:g}s" if isinstance(value, int | float) else "-"
+
+
+def _state(item: dict[str, object]) -> str:
+    """Dead (with why and when it is tried again), rate-delayed, or nothing."""
+    if item.get("dead"):
+        text = "dead"
+        if item.get("reason"):
+            text += f": {item['reason']}"
+        if item.get("retry_in") is not None:
+            text += f" (retry in {_seconds(item['retry_in'])})"
+        return text
+    if item.get("rate_delayed_for") is not None:
+        return f"rate delay (next in {_seconds(item['rate_delayed_for'])})"
+    if item.get("rate_lock"):
+        return "rate delay"
+    return ""
+
+
+def _table(header: Sequence[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    out = []
+    for row in [list(header), *rows]:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def _dicts(value: object) -> list[dict[str, object]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
+    """Two tables: transports, then destinations in ``sort`` order."""
+    transports = _dicts(reply.get("transports"))
+    destinations = sorted(_dicts(reply.get("destinations")), key=SORTS[sort])
+    lines = [f"active queue: {_fmt(reply.get('messages'))} messages, "
+             f"{_fmt(reply.get('recipients'))} recipients in core", ""]
+    rows = [[_fmt(t.get("name")), _fmt(t.get("policy")),
+             f"{_fmt(t.get('agents_busy'))}/{_fmt(t.get('process_limit'))}",
+             _fmt(t.get("agents_pending")), _fmt(t.get("destinations")),
+             _fmt(t.get("queued_entries")), _fmt(t.get("queued_recipients")), _state(t)]
+            for t in transports]
+    lines += _table(["TRANSPORT", "POLICY", "BUSY/LIMIT", "PENDING", "DESTS", "QUEUED",
+                     "RCPTS", "STATE"], rows)
+    lines.append("")
+    if not destinations:
+        lines.append("no destinations in core")
+        return lines
+    rows = [[_fmt(d.get("name")), _fmt(d.get("transport")),
+             f"{_fmt(d.get('window'))}/{_fmt(d.get('limit'))}", _fmt(d.get("in_flight")),
+             _fmt(d.get("queued_entries")), _fmt(d.get("queued_recipients")),
+             _fmt(d.get("success")), _fmt(d.get("failure")), _fmt(d.get("fail_cohorts")),
+             _state(d)]
+            for d in destinations]
+    lines += _table(["DESTINATION", "TRANSPORT", "WINDOW/LIMIT", "IN FLIGHT", "QUEUED",
+                     "RCPTS", "SUCCESS", "FAILURE", "COHORTS", "STATE"], rows)
+    return lines
+
+
+def explain_lines(reply: dict[str, object]) -> list[str]:
+    """What the target is, then one line per reason with its constraint and setting."""
+    target = _fmt(reply.get("target"))
+    kind = reply.get("kind")
+    if kind == "destination":
+        head = f"{target}: destination"
+        dests = _dicts(reply.get("destinations"))
+        if dests:
+            head += " (" + "; ".join(
+                f"{_fmt(d.get('transport'))}: window {_fmt(d.get('window'))}/"
+                f"{_fmt(d.get('limit'))}, {_fmt(d.get('in_flight'))} in flight, "
+                f"{_fmt(d.get('queued_entries'))} queued" for d in dests) + ")"
+    elif kind == "message":
+        head = (f"{target}: message ({_fmt(reply.get('queued_entries'))} entries queued, "
+                f"{_fmt(reply.get('in_flight'))} in flight)")
+    else:
+        head = f"{target}: not in core"
+    lines = [head]
+    for r in _dicts(reply.get("reasons")):
+        constraint = _fmt(r.get("constraint"))
+        setting = r.get("setting")
+        where = f" [{r['destination']}]" if r.get("destination") else ""
+        lines.append(f"  {constraint}{where}: {_fmt(r.get('text'))}")
+        if setting:
+            lines.append(f"      setting: {setting}")
+    return lines
