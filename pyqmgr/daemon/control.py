@@ -203,6 +203,7 @@ class ControlServer:
         self.limit = limit
         self.clients = 0
         self.path: str | None = None
+        self._bound = (0, 0)
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, path: str = SOCKET_PATH) -> None:
@@ -223,6 +224,8 @@ class ControlServer:
             sock.close()
             raise
         self.path = path
+        st = os.lstat(path)
+        self._bound = (st.st_dev, st.st_ino)
 
     def close(self) -> None:
         """Stop listening and remove the socket (clients in progress are dropped)."""
@@ -230,8 +233,12 @@ class ControlServer:
             self._server.close()
             self._server = None
         if self.path is not None:
+            # Only our own socket: after a reload the next qmgr may already have
+            # bound the path while this one is on its way out.
             with contextlib.suppress(OSError):
-                os.unlink(self.path)
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self._bound:
+                    os.unlink(self.path)
             self.path = None
 
     def warn(self, peer: Peer | None, text: str) -> None:

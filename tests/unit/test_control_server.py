@@ -229,3 +229,15 @@ def test_client_errors_name_the_cause(tmp_path):
         with pytest.raises(ClientError) as info:
             request(path, "status", timeout=0.3)
         assert info.value.kind == "timeout" and time.monotonic() - t0 < 3
+
+
+def test_close_leaves_a_successors_socket_alone(tmp_path):
+    """After a reload the next qmgr may bind the path before this one has closed."""
+    def body(path: str, _s: ControlServer) -> None:
+        os.unlink(path)
+        successor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        successor.bind(path)
+        successor.close()
+
+    run(tmp_path, body)
+    assert (tmp_path / "control").exists()
