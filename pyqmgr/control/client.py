@@ -66,7 +66,7 @@ def request(path: str, command: str, args: dict[str, object] | None = None, *,
         sock.settimeout(timeout)
         try:
             sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):
             raise ClientError(f"cannot connect to {path}: the pyqmgr daemon is not running "
                               "(or this instance does not run pyqmgr)", "unavailable") from None
         except PermissionError:
