@@ -243,6 +243,7 @@ def test_hostile_clients_get_clear_errors_and_mail_keeps_flowing(postfix_instanc
         for s in held:
             s.close()
 
+    _deliver(pf, srv, 20, "warm")  # agents started and connected: a fair baseline
     baseline = _deliver(pf, srv, 50, "base")
     stop = threading.Event()
     replies: Counter[str] = Counter()
