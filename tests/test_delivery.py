@@ -74,14 +74,18 @@ def test_200_mixed_messages_every_recipient_once(postfix, sink, qmgr):
     assert [ln.raw for ln in qmgr_lines if ln.severity != "info"] == []
     active = Counter(m.group(1) for ln in qmgr_lines if (m := ACTIVE_RE.match(ln.text)))
     removed = Counter(m.group(1) for ln in qmgr_lines if (m := REMOVED_RE.match(ln.text)))
+    # Counted per line, not per id: short queue ids come round again (the same inode
+    # and microsecond field), and one full run saw two of these messages share one.
     assert set(qids) <= set(active)
     extra = set(active) - set(qids)
-    assert len(active) == 200 + bounces, "\n".join(about(q) for q in extra)
-    assert all(n == 1 for n in active.values()) and active.keys() == removed.keys()
-    assert all(n == 1 for n in removed.values())
-    nrcpt = {m.group(1): int(m.group(2)) for ln in qmgr_lines if (m := ACTIVE_RE.match(ln.text))}
-    for qid, (_, rcpts) in zip(qids, messages, strict=True):
-        assert nrcpt[qid] == len(rcpts)
+    assert sum(active.values()) == 200 + bounces, "\n".join(about(q) for q in extra)
+    assert active == removed, "one removed line per (queue active) line"
+    sent = Counter(qids)
+    assert all(active[q] == sent[q] for q in sent), "each message activated once"
+    nrcpt = Counter((m.group(1), int(m.group(2)))
+                    for ln in qmgr_lines if (m := ACTIVE_RE.match(ln.text)))
+    wanted = Counter((qid, len(rcpts)) for qid, (_, rcpts) in zip(qids, messages, strict=True))
+    assert not wanted - nrcpt, wanted - nrcpt
 
 
 def test_chrooted_pyqmgr_delivers_and_bounces(postfix):
