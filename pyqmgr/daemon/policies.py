@@ -8,8 +8,10 @@ never a surprise during deliveries. With no pyqmgr.cf the table is nqmgr everywh
 exactly stock.
 
 The table also carries what some policies need from outside the scheduler: master.cf's
-process limits (finch's workers), read here for the same reason, and oqmgr's
-``qmgr_fudge_factor`` from main.cf.
+process limits (finch's workers, and what ``pyqmgr explain`` names when a transport is
+at its limit), read here for the same reason, and oqmgr's ``qmgr_fudge_factor`` from
+main.cf. With stock scheduling an unreadable master.cf is no error: nothing but explain
+uses the limits then.
 """
 
 from __future__ import annotations
@@ -44,14 +46,16 @@ def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
 
     table = PolicyTable.build(values, setting, settings.error)
     limits: dict[str, int] = {}
-    if not table.stock:
-        try:
-            master = load_master_cf(cfg.config_dir,
-                                    default_process_limit=cfg.default_process_limit)
-        except (ConfigError, OSError) as exc:
+    try:
+        master = load_master_cf(cfg.config_dir,
+                                default_process_limit=cfg.default_process_limit)
+    except (ConfigError, OSError) as exc:
+        if not table.stock:
             raise settings.error("scheduler_policy",
                                  f"cannot read master.cf for process limits: {exc}") from None
-        for service in master.services:
-            if service.type == "unix":
-                limits[service.service] = service.process_limit
+        # Stock scheduling never needs them; explain then just cannot name them.
+        master = None
+    for service in master.services if master is not None else ():
+        if service.type == "unix":
+            limits[service.service] = service.process_limit
     return PolicySetup(table, limits, cfg.default_process_limit, oqmgr_fudge_factor(cfg))

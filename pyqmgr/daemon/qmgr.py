@@ -130,6 +130,8 @@ class Qmgr:
     def use_policies(self, setup: PolicySetup) -> None:
         """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
         if setup.table.stock:
+            # Stock scheduling; the process limits only inform explain.
+            self.scheduler.process_limit_for = setup.process_limit
             return
         self.scheduler = Scheduler.from_settings(
             self.cfg, refill=self._refill, policies=setup.table,

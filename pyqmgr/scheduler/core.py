@@ -132,7 +132,8 @@ class Scheduler:
         self.params_for = params_for
         #: Each transport's policy (nqmgr everywhere unless pyqmgr.cf says otherwise).
         self.policies = policies or PolicyTable()
-        self._process_limit_for = process_limit_for
+        #: master.cf's maxproc per transport (finch's workers, explain's process limit).
+        self.process_limit_for = process_limit_for
         #: The policy classes in use, for their per-message hooks.
         self.policy_classes: list[PolicyClass] = []
         #: A policy without nqmgr's job slots is in use: a message without jobs then
@@ -257,9 +258,9 @@ class Scheduler:
 
     def process_limit(self, transport: str) -> int:
         """master.cf's maxproc for the transport (0: no limit); 100 when unknown."""
-        if self._process_limit_for is None:
+        if self.process_limit_for is None:
             return 100
-        return self._process_limit_for(transport)
+        return self.process_limit_for(transport)
 
     def policy(self, name: str) -> Policy:
         """The policy of transport ``name`` (created with the transport if need be)."""
