@@ -204,9 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             "instance: the launcher in $daemon_directory/pyqmgr/, this pyqmgr's interpreter\n"
             "and virtual environment, the pyqmgr package, $config_directory/pyqmgr.cf and\n"
             "every module:PATH policy file it names. Each must be owned by root and not be\n"
-            "writable by group or others, and so must every directory above it (symbolic\n"
+            "writable by group or others, and so must every directory above it, up to / for\n"
+            "the interpreter, venv and package, and up to config_directory or\n"
+            "daemon_directory for pyqmgr.cf, policy files inside config_directory and the\n"
+            "launcher (above those, Postfix's own files are at stake already). Symbolic\n"
             "links are followed; a sticky world-writable directory like /tmp does not\n"
-            "count as safe). pyqmgr.cf must also parse. The daemon makes the same check at\n"
+            "count as safe. pyqmgr.cf must also parse. The daemon makes the same check at\n"
             "every start and refuses to run; 'pyqmgr install' refuses to install."),
         epilog=("exit status: 0 no problems, 1 problems found (listed), 2 could not check\n"
                 "(not a Postfix configuration directory, postconf failed)"))
