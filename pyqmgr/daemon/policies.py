@@ -38,7 +38,7 @@ class PolicySetup:
 
 def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     """Load every policy pyqmgr.cf names and check its knobs; PyqmgrCfError if bad."""
-    values = {name: settings.get(name) or "" for name in settings.names()}
+    values = dict(settings.values)
 
     def setting(name: str, transport: str, default: str) -> str:
         value = settings.get(name, transport)
@@ -58,4 +58,7 @@ def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     for service in master.services if master is not None else ():
         if service.type == "unix":
             limits[service.service] = service.process_limit
-    return PolicySetup(table, limits, cfg.default_process_limit, oqmgr_fudge_factor(cfg))
+    # Only the other policies' reading uses qmgr_fudge_factor; stock qmgr never reads
+    # it, so a bad value must not stop stock scheduling either.
+    fudge = 100 if table.stock else oqmgr_fudge_factor(cfg)
+    return PolicySetup(table, limits, cfg.default_process_limit, fudge)

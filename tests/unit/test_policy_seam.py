@@ -232,3 +232,20 @@ def test_mixed_policies_in_one_message_keep_every_count():
     assert sorted(delivered) == sorted(r.recipient.address for r in rs)
     assert m.refcount == 0 and m.rcpt_count == 0 and s.rcpt_count == 0
     assert s.finished == [m] and not m.jobs
+
+
+def test_a_bad_qmgr_fudge_factor_only_matters_to_the_policies_that_read_it(tmp_path):
+    """Stock qmgr never reads qmgr_fudge_factor: with nqmgr a bad value must not stop it."""
+    import pytest
+
+    from pyqmgr.daemon.policies import policy_setup
+    from pyqmgr.postfix.config import ConfigError, QmgrConfig
+    from pyqmgr.pyqmgr_cf import from_text
+
+    (tmp_path / "master.cf").write_text("smtp unix - - n - - smtp\n")
+    cfg = QmgrConfig.from_text("qmgr_fudge_factor = 5\n", config_dir=str(tmp_path),
+                               hostname="h.example")
+    stock = policy_setup(from_text(""), cfg)
+    assert stock.table.stock and stock.fudge_factor == 100
+    with pytest.raises(ConfigError, match="qmgr_fudge_factor parameter value 5 < 10"):
+        policy_setup(from_text("scheduler_policy = oqmgr\n"), cfg)
