@@ -136,7 +136,7 @@ class SenderClasses(Policy):
         self.seq += 1
         entry = SenderEntry(message, queue, job, self.seq)
         self.classes[self.klass(job)].append(entry.node)
-        return entry_link(entry, self.transport)
+        return entry_link(entry)
 
     def add(self, message: Message, queue: Queue, recipient: Recipient,
             last: Entry | None) -> Entry:

@@ -17,7 +17,6 @@ from pyqmgr.scheduler.qlist import Node
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.queue import Queue
-    from pyqmgr.scheduler.transport import Transport
 
 #: Delivery request flags for opportunistic connection caching (deliver_request.h).
 DEL_REQ_FLAG_CONN_LOAD = 1 << 11
@@ -44,13 +43,13 @@ class Entry:
                 f"{self.queue.name} x{len(self.recipients)}{' busy' if self.busy else ''})")
 
 
-def entry_link(entry: Entry, transport: Transport) -> Entry:
+def entry_link(entry: Entry) -> Entry:
     """A new entry goes at the end of its queue's todo list and counts on its message."""
     queue = entry.queue
     assert not queue.throttled, f"entry_create: dead queue {queue.name}"
     entry.message.refcount += 1
     queue.todo.append(entry.queue_node)
-    transport.sync(queue)
+    queue.transport.sync(queue)
     return entry
 
 

@@ -128,7 +128,7 @@ class Finch(Policy):
         job.todo.append(entry.job_node)
         self._waiting(job)
         job.refs += 1
-        return entry_link(entry, self.transport)
+        return entry_link(entry)
 
     def _waiting(self, job: FinchJob) -> None:
         """The job has a todo entry (again): on the walk, in its first-come place.

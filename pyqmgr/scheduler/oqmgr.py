@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from pyqmgr.scheduler.entry import Entry, entry_link, entry_select
+from pyqmgr.scheduler.entry import Entry, entry_select
 from pyqmgr.scheduler.policy import Context, Policy
 from pyqmgr.scheduler.qlist import Node, QList
 
@@ -102,7 +102,7 @@ class Oqmgr(Policy):
     def new_entry(self, message: Message, queue: Queue) -> Entry:
         if queue not in self._nodes:
             self._nodes[queue] = self.queue_list.append(Node(queue))
-        return entry_link(Entry(message, queue), self.transport)
+        return super().new_entry(message, queue)
 
     def select(self) -> Entry | None:
         if self._created:

@@ -117,7 +117,7 @@ class Policy:
 
     def new_entry(self, message: Message, queue: Queue) -> Entry:
         """A new, empty todo entry for ``message`` at ``queue`` (``qmgr_entry_create``)."""
-        return entry_link(Entry(message, queue), self.transport)
+        return entry_link(Entry(message, queue))
 
     def moved(self, entry: Entry, count: int) -> None:
         """``count`` recipients left (negative) or joined (positive) ``entry``."""
@@ -286,12 +286,13 @@ class PolicyTable:
     not load is reported then, naming the parameter, and never during deliveries.
     """
 
-    def __init__(self, default: PolicyClass = Policy,
+    def __init__(self, default: PolicyClass | None = None,
                  by_transport: dict[str, PolicyClass] | None = None,
                  setting: Callable[[str, str, str], str] | None = None) -> None:
-        from pyqmgr.scheduler.nqmgr import Nqmgr
+        from pyqmgr.scheduler.nqmgr import Nqmgr  # nqmgr imports this module
 
-        self.default: PolicyClass = Nqmgr if default is Policy else default
+        #: ``scheduler_policy``; stock's nqmgr when pyqmgr.cf names none.
+        self.default: PolicyClass = default or Nqmgr
         self.by_transport = dict(by_transport or {})
         self.setting = setting
 
@@ -318,7 +319,7 @@ class PolicyTable:
         policy's own knobs (:attr:`Policy.knobs`) are checked here as well, in every
         form the file gives them, so that a bad number is a start-up error.
         """
-        default: PolicyClass = Policy
+        default: PolicyClass | None = None
         by_transport: dict[str, PolicyClass] = {}
         for name, value in values.items():
             if name != POLICY_PARAM and not name.endswith("_" + POLICY_PARAM):

@@ -145,12 +145,8 @@ class Transport:
         if self.dsn is not None or self.rate_lock or self.pending >= MAX_PENDING:
             return False
         need = self.pending + 1
-        cap = self.dest_cap
         for queue in self.ready_queues:
-            room = queue.window - queue.busy_count
-            if cap and cap - queue.busy_count < room:
-                room = cap - queue.busy_count
-            need -= min(room, len(queue.todo))
+            need -= min(self.room(queue), len(queue.todo))
             if need <= 0:
                 return not self.gated or self.policy.has_work()
         return False

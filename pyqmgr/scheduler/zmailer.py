@@ -30,7 +30,7 @@ import random
 from collections import deque
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.entry import Entry, entry_link, entry_select
+from pyqmgr.scheduler.entry import Entry, entry_select
 from pyqmgr.scheduler.policy import Context, Policy, Reason, reason
 from pyqmgr.scheduler.qlist import Node, QList
 
@@ -78,7 +78,7 @@ class Zmailer(Policy):
         thread = self.threads.get(queue)
         if thread is None:
             thread = self.threads[queue] = Thread(queue)
-        entry = entry_link(Entry(message, queue), self.transport)
+        entry = super().new_entry(message, queue)
         if thread.running:
             thread.run.append(entry)
         elif thread.node.owner is None:

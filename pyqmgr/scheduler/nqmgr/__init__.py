@@ -104,7 +104,7 @@ class Nqmgr(Policy):
         peer.entries.append(entry.peer_node)
         peer.refcount += 1
         peer.job.read_entries += 1
-        entry_link(entry, self.transport)
+        entry_link(entry)
         return entry
 
     def moved(self, entry: Entry, count: int) -> None:
