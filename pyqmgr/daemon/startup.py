@@ -137,7 +137,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # the scheduler's structures are acyclic apart from long-lived back references.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
-    return asyncio.run(_serve(cfg, log, status, flow, daemon, pyqmgr_cf, policies,
+    return asyncio.run(_serve(cfg, log, status, flow, daemon, policies,
                               access if control_dir else None))
 
 
@@ -210,7 +210,7 @@ def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> No
 
 async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
                  flow: FlowControl | None, daemon: QueueManagerFactory,
-                 pyqmgr_cf: PyqmgrCf, policies: PolicySetup,
+                 policies: PolicySetup,
                  access: control.Access | None = None) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
@@ -231,9 +231,6 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         profiler = cProfile.Profile()
         profiler.enable()
     qmgr = daemon(cfg, log, flow)
-    # An attribute rather than a constructor argument, so that every QueueManager
-    # (Qmgr, a benchmark's stand-in) keeps its signature; set before start() reads it.
-    setattr(qmgr, "pyqmgr_cf", pyqmgr_cf)  # noqa: B010 - not part of the Protocol
     if isinstance(qmgr, Qmgr):
         qmgr.use_policies(policies)
     server = None
