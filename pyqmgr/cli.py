@@ -175,6 +175,42 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_duration(text: str) -> float:
+    """A TTL as Postfix writes time: a number with s, m, h, d or w (bare: seconds)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    text = text.strip().lower()
+    unit = 1
+    if text and text[-1] in units:
+        unit = units[text[-1]]
+        text = text[:-1]
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (examples: 90s, 15m, 2h, 1d)") from None
+    if not value > 0 or value != value or value * unit > 1e9:
+        raise argparse.ArgumentTypeError("a duration must be more than 0")
+    return value * unit
+
+
+def _control(args: argparse.Namespace) -> int:
+    from pyqmgr.control.render import control_lines
+
+    request_args: dict[str, object] = {"target": args.target}
+    if args.command == "suspend":
+        request_args["ttl"] = args.ttl
+        if args.reason:
+            request_args["reason"] = args.reason
+    reply = _ask(args, args.command, **request_args)
+    if isinstance(reply, int):
+        return reply
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    else:
+        print("\n".join(control_lines(args.command, reply)))
+    return 0
+
+
 _CONTROL_EPILOG = (
     "The daemon answers on $queue_directory/pyqmgr/control; queue_directory comes\n"
     "from 'postconf -c CONFIG_DIR -h queue_directory'. Anyone allowed by main.cf's\n"
@@ -283,6 +319,75 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the daemon's reply as JSON (keys: ok, target, kind, reasons "
                         "with constraint, setting and text)")
     p.set_defaults(func=_explain)
+
+    target_help = (
+        "DESTINATION (in every transport: a domain, or a nexthop such as [10.0.0.1]:25), "
+        "TRANSPORT:DESTINATION (in that transport only), TRANSPORT: or a bare master.cf "
+        "service name without a dot (the whole transport)")
+    controls_epilog = (
+        "Controls are for root and mail_owner only (checked from the socket's peer\n"
+        "credentials), and each one is logged in the maillog with who, what, the reason\n"
+        "and the TTL. Suspensions are kept in $data_directory/pyqmgr/suspensions.json,\n"
+        "so they survive 'postfix reload' and restarts, and end by themselves.\n\n"
+        "exit status: 0 done, 1 the daemon refused (a bad target or TTL, nothing to\n"
+        "resume), 69 the daemon is not running, 75 no reply within 10 s, 76 a reply that\n"
+        "does not parse, 77 permission denied (not root or mail_owner)")
+    p = sub.add_parser(
+        "suspend", help="hold a destination's or a transport's mail in the queue for a while",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Stop starting deliveries to TARGET until the TTL runs out or 'pyqmgr resume'.\n"
+            "Its mail stays queued: what is in the active queue stays there, new mail for\n"
+            "it waits there too, and nothing is deferred or bounced on the suspension's\n"
+            "account. Deliveries already under way finish. When the suspension ends, the\n"
+            "mail goes out at once with the concurrency window the destination had.\n"
+            "Suspending the same TARGET again replaces its reason and TTL."),
+        epilog=controls_epilog)
+    p.add_argument("target", metavar="TARGET", help=target_help)
+    p.add_argument("--reason", default="",
+                   help="why, for the maillog and 'pyqmgr status' (at most 200 characters)")
+    p.add_argument("--ttl", type=parse_duration, default=3600.0, metavar="DURATION",
+                   help="how long: 90s, 15m, 2h, 1d, 1w (a bare number is seconds; at most "
+                        "30 days; default 1h)")
+    p.add_argument("--config-dir", default=default_config,
+                   help="the instance's config_directory (default: $MAIL_CONFIG or "
+                        "/etc/postfix)")
+    p.add_argument("--json", action="store_true",
+                   help="print the daemon's reply as JSON (keys: ok, target, in_core, ttl, "
+                        "until, replaced, saved)")
+    p.set_defaults(func=_control)
+
+    p = sub.add_parser(
+        "resume", help="end a suspension now",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=("End the suspension of TARGET, named as it was suspended ('pyqmgr\n"
+                     "status' lists them); its mail goes out at once."),
+        epilog=controls_epilog)
+    p.add_argument("target", metavar="TARGET", help=target_help)
+    p.add_argument("--config-dir", default=default_config,
+                   help="the instance's config_directory (default: $MAIL_CONFIG or "
+                        "/etc/postfix)")
+    p.add_argument("--json", action="store_true",
+                   help="print the daemon's reply as JSON (keys: ok, target, saved)")
+    p.set_defaults(func=_control)
+
+    p = sub.add_parser(
+        "retry", help="revive a dead destination (or transport) now",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Forget that TARGET is dead (after failed_cohort_limit failed cohorts, for\n"
+            "minimal_backoff_time), so the next mail for it is tried at once, as\n"
+            "'postqueue -f' does for every destination. Mail the dead destination already\n"
+            "sent to the deferred queue keeps its retry time; 'postqueue -f' or\n"
+            "'postqueue -s SITE' sends it now."),
+        epilog=controls_epilog)
+    p.add_argument("target", metavar="TARGET", help=target_help)
+    p.add_argument("--config-dir", default=default_config,
+                   help="the instance's config_directory (default: $MAIL_CONFIG or "
+                        "/etc/postfix)")
+    p.add_argument("--json", action="store_true",
+                   help="print the daemon's reply as JSON (keys: ok, target, revived)")
+    p.set_defaults(func=_control)
 
     args = parser.parse_args(argv)
     try:

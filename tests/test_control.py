@@ -123,26 +123,40 @@ def test_status_and_explain_while_a_slow_sink_holds_deliveries(postfix_instance,
 def test_access_for_a_real_unprivileged_user(postfix_instance):
     pf: PostfixInstance = postfix_instance(qmgr="pyqmgr")
     wait_for_channel(pf)
-    suspend = ("import json, sys; from pyqmgr.control.client import request; "
-               "print(json.dumps(request(sys.argv[1], 'suspend', {'target': 'x.example'})))")
+    raw = ("import json, sys; from pyqmgr.control.client import request; "
+           "print(json.dumps(request(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))")
     with throwaway_user() as stranger:
         # Default authorized_mailq_users = static:anyone: the stranger reads.
         allowed = cli(pf, "status", "--json", user=stranger)
         assert allowed.returncode == 0, allowed.stderr
         assert json.loads(allowed.stdout)["ok"] is True
-        # ...but is refused a control command, which root may send.
-        refused = run_as([sys.executable, "-c", suspend, control_path(pf)], stranger)
+        # ...but is refused every control, by the CLI and by a raw request alike.
+        for args in (["suspend", "x.example", "--ttl", "1m"], ["resume", "x.example"],
+                     ["retry", "x.example"]):
+            refused_cli = cli(pf, *args, user=stranger)
+            assert refused_cli.returncode == EX_NOPERM, (args, refused_cli.stderr)
+            assert refused_cli.stderr == (
+                f"pyqmgr {args[0]}: permission denied: {args[0]} is a control command, "
+                "for root and mail_owner only\n")
+        refused = run_as([sys.executable, "-c", raw, control_path(pf), "suspend",
+                          '{"target": "x.example", "ttl": 60}'], stranger)
         assert json.loads(refused.stdout) == {
             "ok": False, "code": "denied",
             "error": "permission denied: suspend is a control command, for root and "
                      "mail_owner only"}
-        as_root = run_as([sys.executable, "-c", suspend, control_path(pf)], None)
-        assert json.loads(as_root.stdout)["code"] == "not_implemented"
         warned = control_warnings(pf)
-        assert len(warned) == 1, warned
-        assert f"control request from uid={stranger.pw_uid} pid=" in warned[0]
-        assert warned[0].endswith("suspend: permission denied: suspend is a control "
-                                  "command, for root and mail_owner only")
+        assert len(warned) == 4, warned
+        assert all(f"control request from uid={stranger.pw_uid} pid=" in w for w in warned)
+        assert warned[-1].endswith("suspend: permission denied: suspend is a control "
+                                   "command, for root and mail_owner only")
+        # Nothing was suspended by the stranger; root suspends and resumes.
+        assert json.loads(cli(pf, "status", "--json").stdout)["suspensions"] == []
+        held = cli(pf, "suspend", "x.example", "--ttl", "1m", "--reason", "test")
+        assert held.returncode == 0, held.stderr
+        listed = json.loads(cli(pf, "status", "--json", user=stranger).stdout)
+        assert [h["target"] for h in listed["suspensions"]] == ["destination x.example"]
+        resumed = cli(pf, "resume", "x.example")
+        assert resumed.returncode == 0 and resumed.stdout == "resumed destination x.example\n"
 
         # authorized_mailq_users = root: postqueue -p and pyqmgr status both refuse.
         old = pf.qmgr_pid()

@@ -20,14 +20,21 @@ One request and one reply per connection, on ``$queue_directory/pyqmgr/control``
   after it. Success is ``{"ok": true, ...}`` with the command's result members; failure
   is ``{"ok": false, "error": "human-readable text", "code": "..."}`` where ``code`` is
   one of :data:`ERROR_CODES` (``denied``, ``bad_request``, ``too_long``, ``timeout``,
-  ``busy``, ``not_implemented``, ``internal``), for scripts to branch on.
+  ``busy``, ``not_implemented``, ``internal``, ``not_found``), for scripts to branch on.
 
-Commands (:data:`COMMANDS`): ``status`` (no arguments) and ``explain`` (``target``: a
-destination or a queue id) only read the scheduler's state. ``suspend`` is reserved for
-the operator controls to come; it is a *control* command (root and mail_owner only) and
-is answered "not yet implemented". Who may send which kind is the daemon's decision
-(:mod:`pyqmgr.daemon.control`), from the peer's socket credentials, never from anything
-in the request.
+Commands (:data:`COMMANDS`):
+
+* reading the scheduler's state: ``status`` (no arguments) and ``explain``
+  (``target``: a destination or a queue id);
+* *controls* (root and mail_owner only): ``suspend`` (``target``, ``ttl`` in seconds,
+  optional ``reason``), ``resume`` (``target``) and ``retry`` (``target``). A control
+  target is ``DESTINATION`` (in every transport), ``TRANSPORT:DESTINATION``,
+  ``TRANSPORT:`` or a bare master.cf service name (the whole transport); see
+  :func:`pyqmgr.scheduler.suspension.parse_target`. ``resume`` of something not
+  suspended fails with code ``not_found``.
+
+Who may send which kind is the daemon's decision (:mod:`pyqmgr.daemon.control`), from
+the peer's socket credentials, never from anything in the request.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ CONTROL = "control"
 
 #: Error codes of failed replies.
 ERROR_CODES = ("denied", "bad_request", "too_long", "timeout", "busy", "not_implemented",
-               "internal")
+               "internal", "not_found")
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,9 @@ COMMANDS: dict[str, CommandSpec] = {
     "status": CommandSpec(READ),
     "explain": CommandSpec(READ, {"target": ((str,), True)}),
     "suspend": CommandSpec(CONTROL, {"target": ((str,), True), "reason": ((str,), False),
-                                     "ttl": ((int, float), False)}),
+                                     "ttl": ((int, float), True)}),
+    "resume": CommandSpec(CONTROL, {"target": ((str,), True)}),
+    "retry": CommandSpec(CONTROL, {"target": ((str,), True)}),
 }
 
 

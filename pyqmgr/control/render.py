@@ -39,7 +39,10 @@ def _seconds(value: object) -> str:
 
 
 def _state(item: dict[str, object]) -> str:
-    """Dead (with why and when it is tried again), rate-delayed, or nothing."""
+    """Suspended, dead (with why and when it is tried again), rate-delayed, or nothing."""
+    held = item.get("suspended")
+    if isinstance(held, dict):
+        return f"suspended by {_fmt(held.get('by'))} (ends in {_seconds(held.get('ends_in'))})"
     if item.get("dead"):
         text = "dead"
         if item.get("reason"):
@@ -82,6 +85,13 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     lines += _table(["TRANSPORT", "POLICY", "BUSY/LIMIT", "PENDING", "DESTS", "QUEUED",
                      "RCPTS", "STATE"], rows)
     lines.append("")
+    held = _dicts(reply.get("suspensions"))
+    if held:
+        lines += _table(["SUSPENDED", "BY", "ENDS IN", "REASON"],
+                        [[_fmt(h.get("target")), _fmt(h.get("by")),
+                          _seconds(h.get("ends_in")), _fmt(h.get("reason") or "-")]
+                         for h in held])
+        lines.append("")
     if not destinations:
         lines.append("no destinations in core")
         return lines
@@ -122,3 +132,28 @@ def explain_lines(reply: dict[str, object]) -> list[str]:
         if setting:
             lines.append(f"      setting: {setting}")
     return lines
+
+
+def control_lines(command: str, reply: dict[str, object]) -> list[str]:
+    """What a control did, in a line or two (suspend, resume, retry)."""
+    target = _fmt(reply.get("target"))
+    if command == "suspend":
+        ttl = reply.get("ttl")
+        lines = [f"suspended {target} for {_seconds(ttl)}"
+                 + (" (replacing its earlier suspension)" if reply.get("replaced") else "")]
+        in_core = reply.get("in_core")
+        if isinstance(in_core, list) and in_core:
+            lines.append(f"  held now: {', '.join(str(q) for q in in_core)}")
+        else:
+            lines.append("  nothing for it in core now; mail that comes is held")
+        if reply.get("saved") is False:
+            lines.append("  warning: not saved; it ends if qmgr restarts (see the maillog)")
+        return lines
+    if command == "resume":
+        return [f"resumed {target}"]
+    revived = reply.get("revived")
+    if isinstance(revived, list) and revived:
+        return [f"revived {', '.join(str(r) for r in revived)}",
+                "  mail already deferred waits for its retry time; 'postqueue -f' or "
+                "'postqueue -s SITE' sends it now"]
+    return [f"{target}: nothing dead in core"]

@@ -256,6 +256,10 @@ class ControlServer:
             return error_reply(refusal, "denied")
         try:
             return ok_reply(self.handler(request.as_dict(), peer))
+        except ProtocolError as exc:
+            # The handler's own check of the arguments (a bad target, a bad ttl).
+            self.warn(peer, f"{request.command}: {exc}")
+            return error_reply(str(exc), exc.code)
         except NotImplementedError as exc:
             text = str(exc) or f"{request.command} is not yet implemented"
             return error_reply(text, "not_implemented")
@@ -363,8 +367,18 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-def scheduler_handler(qmgr: Qmgr) -> Handler:
-    """The daemon's handler: status and explain from ``qmgr.scheduler``, now."""
+def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
+                      mail_owner: str = "postfix") -> Handler:
+    """The daemon's handler: reading from ``qmgr.scheduler`` now, and the controls.
+
+    The controls' "who" is the peer as the kernel gave it, named as the access check
+    knows it (only root and mail_owner get that far).
+    """
+
+    def who(peer: Peer) -> str:
+        name = ("root" if peer.uid == 0 else mail_owner
+                if access is not None and peer.uid == access.mail_owner_uid else "uid")
+        return f"{name} ({peer})"
 
     def handle(request: dict[str, object], peer: Peer) -> dict[str, object]:
         command = request["command"]
@@ -374,14 +388,26 @@ def scheduler_handler(qmgr: Qmgr) -> Handler:
         if command == "explain":
             return scheduler_explain.explain(qmgr.scheduler, str(request["target"]), now,
                                              busy=qmgr.in_flight())
+        controls = qmgr.suspensions
+        target = str(request.get("target", ""))
+        if command == "suspend":
+            ttl = request["ttl"]
+            assert isinstance(ttl, int | float)
+            return controls.suspend(target, str(request.get("reason", "")), float(ttl),
+                                    who(peer))
+        if command == "resume":
+            return controls.resume(target, who(peer))
+        if command == "retry":
+            return controls.retry(target, who(peer))
         raise NotImplementedError(f"{command} is not yet implemented")
 
     return handle
 
 
-async def start(qmgr: Qmgr, access: Access, log: MailLog) -> ControlServer | None:
+async def start(qmgr: Qmgr, access: Access, log: MailLog,
+                mail_owner: str = "postfix") -> ControlServer | None:
     """Serve the channel for ``qmgr``; on failure log a warning and return None."""
-    server = ControlServer(scheduler_handler(qmgr), access, log)
+    server = ControlServer(scheduler_handler(qmgr, access, mail_owner), access, log)
     try:
         await server.start(SOCKET_PATH)
     except OSError as exc:

@@ -30,6 +30,7 @@ from pyqmgr.daemon.active import (
 )
 from pyqmgr.daemon.delivery import AgentCall
 from pyqmgr.daemon.policies import PolicySetup
+from pyqmgr.daemon.suspensions import Suspensions
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import DeliveryReply, encode_request
@@ -126,6 +127,8 @@ class Qmgr:
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: set[AgentCall] = set()
         self.loop = asyncio.get_running_loop()
+        #: Operator controls (suspend, resume, retry); start-up gives it its state file.
+        self.suspensions = Suspensions(self, None)
 
     def use_policies(self, setup: PolicySetup) -> None:
         """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
@@ -204,6 +207,8 @@ class Qmgr:
         while True:
             await asyncio.sleep(1.0)
             self.scheduler.tick(time.monotonic())
+            if self.scheduler.ended:
+                self._suspensions_ended()
             self.resolver.expire_idle()
             self.expire_calls()
             self.dispatch()
@@ -471,8 +476,20 @@ class Qmgr:
         """Entries out with delivery agents now (the core keeps no list of them)."""
         return [call.entry for call in self.calls if isinstance(call.entry, Entry)]
 
+    def after_control(self) -> None:
+        """An operator control changed the scheduler: act on it now."""
+        self._process_decisions()
+        self.dispatch()
+
+    def _suspensions_ended(self) -> None:
+        ended = list(self.scheduler.ended)
+        self.scheduler.ended.clear()
+        self.suspensions.ended(ended)
+
     def _process_decisions(self) -> None:
         sched = self.scheduler
+        if sched.ended:
+            self._suspensions_ended()
         if sched.timers:
             now = time.monotonic()
             for when in sched.timers:

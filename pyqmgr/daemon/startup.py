@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import control
+from pyqmgr.daemon import control, suspensions
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
@@ -128,6 +128,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # its ACL's login names are looked up while the password file is still in reach.
     access = control.access_from_config(cfg, log)
     control_dir = control.prepare_directory(cfg, log)
+    # Operator suspensions outlive the process in data_directory, outside the chroot:
+    # its directory is opened now and used through the descriptor from then on.
+    state = suspensions.open_state(cfg, log)
     _drop_privileges(cfg, chroot=opts.chroot, unprivileged=opts.unprivileged)
 
     status = MasterStatus(STATUS_FD, os.getpid(), generation) if _fd_open(STATUS_FD) else None
@@ -138,7 +141,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
     return asyncio.run(_serve(cfg, log, status, flow, daemon, policies,
-                              access if control_dir else None))
+                              access if control_dir else None, state))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
@@ -211,7 +214,8 @@ def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> No
 async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
                  flow: FlowControl | None, daemon: QueueManagerFactory,
                  policies: PolicySetup,
-                 access: control.Access | None = None) -> int:
+                 access: control.Access | None = None,
+                 state: suspensions.StateFile | None = None) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -233,6 +237,9 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     qmgr = daemon(cfg, log, flow)
     if isinstance(qmgr, Qmgr):
         qmgr.use_policies(policies)
+        # Before start(): recovered mail for a suspended destination must be held.
+        qmgr.suspensions = suspensions.Suspensions(qmgr, state, policies.process_limits)
+        qmgr.suspensions.restore()
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
@@ -241,7 +248,7 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     channel = None
     if access is not None and isinstance(qmgr, Qmgr):
         # After start(): a failure here is a warning and mail flows regardless.
-        channel = await control.start(qmgr, access, log)
+        channel = await control.start(qmgr, access, log, cfg.mail_owner)
     code = await stopped
     if profiler is not None and profile_path:
         profiler.disable()

@@ -523,6 +523,7 @@ class QmgrConfig:
     relayhost: str
     daemon_directory: str
     queue_directory: str
+    data_directory: str
     double_bounce_sender: str
     hash_queue_names: list[str]
     recipient_delimiter: str

@@ -34,6 +34,7 @@ from pyqmgr.scheduler.nqmgr import Nqmgr
 from pyqmgr.scheduler.policy import Policy, PolicyClass, PolicyTable
 from pyqmgr.scheduler.qlist import QList
 from pyqmgr.scheduler.queue import Dsn, Queue
+from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
 from pyqmgr.scheduler.transport import Transport, TransportParams
 
 RETRY = "retry"
@@ -179,6 +180,11 @@ class Scheduler:
         self.finished: list[Message] = []
         #: Times at which :meth:`tick` has work (decisions: arm a timer for each).
         self.timers: list[float] = []
+        #: Operators' suspensions in force (:mod:`.suspension`).
+        self.suspensions = SuspensionTable()
+        #: Suspensions whose time ran out in :meth:`tick` (drained by the daemon, which
+        #: logs them and rewrites its state file).
+        self.ended: list[Suspension] = []
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
@@ -234,6 +240,8 @@ class Scheduler:
             self._attach_policy(t)
             self.transports[name] = t
             self.transport_list.prepend(t.node)
+            if self.suspensions:
+                t.suspension = self.suspensions.for_transport(name)
         return t
 
     def _attach_policy(self, t: Transport) -> None:
@@ -271,6 +279,8 @@ class Scheduler:
         if queue is None:
             queue = t.queue(name, nexthop)
             self.queue_count += 1
+            if self.suspensions:
+                queue.suspension = self.suspensions.for_queue(t.name, name, nexthop)
         return queue
 
     def _queue_done(self, queue: Queue) -> None:
@@ -493,7 +503,7 @@ class Scheduler:
         if t.pending > 0:
             t.pending -= 1
         try:
-            entry = None if t.broken else t.policy.select()
+            entry = None if t.broken or t.suspension is not None else t.policy.select()
         except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
             self._policy_failed(t, "select", exc)
             entry = None
@@ -655,6 +665,11 @@ class Scheduler:
     def tick(self, now: float) -> None:
         """Time passed: revive dead transports and sites, resume rate-delayed ones."""
         self.now = now
+        if self.suspensions:
+            for s in self.suspensions:
+                if now >= s.until:
+                    self.resume(s.target)
+                    self.ended.append(s)
         for t in list(self.transports.values()):
             if t.revive_at is not None and now >= t.revive_at:
                 self._transport_unthrottle(t)
@@ -681,3 +696,84 @@ class Scheduler:
                     self._queue_unthrottle(queue)
                 if queue.ready and queue.idle:
                     self._queue_done(queue)
+
+    # -- operator controls (pyqmgr suspend, resume, retry) ---------------------------
+
+    def _matching_queues(self, target: Target) -> list[Queue]:
+        """The in-core destination queues a destination target covers."""
+        dest = target.destination
+        if dest is None:
+            return []
+        if target.transport is not None:
+            t = self.transports.get(target.transport)
+            transports = [t] if t is not None else []
+        else:
+            transports = list(self.transports.values())
+        return [q for t in transports for q in t.queues.values()
+                if q.name.lower() == dest or q.nexthop.lower() == dest]
+
+    def suspend(self, s: Suspension) -> list[str]:
+        """Put an operator's suspension in force; the in-core queues it now covers.
+
+        The timer at ``s.until`` ends it (:meth:`tick`), whether or not anything is
+        in core for it now: mail that comes later is held too.
+        """
+        self.suspensions.add(s)
+        self.timers.append(s.until)
+        return self._apply(s.target)
+
+    def resume(self, target: Target) -> Suspension | None:
+        """End the suspension of exactly ``target``; its queues deliver again at once."""
+        s = self.suspensions.remove(target)
+        if s is not None:
+            self._apply(target)
+        return s
+
+    def _apply(self, target: Target) -> list[str]:
+        """Bring the queues and transport of ``target`` in line with the table."""
+        names: list[str] = []
+        if target.destination is None:
+            assert target.transport is not None
+            t = self.transports.get(target.transport)
+            if t is not None:
+                was = t.suspension
+                t.suspension = self.suspensions.for_transport(t.name)
+                names.append(t.name)
+                if was is not None and t.suspension is None:
+                    t.rate_lock = False
+            return names
+        for queue in self._matching_queues(target):
+            t = queue.transport
+            was = queue.suspension
+            queue.suspension = self.suspensions.for_queue(t.name, queue.name, queue.nexthop)
+            t.sync(queue)
+            names.append(f"{t.name}:{queue.name}")
+            if was is not None and queue.suspension is None and not t.broken:
+                if queue.ready and queue.idle:
+                    self._queue_done(queue)
+                else:
+                    t.policy.resumed(queue)
+        return names
+
+    def retry(self, target: Target) -> list[str]:
+        """Revive dead destinations (or a dead transport) now, as a flush does for all.
+
+        Only the in-core state: mail the dead site sent to the deferred queue waits
+        for its retry time or a flush (``postqueue -f``, ``postqueue -s``).
+        """
+        revived: list[str] = []
+        if target.destination is None:
+            assert target.transport is not None
+            t = self.transports.get(target.transport)
+            if t is not None and t.throttled:
+                self._transport_unthrottle(t)
+                if not t.throttled:
+                    revived.append(t.name)
+            return revived
+        for queue in self._matching_queues(target):
+            if queue.throttled:
+                self._queue_unthrottle(queue)
+                revived.append(f"{queue.transport.name}:{queue.name}")
+                if queue.ready and queue.idle:
+                    self._queue_done(queue)
+        return revived

@@ -25,11 +25,30 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.entry import Entry
     from pyqmgr.scheduler.message import Message
     from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.suspension import Suspension
     from pyqmgr.scheduler.transport import Transport
 
 
 def _in(when: float | None, now: float) -> float | None:
     return None if when is None else round(when - now, 3)
+
+
+def suspension_status(s: Suspension | None, now: float) -> dict[str, object] | None:
+    """An operator's suspension as status and explain show it (None: not suspended)."""
+    if s is None:
+        return None
+    return {"target": str(s.target), "reason": s.reason, "by": s.who,
+            "since": _in(s.since, now), "ends_in": _in(s.until, now),
+            "until": round(s.wall_until)}
+
+
+def _suspended(s: Suspension, what: str, now: float) -> Reason:
+    why = f": {s.reason}" if s.reason else " (no reason given)"
+    return reason(
+        "suspended", "pyqmgr suspend",
+        f"{what} is suspended by {s.who}{why}; the suspension ends in "
+        f"{_in(s.until, now)} s unless 'pyqmgr resume' ends it sooner",
+        by=s.who, suspension_reason=s.reason, ends_in=_in(s.until, now))
 
 
 def _busy(t: Transport) -> int:
@@ -51,6 +70,7 @@ def transport_status(sched: Scheduler, t: Transport, now: float) -> dict[str, ob
         "reason": t.dsn.reason if t.dsn is not None else None,
         "retry_in": _in(t.revive_at, now),
         "rate_lock": t.rate_lock,
+        "suspended": suspension_status(t.suspension, now),
         "policy_state": t.policy.describe(),
     }
 
@@ -73,6 +93,7 @@ def destination_status(queue: Queue, now: float) -> dict[str, object]:
         "reason": queue.dsn.reason if queue.dsn is not None else None,
         "retry_in": _in(queue.revive_at, now),
         "rate_delayed_for": _in(queue.resume_at, now) if queue.suspended else None,
+        "suspended": suspension_status(queue.suspension, now),
     }
 
 
@@ -85,6 +106,7 @@ def status(sched: Scheduler, now: float) -> dict[str, object]:
         "transports": [transport_status(sched, t, now) for t in transports],
         "destinations": [destination_status(q, now) for t in transports
                          for q in sorted(t.queues.values(), key=lambda q: q.name)],
+        "suspensions": [suspension_status(s, now) for s in sched.suspensions],
     }
 
 
@@ -93,6 +115,8 @@ def status(sched: Scheduler, now: float) -> dict[str, object]:
 
 def _transport_reasons(sched: Scheduler, t: Transport, now: float) -> list[Reason]:
     out: list[Reason] = []
+    if t.suspension is not None:
+        out.append(_suspended(t.suspension, f"transport {t.name}", now))
     if t.throttled:
         until = _in(t.revive_at, now)
         out.append(reason(
@@ -129,6 +153,9 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
             f"{_in(queue.revive_at, now)} s", since=_in(since, now),
             retry_in=_in(queue.revive_at, now), fail_cohorts=queue.fail_cohorts))
         return out
+    if queue.suspension is not None:
+        out.append(_suspended(queue.suspension, queue.nexthop, now))
+        return out
     if queue.suspended:
         out.append(reason(
             "rate delay", f"{t.name}_destination_rate_delay",
@@ -157,6 +184,11 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
                 f"{limit or 'none'}; it grows with successful deliveries)",
                 window=queue.window, limit=limit))
     return out
+
+
+def _held(queue: Queue) -> bool:
+    """Suspended by an operator: the policy's reasons (a blocker job) follow from that."""
+    return queue.suspension is not None or queue.transport.suspension is not None
 
 
 def _find_queues(sched: Scheduler, target: str) -> list[Queue]:
@@ -192,7 +224,7 @@ def explain(sched: Scheduler, target: str, now: float,
             t = queue.transport
             reasons += _transport_reasons(sched, t, now)
             reasons += _queue_reasons(sched, queue, now)
-            if not t.broken:
+            if not t.broken and not _held(queue):
                 reasons += t.policy.explain(queue, None)
             if not queue.todo and not queue.throttled:
                 reasons.append(reason(
@@ -206,6 +238,12 @@ def explain(sched: Scheduler, target: str, now: float,
         return {"target": target, "kind": "destination",
                 "destinations": [destination_status(q, now) for q in queues],
                 "reasons": reasons}
+    held = [s for s in sched.suspensions
+            if s.target.destination is not None and s.target.destination == target.lower()]
+    if held:
+        # Suspended with nothing for it in core now: mail that comes is held.
+        return {"target": target, "kind": "destination", "destinations": [],
+                "reasons": [_suspended(s, str(s.target), now) for s in held]}
     message, entries = _find_message(sched, target)
     in_flight = [e for e in (busy or []) if e.message.queue_id == target]
     if message is None and in_flight:
@@ -229,7 +267,7 @@ def explain(sched: Scheduler, target: str, now: float,
         t = queue.transport
         for r in _transport_reasons(sched, t, now) + _queue_reasons(sched, queue, now):
             reasons.append({**r, "destination": queue.nexthop})
-        if not t.broken:
+        if not t.broken and not _held(queue):
             reasons += t.policy.explain(queue, message)
     if message.more and message.rcpt_limit <= message.rcpt_count and message.jobs:
         reasons.append(reason(

@@ -16,6 +16,7 @@ from pyqmgr.scheduler.qlist import QList
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.scheduler.suspension import Suspension
     from pyqmgr.scheduler.transport import Transport
 
 THROTTLED = 0
@@ -61,6 +62,8 @@ class Queue:
     resume_at: float | None = None
     #: Earliest time for the next "is using up N of M active queue entries" warning.
     clog_time_to_warn: float = 0.0
+    #: An operator's suspension (``pyqmgr suspend``): no deliveries start while set.
+    suspension: Suspension | None = None
 
     @property
     def ready(self) -> bool:

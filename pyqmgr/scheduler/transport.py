@@ -20,6 +20,7 @@ from pyqmgr.scheduler.queue import Dsn, Queue
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.policy import Policy
+    from pyqmgr.scheduler.suspension import Suspension
 
 #: Stock keeps at most this many agent connections per transport waiting for an agent.
 MAX_PENDING = 2
@@ -94,6 +95,8 @@ class Transport:
         #: The policy raised: its hooks are not called again, the transport is dead
         #: until transport_retry_time passes, then it gets a fresh policy.
         self.broken = False
+        #: An operator's suspension of the whole transport: no agents while set.
+        self.suspension: Suspension | None = None
 
     @property
     def throttled(self) -> bool:
@@ -120,7 +123,12 @@ class Transport:
         return queue
 
     def room(self, queue: Queue) -> int:
-        """Deliveries ``queue`` may start now: its window, capped by the policy's cap."""
+        """Deliveries ``queue`` may start now: its window, capped by the policy's cap.
+
+        Zero while an operator has the destination suspended.
+        """
+        if queue.suspension is not None:
+            return 0
         window = queue.window
         cap = self.dest_cap
         if cap and window > cap:
@@ -130,7 +138,8 @@ class Transport:
     def sync(self, queue: Queue) -> None:
         """Keep :attr:`ready_queues` true for ``queue`` after any change to it."""
         if queue.window > queue.busy_count and queue.todo and queue.window > 0 and (
-                not self.dest_cap or queue.busy_count < self.dest_cap):
+                not self.dest_cap or queue.busy_count < self.dest_cap) and (
+                queue.suspension is None):
             self.ready_queues[queue] = None
         else:
             self.ready_queues.pop(queue, None)
@@ -142,7 +151,8 @@ class Transport:
         covers pending + 1; queues outside :attr:`ready_queues` add nothing, and each
         queue inside adds at least one, so at most MAX_PENDING + 1 are looked at.
         """
-        if self.dsn is not None or self.rate_lock or self.pending >= MAX_PENDING:
+        if (self.dsn is not None or self.rate_lock or self.pending >= MAX_PENDING
+                or self.suspension is not None):
             return False
         need = self.pending + 1
         for queue in self.ready_queues:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from pyqmgr.control.client import ClientError, request
-from pyqmgr.control.protocol import MAX_REQUEST, Request
+from pyqmgr.control.protocol import MAX_REQUEST, ProtocolError, Request
 from pyqmgr.daemon.control import Access, ControlServer, Peer
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.user_acl import UserAcl
@@ -32,8 +32,10 @@ class Log(MailLog):
 def stand_in(request: dict[str, object], peer: Peer) -> dict[str, object]:
     if request["command"] == "explain" and request["target"] == "boom":
         raise RuntimeError("bug")
-    if request["command"] == "suspend":
-        raise NotImplementedError("suspend is not yet implemented")
+    if request["command"] == "retry":
+        raise NotImplementedError("retry is not yet implemented")
+    if request["command"] == "resume":
+        raise ProtocolError("bad target 'x': no transport before ':'")
     return {"echo": request, "peer": [peer.pid, peer.uid, peer.gid]}
 
 
@@ -172,13 +174,17 @@ def test_too_many_clients_are_refused_and_the_others_still_served(tmp_path):
 def test_handler_errors_become_replies_not_crashes(tmp_path):
     def body(path: str, _s: ControlServer) -> tuple[dict[str, object], ...]:
         return (request(path, "explain", {"target": "boom"}),
-                request(path, "suspend", {"target": "x"}),
+                request(path, "retry", {"target": "x"}),
+                request(path, "resume", {"target": "x"}),
                 request(path, "explain", {"target": "fine"}))
 
-    (boom, suspend, fine), log = run(tmp_path, body)
+    (boom, retry, resume, fine), log = run(tmp_path, body)
     assert boom == {"ok": False, "error": "internal error: RuntimeError", "code": "internal"}
-    assert suspend == {"ok": False, "error": "suspend is not yet implemented",
-                       "code": "not_implemented"}
+    assert retry == {"ok": False, "error": "retry is not yet implemented",
+                     "code": "not_implemented"}
+    assert resume == {"ok": False, "error": "bad target 'x': no transport before ':'",
+                      "code": "bad_request"}
+    assert any("resume: bad target 'x'" in line for line in log.lines), "logged too"
     assert fine["ok"] is True
     assert any("explain: internal error: RuntimeError: bug" in line for line in log.lines)
 

@@ -426,9 +426,12 @@ def blocker_update(t: Transport, queue: Queue) -> None:
     blocker status without visiting them; selection re-finds the real current job.
     """
     if queue.blocker_tag == t.blocker_tag:
-        if queue.window > queue.busy_count and queue.todo:
+        # An operator-suspended queue stays a blocker until its suspension ends (the
+        # end calls this again through Policy.resumed).
+        open_ = queue.window > queue.busy_count and queue.suspension is None
+        if open_ and queue.todo:
             t.blocker_tag += 2
             t.job_current = t.job_list.first()
             t.candidate_cache_current = None
-        if queue.window > queue.busy_count or queue.throttled:
+        if open_ or queue.throttled:
             queue.blocker_tag = 0

@@ -1,0 +1,155 @@
+"""Operator suspensions: ``pyqmgr suspend``, ``resume`` and ``retry``, without I/O.
+
+An admin whose remote side asked for a pause, or who is investigating a destination,
+wants its mail to stay queued and go out the moment the pause ends, by itself if
+they forget: PowerMTA's "pause queue", KumoMTA's suspensions. Postfix has no such
+thing for a destination (``defer_transports`` is main.cf, a whole transport, and
+moves the mail to the deferred queue where it waits for its retry time).
+
+A suspended destination keeps its entries in core: no agent is given one, and no
+agent is asked for on their account (the destination is out of the transport's
+ready set), so nothing is deferred and nothing is logged per recipient. When the
+suspension ends the destination takes deliveries again at once, with the window it
+had. A suspended transport gets no agents at all. Deliveries already under way when
+a suspension starts finish normally (their outcome still feeds the window and can
+still make the destination dead, as for any delivery).
+
+The suspensions are kept here, in a table by target, not only on the queues: a queue
+that goes idle is discarded by the core and a new one made when mail comes again, and
+the new one must be suspended too. The table is consulted when a queue or transport is
+made, so its cost is one dict test per new queue while any suspension exists.
+
+Naming: Postfix's own "suspended" queue state is ``destination_rate_delay``'s pause
+(:attr:`.queue.Queue.suspended`); an operator's is a :class:`Suspension` on
+``queue.suspension``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+
+
+class TargetError(ValueError):
+    """A target that names nothing suspendable; the text says what was wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a control names: a destination (in one transport or in all) or a transport.
+
+    ``transport`` None with a ``destination``: that destination in every transport.
+    ``destination`` None: the whole ``transport``. Destinations are compared without
+    regard to case, as the scheduler's queue names are.
+    """
+
+    transport: str | None
+    destination: str | None
+
+    @property
+    def key(self) -> tuple[str | None, str | None]:
+        return (self.transport, self.destination)
+
+    def __str__(self) -> str:
+        if self.destination is None:
+            return f"transport {self.transport}"
+        if self.transport is None:
+            return f"destination {self.destination}"
+        return f"destination {self.transport}:{self.destination}"
+
+
+#: Longest target accepted (a domain is at most 255; a nexthop adds brackets, a port).
+MAX_TARGET = 300
+
+
+def parse_target(text: str, transports: Collection[str]) -> Target:
+    """The target an admin typed: ``DEST``, ``TRANSPORT:DEST``, ``TRANSPORT:`` or ``TRANSPORT``.
+
+    Postfix writes a next hop as ``transport:nexthop`` (transport_maps), so that form
+    names a destination in one transport and ``smtp:`` the whole transport. A bare
+    name is a transport when ``transports`` (master.cf's services and the transports
+    in core) has it and it has no dot, else a destination in every transport. A
+    bracketed nexthop with a port (``[10.0.0.1]:25``) is a destination, not a
+    transport prefix.
+    """
+    text = text.strip()
+    if not text:
+        raise TargetError("empty target")
+    if len(text) > MAX_TARGET:
+        raise TargetError(f"target longer than {MAX_TARGET} characters")
+    if any(ch.isspace() or ord(ch) < 32 for ch in text):
+        raise TargetError("a target has no spaces or control characters")
+    if text.startswith("["):
+        return Target(None, text.lower())
+    transport, sep, dest = text.partition(":")
+    if sep:
+        if not transport:
+            raise TargetError("no transport before ':'")
+        return Target(transport, dest.lower() or None)
+    if "." not in text and text in transports:
+        return Target(text, None)
+    return Target(None, text.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """One operator suspension: its target, who asked, why, and until when.
+
+    ``since`` and ``until`` are scheduler-clock times (the daemon's monotonic clock);
+    ``wall_until`` is the same end as a Unix time, for logs and the state file that
+    outlives this process.
+    """
+
+    target: Target
+    reason: str
+    who: str
+    since: float
+    until: float
+    wall_until: float
+
+    @property
+    def ttl(self) -> float:
+        return self.until - self.since
+
+
+class SuspensionTable:
+    """The suspensions in force, by target; :class:`~.core.Scheduler` owns one."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str | None, str | None], Suspension] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.by_key)
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    def __iter__(self) -> Iterator[Suspension]:
+        return iter(list(self.by_key.values()))
+
+    def add(self, s: Suspension) -> Suspension | None:
+        """Put ``s`` in force; return the one it replaces for the same target."""
+        old = self.by_key.get(s.target.key)
+        self.by_key[s.target.key] = s
+        return old
+
+    def remove(self, target: Target) -> Suspension | None:
+        return self.by_key.pop(target.key, None)
+
+    def for_transport(self, transport: str) -> Suspension | None:
+        return self.by_key.get((transport, None)) if self.by_key else None
+
+    def for_queue(self, transport: str, name: str, nexthop: str) -> Suspension | None:
+        """The suspension covering a destination queue, the one ending last if several."""
+        if not self.by_key:
+            return None
+        found = None
+        for dest in {name.lower(), nexthop.lower()}:
+            for key in ((transport, dest), (None, dest)):
+                s = self.by_key.get(key)
+                if s is not None and (found is None or s.until > found.until):
+                    found = s
+        return found
+
+    def next_end(self) -> float | None:
+        return min((s.until for s in self.by_key.values()), default=None)
