@@ -115,7 +115,8 @@ def test_a_suspension_survives_reload_and_ends_on_time(postfix_instance, sink):
         time.sleep(0.2)
     srv.wait_delivered(4, 30)
     ended_after = time.monotonic() - t0
-    assert ended_after < ttl + 5, f"the suspension ended {ended_after:.1f} s after it began"
+    print(f"suspension of {ttl} s: mail delivered {ended_after:.2f} s after the suspend")
+    assert ended_after < ttl + 3, f"the suspension ended {ended_after:.1f} s after it began"
     lines = control_lines(pf, "ended: its ttl")
     assert len(lines) == 1, lines
     ended = lines[0]
@@ -234,3 +235,22 @@ def test_a_corrupt_state_file_is_set_aside_and_mail_flows(postfix_instance, sink
     assert os.path.exists(state + ".corrupt") and not os.path.exists(state)
     pf.smtp_send([("s@test.example", ["ok@fine.example"])])
     srv.wait_delivered(1, 30)
+
+
+def test_suspensions_persist_for_a_chrooted_qmgr(postfix_instance):
+    """Chrooted in the queue directory, the daemon still reaches data_directory."""
+    pf: PostfixInstance = postfix_instance(qmgr="pyqmgr", start=False)
+    pf.postconf("-F", "qmgr/unix/chroot=y")
+    pf.start()
+    wait_for_channel(pf)
+    assert cli(pf, "suspend", "far.example", "--ttl", "1h", "--reason", "chroot").returncode == 0
+    state = os.path.join(pf.data_dir, "pyqmgr", "suspensions.json")
+    (saved,) = json.load(open(state))["suspensions"]
+    assert saved["destination"] == "far.example" and saved["reason"] == "chroot"
+    new_qmgr_after_reload(pf)
+    (kept,) = json.loads(cli(pf, "status", "--json").stdout)["suspensions"]
+    assert kept["target"] == "destination far.example" and kept["reason"] == "chroot"
+    assert cli(pf, "resume", "far.example").returncode == 0
+    assert json.load(open(state))["suspensions"] == []
+    pf.sendmail("s@test.example", [pf.local_address])
+    pf.wait_queue_empty(30)
