@@ -175,6 +175,64 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(args: argparse.Namespace) -> int:
+    from pyqmgr.control.render import jobs_lines
+
+    extra: dict[str, object] = {} if args.limit is None else {"limit": args.limit}
+    reply = _ask(args, "jobs", transport=args.transport, **extra)
+    if isinstance(reply, int):
+        return reply
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    else:
+        print("\n".join(jobs_lines(reply)))
+    return 0
+
+
+def _count(text: str) -> int:
+    """argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
+    return value
+
+
+_JOBS_DESCRIPTION = (
+    "Ask the running pyqmgr for TRANSPORT's work in the order its scheduling policy\n"
+    "picks from. With nqmgr (stock's scheduler) that is the job list, one job per\n"
+    "message, in scheduler order:\n\n"
+    "  SLOTS USED/AVAIL  a job earns a delivery slot for each entry (delivery request)\n"
+    "                    it delivers; when it has saved <transport>_delivery_slot_cost\n"
+    "                    slots per entry another job needs, that job may preempt it.\n"
+    "                    A preempting job starts with USED at minus the entries it is\n"
+    "                    expected to deliver.\n"
+    "  LOAN              <transport>_delivery_slot_loan (and _delivery_slot_discount)\n"
+    "                    let preemption happen before the slots are saved; the\n"
+    "                    preempted job is charged at once, so AVAIL goes negative: LOAN\n"
+    "                    is that debt, earned back by its own deliveries.\n"
+    "  PREEMPT<=         the most entries a job may need and still preempt this one\n"
+    "                    now (0: not now; needs AVAIL above 0 and the job to be at\n"
+    "                    least <transport>_minimum_delivery_slots x cost entries).\n"
+    "  LEVEL, PREEMPTS   the preemption stack: a preempting job sits one level above\n"
+    "                    the job it preempted, and stands right before it in the list;\n"
+    "                    'preemption stack' lines show each chain, preempted first.\n"
+    "  ENTRIES SEL/READ/MAX  entries selected for delivery, read into core, and at\n"
+    "                    most in all (read plus recipients still in the queue file).\n"
+    "  RCPTS/LIMIT, UNREAD  recipients in core and the recipient slots the job may\n"
+    "                    fill (<transport>_recipient_limit), and those not yet read.\n"
+    "  STATE             current (selection starts here, marked >), blocker (every\n"
+    "                    destination it has mail for is at its window: skipped),\n"
+    "                    preempted, reading (recipients left in the file).\n\n"
+    "oqmgr shows its round-robin list of destinations, finch its messages first come\n"
+    "first served with the workers each holds, zmailer its threads (one per\n"
+    "destination) in the order free agents go to them; a policy of one's own shows\n"
+    "what its jobs_report() returns (by default its destinations). Only the active\n"
+    "queue is in core.")
+
+
 _CONTROL_EPILOG = (
     "The daemon answers on $queue_directory/pyqmgr/control; queue_directory comes\n"
     "from 'postconf -c CONFIG_DIR -h queue_directory'. Anyone allowed by main.cf's\n"
@@ -283,6 +341,26 @@ def main(argv: list[str] | None = None) -> int:
                    help="print the daemon's reply as JSON (keys: ok, target, kind, reasons "
                         "with constraint, setting and text)")
     p.set_defaults(func=_explain)
+
+    p = sub.add_parser(
+        "jobs", help="show a transport's jobs in scheduling order: slots, loans, "
+                     "preemption stack (read-only)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_JOBS_DESCRIPTION, epilog=_CONTROL_EPILOG)
+    p.add_argument("transport", metavar="TRANSPORT",
+                   help="a transport as master.cf names it (smtp, relay, ...; see "
+                        "pyqmgr status)")
+    p.add_argument("--config-dir", default=default_config,
+                   help="the instance's config_directory (default: $MAIL_CONFIG or "
+                        "/etc/postfix)")
+    p.add_argument("--limit", type=_count, metavar="N",
+                   help="only the first N (the daemon builds the whole list in one go: "
+                        "some 50 ms for 10,000 jobs)")
+    p.add_argument("--json", action="store_true",
+                   help="print the daemon's reply as JSON (keys: ok, transport, policy, "
+                        "kind, order, total, and the list named by kind: jobs, queues, "
+                        "messages or threads)")
+    p.set_defaults(func=_jobs)
 
     args = parser.parse_args(argv)
     try:

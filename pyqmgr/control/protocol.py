@@ -20,7 +20,7 @@ One request and one reply per connection, on ``$queue_directory/pyqmgr/control``
   after it. Success is ``{"ok": true, ...}`` with the command's result members; failure
   is ``{"ok": false, "error": "human-readable text", "code": "..."}`` where ``code`` is
   one of :data:`ERROR_CODES` (``denied``, ``bad_request``, ``too_long``, ``timeout``,
-  ``busy``, ``not_implemented``, ``internal``), for scripts to branch on.
+  ``busy``, ``not_implemented``, ``internal``, ``not_found``), for scripts to branch on.
 
 Commands (:data:`COMMANDS`): ``status`` (no arguments) and ``explain`` (``target``: a
 destination or a queue id) only read the scheduler's state. ``suspend`` is reserved for
@@ -28,6 +28,14 @@ the operator controls to come; it is a *control* command (root and mail_owner on
 is answered "not yet implemented". Who may send which kind is the daemon's decision
 (:mod:`pyqmgr.daemon.control`), from the peer's socket credentials, never from anything
 in the request.
+
+``jobs`` (``transport``: a transport name as master.cf has it; ``limit``: optional,
+a number, only the first that many items) is a read command too: the transport's
+policy's work in the policy's own order, ``{"ok": true, "transport": ..., "policy":
+..., "kind": "jobs", "order": "...", "total": N, "jobs": [...]}``, where ``kind``
+names the member holding the list (nqmgr ``jobs``, oqmgr ``queues``, finch
+``messages``, zmailer ``threads``; see each policy's ``jobs_report``). A transport
+not in core is answered ``not_found``, a negative limit ``bad_request``.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ CONTROL = "control"
 
 #: Error codes of failed replies.
 ERROR_CODES = ("denied", "bad_request", "too_long", "timeout", "busy", "not_implemented",
-               "internal")
+               "internal", "not_found")
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,7 @@ class CommandSpec:
 COMMANDS: dict[str, CommandSpec] = {
     "status": CommandSpec(READ),
     "explain": CommandSpec(READ, {"target": ((str,), True)}),
+    "jobs": CommandSpec(READ, {"transport": ((str,), True), "limit": ((int,), False)}),
     "suspend": CommandSpec(CONTROL, {"target": ((str,), True), "reason": ((str,), False),
                                      "ttl": ((int, float), False)}),
 }

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import pwd
 import socket
@@ -259,6 +260,8 @@ class ControlServer:
         except NotImplementedError as exc:
             text = str(exc) or f"{request.command} is not yet implemented"
             return error_reply(text, "not_implemented")
+        except ProtocolError as exc:  # the handler refuses a well-formed request
+            return error_reply(str(exc), exc.code)
         except Exception as exc:  # a bug must not take the daemon down
             self.warn(peer, f"{request.command}: internal error: {type(exc).__name__}: {exc}")
             return error_reply(f"internal error: {type(exc).__name__}", "internal")
@@ -374,9 +377,28 @@ def scheduler_handler(qmgr: Qmgr) -> Handler:
         if command == "explain":
             return scheduler_explain.explain(qmgr.scheduler, str(request["target"]), now,
                                              busy=qmgr.in_flight())
+        if command == "jobs":
+            return jobs_reply(qmgr, request, now)
         raise NotImplementedError(f"{command} is not yet implemented")
 
     return handle
+
+
+def jobs_reply(qmgr: Qmgr, request: dict[str, object], now: float) -> dict[str, object]:
+    """``jobs``: the transport's policy's list, or a refusal that says what exists."""
+    name = str(request["transport"])
+    limit = request.get("limit")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ProtocolError(f"jobs: limit must be at least 0, not {limit}")
+    reply = scheduler_explain.jobs(qmgr.scheduler, name, now,
+                                   limit if isinstance(limit, int) else None)
+    if reply is None:
+        known = ", ".join(sorted(qmgr.scheduler.transports)) or "none yet"
+        shown = json.dumps(name[:64] + ("..." if len(name) > 64 else ""))
+        raise ProtocolError(f"jobs: no transport {shown} in core (in core: "
+                            f"{known}); a transport appears when mail for it first "
+                            "reaches the active queue", "not_found")
+    return reply
 
 
 async def start(qmgr: Qmgr, access: Access, log: MailLog) -> ControlServer | None:
