@@ -230,7 +230,9 @@ def explain(sched: Scheduler, target: str, now: float,
         for r in _transport_reasons(sched, t, now) + _queue_reasons(sched, queue, now):
             reasons.append({**r, "destination": queue.nexthop})
         if not t.broken:
-            reasons += t.policy.explain(queue, message)
+            # Asked once per destination; a reason about the message itself (nqmgr's
+            # blocker or preempted job, finch's concurrency) comes back each time.
+            reasons += [r for r in t.policy.explain(queue, message) if r not in reasons]
     if message.more and message.rcpt_limit <= message.rcpt_count and message.jobs:
         reasons.append(reason(
             "recipient slots used up", "qmgr_message_recipient_limit",
