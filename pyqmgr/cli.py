@@ -200,6 +200,70 @@ def _count(text: str) -> int:
     return value
 
 
+def _top(args: argparse.Namespace) -> int:
+    import curses
+
+    from pyqmgr.control import top
+    from pyqmgr.control.client import ClientError, request, socket_path
+
+    try:
+        path = socket_path(args.config_dir)
+    except ClientError as exc:  # not a configuration directory: nothing to retry
+        print(f"pyqmgr top: {exc}", file=sys.stderr)
+        return _CLIENT_EXIT[exc.kind]
+
+    def fetch() -> dict[str, object]:
+        try:
+            reply = request(path, "status")
+        except ClientError as exc:
+            raise top.TopError(str(exc), _CLIENT_EXIT[exc.kind]) from None
+        if not reply["ok"]:
+            raise top.TopError(f"the daemon refused: {reply['error']}",
+                               EX_NOPERM if reply.get("code") == "denied" else 1)
+        return reply
+
+    try:
+        if args.once or args.iterations is not None or not (
+                sys.stdin.isatty() and sys.stdout.isatty()):
+            iterations = 1 if args.once else (args.iterations or 1)
+            try:
+                return top.batch(fetch, args.config_dir, args.interval, args.sort,
+                                 iterations, sys.stdout.write)
+            except top.TopError as exc:
+                print(f"pyqmgr top: {exc}", file=sys.stderr)
+                return exc.status
+        try:
+            return int(curses.wrapper(top.interactive, fetch, args.config_dir,
+                                      args.interval, args.sort))
+        except curses.error as exc:
+            term = os.environ.get("TERM", "(unset)")
+            print(f"pyqmgr top: cannot drive this terminal (TERM={term}): {exc}; "
+                  "--once prints one plain snapshot", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        # curses.wrapper has restored the terminal already; Ctrl-C is a way to quit.
+        return 0
+
+
+def _interval(text: str) -> float:
+    """argparse type: seconds between refreshes, at least 0.1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0.1:
+        raise argparse.ArgumentTypeError(f"must be at least 0.1 s: {text}")
+    return value
+
+
+def _positive(text: str) -> int:
+    """argparse type: a whole number, 1 or more."""
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
+    return value
+
+
 _JOBS_DESCRIPTION = (
     "Ask the running pyqmgr for TRANSPORT's work in the order its scheduling policy\n"
     "picks from. With nqmgr (stock's scheduler) that is the job list, one job per\n"
@@ -361,6 +425,35 @@ def main(argv: list[str] | None = None) -> int:
                         "kind, order, total, and the list named by kind: jobs, queues, "
                         "messages or threads)")
     p.set_defaults(func=_jobs)
+
+    p = sub.add_parser(
+        "top", help="pyqmgr status refreshed live in the terminal, with what changed",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "What 'pyqmgr status' shows, asked again every --interval seconds: the\n"
+            "transports on top, the destinations below, and beside the counts the change\n"
+            "since the previous refresh (± columns: agents busy and queued recipients per\n"
+            "transport, deliveries in flight and queued recipients per destination); rows\n"
+            "that changed are bold, new destinations are marked new, and those that left\n"
+            "core are counted.\n\n"
+            "keys: q quit (Ctrl-C too), s next sort order (name, window, busy, queued),\n"
+            "p pause/resume, space refresh now. While the daemon is not running or does\n"
+            "not answer, the screen says so and top asks again every interval.\n\n"
+            "Without a terminal on stdin and stdout (a pipe, a script), or with --once or\n"
+            "-n, top prints plain snapshots instead, like 'top -b': one, or N an interval\n"
+            "apart; there a failed request ends the run with the exit status of status."),
+        epilog=_CONTROL_EPILOG)
+    p.add_argument("--config-dir", default=default_config,
+                   help="the instance's config_directory (default: $MAIL_CONFIG or "
+                        "/etc/postfix)")
+    p.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS",
+                   help="seconds between refreshes (default 2, at least 0.1)")
+    p.add_argument("--sort", choices=["name", "window", "busy", "queued"], default="name",
+                   help="initial order of the destinations (s changes it)")
+    p.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
+    p.add_argument("-n", dest="iterations", type=_positive, metavar="N",
+                   help="print N plain snapshots, --interval apart, and exit")
+    p.set_defaults(func=_top)
 
     args = parser.parse_args(argv)
     try:
