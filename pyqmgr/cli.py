@@ -418,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the instance's config_directory (default: $MAIL_CONFIG or "
                         "/etc/postfix)")
     p.add_argument("--limit", type=_count, metavar="N",
-                   help="only the first N (the daemon builds the whole list in one go: "
-                        "some 50 ms for 10,000 jobs)")
+                   help="only the first N (the daemon builds the list in one go, holding "
+                        "up deliveries meanwhile: 50-85 ms for 10,000 jobs, 2 ms for the "
+                        "first 50)")
     p.add_argument("--json", action="store_true",
                    help="print the daemon's reply as JSON (keys: ok, transport, policy, "
                         "kind, order, total, and the list named by kind: jobs, queues, "

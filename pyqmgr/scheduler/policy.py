@@ -178,7 +178,7 @@ class Policy:
         ``"jobs"``, oqmgr's ``"queues"``, ...), ``"order"`` says in a sentence what
         the order means, since each policy's differs, and ``"total"`` counts the
         list's items when ``limit`` keeps only the first ones (the daemon builds the
-        reply in one event-loop turn: 10,000 nqmgr jobs take it some 50 ms). ``now``
+        reply in one event-loop turn: 10,000 nqmgr jobs take it 50-85 ms). ``now``
         is the scheduler clock (for ages). Like every hook this must not change any
         state. (Not called ``jobs``: policies use that name for their own state.)
 
