@@ -8,6 +8,7 @@ capture shows both the live screen and the shell after top has restored the term
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -64,8 +65,14 @@ class Tmux:
         return self.run("display", "-p", "-t", "top", "#{pane_width}x#{pane_height}").strip()
 
     def kill(self) -> None:
+        """Stop the server and remove its socket file (tmux 3.3 leaves it behind)."""
         subprocess.run([TMUX, "-L", self.socket, "kill-server"], capture_output=True,
                        timeout=20, check=False)
+        # Where tmux(1) puts a -L socket; the name is this test's own.
+        path = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.getuid()}",
+                            self.socket)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 @pytest.fixture
