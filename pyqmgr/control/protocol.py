@@ -35,7 +35,8 @@ policy's work in the policy's own order, ``{"ok": true, "transport": ..., "polic
 ..., "kind": "jobs", "order": "...", "total": N, "jobs": [...]}``, where ``kind``
 names the member holding the list (nqmgr ``jobs``, oqmgr ``queues``, finch
 ``messages``, zmailer ``threads``; see each policy's ``jobs_report``). A transport
-not in core is answered ``not_found``, a negative limit ``bad_request``.
+not in core is answered ``not_found``, a limit that is not a whole number of 0 or
+more ``bad_request``.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class CommandSpec:
 COMMANDS: dict[str, CommandSpec] = {
     "status": CommandSpec(READ),
     "explain": CommandSpec(READ, {"target": ((str,), True)}),
-    "jobs": CommandSpec(READ, {"transport": ((str,), True), "limit": ((int,), False)}),
+    "jobs": CommandSpec(READ, {"transport": ((str,), True),
+                               "limit": ((int, float), False)}),
     "suspend": CommandSpec(CONTROL, {"target": ((str,), True), "reason": ((str,), False),
                                      "ttl": ((int, float), False)}),
 }

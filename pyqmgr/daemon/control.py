@@ -389,7 +389,7 @@ def jobs_reply(qmgr: Qmgr, request: dict[str, object], now: float) -> dict[str, 
     name = str(request["transport"])
     limit = request.get("limit")
     if limit is not None and (not isinstance(limit, int) or limit < 0):
-        raise ProtocolError(f"jobs: limit must be at least 0, not {limit}")
+        raise ProtocolError(f"jobs: limit must be a whole number, 0 or more, not {limit}")
     reply = scheduler_explain.jobs(qmgr.scheduler, name, now,
                                    limit if isinstance(limit, int) else None)
     if reply is None:

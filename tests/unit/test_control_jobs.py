@@ -45,9 +45,11 @@ def test_the_daemons_answer_and_its_refusals():
     assert str(info.value) == (
         'jobs: no transport "smpt" in core (in core: smtp); a transport appears when '
         "mail for it first reaches the active queue")
-    with pytest.raises(ProtocolError) as info:
-        jobs_reply(qmgr, {"command": "jobs", "transport": "smtp", "limit": -1}, 0.0)  # type: ignore[arg-type]
-    assert info.value.code == "bad_request"
+    for bad in (-1, 1.5):
+        with pytest.raises(ProtocolError) as info:
+            jobs_reply(qmgr, {"command": "jobs", "transport": "smtp", "limit": bad}, 0.0)  # type: ignore[arg-type]
+        assert info.value.code == "bad_request"
+        assert str(info.value) == f"jobs: limit must be a whole number, 0 or more, not {bad}"
 
 
 def test_a_refusal_reaches_the_client_as_a_reply(tmp_path):
