@@ -35,6 +35,15 @@ Commands (:data:`COMMANDS`):
 
 Who may send which kind is the daemon's decision (:mod:`pyqmgr.daemon.control`), from
 the peer's socket credentials, never from anything in the request.
+
+``jobs`` (``transport``: a transport name as master.cf has it; ``limit``: optional,
+a number, only the first that many items) is a read command too: the transport's
+policy's work in the policy's own order, ``{"ok": true, "transport": ..., "policy":
+..., "kind": "jobs", "order": "...", "total": N, "jobs": [...]}``, where ``kind``
+names the member holding the list (nqmgr ``jobs``, oqmgr ``queues``, finch
+``messages``, zmailer ``threads``; see each policy's ``jobs_report``). A transport
+not in core is answered ``not_found``, a limit that is not a whole number of 0 or
+more ``bad_request``.
 """
 
 from __future__ import annotations
@@ -73,6 +82,8 @@ class CommandSpec:
 COMMANDS: dict[str, CommandSpec] = {
     "status": CommandSpec(READ),
     "explain": CommandSpec(READ, {"target": ((str,), True)}),
+    "jobs": CommandSpec(READ, {"transport": ((str,), True),
+                               "limit": ((int, float), False)}),
     "suspend": CommandSpec(CONTROL, {"target": ((str,), True), "reason": ((str,), False),
                                      "ttl": ((int, float), True)}),
     "resume": CommandSpec(CONTROL, {"target": ((str,), True)}),

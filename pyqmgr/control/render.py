@@ -157,3 +157,99 @@ def control_lines(command: str, reply: dict[str, object]) -> list[str]:
                 "  mail already deferred waits for its retry time; 'postqueue -f' or "
                 "'postqueue -s SITE' sends it now"]
     return [f"{target}: nothing dead in core"]
+
+
+# -- pyqmgr jobs -----------------------------------------------------------------------
+
+#: Members of a jobs reply that are not the policy's own transport-level state.
+_JOBS_FRAME = ("ok", "transport", "policy", "kind", "order", "total", "broken", "settings")
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(_cell(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    return _fmt(value)
+
+
+def jobs_lines(reply: dict[str, object]) -> list[str]:
+    """A heading (the transport, its policy, settings and state), then the list.
+
+    nqmgr's jobs get their own table (slots, loan, stack); any other policy's list,
+    a user's own included, is shown column by column as its items come.
+    """
+    kind = str(reply.get("kind") or "items")
+    items = _dicts(reply.get(kind))
+    total = reply.get("total")
+    head = (f"transport {_fmt(reply.get('transport'))} ({_fmt(reply.get('policy'))}): "
+            f"{_fmt(total if total is not None else len(items))} {kind}")
+    if isinstance(total, int) and total > len(items):
+        head += f", the first {len(items)} shown"
+    lines = [head]
+    if reply.get("broken"):
+        lines.append("the policy failed and is not asked: the transport's destinations "
+                     "as the core holds them")
+    settings = reply.get("settings")
+    if isinstance(settings, dict) and settings:
+        lines.append("settings: " + ", ".join(f"{k} = {_cell(v)}" for k, v in settings.items()))
+    state = {k: v for k, v in reply.items() if k not in _JOBS_FRAME and k != kind}
+    if kind == "jobs" and reply.get("policy") == "nqmgr":
+        return lines + _nqmgr_jobs(reply, items)
+    if state:
+        lines.append("state: " + ", ".join(f"{k} {_cell(v)}" for k, v in state.items()))
+    if reply.get("order"):
+        lines.append(f"order: {reply['order']}")
+    lines.append("")
+    if not items:
+        lines.append(f"no {kind}")
+        return lines
+    header = list(items[0])
+    rows = [[_cell(item.get(k)) for k in header] for item in items]
+    return lines + _table([h.upper().replace("_", " ") for h in header], rows)
+
+
+def _nqmgr_jobs(reply: dict[str, object], jobs: list[dict[str, object]]) -> list[str]:
+    lines = []
+    state = [f"current job {_fmt(reply.get('current_job'))}"]
+    if reply.get("preemption") is False:
+        state.append("preemption off (delivery_slot_cost below 2)")
+    state.append(f"first job still reading recipients {_fmt(reply.get('next_unread'))}")
+    state.append(f"spare recipient slots {_fmt(reply.get('spare_recipient_slots'))}")
+    lines.append("; ".join(state))
+    stacks = reply.get("stacks")
+    if isinstance(stacks, list) and stacks:
+        for chain in stacks:
+            if isinstance(chain, list):
+                lines.append("preemption stack, preempted first: "
+                             + " <- ".join(_fmt(q) for q in chain))
+    else:
+        lines.append("preemption stack: empty (no job is preempted)")
+    lines.append("")
+    if not jobs:
+        lines.append("no jobs")
+        return lines
+    rows = []
+    for j in jobs:
+        flags = [name for name, on in (
+            ("current", j.get("current")), ("blocker", j.get("blocker")),
+            ("preempted", bool(j.get("preempted_by")) and not j.get("current")),
+            ("reading", j.get("reading"))) if on]
+        dests = _dicts(j.get("destinations"))
+        where = ", ".join(f"{_fmt(d.get('destination'))} {_fmt(d.get('todo'))}+"
+                          f"{_fmt(d.get('in_flight'))}" for d in dests[:3])
+        if len(dests) > 3:
+            where += f", +{len(dests) - 3} more"
+        rows.append([
+            ">" if j.get("current") else "", _fmt(j.get("queue_id")),
+            _fmt(j.get("stack_level")), _fmt(j.get("preempts")),
+            f"{_fmt(j.get('slots_used'))}/{_fmt(j.get('slots_available'))}",
+            _fmt(j.get("loan")), _fmt(j.get("preempt_for")),
+            f"{_fmt(j.get('entries_selected'))}/{_fmt(j.get('entries_read'))}/"
+            f"{_fmt(j.get('entries_max'))}",
+            f"{_fmt(j.get('recipients'))}/{_fmt(j.get('recipient_limit'))}",
+            _fmt(j.get("recipients_unread")), _seconds(j.get("age")),
+            ",".join(flags) or "-", where or "-"])
+    return lines + _table(["", "JOB", "LEVEL", "PREEMPTS", "SLOTS USED/AVAIL", "LOAN",
+                           "PREEMPT<=", "ENTRIES SEL/READ/MAX", "RCPTS/LIMIT", "UNREAD",
+                           "AGE", "STATE", "DESTINATIONS TODO+OUT"], rows)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import pwd
 import socket
@@ -257,8 +258,11 @@ class ControlServer:
         try:
             return ok_reply(self.handler(request.as_dict(), peer))
         except ProtocolError as exc:
-            # The handler's own check of the arguments (a bad target, a bad ttl).
-            self.warn(peer, f"{request.command}: {exc}")
+            # The handler's own check of the arguments (a bad target or ttl, a transport
+            # not in core). A refused control is logged, as every control is; a reader's
+            # typo is only answered.
+            if request.kind == CONTROL:
+                self.warn(peer, f"{request.command}: {exc}")
             return error_reply(str(exc), exc.code)
         except NotImplementedError as exc:
             text = str(exc) or f"{request.command} is not yet implemented"
@@ -388,6 +392,8 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
         if command == "explain":
             return scheduler_explain.explain(qmgr.scheduler, str(request["target"]), now,
                                              busy=qmgr.in_flight())
+        if command == "jobs":
+            return jobs_reply(qmgr, request, now)
         controls = qmgr.suspensions
         target = str(request.get("target", ""))
         if command == "suspend":
@@ -402,6 +408,23 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
         raise NotImplementedError(f"{command} is not yet implemented")
 
     return handle
+
+
+def jobs_reply(qmgr: Qmgr, request: dict[str, object], now: float) -> dict[str, object]:
+    """``jobs``: the transport's policy's list, or a refusal that says what exists."""
+    name = str(request["transport"])
+    limit = request.get("limit")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ProtocolError(f"jobs: limit must be a whole number, 0 or more, not {limit}")
+    reply = scheduler_explain.jobs(qmgr.scheduler, name, now,
+                                   limit if isinstance(limit, int) else None)
+    if reply is None:
+        known = ", ".join(sorted(qmgr.scheduler.transports)) or "none yet"
+        shown = json.dumps(name[:64] + ("..." if len(name) > 64 else ""))
+        raise ProtocolError(f"jobs: no transport {shown} in core (in core: "
+                            f"{known}); a transport appears when mail for it first "
+                            "reaches the active queue", "not_found")
+    return reply
 
 
 async def start(qmgr: Qmgr, access: Access, log: MailLog,

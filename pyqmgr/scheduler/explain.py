@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.policy import Reason, reason
+from pyqmgr.scheduler.policy import Policy, Reason, reason
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.core import Scheduler
@@ -268,7 +268,9 @@ def explain(sched: Scheduler, target: str, now: float,
         for r in _transport_reasons(sched, t, now) + _queue_reasons(sched, queue, now):
             reasons.append({**r, "destination": queue.nexthop})
         if not t.broken and not _held(queue):
-            reasons += t.policy.explain(queue, message)
+            # Asked once per destination; a reason about the message itself (nqmgr's
+            # blocker or preempted job, finch's concurrency) comes back each time.
+            reasons += [r for r in t.policy.explain(queue, message) if r not in reasons]
     if message.more and message.rcpt_limit <= message.rcpt_count and message.jobs:
         reasons.append(reason(
             "recipient slots used up", "qmgr_message_recipient_limit",
@@ -279,3 +281,25 @@ def explain(sched: Scheduler, target: str, now: float,
                                           "transport takes it"))
     return {"target": target, "kind": "message", "queued_entries": len(entries),
             "in_flight": len(in_flight), "reasons": reasons}
+
+
+# -- jobs ----------------------------------------------------------------------------
+
+
+def jobs(sched: Scheduler, transport: str, now: float,
+         limit: int | None = None) -> dict[str, object] | None:
+    """``pyqmgr jobs TRANSPORT``: its policy's work in the policy's own order.
+
+    None when no such transport is in core (a transport appears when mail for it
+    first reaches the active queue). A transport whose policy raised is not asked
+    again (its state may be half-changed): its destinations are shown as the
+    default :meth:`Policy.jobs_report` reads them from the shared structures.
+    """
+    t = sched.transports.get(transport)
+    if t is None:
+        return None
+    if t.broken:
+        report = Policy.jobs_report(t.policy, now, limit)
+    else:
+        report = t.policy.jobs_report(now, limit)
+    return {"transport": t.name, **report, "policy": t.policy.name, "broken": t.broken}

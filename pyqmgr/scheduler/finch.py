@@ -38,6 +38,7 @@ destination costs one pass, not one per decision.
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.entry import Entry, entry_link, entry_select
@@ -226,3 +227,33 @@ class Finch(Policy):
         return {"policy": self.name, "workers": self.workers, "busy": self.busy,
                 "messages": [(j.message.queue_id, j.concurrency)
                              for j in self.by_message.values()][:20]}
+
+    def jobs_report(self, now: float, limit: int | None = None) -> dict[str, object]:
+        """Every message on the transport, first come first, with its workers."""
+        t = self.tname
+        tag = self.blocker_tag
+        messages: list[dict[str, object]] = []
+        # by_message gains a job when a message first (or again) reaches the policy,
+        # so its order is first-come order.
+        for job in islice(self.by_message.values(), limit):
+            dests = list(dict.fromkeys(e.queue.name for e in job.todo))
+            messages.append({
+                "queue_id": job.message.queue_id,
+                "workers": job.concurrency,
+                "todo": len(job.todo),
+                # On the walk: has a todo entry; passed over while a blocker or capped.
+                "waiting": job.node.owner is not None,
+                "blocker": bool(job.todo) and job.blocker_tag == tag,
+                "allowed_new_worker": self.allowed_new_worker(job),
+                "age": round(now - job.message.enqueue_time, 3),
+                "destinations": dests,
+            })
+        return {"policy": self.name, "kind": "messages",
+                "order": "first come, first served: an agent takes the first message "
+                         "allowed another worker that has an entry for a destination "
+                         "with room",
+                "settings": {f"{t}_finch_max_message_concurrency": self.max_concurrency,
+                             f"{t}_finch_scale_max_concurrency": self.scale},
+                "workers": self.workers, "busy": self.busy,
+                "free_workers": self.free_workers(),
+                "total": len(self.by_message), "messages": messages}

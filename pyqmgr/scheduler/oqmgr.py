@@ -128,3 +128,43 @@ class Oqmgr(Policy):
         if self._created:
             self._place_created()
         return {"policy": self.name, "destinations": len(self.queue_list)}
+
+    def jobs_report(self, now: float, limit: int | None = None) -> dict[str, object]:
+        """The round-robin queue list in the order the next agent scans it.
+
+        Queues created by batches not yet placed are shown where the next selection
+        puts them (the tail, in resolve order), without moving them: asking must not
+        change what the scheduler does.
+        """
+        created = sorted(self._created.items(), key=lambda kv: kv[1])
+        order = [q for q in self.queue_list
+                 if self._nodes.get(q) not in self._created]
+        order += [node.item for node, _ in created]
+        limit = self.transport.cfg.destination_concurrency_limit
+        queues: list[dict[str, object]] = []
+        chosen = False
+        for queue in order:
+            if limit is not None and len(queues) >= limit:
+                break
+            first = queue.todo.first()
+            # select()'s test: the first queue with room and work gets the next agent.
+            nxt = not chosen and queue.window > queue.busy_count and bool(queue.todo)
+            chosen = chosen or nxt
+            queues.append({
+                "destination": queue.name,
+                "nexthop": queue.nexthop,
+                "next": nxt,
+                "window": max(queue.window, 0),
+                "limit": limit,
+                "in_flight": queue.busy_count,
+                "todo": len(queue.todo),
+                "recipients": sum(len(e.recipients) for e in queue.todo),
+                "oldest": first.message.queue_id if first is not None else None,
+                "age": (round(now - first.message.enqueue_time, 3)
+                        if first is not None else None),
+            })
+        return {"policy": self.name, "kind": "queues",
+                "order": "round robin by destination: the next agent takes the oldest "
+                         "entry of the first destination with room and work, and the "
+                         "list then rotates past it",
+                "total": len(order), "queues": queues}

@@ -181,3 +181,42 @@ class Zmailer(Policy):
     def describe(self) -> dict[str, object]:
         return {"policy": self.name, "threads": len(self.threads),
                 "waiting": len(self.waiting), "continuing": len(self.continuing)}
+
+    def jobs_report(self, now: float, limit: int | None = None) -> dict[str, object]:
+        """The threads, in the order free agents go to them.
+
+        Continuing threads first (their agent came back and the run has vertices
+        left), then waiting ones oldest first; a running thread has its one agent
+        out, an idle one nothing to do.
+        """
+        rows: list[dict[str, object]] = []
+        nxt = 0
+        for state, threads in (("continuing", list(self.continuing)),
+                               ("waiting", list(self.waiting)),
+                               ("running", [th for th in self.threads.values()
+                                            if th.running and th.node.owner is None]),
+                               ("idle", [th for th in self.threads.values()
+                                         if not th.running and th.node.owner is None])):
+            for thread in threads:
+                if limit is not None and len(rows) >= limit:
+                    break
+                queue = thread.queue
+                first = queue.todo.first()
+                if state in ("continuing", "waiting"):
+                    nxt += 1
+                rows.append({
+                    "destination": queue.name,
+                    "nexthop": queue.nexthop,
+                    "state": state,
+                    "turn": nxt if state in ("continuing", "waiting") else None,
+                    "run_left": sum(1 for e in thread.run if _todo(e)),
+                    "todo": len(queue.todo),
+                    "in_flight": queue.busy_count,
+                    "oldest_age": (round(now - first.message.enqueue_time, 3)
+                                   if first is not None else None),
+                })
+        return {"policy": self.name, "kind": "threads",
+                "order": "continuing threads first, then waiting threads in wake-up "
+                         "order (the age of their first vertex); one agent per thread",
+                "settings": {f"{self.tname}_zmailer_ageorder": self.ageorder},
+                "total": len(self.threads), "threads": rows}

@@ -83,7 +83,7 @@ def test_command_not_a_string():
 
 def test_unknown_command():
     text = str(refused(b'{"command":"rm -rf"}\n'))
-    assert text == 'unknown command "rm -rf" (known: explain, resume, retry, status, suspend)'
+    assert text == 'unknown command "rm -rf" (known: explain, jobs, resume, retry, status, suspend)'
 
 
 def test_unknown_argument():

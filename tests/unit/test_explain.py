@@ -146,3 +146,19 @@ def test_unknown_targets_and_status_as_json():
     (t,) = snap["transports"]
     assert t["name"] == "smtp" and t["policy"] == "nqmgr" and t["queued_recipients"] == 3
     assert explain(s, "d.example", 0.0)["reasons"][0]["constraint"] == "none"
+
+
+def test_a_blocker_with_two_destinations_is_one_reason():
+    """Found on real Postfix: the policy was asked per destination and said it twice."""
+    s = Scheduler(lambda n: Params(destination_concurrency_limit=1,
+                                   initial_destination_concurrency=1,
+                                   destination_recipient_limit=1))
+    s.assign(Message("Q1", 0.0), routes(2, "a.example") + routes(2, "b.example"), now=0.0)
+    s.assign(Message("Q2", 1.0), routes(1, "fast.example"), now=1.0)
+    picked = [s.select("smtp", 1.0) for _ in range(3)]
+    assert [(e.message.queue_id, e.queue.name) for e in picked if e is not None] == [
+        ("Q1", "a.example"), ("Q1", "b.example"), ("Q2", "fast.example")]
+    answer = explain(s, "Q1", 1.0)
+    assert constraints(answer).count("blocker job") == 1, answer["reasons"]
+    assert sorted(r["destination"] for r in answer["reasons"]
+                  if r["constraint"] == "window full") == ["a.example", "b.example"]

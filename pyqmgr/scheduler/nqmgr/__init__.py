@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 from pyqmgr.scheduler.entry import Entry, entry_link
 from pyqmgr.scheduler.nqmgr.job import (
     Job,
+    _cdiv,
     blocker_update,
     job_entry_select,
     job_free,
@@ -172,6 +173,91 @@ class Nqmgr(Policy):
         return {"policy": self.name, "jobs": len(self.job_list),
                 "current_job": current.message.queue_id if current is not None else None}
 
+    def jobs_report(self, now: float, limit: int | None = None) -> dict[str, object]:
+        """The job list in scheduler order, with each job's slots, loan and stack place.
+
+        Slots: a job earns one delivery slot per entry it delivers
+        (``slots_available``); ``delivery_slot_cost`` of them let a job that needs
+        one entry preempt it, ``delivery_slot_loan`` (and ``delivery_slot_discount``)
+        let preemption happen before they are saved up. A preemption charges the
+        preempted job the preempting job's expected entries at once, so a negative
+        ``slots_available`` is a loan it has yet to earn back; ``preempt_for`` is the
+        most entries a job may need and still preempt this one now (0: it cannot be
+        preempted now). The preemption stack is each job's ``preempts`` (its
+        ``stack_parent``) and ``preempted_by`` (its children), and ``stacks`` lists
+        every chain from a preempted job at level 0 up to the job on top.
+        """
+        t = self.tname
+        current = self.job_current
+        rows: list[dict[str, object]] = []
+        stacks: list[list[str]] = []
+        for pos, job in enumerate(self.job_list, 1):
+            if job.stack_parent is None and job.children:
+                stacks += _chains(job, [])
+            if limit is not None and pos > limit:
+                continue
+            message = job.message
+            rows.append({
+                "queue_id": message.queue_id,
+                "position": pos,
+                "current": job is current,
+                "stack_level": job.stack_level,
+                "preempts": (job.stack_parent.message.queue_id
+                             if job.stack_parent is not None else None),
+                "preempted_by": [c.message.queue_id for c in job.children],
+                "blocker": job.blocker_tag == self.blocker_tag,
+                "slots_used": job.slots_used,
+                "slots_available": job.slots_available,
+                "loan": max(0, -job.slots_available),
+                "preempt_for": self._preempt_for(job),
+                "entries_selected": job.selected_entries,
+                "entries_read": job.read_entries,
+                "entries_max": job.max_entries,
+                "recipients": job.rcpt_count,
+                "recipient_limit": job.rcpt_limit,
+                "recipients_unread": message.rcpt_unread,
+                "reading": message.more,
+                "age": round(now - message.enqueue_time, 3),
+                # In the job's round-robin order: the first peer with room goes next.
+                "destinations": [{"destination": peer.queue.name,
+                                  "todo": len(peer.entries),
+                                  "in_flight": peer.refcount - len(peer.entries)}
+                                 for peer in job.peers],
+            })
+        return {
+            "policy": self.name, "kind": "jobs",
+            "order": "the job list as the scheduler walks it: a preempting job stands "
+                     "right before the job it preempted; the walk starts at the current "
+                     "job and skips blockers",
+            "settings": {f"{t}_delivery_slot_cost": self.slot_cost,
+                         f"{t}_delivery_slot_loan": self.slot_loan,
+                         f"{t}_delivery_slot_discount": 100 - self.slot_loan_factor,
+                         f"{t}_minimum_delivery_slots": self.min_slots},
+            "preemption": self.slot_cost >= 2,
+            "current_job": current.message.queue_id if current is not None else None,
+            "next_unread": (self.job_next_unread.message.queue_id
+                            if self.job_next_unread is not None else None),
+            "spare_recipient_slots": self.rcpt_unused,
+            "stacks": stacks,
+            "total": len(self.job_list),
+            "jobs": rows,
+        }
+
+    def _preempt_for(self, job: Job) -> int:
+        """The most entries a job may still need to preempt ``job`` now (``_preempt``'s
+        test turned around); 0 when ``job`` cannot be preempted now."""
+        if (self.slot_cost < 2 or job.slots_available <= 0
+                or job.max_entries < self.min_slots * self.slot_cost):
+            return 0
+        # A candidate must fit into the slots the job can still accumulate...
+        fits = _cdiv(job.read_entries - job.selected_entries + job.slots_available,
+                     self.slot_cost)
+        if fits <= 0 or self.slot_loan_factor <= 0:
+            return max(fits, 0)
+        # ...and its expected entries, discounted, into the saved slots plus the loan.
+        budget = job.slots_available // self.slot_cost + self.slot_loan
+        return min(fits, budget * 100 // self.slot_loan_factor)
+
     def explain(self, queue: Queue | None, message: Message | None) -> list[Reason]:
         """Blocker jobs and preemption: nqmgr's own reasons for waiting."""
         t = self.tname
@@ -201,3 +287,11 @@ class Nqmgr(Policy):
                 f"{child.message.queue_id}, which needs fewer delivery slots; it resumes "
                 "when that one is done", preempted_by=child.message.queue_id))
         return out
+
+
+def _chains(job: Job, below: list[str]) -> list[list[str]]:
+    """Every preemption chain from ``job`` up: [preempted, ..., job on top]."""
+    path = [*below, job.message.queue_id]
+    if not job.children:
+        return [path]
+    return [chain for child in job.children for chain in _chains(child, path)]
