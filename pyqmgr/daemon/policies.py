@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 from pyqmgr.postfix.config import ConfigError, QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.postfix.master_cf import load_master_cf
-from pyqmgr.pyqmgr_cf import PyqmgrCf
+from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.policy import PolicyTable
+from pyqmgr.scheduler.shaping import ShapingError, ShapingTable
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class PolicySetup:
     process_limits: dict[str, int]
     default_process_limit: int
     fudge_factor: int
+    #: Rates and response rules (:mod:`pyqmgr.scheduler.shaping`); None: none set.
+    shaping: ShapingTable | None = None
 
     def process_limit(self, transport: str) -> int:
         return self.process_limits.get(transport, self.default_process_limit)
@@ -61,4 +64,10 @@ def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     # Only the other policies' reading uses qmgr_fudge_factor; stock qmgr never reads
     # it, so a bad value must not stop stock scheduling either.
     fudge = 100 if table.stock else oqmgr_fudge_factor(cfg)
-    return PolicySetup(table, limits, cfg.default_process_limit, fudge)
+    try:
+        # Rules files are read here, as root and before the chroot.
+        shaping = ShapingTable(values, setting)
+    except ShapingError as exc:
+        raise PyqmgrCfError(f"{settings.path}: parameter {exc}") from None
+    return PolicySetup(table, limits, cfg.default_process_limit, fudge,
+                       shaping if shaping.active else None)

@@ -129,16 +129,20 @@ class Qmgr:
         self.loop = asyncio.get_running_loop()
         #: Operator controls (suspend, resume, retry); start-up gives it its state file.
         self.suspensions = Suspensions(self, None)
+        #: The armed shaping timer (at most one: the core asks for its earliest).
+        self._gate_timer: asyncio.TimerHandle | None = None
+        self._gate_at = 0.0
 
     def use_policies(self, setup: PolicySetup) -> None:
         """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
-        if setup.table.stock:
+        if setup.table.stock and setup.shaping is None:
             # Stock scheduling; the process limits only inform explain.
             self.scheduler.process_limit_for = setup.process_limit
             return
         self.scheduler = Scheduler.from_settings(
             self.cfg, refill=self._refill, policies=setup.table,
-            process_limit_for=setup.process_limit, fudge_factor=setup.fudge_factor)
+            process_limit_for=setup.process_limit, fudge_factor=setup.fudge_factor,
+            shaping_for=setup.shaping.shaping_for if setup.shaping is not None else None)
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -486,10 +490,31 @@ class Qmgr:
         self.scheduler.ended.clear()
         self.suspensions.ended(ended)
 
+    def _on_gate_timer(self) -> None:
+        """A shaping gate opens or a recovery step is due (rates, response rules)."""
+        self._gate_timer = None
+        self.scheduler.open_gates(time.monotonic())
+        self._process_decisions()
+        self.dispatch()
+
+    def _arm_gate_timers(self) -> None:
+        sched = self.scheduler
+        when = min(sched.gate_timers)
+        sched.gate_timers.clear()
+        if self._gate_timer is not None:
+            if self._gate_at <= when:
+                return
+            self._gate_timer.cancel()
+        self._gate_at = when
+        self._gate_timer = self.loop.call_later(max(0.0, when - time.monotonic()),
+                                                self._on_gate_timer)
+
     def _process_decisions(self) -> None:
         sched = self.scheduler
         if sched.ended:
             self._suspensions_ended()
+        if sched.gate_timers:
+            self._arm_gate_timers()
         if sched.timers:
             now = time.monotonic()
             for when in sched.timers:

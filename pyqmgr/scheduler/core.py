@@ -22,6 +22,9 @@ agent delivers, and the bookkeeping that decision needs, is each transport's pol
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,6 +37,15 @@ from pyqmgr.scheduler.nqmgr import Nqmgr
 from pyqmgr.scheduler.policy import Policy, PolicyClass, PolicyTable
 from pyqmgr.scheduler.qlist import QList
 from pyqmgr.scheduler.queue import Dsn, Queue
+from pyqmgr.scheduler.shaping import (
+    Gate,
+    Rule,
+    Shape,
+    Shaping,
+    observed_rate,
+    take_start,
+    triggered,
+)
 from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
 from pyqmgr.scheduler.transport import Transport, TransportParams
 
@@ -129,8 +141,11 @@ class Scheduler:
         policies: PolicyTable | None = None,
         fudge_factor: int = 100,
         process_limit_for: Callable[[str], int] | None = None,
+        shaping_for: Callable[[str], Shaping | None] | None = None,
     ) -> None:
         self.params_for = params_for
+        #: pyqmgr.cf's shaping per transport (:mod:`.shaping`); None: stock everywhere.
+        self.shaping_for = shaping_for
         #: Each transport's policy (nqmgr everywhere unless pyqmgr.cf says otherwise).
         self.policies = policies or PolicyTable()
         #: master.cf's maxproc per transport (finch's workers, explain's process limit).
@@ -185,13 +200,20 @@ class Scheduler:
         #: Suspensions whose time ran out in :meth:`tick` (drained by the daemon, which
         #: logs them and rewrites its state file).
         self.ended: list[Suspension] = []
+        #: Shaping deadlines: (when, seq, transport, queue name, what). Popped by
+        #: :meth:`open_gates` in O(log n), never by a walk over every queue.
+        self.gate_heap: list[tuple[float, int, Transport, str, str]] = []
+        self._gate_seq = itertools.count()
+        #: Times at which :meth:`open_gates` has work (decisions, like :attr:`timers`).
+        self.gate_timers: list[float] = []
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
                       feedback_rounding: str = "stock",
                       policies: PolicyTable | None = None,
                       process_limit_for: Callable[[str], int] | None = None,
-                      fudge_factor: int = 100) -> Scheduler:
+                      fudge_factor: int = 100,
+                      shaping_for: Callable[[str], Shaping | None] | None = None) -> Scheduler:
         """The scheduler as main.cf configures it: the daemon's and the simulator's."""
         return cls(
             cfg.transport,
@@ -209,6 +231,7 @@ class Scheduler:
             policies=policies,
             process_limit_for=process_limit_for,
             fudge_factor=fudge_factor,
+            shaping_for=shaping_for,
         )
 
     @property
@@ -242,6 +265,8 @@ class Scheduler:
             self.transport_list.prepend(t.node)
             if self.suspensions:
                 t.suspension = self.suspensions.for_transport(name)
+            if self.shaping_for is not None and name not in (RETRY, ERROR):
+                t.shaping = self.shaping_for(name)
         return t
 
     def _attach_policy(self, t: Transport) -> None:
@@ -279,8 +304,16 @@ class Scheduler:
         if queue is None:
             queue = t.queue(name, nexthop)
             self.queue_count += 1
-            if self.suspensions:
-                queue.suspension = self.suspensions.for_queue(t.name, name, nexthop)
+            if t.shaping is not None:
+                shape = t.shapes.get(name)
+                if shape is None:
+                    shape = t.shapes[name] = Shape()
+                queue.shape = shape
+                queue.cap = shape.cap
+                if queue.cap and queue.window > queue.cap:
+                    queue.window = queue.cap
+            if self.suspensions or (queue.shape is not None and queue.shape.gate is not None):
+                queue.gate = self._gate_for(queue)
         return queue
 
     def _queue_done(self, queue: Queue) -> None:
@@ -292,6 +325,13 @@ class Scheduler:
         t.ready_queues.pop(queue, None)
         if not t.broken:
             t.policy.queue_done(queue)
+        shape = queue.shape
+        if shape is not None:
+            if shape.neutral(self.now):
+                t.shapes.pop(queue.name, None)
+            elif shape.gate is None and shape.rule is None:
+                # Only the rate's spacing remains: forget it once it has passed.
+                self._push_gate(shape.tat, t, queue.name, "prune")
 
     def _info(self, text: str) -> None:
         self.log.append(("info", text))
@@ -507,6 +547,8 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
             self._policy_failed(t, "select", exc)
             entry = None
+        if entry is not None and t.shaping is not None:
+            self._started(entry.queue)
         if entry is None:
             # Stock would keep the rate lock until some delivery ends; with none under
             # way the transport would never be chosen again.
@@ -545,7 +587,14 @@ class Scheduler:
         message = entry.message
         if crashed or status != 0:
             message.deferred = True
-            if hop is not None and hop.status:
+            rule = None
+            if hop is not None and hop.status and t.shaping is not None and t.shaping.rules:
+                rule = t.shaping.match(hop.status, hop.reason)
+            if rule is not None and rule.throttle and hop is not None:
+                # Throttling, not failure: the rule's action instead of negative
+                # feedback, and never a failed cohort (the site is alive).
+                self._throttled(queue, rule, hop, now)
+            elif hop is not None and hop.status:
                 dsn = Dsn(
                     hop.status if dsn_valid(hop.status) else "4.0.0",
                     SUSPENDED + (hop.reason or "unknown error"),
@@ -743,16 +792,8 @@ class Scheduler:
                     t.rate_lock = False
             return names
         for queue in self._matching_queues(target):
-            t = queue.transport
-            was = queue.suspension
-            queue.suspension = self.suspensions.for_queue(t.name, queue.name, queue.nexthop)
-            t.sync(queue)
-            names.append(f"{t.name}:{queue.name}")
-            if was is not None and queue.suspension is None and not t.broken:
-                if queue.ready and queue.idle:
-                    self._queue_done(queue)
-                else:
-                    t.policy.resumed(queue)
+            names.append(f"{queue.transport.name}:{queue.name}")
+            self._regate(queue)
         return names
 
     def retry(self, target: Target) -> list[str]:
@@ -777,3 +818,151 @@ class Scheduler:
                 if queue.ready and queue.idle:
                     self._queue_done(queue)
         return revived
+
+    # -- shaping: gates, rates, response rules (pyqmgr.cf; see shaping.py) -------------
+
+    def _gate_for(self, queue: Queue) -> Suspension | Gate | None:
+        """The gate a queue should have now: an operator's suspension, else shaping's."""
+        if self.suspensions:
+            s = self.suspensions.for_queue(queue.transport.name, queue.name, queue.nexthop)
+            if s is not None:
+                return s
+        shape = queue.shape
+        return shape.gate if shape is not None else None
+
+    def _regate(self, queue: Queue) -> None:
+        """Bring a queue's gate in line; an opened queue delivers (or goes, if idle)."""
+        t = queue.transport
+        was = queue.gate
+        queue.gate = self._gate_for(queue)
+        t.sync(queue)
+        if was is not None and queue.gate is None and not t.broken:
+            if queue.ready and queue.idle:
+                self._queue_done(queue)
+            else:
+                t.policy.resumed(queue)
+
+    def _push_gate(self, when: float, t: Transport, name: str, what: str) -> None:
+        if not self.gate_heap or when < self.gate_heap[0][0]:
+            self.gate_timers.append(when)
+        heapq.heappush(self.gate_heap, (when, next(self._gate_seq), t, name, what))
+
+    def _close(self, queue: Queue, gate: Gate) -> None:
+        assert queue.shape is not None
+        queue.shape.gate = gate
+        self._push_gate(gate.until, queue.transport, queue.name, "gate")
+        self._regate(queue)
+
+    def _started(self, queue: Queue) -> None:
+        """A delivery to a shaped destination starts: space the next by the rate."""
+        t = queue.transport
+        shaping, shape = t.shaping, queue.shape
+        assert shaping is not None and shape is not None
+        nxt = take_start(shaping, shape, self.now)
+        if nxt is not None and (shape.gate is None or shape.gate.until < nxt):
+            rate = shaping.rate
+            setting = f"{t.name}_{shaping.rate_setting}"
+            if shape.rate_factor < 1.0 and shape.rule is not None:
+                setting = shape.rule.where
+            text = (f"{queue.nexthop} starts a delivery at most every "
+                    f"{nxt - self.now if shaping.burst == 1 else (shape.tat - self.now):.3g} s"
+                    + (f" ({t.name}_{shaping.rate_setting} = {rate})" if rate else ""))
+            self._close(queue, Gate("rate", nxt, setting, text))
+
+    def _throttled(self, queue: Queue, rule: Rule, hop: Dsn, now: float) -> None:
+        """A reply a rule calls throttling: cap, slow or gate the destination."""
+        t = queue.transport
+        shape = queue.shape
+        assert shape is not None and t.shaping is not None
+        if not triggered(rule, shape, now):
+            return
+        first = shape.rule is None
+        shape.rule = rule
+        shape.last_match = now
+        done = []
+        if rule.window is not None:
+            in_flight = queue.busy_count
+            cap = max(rule.window_floor, math.floor(in_flight * rule.window))
+            if shape.cap:
+                cap = min(cap, shape.cap)
+            shape.cap = queue.cap = cap
+            if queue.window > cap:
+                queue.window = cap
+            done.append(f"window capped at {cap} ({in_flight} in flight)")
+        if rule.rate is not None:
+            if first and t.shaping.rate is None:
+                shape.learnt_rate = observed_rate(shape, now)
+            if t.shaping.rate is not None or shape.learnt_rate > 0:
+                shape.rate_factor *= rule.rate
+                base = t.shaping.rate.count / t.shaping.rate.period if t.shaping.rate else (
+                    shape.learnt_rate)
+                per_s = base * shape.rate_factor
+                if rule.rate_floor is not None:
+                    per_s = max(per_s, rule.rate_floor.count / rule.rate_floor.period)
+                done.append(f"rate lowered to {per_s:.3g}/s")
+        if rule.suspend is not None:
+            self._close(queue, Gate("backoff", now + rule.suspend, rule.where,
+                                    f"{queue.nexthop} is held back {rule.suspend:g} s after "
+                                    f"a throttling reply ({rule.describe()})"))
+            done.append(f"held back {rule.suspend:g}s")
+        shape.next_step = now + rule.quiet
+        self._push_gate(shape.next_step, t, queue.name, "step")
+        t.sync(queue)
+        self.log.append(("info", f"shaping: {queue.nexthop} ({t.name}): throttling reply "
+                                 f"\"{hop.status} {hop.reason}\" matched {rule.where}: "
+                                 f"{', '.join(done) or 'not counted as a failure'}"))
+
+    def _step_up(self, t: Transport, name: str, shape: Shape, now: float) -> None:
+        """A quiet interval passed with no throttling reply: give back one step."""
+        rule = shape.rule
+        if rule is None or now < shape.next_step:
+            return
+        nexthop = t.queues[name].nexthop if name in t.queues else name
+        if now - shape.last_match >= rule.ttl:
+            shape.cap, shape.rate_factor, shape.rule = 0, 1.0, None
+            shape.learnt_rate = 0.0
+            what = "throttling over: cap and rate back to normal"
+        else:
+            if shape.cap:
+                shape.cap += rule.step
+                limit = t.cfg.destination_concurrency_limit
+                if limit and shape.cap >= limit:
+                    shape.cap = 0
+            if rule.rate is not None and shape.rate_factor < 1.0:
+                shape.rate_factor = min(1.0, shape.rate_factor / rule.rate)
+            if not shape.cap and shape.rate_factor >= 1.0:
+                shape.rule = None
+                what = "throttling over: cap and rate back to normal"
+            else:
+                shape.next_step = now + rule.quiet
+                self._push_gate(shape.next_step, t, name, "step")
+                what = (f"quiet for {rule.quiet:g}s: "
+                        + (f"window cap {shape.cap}" if shape.cap else "no window cap")
+                        + (f", rate x{shape.rate_factor:.3g}" if shape.rate_factor < 1 else ""))
+        queue = t.queues.get(name)
+        if queue is not None:
+            queue.cap = shape.cap
+            t.sync(queue)
+        self.log.append(("info", f"shaping: {nexthop} ({t.name}): {what}"))
+
+    def open_gates(self, now: float) -> None:
+        """Time passed: open the gates and take the recovery steps that are due."""
+        self.now = now
+        heap = self.gate_heap
+        while heap and heap[0][0] <= now:
+            _, _, t, name, what = heapq.heappop(heap)
+            shape = t.shapes.get(name)
+            if shape is None:
+                continue
+            if what == "gate":
+                if shape.gate is not None and shape.gate.until <= now:
+                    shape.gate = None
+                    queue = t.queues.get(name)
+                    if queue is not None:
+                        self._regate(queue)
+            elif what == "step":
+                self._step_up(t, name, shape, now)
+            if name not in t.queues and shape.neutral(now):
+                t.shapes.pop(name, None)
+        if heap:
+            self.gate_timers.append(heap[0][0])

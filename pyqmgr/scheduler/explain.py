@@ -19,13 +19,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.policy import Policy, Reason, reason
+from pyqmgr.scheduler.suspension import Suspension
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.core import Scheduler
     from pyqmgr.scheduler.entry import Entry
     from pyqmgr.scheduler.message import Message
     from pyqmgr.scheduler.queue import Queue
-    from pyqmgr.scheduler.suspension import Suspension
+    from pyqmgr.scheduler.shaping import Gate
     from pyqmgr.scheduler.transport import Transport
 
 
@@ -40,6 +41,16 @@ def suspension_status(s: Suspension | None, now: float) -> dict[str, object] | N
     return {"target": str(s.target), "reason": s.reason, "by": s.who,
             "since": _in(s.since, now), "ends_in": _in(s.until, now),
             "until": round(s.wall_until)}
+
+
+def _gate_status(gate: Suspension | Gate | None, now: float) -> dict[str, object] | None:
+    """Any gate: what kind, the setting behind it, when it opens."""
+    if gate is None:
+        return None
+    if isinstance(gate, Suspension):
+        return {"kind": gate.kind, "setting": "pyqmgr suspend", "opens_in": _in(gate.until, now)}
+    return {"kind": gate.kind, "setting": gate.setting, "opens_in": _in(gate.until, now),
+            "text": gate.text}
 
 
 def _suspended(s: Suspension, what: str, now: float) -> Reason:
@@ -93,7 +104,10 @@ def destination_status(queue: Queue, now: float) -> dict[str, object]:
         "reason": queue.dsn.reason if queue.dsn is not None else None,
         "retry_in": _in(queue.revive_at, now),
         "rate_delayed_for": _in(queue.resume_at, now) if queue.suspended else None,
-        "suspended": suspension_status(queue.suspension, now),
+        "suspended": suspension_status(
+            queue.gate if isinstance(queue.gate, Suspension) else None, now),
+        "gate": _gate_status(queue.gate, now),
+        "cap": queue.cap or None,
     }
 
 
@@ -153,8 +167,13 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
             f"{_in(queue.revive_at, now)} s", since=_in(since, now),
             retry_in=_in(queue.revive_at, now), fail_cohorts=queue.fail_cohorts))
         return out
-    if queue.suspension is not None:
-        out.append(_suspended(queue.suspension, queue.nexthop, now))
+    gate = queue.gate
+    if isinstance(gate, Suspension):
+        out.append(_suspended(gate, queue.nexthop, now))
+        return out
+    if gate is not None:
+        out.append(reason(gate.kind, gate.setting, f"{gate.text}; next start in "
+                          f"{_in(gate.until, now)} s", opens_in=_in(gate.until, now)))
         return out
     if queue.suspended:
         out.append(reason(
@@ -171,6 +190,15 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
                 "policy destination cap", f"{t.name}_scheduler_policy",
                 f"the {t.policy.name} policy allows {cap} delivery at a time to "
                 f"{queue.nexthop}", cap=cap))
+        elif queue.cap and queue.window >= queue.cap and (not limit or queue.cap < limit):
+            rule = queue.shape.rule if queue.shape is not None else None
+            where = rule.where if rule else f"{t.name}_response_rules"
+            action = rule.describe() if rule else "-"
+            out.append(reason(
+                "window capped by throttling", where,
+                f"{queue.nexthop} has {queue.busy_count} deliveries in flight, its window "
+                f"is capped at {queue.cap} after throttling replies ({action}); the cap "
+                "rises after a quiet interval", window=queue.window, cap=queue.cap))
         elif limit and queue.window >= limit:
             out.append(reason(
                 "window full", f"{t.name}_destination_concurrency_limit",
@@ -188,7 +216,7 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
 
 def _held(queue: Queue) -> bool:
     """Suspended by an operator: the policy's reasons (a blocker job) follow from that."""
-    return queue.suspension is not None or queue.transport.suspension is not None
+    return isinstance(queue.gate, Suspension) or queue.transport.suspension is not None
 
 
 def _find_queues(sched: Scheduler, target: str) -> list[Queue]:

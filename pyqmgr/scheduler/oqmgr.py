@@ -110,7 +110,7 @@ class Oqmgr(Policy):
         node = self.queue_list.head
         while node is not None:
             queue = node.item
-            if queue.window > queue.busy_count and queue.todo and queue.suspension is None:
+            if queue.window > queue.busy_count and queue.todo and queue.gate is None:
                 self.queue_list.rotate(node)
                 entry = queue.todo.first()
                 assert entry is not None

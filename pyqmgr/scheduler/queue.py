@@ -16,6 +16,7 @@ from pyqmgr.scheduler.qlist import QList
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.scheduler.shaping import Gate, Shape
     from pyqmgr.scheduler.suspension import Suspension
     from pyqmgr.scheduler.transport import Transport
 
@@ -62,8 +63,15 @@ class Queue:
     resume_at: float | None = None
     #: Earliest time for the next "is using up N of M active queue entries" warning.
     clog_time_to_warn: float = 0.0
-    #: An operator's suspension (``pyqmgr suspend``): no deliveries start while set.
-    suspension: Suspension | None = None
+    #: Why no delivery starts now though the destination is alive: an operator's
+    #: suspension (``pyqmgr suspend``), a rate's spacing, a backoff rule, a policy
+    #: service's DEFER (:mod:`.shaping`). None: open. The one attribute every policy
+    #: tests, so that each new reason to wait costs the delivery path nothing more.
+    gate: Suspension | Gate | None = None
+    #: A response rule's cap on the window (0: none), below the concurrency limit.
+    cap: int = 0
+    #: Shaping state (:class:`.shaping.Shape`) when the transport has shaping.
+    shape: Shape | None = None
 
     @property
     def ready(self) -> bool:
@@ -115,10 +123,14 @@ class Queue:
             self.revive_at = None
             # Back from the almost grave, best concurrency is anyone's guess.
             self.window = self.busy_count if self.busy_count > 0 else t.initial_concurrency
+            if self.cap and self.window > self.cap:
+                self.window = self.cap
             self.success = self.failure = 0.0
             self._log_window("qmgr_queue_unthrottle")
             return
         limit = t.cfg.destination_concurrency_limit
+        if self.cap and (limit == 0 or self.cap < limit):
+            limit = self.cap
         if (limit == 0 or limit > self.window) and (
             self.window < self.busy_count + t.initial_concurrency
         ):

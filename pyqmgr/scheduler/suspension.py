@@ -20,8 +20,8 @@ the new one must be suspended too. The table is consulted when a queue or transp
 made, so its cost is one dict test per new queue while any suspension exists.
 
 Naming: Postfix's own "suspended" queue state is ``destination_rate_delay``'s pause
-(:attr:`.queue.Queue.suspended`); an operator's is a :class:`Suspension` on
-``queue.suspension``.
+(:attr:`.queue.Queue.suspended`); an operator's is a :class:`Suspension` in
+``queue.gate``, the attribute that every reason to hold a live destination shares.
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ class Suspension:
     @property
     def ttl(self) -> float:
         return self.until - self.since
+
+    @property
+    def kind(self) -> str:
+        return "suspended"
 
 
 class SuspensionTable:

@@ -20,6 +20,7 @@ from pyqmgr.scheduler.queue import Dsn, Queue
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.policy import Policy
+    from pyqmgr.scheduler.shaping import Shape, Shaping
     from pyqmgr.scheduler.suspension import Suspension
 
 #: Stock keeps at most this many agent connections per transport waiting for an agent.
@@ -97,6 +98,10 @@ class Transport:
         self.broken = False
         #: An operator's suspension of the whole transport: no agents while set.
         self.suspension: Suspension | None = None
+        #: pyqmgr.cf's shaping for this transport (:mod:`.shaping`); None: stock.
+        self.shaping: Shaping | None = None
+        #: Shaping state by queue name, kept while it matters after a queue is gone.
+        self.shapes: dict[str, Shape] = {}
 
     @property
     def throttled(self) -> bool:
@@ -125,9 +130,9 @@ class Transport:
     def room(self, queue: Queue) -> int:
         """Deliveries ``queue`` may start now: its window, capped by the policy's cap.
 
-        Zero while an operator has the destination suspended.
+        Zero while the destination is gated (suspended, rate-spaced, backing off).
         """
-        if queue.suspension is not None:
+        if queue.gate is not None:
             return 0
         window = queue.window
         cap = self.dest_cap
@@ -139,7 +144,7 @@ class Transport:
         """Keep :attr:`ready_queues` true for ``queue`` after any change to it."""
         if queue.window > queue.busy_count and queue.todo and queue.window > 0 and (
                 not self.dest_cap or queue.busy_count < self.dest_cap) and (
-                queue.suspension is None):
+                queue.gate is None):
             self.ready_queues[queue] = None
         else:
             self.ready_queues.pop(queue, None)

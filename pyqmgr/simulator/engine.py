@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import random
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn, Queue
+from pyqmgr.scheduler.shaping import RULES, ShapingError, ShapingTable
 from pyqmgr.simulator.scenario import Destination, Scenario, ScenarioError
 
 
@@ -88,11 +90,13 @@ class _Waiter:
 
 
 class _Server:
-    __slots__ = ("sessions", "queue")
+    __slots__ = ("sessions", "queue", "starts")
 
     def __init__(self) -> None:
         self.sessions = 0
         self.queue: deque[_Waiter] = deque()
+        #: Session start times in the last second (a rate-limiting server).
+        self.starts: deque[float] = deque()
 
 
 class _SimMessage:
@@ -117,6 +121,22 @@ def policy_table(values: dict[str, str]) -> PolicyTable:
     return PolicyTable.build(values, setting, fail)
 
 
+def shaping_table(sc: Scenario) -> ShapingTable:
+    """The scenario's rates and response rules (rules paths relative to its file)."""
+    values = dict(sc.pyqmgr_cf)
+    for name, value in values.items():
+        if name.endswith(RULES) and value.strip() and not os.path.isabs(value.strip()):
+            values[name] = os.path.normpath(os.path.join(sc.base_dir, value.strip()))
+
+    def setting(name: str, transport: str, default: str) -> str:
+        return values.get(f"{transport}_{name}", values.get(name, default))
+
+    try:
+        return ShapingTable(values, setting)
+    except ShapingError as exc:
+        raise ScenarioError(f"pyqmgr_cf.{exc}") from None
+
+
 class Engine:
     def __init__(self, scenario: Scenario, seed: int | None = None) -> None:
         self.sc = scenario
@@ -124,12 +144,14 @@ class Engine:
         text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
         self.cfg = QmgrConfig.from_text(text, hostname="sim.example")
         self.policies = policy_table(scenario.pyqmgr_cf)
+        self.shaping = shaping_table(scenario)
         self.sched = Scheduler.from_settings(
             self.cfg, refill=self._refill, feedback_rounding=scenario.feedback_rounding,
             policies=self.policies,
             process_limit_for=lambda name: scenario.process_limits.get(
                 name, self.cfg.default_process_limit),
-            fudge_factor=oqmgr_fudge_factor(self.cfg))
+            fudge_factor=oqmgr_fudge_factor(self.cfg),
+            shaping_for=self.shaping.shaping_for if self.shaping.active else None)
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -162,7 +184,10 @@ class Engine:
             self.now = when
             action()
             self._decisions()
-        self.result.end_time = self.now
+        # The last delivery's end, not the clock's: shaping's recovery timers run on
+        # after the mail is gone and would stretch the figure with idle time.
+        last = max((d.end for d in self.result.deliveries), default=0.0)
+        self.result.end_time = last if self.result.deliveries else self.now
         return self.result
 
     # -- messages -------------------------------------------------------------------
@@ -214,6 +239,9 @@ class Engine:
         for when in sched.timers:
             self.at(when, self._tick)
         sched.timers.clear()
+        for when in sched.gate_timers:
+            self.at(when, self._open_gates)
+        sched.gate_timers.clear()
         for d in sched.deferrals:
             dest = d.message.owner.destination
             self.result.deferred[dest] = self.result.deferred.get(dest, 0) + 1
@@ -262,6 +290,9 @@ class Engine:
             for queue in list(t.queues.values()):
                 self._sample(queue)
 
+    def _open_gates(self) -> None:
+        self.sched.open_gates(self.now)
+
     def _release(self, name: str) -> None:
         if self.waiting.get(name, 0) > 0:
             self.waiting[name] -= 1
@@ -305,6 +336,20 @@ class Engine:
             self.at(self.now, self._finish(entry, start, window, dest.name, "deferred", hop, False))
             return
         server = self.servers.setdefault(dest.name, _Server())
+        if dest.rate_limit > 0:
+            # A provider's rate limiting: more than rate_limit sessions in the last
+            # second are answered rate_reply at once.
+            starts = server.starts
+            while starts and starts[0] <= self.now - 1.0:
+                starts.popleft()
+            if len(starts) >= dest.rate_limit:
+                text = dest.rate_reply
+                status = text.split()[1] if len(text.split()) > 1 else "4.7.0"
+                hop = Dsn(status, f"host {dest.name}[192.0.2.1] said: {text}")
+                self.at(self.now + dest.reject_time, self._finish(
+                    entry, start, window, dest.name, "deferred", hop, False))
+                return
+            starts.append(self.now)
         if not dest.server_limit or server.sessions < dest.server_limit:
             self._serve(entry, start, window, dest)
             return

@@ -14,6 +14,7 @@ policy = "nqmgr"           # scheduler_policy: nqmgr, oqmgr, finch, zmailer, mod
 
 [pyqmgr_cf]                # any pyqmgr.cf parameter, as text (transport forms too)
 smtp_finch_scale_max_concurrency = "10"
+smtp_destination_rate = "5/1s"   # shaping; a response_rules path is relative to this file
 
 [transports.smtp]
 process_limit = 100        # master.cf maxproc of the service
@@ -32,6 +33,8 @@ backlog = 5                # listen queue length (default: server_limit; -1 unbo
 reject_time = 0.0          # how long a 421 answer takes
 timeout = 30               # the client's connect or greeting timeout
 dead = false               # no server at all: every attempt fails at once
+rate_limit = 0             # deliveries a second the server takes; beyond, it answers
+rate_reply = "421 4.7.28 ..."  # this (a provider's rate limiting) at reject_time
 
 [[messages]]
 at = 0                     # arrival time
@@ -44,6 +47,7 @@ destination = "example.com"
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +83,10 @@ class Destination:
     backlog: int = 0
     #: How long a 421 answer takes (connect, greeting, disconnect).
     reject_time: float = 0.0
+    #: Sessions a second the server accepts (0: no limit); beyond, ``rate_reply``.
+    rate_limit: float = 0.0
+    rate_reply: str = ("421 4.7.28 Our system has detected an unusual rate of mail "
+                       "from your IP address; try again later")
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,8 @@ class Scenario:
     feedback_rounding: str = "stock"
     #: pyqmgr.cf parameters; ``[scheduler] policy`` is its ``scheduler_policy``.
     pyqmgr_cf: dict[str, str] = field(default_factory=dict)
+    #: The scenario file's directory: relative response_rules paths start there.
+    base_dir: str = "."
 
 
 def _latency(value: Any, where: str) -> Latency:
@@ -146,7 +156,8 @@ def parse(data: dict[str, Any]) -> Scenario:
             name, str(d.get("transport", "smtp")), _latency(d.get("latency", 0), where),
             limit, overload, float(d.get("timeout", 30)), bool(d.get("dead", False)),
             int(d.get("backlog", default_backlog[overload])),
-            float(d.get("reject_time", 0)))
+            float(d.get("reject_time", 0)), float(d.get("rate_limit", 0)),
+            str(d.get("rate_reply", Destination.rate_reply)))
     for i, m in enumerate(data.get("messages", [])):
         dest = str(m.get("destination", ""))
         if dest not in sc.destinations:
@@ -167,4 +178,6 @@ def load(path: str) -> Scenario:
         raise ScenarioError(f"{path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
-    return parse(data)
+    sc = parse(data)
+    sc.base_dir = os.path.dirname(os.path.abspath(path))
+    return sc

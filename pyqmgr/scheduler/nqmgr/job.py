@@ -426,9 +426,9 @@ def blocker_update(t: Transport, queue: Queue) -> None:
     blocker status without visiting them; selection re-finds the real current job.
     """
     if queue.blocker_tag == t.blocker_tag:
-        # An operator-suspended queue stays a blocker until its suspension ends (the
-        # end calls this again through Policy.resumed).
-        open_ = queue.window > queue.busy_count and queue.suspension is None
+        # A gated queue (suspended, rate-spaced) stays a blocker until its gate opens
+        # (the opening calls this again through Policy.resumed).
+        open_ = queue.window > queue.busy_count and queue.gate is None
         if open_ and queue.todo:
             t.blocker_tag += 2
             t.job_current = t.job_list.first()

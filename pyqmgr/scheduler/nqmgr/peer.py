@@ -52,7 +52,7 @@ def peer_select(job: Job) -> Peer | None:
     while node is not None:
         peer = node.item
         queue = peer.queue
-        if queue.window > queue.busy_count and peer.entries and queue.suspension is None:
+        if queue.window > queue.busy_count and peer.entries and queue.gate is None:
             job.peers.rotate(node)
             return peer
         node = node.next
