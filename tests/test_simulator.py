@@ -132,3 +132,38 @@ def test_cli_output_into_a_closed_pipe_is_no_error():
         executable="/bin/bash")
     assert proc.stdout.startswith("finch:"), proc.stdout
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+# -- shaping (#13): response rules against the seed's limiter and a rate-limiting server
+
+
+def test_response_rules_against_the_421_limiter_defer_under_five_percent():
+    """Seed's limiter (server 5, client 20, initial 5): stock 1/N feedback defers 16.5%."""
+    stock = simulate(scenario("limiter-421-feedback-1-over-n"))
+    res = simulate(scenario("limiter-421-adaptive"))
+    dest = "limited.example"
+    print(f"421 limiter: stock 1/N {stock.deferral_rate(dest):.1%} deferred, mean "
+          f"{stock.mean_concurrency(dest):.2f}; rules {res.deferral_rate(dest):.1%}, "
+          f"mean {res.mean_concurrency(dest):.2f}")
+    assert stock.deferral_rate(dest) == pytest.approx(0.165, abs=0.01)
+    assert res.deferral_rate(dest) < 0.05
+    assert res.mean_concurrency(dest) >= 4.5
+    assert sum(res.sent.values()) + sum(res.deferred.values()) == 2000
+    assert any("shaping: limited.example (smtp): throttling reply" in text
+               for _, _, text in res.log)
+
+
+def test_response_rules_against_a_rate_limiting_provider_never_kill_it():
+    """421 4.7.28 above 2 a second: stock kills the destination, the rules slow down."""
+    sc = scenario("provider-rate-limit")
+    res = simulate(sc)
+    sc.pyqmgr_cf.pop("smtp_response_rules")
+    stock = simulate(sc)
+    dest = "gmail.example"
+    dead = [d for d in stock.deliveries if d.transport == "retry"]
+    print(f"rate limiter: stock {stock.deferred.get(dest, 0)} deferred "
+          f"({len(dead)} moved to retry: dead); rules {res.deferred.get(dest, 0)} deferred")
+    assert dead, "the control: stock declares the destination dead"
+    assert not [d for d in res.deliveries if d.transport == "retry"], "never dead"
+    assert res.deferred.get(dest, 0) * 3 < stock.deferred.get(dest, 0)
+    assert res.sent.get(dest, 0) + res.deferred.get(dest, 0) == 300
