@@ -38,6 +38,8 @@ HOST = "127.0.0.1"
 ACCEPT_RCPT = "250 2.1.5 OK"
 ACCEPT_DATA = "250 2.0.0 queued"
 TOO_MANY = "421 4.7.0 too many connections from your host"
+RATE_LIMITED = ("421 4.7.28 Our system has detected an unusual rate of mail from your "
+                "IP address; try again later")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,19 @@ class SinkStats:
     replies: Counter[str] = field(default_factory=Counter)
     #: Every reply given for each recipient, at RCPT and DATA, in order.
     outcomes: dict[str, list[str]] = field(default_factory=dict)
+    #: Sessions refused by the rate limit (``rate_limit``).
+    rejected_rate: int = 0
+    #: (time, sessions open) at every session start and end, all clients together.
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+    def mean_concurrency(self) -> float:
+        """Time-weighted mean of sessions open while any was open."""
+        total = weight = 0.0
+        for (t0, n), (t1, _) in zip(self.timeline, self.timeline[1:], strict=False):
+            if n > 0:
+                total += n * (t1 - t0)
+                weight += t1 - t0
+        return total / weight if weight else 0.0
 
 
 def lookup(rule: Mapping[str, Any] | Callable[[str], Any], address: str) -> Any:
@@ -153,10 +168,11 @@ class _SinkSMTP(SMTP):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         client = str(peer[0]) if peer else "?"
-        if not self.sink._session_opened(client, self):
+        refusal = self.sink._session_opened(client, self)
+        if refusal is not None:
             # Refused before aiosmtpd set anything up: never hand this connection to
             # the base class, whose connection_lost expects a session.
-            transport.write((TOO_MANY + "\r\n").encode())  # type: ignore[attr-defined]
+            transport.write((refusal + "\r\n").encode())  # type: ignore[attr-defined]
             transport.close()
             return
         self._client = client
@@ -182,11 +198,15 @@ class SinkServer:
     * ``data_replies``: reply at DATA time, chosen by the first accepted recipient that
       has one; the message is recorded only when this reply is 2xx.
     * ``client_limit``: sessions allowed at once per client address (0 = no limit).
+    * ``rate_limit``: new sessions a second per client address (0 = no limit); a
+      session beyond it is greeted with ``rate_reply`` (a provider's rate limiting,
+      Gmail's ``421 4.7.28`` by default) and closed.
     """
 
     def __init__(self, port: int | None = None, latency: LatencyRule = 0,
                  replies: ReplyRule | None = None, client_limit: int = 0,
-                 data_replies: ReplyRule | None = None, latency_at: str = "rcpt") -> None:
+                 data_replies: ReplyRule | None = None, latency_at: str = "rcpt",
+                 rate_limit: float = 0, rate_reply: str = RATE_LIMITED) -> None:
         self.lock = threading.Lock()
         self.stats = SinkStats()
         #: Envelope sender of every accepted message, in arrival order.
@@ -203,6 +223,10 @@ class SinkServer:
         self.data_replies: ReplyRule = {}
         self.set_data_replies(data_replies or {})
         self.client_limit = client_limit
+        self.rate_limit = rate_limit
+        self.rate_reply = rate_reply
+        #: Session start times in the last second, per client (the rate limit).
+        self._starts: dict[str, list[float]] = {}
         self._sock: socket.socket | None = self._bind(port or 0)
         self.port: int = self._sock.getsockname()[1]
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -241,19 +265,31 @@ class SinkServer:
 
     # -- bookkeeping (called on the loop thread) --------------------------------------
 
-    def _session_opened(self, client: str, proto: _SinkSMTP) -> bool:
+    def _session_opened(self, client: str, proto: _SinkSMTP) -> str | None:
+        """Count a new session; the greeting that refuses it, or None to serve it."""
         with self.lock:
             self.stats.sessions += 1
             active = self.active.get(client, 0)
             if self.client_limit and active >= self.client_limit:
                 self.stats.rejected_421 += 1
-                return False
+                return TOO_MANY
+            now = time.monotonic()
+            if self.rate_limit:
+                starts = [t for t in self._starts.get(client, []) if t > now - 1.0]
+                if len(starts) >= self.rate_limit:
+                    self._starts[client] = starts
+                    self.stats.rejected_rate += 1
+                    return self.rate_reply
+                starts.append(now)
+                self._starts[client] = starts
             self.active[client] = active + 1
             self._protocols.add(proto)
             st = self.stats
-            st.max_concurrent = max(st.max_concurrent, sum(self.active.values()))
+            total = sum(self.active.values())
+            st.timeline.append((now, total))
+            st.max_concurrent = max(st.max_concurrent, total)
             st.max_concurrent_per_client = max(st.max_concurrent_per_client, active + 1)
-            return True
+            return None
 
     def _session_closed(self, client: str, proto: _SinkSMTP) -> None:
         with self.lock:
@@ -261,6 +297,7 @@ class SinkServer:
             if not self.active[client]:
                 del self.active[client]
             self._protocols.discard(proto)
+            self.stats.timeline.append((time.monotonic(), sum(self.active.values())))
 
     def _record_reply(self, rcpt: str, reply: str) -> None:
         with self.lock:
