@@ -94,6 +94,19 @@ class Transport:
         #: The policy raised: its hooks are not called again, the transport is dead
         #: until transport_retry_time passes, then it gets a fresh policy.
         self.broken = False
+        # Event counters for the metrics exporter (pyqmgr/daemon/metrics_exporter.py):
+        # plain ints raised in O(1) where the event happens, because the core does no
+        # I/O and knows nothing of Prometheus; the daemon reads them when scraped.
+        # Transports are never discarded, so the counts only grow.
+        #: Concurrency window steps up (positive feedback) and down (negative).
+        self.feedback_up = 0
+        self.feedback_down = 0
+        #: Destinations declared dead (failed cohorts reached their limit).
+        self.destinations_died = 0
+        #: Times the transport itself was declared dead (agent unreachable, policy bug).
+        self.times_died = 0
+        #: nqmgr preemptions: a job jumped ahead of the current one.
+        self.preemptions = 0
 
     @property
     def throttled(self) -> bool:
