@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import control
+from pyqmgr.daemon import control, metrics
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
@@ -118,6 +118,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     pyqmgr_cf = load_trusted_settings(cfg, log)
     # module: policies are files to import: settle them while the file system is whole.
     policies = policy_setup(pyqmgr_cf, cfg)
+    # Metrics are off unless pyqmgr.cf says where to serve them; then the exporter and
+    # prometheus_client are imported now, before the chroot.
+    metrics_cf = metrics.setup(pyqmgr_cf, cfg)
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -138,7 +141,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
     return asyncio.run(_serve(cfg, log, status, flow, daemon, policies,
-                              access if control_dir else None))
+                              access if control_dir else None, metrics_cf))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
@@ -211,7 +214,8 @@ def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> No
 async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
                  flow: FlowControl | None, daemon: QueueManagerFactory,
                  policies: PolicySetup,
-                 access: control.Access | None = None) -> int:
+                 access: control.Access | None = None,
+                 metrics_cf: metrics.MetricsSettings | None = None) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -233,6 +237,9 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     qmgr = daemon(cfg, log, flow)
     if isinstance(qmgr, Qmgr):
         qmgr.use_policies(policies)
+        if metrics_cf is not None:
+            # Counting from the first delivery.
+            qmgr.metrics = metrics.DeliveryStats(transports=metrics_cf.transports)
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
@@ -242,6 +249,12 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     if access is not None and isinstance(qmgr, Qmgr):
         # After start(): a failure here is a warning and mail flows regardless.
         channel = await control.start(qmgr, access, log)
+    exporter = None
+    if isinstance(qmgr, Qmgr) and qmgr.metrics is not None and metrics_cf is not None:
+        from pyqmgr.daemon import metrics_exporter  # imported before the chroot
+
+        # Bound after start(), like the control channel: a failure is a warning.
+        exporter = metrics_exporter.start(qmgr, qmgr.metrics, metrics_cf, log)
     code = await stopped
     if profiler is not None and profile_path:
         profiler.disable()
@@ -251,6 +264,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         server.close()
     if channel is not None:
         channel.close()
+    if exporter is not None:
+        exporter.close()
     with contextlib.suppress(Exception):
         qmgr.close()
     os._exit(code)
