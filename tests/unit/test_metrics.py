@@ -9,6 +9,7 @@ server scraping the real daemon is tests/test_metrics_real.py.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from types import SimpleNamespace
 
@@ -21,6 +22,8 @@ from pyqmgr.daemon.metrics import (
     DeliveryStats,
     Histogram,
     MetricsSettings,
+    delivery_transports,
+    import_exporter,
     metrics_settings,
     parse_listen,
 )
@@ -116,6 +119,46 @@ def test_destination_limit():
     for bad in ("-1", "10001", "lots"):
         with pytest.raises(PyqmgrCfError, match="parameter metrics_destination_limit"):
             settings_of(f"metrics_listen = 9155\nmetrics_destination_limit = {bad}\n")
+
+
+def test_a_missing_library_is_an_error_naming_the_parameter(monkeypatch):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(PyqmgrCfError) as err:
+        import_exporter(from_text("metrics_listen = 9155\n", "/etc/postfix/pyqmgr.cf"))
+    assert str(err.value).startswith(
+        "/etc/postfix/pyqmgr.cf: parameter metrics_listen: the prometheus_client library "
+        "does not load"), str(err.value)
+
+
+MASTER_CF = """\
+smtp      inet  n       -       y       -       -       smtpd
+pickup    unix  n       -       y       60      1       pickup
+cleanup   unix  n       -       y       -       0       cleanup
+qmgr      unix  n       -       n       300     1       qmgr
+smtp      unix  -       -       y       -       -       smtp
+relay     unix  -       -       y       -       -       smtp
+  -o syslog_name=postfix/$service_name
+error     unix  -       -       y       -       -       error
+retry     unix  -       -       y       -       -       error
+discard   unix  -       -       y       -       -       discard
+local     unix  -       n       n       -       -       local
+bounce    unix  -       -       y       -       0       bounce
+maildrop  unix  -       n       n       -       -       pipe
+  flags=DRXhu user=vmail argv=/usr/bin/maildrop -d ${recipient}
+#uucp     unix  -       n       n       -       -       pipe
+"""
+
+
+def test_master_cf_delivery_services_get_counters_from_the_start(tmp_path):
+    (tmp_path / "master.cf").write_text(MASTER_CF)
+    found = delivery_transports(str(tmp_path))
+    assert found == ("discard", "error", "local", "maildrop", "relay", "retry", "smtp")
+    assert delivery_transports(str(tmp_path / "nowhere")) == ()
+    stats = DeliveryStats(transports=found)
+    got = samples(Scheduler(lambda n: Params()), stats)
+    assert value(got, "pyqmgr_deliveries_total", transport="maildrop", outcome="final") == 0
+    # No histogram lines for a transport that has not replied yet.
+    assert not [k for k in got if k[0].startswith("pyqmgr_delivery_latency_seconds")]
 
 
 # -- the core's counters ----------------------------------------------------------------
