@@ -191,21 +191,47 @@ def import_exporter(settings: PyqmgrCf) -> None:
     """Import the exporter and prometheus_client now, while the daemon is still root.
 
     Start-up calls this before the chroot and the privilege drop (the library's files
-    may not be reachable after them). prometheus_client's exposition module imports
-    ``ssl`` at the top (it can serve HTTPS itself), which the launcher keeps out of
-    the daemon to save OpenSSL's 4 MiB: with metrics on, ssl is let back in. The
-    exporter never uses it.
+    may not be reachable after them). The library runs as root, so every file of it
+    passes the start-up trust check first, as a ``module:`` policy file does (the
+    general check covers site-packages' top-level entries, not what is inside them);
+    an offender raises :class:`pyqmgr.trust.UntrustedError`. prometheus_client's
+    exposition module imports ``ssl`` at the top (it can serve HTTPS itself), which
+    the launcher keeps out of the daemon to save OpenSSL's 4 MiB: with metrics on, ssl
+    is let back in. The exporter never uses it.
     """
+    import importlib.util
     import sys
 
+    from pyqmgr import trust
+
+    def missing(why: object) -> PyqmgrCfError:
+        return PyqmgrCfError(f"{settings.path}: parameter {LISTEN}: the prometheus_client "
+                             f"library does not load ({why}); install it (pip install "
+                             "'pyqmgr[metrics]') or remove the parameter")
+
+    try:
+        spec = importlib.util.find_spec("prometheus_client")
+    except (ImportError, ValueError) as exc:
+        raise missing(exc) from None
+    if spec is None:
+        raise missing("no module named 'prometheus_client'")
+    files: list[str] = []
+    for directory in spec.submodule_search_locations or ():
+        for dirpath, dirnames, filenames in os.walk(directory):
+            dirnames.sort()
+            files.append(dirpath)
+            files += [os.path.join(dirpath, name) for name in sorted(filenames)]
+    if spec.origin and spec.origin not in files:
+        files.append(spec.origin)
+    problems = trust.untrusted_paths(files)
+    if problems:
+        raise trust.UntrustedError(problems)
     if "ssl" in sys.modules and sys.modules["ssl"] is None:
         del sys.modules["ssl"]
     try:
         import prometheus_client  # noqa: F401
     except ImportError as exc:
-        raise PyqmgrCfError(f"{settings.path}: parameter {LISTEN}: the prometheus_client "
-                            f"library does not load ({exc}); install it (pip install "
-                            "'pyqmgr[metrics]') or remove the parameter") from None
+        raise missing(exc) from None
     import pyqmgr.daemon.metrics_exporter  # noqa: F401
 
 

@@ -34,6 +34,7 @@ from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.trust import UntrustedError
 from tests.unit.params import Params
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -128,6 +129,19 @@ def test_a_missing_library_is_an_error_naming_the_parameter(monkeypatch):
     assert str(err.value).startswith(
         "/etc/postfix/pyqmgr.cf: parameter metrics_listen: the prometheus_client library "
         "does not load"), str(err.value)
+
+
+def test_a_library_file_others_can_change_stops_the_start(tmp_path, monkeypatch):
+    fake = tmp_path / "prometheus_client"
+    fake.mkdir()
+    init = fake / "__init__.py"
+    init.write_text("raise SystemExit('must never run')\n")
+    init.chmod(0o666)
+    monkeypatch.delitem(sys.modules, "prometheus_client")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UntrustedError) as err:
+        import_exporter(from_text("metrics_listen = 9155\n", "/etc/postfix/pyqmgr.cf"))
+    assert any(str(init) in problem for problem in err.value.warnings + [str(err.value)])
 
 
 MASTER_CF = """\
