@@ -19,7 +19,7 @@ most queued recipients plus deliveries in flight (dead ones first among equals);
 every other destination of a transport is summed into one series with
 ``destination="_other"``. So a server with 100,000 destinations in core exports at
 most limit + one per transport destination series, and a scrape costs a walk over the
-in-core destinations and entries (about 0.1 s for 100,000 destinations, see
+in-core destinations and entries (about 0.05 s for 100,000 destinations, see
 tests/unit/test_metrics.py), never more text.
 """
 
