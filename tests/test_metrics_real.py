@@ -315,3 +315,18 @@ def test_hostile_http_clients_never_stall_scrapes_or_deliveries(postfix_instance
     assert "pyqmgr_deliveries_total{outcome=\"final\",transport=\"smtp\"} 30.0" in scrape(port)
     # Nothing about bad requests in the maillog (a scanner must not fill it).
     assert not [ln.raw for ln in pf.maillog.lines("qmgr") if ln.severity != "info"]
+
+
+def test_postfix_reload_hands_the_port_to_the_next_qmgr(postfix_instance):
+    port = free_port()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", pyqmgr_cf={"metrics_listen": f"127.0.0.1:{port}"})
+    wait_for_exporter(pf, port)
+    old = pf.qmgr_pid()
+    pf.reload()
+    pf.wait_until(lambda: old not in pf.pids(), 20, f"the old qmgr {old} to exit")
+    pf.qmgr_pid()  # a new one runs
+    # Whoever answers now is the new qmgr; the old one may have held the port for a
+    # moment, and the new one's retries meanwhile stay quiet.
+    wait_for_exporter(pf, port, timeout=30)
+    assert not [ln.raw for ln in pf.maillog.lines("qmgr") if ln.severity != "info"]
