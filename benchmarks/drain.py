@@ -10,6 +10,11 @@ unless ``--no-floor``: a stand-in qmgr on pyqmgr's own start-up, event loop and 
 layer that does only the unavoidable per-message I/O, with no scheduler and no
 bookkeeping. Its ratio to stock is how close any Python qmgr built this way can get here.
 
+A fourth contender, *metrics*, is pyqmgr with its Prometheus exporter on
+(``metrics_listen`` in pyqmgr.cf) and scraped once a second by a thread of this
+benchmark, as a Prometheus server would, unless ``--no-metrics``: its ratio to plain
+pyqmgr in the same rounds is what the metrics cost (the target is within 5%).
+
 Each round also reports the qmgr process's own scheduler accounting
 (``/proc/PID/schedstat``): time on a CPU, and time runnable but waiting for one. Their
 sum against the wall time says whether the qmgr was busy or waiting on other
@@ -20,13 +25,47 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
+import urllib.request
 
 from benchmarks import floor_qmgr
-from pyqmgr.testbed.instance import PostfixInstance, wait_until
+from pyqmgr.testbed.instance import PostfixInstance, free_port, wait_until
 
 #: Each round runs every contender once; the order rotates so none always goes first.
-CONTENDERS = ("stock", "pyqmgr", "floor")
+CONTENDERS = ("stock", "pyqmgr", "metrics", "floor")
+#: Seconds between two scrapes of the metrics contender (Prometheus's tightest usual).
+SCRAPE_INTERVAL = 1.0
+
+
+class Scraper:
+    """GET /metrics every SCRAPE_INTERVAL s from a thread, as Prometheus would."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.stop = threading.Event()
+        self.ok = 0
+        self.failed = 0
+        self.last = b""
+        self.thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    self.last = r.read()
+                self.ok += 1
+            except OSError:
+                self.failed += 1  # the new qmgr does not listen yet
+            # Soon again until the first scrape works, then at the interval.
+            self.stop.wait(SCRAPE_INTERVAL if self.ok else 0.05)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
 
 
 def _schedstat(pid: int) -> tuple[float, float]:
@@ -38,18 +77,38 @@ def _schedstat(pid: int) -> tuple[float, float]:
 
 def drain_once(qmgr: str, n: int) -> tuple[float, float, float]:
     """(wall seconds, qmgr CPU seconds, qmgr run-queue seconds) for one drain."""
+    port = free_port()
+    pyqmgr_cf = {"metrics_listen": f"127.0.0.1:{port}"} if qmgr == "metrics" else None
     with PostfixInstance(qmgr="stock" if qmgr == "stock" else "pyqmgr",
-                         transports={"discard.example": "discard:"}) as pf:
+                         transports={"discard.example": "discard:"},
+                         pyqmgr_cf=pyqmgr_cf) as pf:
         if qmgr == "floor":
             floor_qmgr.install(pf)
         pf.start()
         pf.preload([("s@discard.example", [f"r{i}@discard.example"]) for i in range(n)])
+        scraper = Scraper(port) if qmgr == "metrics" else None
         start = time.monotonic()
         pf.release_preload()
-        pid = pf.qmgr_pid()
-        wait_until(pf.queue_empty, 600, f"{n} messages drained by {qmgr}", interval=0.01)
-        elapsed = time.monotonic() - start
-        on_cpu, runnable = _schedstat(pid)
+        if scraper is not None:
+            scraper.start()
+        try:
+            pid = pf.qmgr_pid()
+            wait_until(pf.queue_empty, 600, f"{n} messages drained by {qmgr}",
+                       interval=0.01)
+            elapsed = time.monotonic() - start
+            on_cpu, runnable = _schedstat(pid)
+        finally:
+            if scraper is not None:
+                scraper.close()
+        if scraper is not None:
+            # The exporter answered during the drain and counted every delivery.
+            want = f'pyqmgr_deliveries_total{{outcome="final",transport="discard"}} {n}.0'
+            if scraper.ok == 0:
+                raise RuntimeError("no scrape of the metrics exporter succeeded")
+            with urllib.request.urlopen(scraper.url, timeout=5) as r:
+                final = r.read().decode()
+            if want not in final:
+                raise RuntimeError(f"the exporter does not show {want}")
         removed = len(pf.maillog.lines("postfix/qmgr", contains=": removed"))
         if removed != n:
             wait_until(lambda: len(pf.maillog.lines("postfix/qmgr", contains=": removed")) >= n,
@@ -63,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-floor", action="store_true",
                         help="leave out the floor (a qmgr with no scheduler)")
+    parser.add_argument("--no-metrics", action="store_true",
+                        help="leave out pyqmgr with its Prometheus exporter on and scraped")
     args = parser.parse_args(argv)
-    contenders = CONTENDERS[:2] if args.no_floor else CONTENDERS
+    contenders = tuple(c for c in CONTENDERS if not (c == "floor" and args.no_floor)
+                       and not (c == "metrics" and args.no_metrics))
     times: dict[str, list[float]] = {name: [] for name in contenders}
     cpu: dict[str, list[float]] = {name: [] for name in contenders}
     for r in range(args.rounds):
@@ -73,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             t, on_cpu, runnable = drain_once(qmgr, args.messages)
             times[qmgr].append(t)
             cpu[qmgr].append(on_cpu)
-            print(f"round {r + 1} {qmgr:6s}: {args.messages} messages in {t:.2f} s "
+            print(f"round {r + 1} {qmgr:7s}: {args.messages} messages in {t:.2f} s "
                   f"({args.messages / t:.0f} msg/s); qmgr on CPU {on_cpu:.2f} s, "
                   f"waiting for a CPU {runnable:.2f} s", flush=True)
     stock = statistics.median(times["stock"])
@@ -85,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median qmgr CPU: stock {stock_cpu:.2f} s, pyqmgr {ours_cpu:.2f} s, ratio "
           f"{ours_cpu / stock_cpu:.2f} ({1e6 * ours_cpu / args.messages:.0f} us vs "
           f"{1e6 * stock_cpu / args.messages:.0f} us a message)")
+    if "metrics" in times:
+        with_metrics = statistics.median(times["metrics"])
+        metrics_cpu = statistics.median(cpu["metrics"])
+        print(f"median pyqmgr with metrics on and scraped every {SCRAPE_INTERVAL:g} s "
+              f"{with_metrics:.2f} s, ratio metrics/pyqmgr {with_metrics / ours:.3f}; "
+              f"qmgr CPU {metrics_cpu:.2f} s, ratio {metrics_cpu / ours_cpu:.3f}, "
+              f"{1e6 * (metrics_cpu - ours_cpu) / args.messages:+.0f} us a message "
+              "(target: within 5%)")
     if "floor" in times:
         floor = statistics.median(times["floor"])
         floor_cpu = statistics.median(cpu["floor"])

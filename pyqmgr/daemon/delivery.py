@@ -27,7 +27,7 @@ class AgentCall:
 
     __slots__ = ("loop", "path", "sock", "parser", "deadline", "state", "out",
                  "on_ready", "on_reply", "on_unavailable", "on_send_failed", "entry",
-                 "rate_delay", "timeout")
+                 "rate_delay", "timeout", "selected")
 
     def __init__(
         self,
@@ -58,6 +58,8 @@ class AgentCall:
         #: transport_rate_delay: wait this long after the announcement before asking
         #: the scheduler for an entry (stock's qmgr_transport_rate_event).
         self.rate_delay = rate_delay
+        #: When the scheduler chose the entry (monotonic): delivery latency's start.
+        self.selected = 0.0
 
     def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -15,7 +15,7 @@ import asyncio
 import os
 import time
 from collections.abc import Coroutine, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyqmgr.daemon.active import (
     FLUSH_DFXP,
@@ -43,6 +43,9 @@ from pyqmgr.scheduler.core import DeferRecipient, Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
+
+if TYPE_CHECKING:
+    from pyqmgr.daemon.metrics import DeliveryStats
 
 #: Messages fed per event-loop pass. Stock feeds one; a few amortise the loop's own
 #: cost, and agent replies are still served between passes.
@@ -132,6 +135,9 @@ class Qmgr:
         #: The armed shaping timer (at most one: the core asks for its earliest).
         self._gate_timer: asyncio.TimerHandle | None = None
         self._gate_at = 0.0
+        #: Delivery counts for the metrics exporter; None (not counted) unless
+        #: pyqmgr.cf sets metrics_listen.
+        self.metrics: DeliveryStats | None = None
 
     def use_policies(self, setup: PolicySetup) -> None:
         """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
@@ -392,12 +398,14 @@ class Qmgr:
         """An agent announced itself: hand it the entry the scheduler picks."""
         name = call.entry
         assert isinstance(name, str)
-        entry = self.scheduler.select(name, time.monotonic())
+        now = time.monotonic()
+        entry = self.scheduler.select(name, now)
         self._process_decisions()
         if entry is None:
             self.calls.discard(call)
             return None
         call.entry = entry
+        call.selected = now
         self.dispatch()
         am: ActiveMessage = entry.message.owner
         recipients = entry.recipients
@@ -442,6 +450,10 @@ class Qmgr:
         self.calls.discard(call)
         entry = call.entry
         assert isinstance(entry, Entry)
+        now = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.delivery_done(entry, None if reply is None else reply.status,
+                                       now - call.selected)
         if reply is None:
             # 3.7.11: a crashed or silent agent defers the message, nothing more.
             if why == "timeout":
@@ -449,11 +461,11 @@ class Qmgr:
                                  f"status from transport: {entry.transport}")
             else:
                 self.log.warning(f"{call.path} socket: malformed response")
-            self.scheduler.done(entry, -1, None, True, time.monotonic())
+            self.scheduler.done(entry, -1, None, True, now)
         else:
             hop = reply.hop
             dsn = Dsn(hop.status, hop.reason) if hop.status else None
-            self.scheduler.done(entry, reply.status, dsn, False, time.monotonic())
+            self.scheduler.done(entry, reply.status, dsn, False, now)
         self._process_decisions()
         self.dispatch()
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import control, suspensions
+from pyqmgr.daemon import control, metrics, suspensions
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
@@ -118,6 +118,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     pyqmgr_cf = load_trusted_settings(cfg, log)
     # module: policies are files to import: settle them while the file system is whole.
     policies = policy_setup(pyqmgr_cf, cfg)
+    # Metrics are off unless pyqmgr.cf says where to serve them; then the exporter and
+    # prometheus_client are imported now, before the chroot.
+    metrics_cf = metrics.setup(pyqmgr_cf, cfg)
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -141,7 +144,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
     return asyncio.run(_serve(cfg, log, status, flow, daemon, policies,
-                              access if control_dir else None, state))
+                              access if control_dir else None, state, metrics_cf))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
@@ -215,7 +218,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
                  flow: FlowControl | None, daemon: QueueManagerFactory,
                  policies: PolicySetup,
                  access: control.Access | None = None,
-                 state: suspensions.StateFile | None = None) -> int:
+                 state: suspensions.StateFile | None = None,
+                 metrics_cf: metrics.MetricsSettings | None = None) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -240,6 +244,9 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         # Before start(): recovered mail for a suspended destination must be held.
         qmgr.suspensions = suspensions.Suspensions(qmgr, state, policies.process_limits)
         qmgr.suspensions.restore()
+        if metrics_cf is not None:
+            # Counting from the first delivery.
+            qmgr.metrics = metrics.DeliveryStats(transports=metrics_cf.transports)
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
@@ -249,6 +256,12 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     if access is not None and isinstance(qmgr, Qmgr):
         # After start(): a failure here is a warning and mail flows regardless.
         channel = await control.start(qmgr, access, log, cfg.mail_owner)
+    exporter = None
+    if isinstance(qmgr, Qmgr) and qmgr.metrics is not None and metrics_cf is not None:
+        from pyqmgr.daemon import metrics_exporter  # imported before the chroot
+
+        # Bound after start(), like the control channel: a failure is a warning.
+        exporter = metrics_exporter.start(qmgr, qmgr.metrics, metrics_cf, log)
     code = await stopped
     if profiler is not None and profile_path:
         profiler.disable()
@@ -258,6 +271,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         server.close()
     if channel is not None:
         channel.close()
+    if exporter is not None:
+        exporter.close()
     with contextlib.suppress(Exception):
         qmgr.close()
     os._exit(code)

@@ -688,6 +688,7 @@ class Scheduler:
         self.now = now
         t = self.transport(name)
         if not t.throttled:
+            t.times_died += 1
             t.dsn = dsn
             t.revive_at = now + self.transport_retry_time
             self.timers.append(t.revive_at)

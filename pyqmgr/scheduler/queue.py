@@ -139,6 +139,7 @@ class Queue:
             self.success += feedback
             hysteresis = t.pos_feedback.hysteresis
             while self.success + feedback * t.feedback_slack >= hysteresis:
+                t.feedback_up += 1
                 self.window += hysteresis
                 self.success -= hysteresis
                 self.failure = 0.0
@@ -155,12 +156,14 @@ class Queue:
             if limit > 0 and (self.fail_cohorts > limit if t.cohort_beyond_limit
                               else self.fail_cohorts >= limit):
                 self.window = THROTTLED
+                t.destinations_died += 1
         if self.ready:
             feedback = t.neg_feedback.value(self.window)
             self._log_feedback(feedback)
             self.failure -= feedback
             hysteresis = t.neg_feedback.hysteresis
             while self.failure - feedback * t.feedback_slack < 0:
+                t.feedback_down += 1
                 self.window -= hysteresis
                 self.success = 0.0
                 self.failure += hysteresis

@@ -102,6 +102,19 @@ class Transport:
         self.shaping: Shaping | None = None
         #: Shaping state by queue name, kept while it matters after a queue is gone.
         self.shapes: dict[str, Shape] = {}
+        # Event counters for the metrics exporter (pyqmgr/daemon/metrics_exporter.py):
+        # plain ints raised in O(1) where the event happens, because the core does no
+        # I/O and knows nothing of Prometheus; the daemon reads them when scraped.
+        # Transports are never discarded, so the counts only grow.
+        #: Concurrency window steps up (positive feedback) and down (negative).
+        self.feedback_up = 0
+        self.feedback_down = 0
+        #: Destinations declared dead (failed cohorts reached their limit).
+        self.destinations_died = 0
+        #: Times the transport itself was declared dead (agent unreachable, policy bug).
+        self.times_died = 0
+        #: nqmgr preemptions: a job jumped ahead of the current one.
+        self.preemptions = 0
 
     @property
     def throttled(self) -> bool:

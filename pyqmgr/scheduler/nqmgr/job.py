@@ -309,6 +309,7 @@ def _preempt(current: Job, now: int) -> Job:
     current.children.append(job.sibling_node)
     job.stack_level = current.stack_level + 1
     t.job_current = job
+    t.transport.preemptions += 1  # the core transport outlives a policy instance
     reset_candidate_cache(t)
     # Charge the expected slots now, so that several preemptions do not spend the
     # same slots; slots_used then counts the difference, settled when it is popped.

@@ -1,0 +1,326 @@
+"""Prometheus metrics, the part that is always importable: settings and delivery counts.
+
+Metrics are off unless pyqmgr.cf sets ``metrics_listen``; then :mod:`.metrics_exporter`
+(which imports ``prometheus_client``) serves them. This module holds what must not
+depend on that library:
+
+* **The settings** (:func:`metrics_settings`), checked at start-up like every pyqmgr.cf
+  value: a bad one is a fatal error naming pyqmgr.cf and the parameter, before
+  anything else happens. With no ``metrics_listen`` nothing here runs and the
+  exporter is never imported.
+* **The delivery counts** (:class:`DeliveryStats`), raised by the daemon on every
+  agent reply. They live on the delivery path, so they are plain ints and lists: no
+  locks (everything runs on the event-loop thread), no label lookups, no
+  prometheus_client objects. The exporter turns them into metric families when it is
+  scraped.
+
+What a delivery's outcome can honestly be: an agent's reply to qmgr carries one
+final status for the whole request (0: every recipient got a final status, sent *or*
+bounced; non-zero: some recipient must be tried again) and a hop status; which
+recipients were sent and which bounced is only in the agent's log lines and the
+bounce log, which qmgr does not read per delivery. So the outcomes are Postfix's own
+words for the reply (``DEL_STAT_FINAL``, ``DEL_STAT_DEFER``), plus the reply that
+never came:
+
+========== ==================================================================
+outcome    the maillog (one line per recipient, from the delivery agent)
+========== ==================================================================
+final      every recipient ``status=sent`` or ``status=bounced``
+deferred   at least one recipient ``status=deferred`` (others may be sent or
+           bounced in the same request; with one recipient per request, exactly
+           that one line)
+crashed    no usable reply: qmgr's ``warning: ... malformed response`` (the agent
+           died or spoke garbage); no status line, the message is retried later
+========== ==================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import time
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyqmgr.postfix.config import ConfigError, QmgrConfig
+from pyqmgr.postfix.master_cf import load_master_cf
+from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.entry import Entry
+
+LISTEN = "metrics_listen"
+DESTINATION_LIMIT = "metrics_destination_limit"
+ALLOW_REMOTE = "metrics_allow_remote"
+
+#: Per-destination series at most (the rest are summed into ``destination="_other"``).
+DEFAULT_DESTINATION_LIMIT = 100
+MAX_DESTINATION_LIMIT = 10_000
+#: Where a bare port number listens: metrics name the destinations a server mails to,
+#: which is nobody else's business unless the admin says so.
+DEFAULT_HOST = "127.0.0.1"
+#: The daemon binds after dropping privileges to mail_owner, so no privileged port.
+MIN_PORT = 1024
+#: Postfix's delivery agents: master.cf services running one of these are transports.
+DELIVERY_AGENTS = frozenset({"smtp", "lmtp", "local", "virtual", "pipe", "error",
+                             "discard"})
+
+FINAL = 0
+DEFERRED = 1
+CRASHED = 2
+#: Label values of the ``outcome`` label, by the indexes above.
+OUTCOMES = ("final", "deferred", "crashed")
+
+#: Delivery latency buckets (seconds), from a local discard (milliseconds) to an SMTP
+#: session that runs into smtp's timeouts (minutes).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                   60.0, 120.0, 300.0, 600.0)
+#: Message age at delivery: qshape(1)'s columns (5, 10, 20, ... 1280 minutes and
+#: beyond), in seconds, so the histogram reads like qshape's output.
+AGE_BUCKETS = tuple(60.0 * minutes for minutes in (5, 10, 20, 40, 80, 160, 320, 640, 1280))
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """Where to listen and how many destinations get series of their own."""
+
+    host: str
+    port: int
+    destination_limit: int = DEFAULT_DESTINATION_LIMIT
+    #: master.cf's delivery services, whose delivery counters exist from the start.
+    transports: tuple[str, ...] = ()
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``PORT``, ``:PORT``, ``HOST:PORT`` or ``[IPV6]:PORT``; ValueError says what is wrong.
+
+    HOST is a numeric address or ``localhost`` (127.0.0.1): the daemon does no name
+    lookups at start-up, and a name that resolves differently tomorrow is no place to
+    publish a server's destinations.
+    """
+    if text.isdigit():
+        host, port_text = DEFAULT_HOST, text
+    elif text.startswith("["):
+        close = text.find("]")
+        if close < 0 or text[close + 1:close + 2] != ":":
+            raise ValueError("expected [IPV6-ADDRESS]:PORT")
+        host, port_text = text[1:close], text[close + 2:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError("expected HOST:PORT or PORT")
+        if ":" in host:
+            raise ValueError("an IPv6 address goes in brackets: [ADDRESS]:PORT")
+        host = host or DEFAULT_HOST
+    if host.lower() == "localhost":
+        host = DEFAULT_HOST
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f'"{host}" is not a numeric IP address (or localhost)') from None
+    if not port_text.isdigit() or not MIN_PORT <= int(port_text) <= 65535:
+        raise ValueError(f'port "{port_text}" is not a number in {MIN_PORT}..65535 (the '
+                         "daemon listens after dropping privileges: no port below "
+                         f"{MIN_PORT})")
+    return str(address), int(port_text)
+
+
+def metrics_settings(settings: PyqmgrCf) -> MetricsSettings | None:
+    """The metrics settings of pyqmgr.cf; None when metrics are off (the default).
+
+    Raises PyqmgrCfError, naming the file and the parameter, for a value the daemon
+    cannot use, and for an address that is not loopback unless ``metrics_allow_remote
+    = yes``: a listener on every interface should be a decision, not a typo.
+    """
+    value = settings.get(LISTEN)
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        host, port = parse_listen(text)
+    except ValueError as exc:
+        raise settings.error(LISTEN, f'bad value "{text}": {exc}') from None
+    if not ipaddress.ip_address(host).is_loopback and not settings.get_bool(
+            ALLOW_REMOTE, None, False):
+        raise settings.error(LISTEN, f'"{text}" is not a loopback address; set '
+                                     f"{ALLOW_REMOTE} = yes to publish metrics beyond "
+                                     "this host")
+    limit = settings.get_int(DESTINATION_LIMIT, None, DEFAULT_DESTINATION_LIMIT, 0,
+                             MAX_DESTINATION_LIMIT)
+    return MetricsSettings(host, port, limit)
+
+
+def delivery_transports(config_dir: str) -> tuple[str, ...]:
+    """master.cf's services that run a delivery agent (best effort: () if unreadable).
+
+    Their delivery counters are exported as zeros before their first delivery. A
+    counter series that first appears with a value N loses those N to Prometheus's
+    rate() and increase() (there is no earlier sample to count from), so the
+    transports known in advance get their series at once, as Prometheus's
+    instrumentation advice has it. Others (a custom agent) appear on first use.
+    """
+    try:
+        master = load_master_cf(config_dir)
+    except (ConfigError, OSError):
+        return ()
+    return tuple(sorted({s.service for s in master.services if s.type == "unix"
+                         and os.path.basename(s.command) in DELIVERY_AGENTS}))
+
+
+def setup(settings: PyqmgrCf, cfg: QmgrConfig) -> MetricsSettings | None:
+    """Start-up's whole metrics step, run as root before the chroot; None when off.
+
+    Checks the settings (PyqmgrCfError if bad), imports the exporter, and reads
+    master.cf's delivery services while it is in reach.
+    """
+    found = metrics_settings(settings)
+    if found is None:
+        return None
+    import_exporter(settings)
+    return dataclasses.replace(found, transports=delivery_transports(cfg.config_dir))
+
+
+def import_exporter(settings: PyqmgrCf) -> None:
+    """Import the exporter and prometheus_client now, while the daemon is still root.
+
+    Start-up calls this before the chroot and the privilege drop (the library's files
+    may not be reachable after them). The library runs as root, so every file of it
+    passes the start-up trust check first, as a ``module:`` policy file does (the
+    general check covers site-packages' top-level entries, not what is inside them);
+    an offender raises :class:`pyqmgr.trust.UntrustedError`. prometheus_client's
+    exposition module imports ``ssl`` at the top (it can serve HTTPS itself), which
+    the launcher keeps out of the daemon to save OpenSSL's 4 MiB: with metrics on, ssl
+    is let back in. The exporter never uses it.
+    """
+    import importlib.util
+    import sys
+
+    from pyqmgr import trust
+
+    def missing(why: object) -> PyqmgrCfError:
+        return PyqmgrCfError(f"{settings.path}: parameter {LISTEN}: the prometheus_client "
+                             f"library does not load ({why}); install it (pip install "
+                             "'pyqmgr[metrics]') or remove the parameter")
+
+    try:
+        spec = importlib.util.find_spec("prometheus_client")
+    except (ImportError, ValueError) as exc:
+        raise missing(exc) from None
+    if spec is None:
+        raise missing("no module named 'prometheus_client'")
+    files: list[str] = []
+    for directory in spec.submodule_search_locations or ():
+        for dirpath, dirnames, filenames in os.walk(directory):
+            dirnames.sort()
+            files.append(dirpath)
+            files += [os.path.join(dirpath, name) for name in sorted(filenames)]
+    if spec.origin and spec.origin not in files:
+        files.append(spec.origin)
+    problems = trust.untrusted_paths(files)
+    if problems:
+        raise trust.UntrustedError(problems)
+    if "ssl" in sys.modules and sys.modules["ssl"] is None:
+        del sys.modules["ssl"]
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        raise missing(exc) from None
+    import pyqmgr.daemon.metrics_exporter  # noqa: F401
+
+
+class Histogram:
+    """Counts per bucket, as cheap to observe as a bisect and two additions.
+
+    ``counts[i]`` holds observations in (bounds[i-1], bounds[i]]; the last slot holds
+    those beyond every bound (Prometheus's ``+Inf``). Cumulative counts are made when
+    scraped, not on every observation.
+    """
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(le, count)`` pairs as Prometheus wants them, ``inf`` last."""
+        out: list[tuple[float, int]] = []
+        running = 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            running += count
+            out.append((bound, running))
+        out.append((float("inf"), running + self.counts[-1]))
+        return out
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+class TransportStats:
+    """One transport's delivery counts and histograms."""
+
+    __slots__ = ("deliveries", "recipients", "latency", "age")
+
+    def __init__(self) -> None:
+        #: Delivery requests answered, by outcome index (FINAL, DEFERRED, CRASHED).
+        self.deliveries = [0, 0, 0]
+        #: Recipients those requests carried, by the request's outcome.
+        self.recipients = [0, 0, 0]
+        self.latency = Histogram(LATENCY_BUCKETS)
+        self.age = Histogram(AGE_BUCKETS)
+
+
+class DeliveryStats:
+    """What the daemon counts per agent reply, by transport (see the module's table).
+
+    The transport label's values are bounded by master.cf: only a running service
+    replies. Latency runs from the entry's selection to the reply (every outcome);
+    message age from the queue file's arrival time to the reply, for final replies
+    only: the age at which mail left.
+    """
+
+    def __init__(self, wall_clock: Callable[[], float] = time.time,
+                 transports: tuple[str, ...] = ()) -> None:
+        self.transports: dict[str, TransportStats] = {
+            name: TransportStats() for name in transports}
+        self.wall_clock = wall_clock
+        #: Replies that could not be counted (a bug here must not touch deliveries).
+        self.errors = 0
+
+    def transport(self, name: str) -> TransportStats:
+        stats = self.transports.get(name)
+        if stats is None:
+            stats = self.transports[name] = TransportStats()
+        return stats
+
+    def delivery_done(self, entry: Entry, status: int | None, latency: float) -> None:
+        """An agent replied (``status``; None: no usable reply) ``latency`` s after selection."""
+        try:
+            stats = self.transports.get(entry.queue.transport.name)
+            if stats is None:
+                stats = self.transport(entry.queue.transport.name)
+            outcome = CRASHED if status is None else FINAL if status == 0 else DEFERRED
+            stats.deliveries[outcome] += 1
+            stats.recipients[outcome] += len(entry.recipients)
+            stats.latency.observe(latency)
+            if outcome == FINAL:
+                owner = entry.message.owner
+                if owner is not None:
+                    sec, usec = owner.qf.arrival_time
+                    if sec:
+                        stats.age.observe(max(0.0, self.wall_clock() - sec - usec * 1e-6))
+        except Exception:  # noqa: BLE001 - counting must never disturb a delivery
+            self.errors += 1
