@@ -74,6 +74,8 @@ class SinkStats:
     rejected_rate: int = 0
     #: (time, sessions open) at every session start and end, all clients together.
     timeline: list[tuple[float, int]] = field(default_factory=list)
+    #: When each accepted session started (time.monotonic()).
+    opened: list[float] = field(default_factory=list)
 
     def mean_concurrency(self) -> float:
         """Time-weighted mean of sessions open while any was open."""
@@ -287,6 +289,7 @@ class SinkServer:
             st = self.stats
             total = sum(self.active.values())
             st.timeline.append((now, total))
+            st.opened.append(now)
             st.max_concurrent = max(st.max_concurrent, total)
             st.max_concurrent_per_client = max(st.max_concurrent_per_client, active + 1)
             return None
