@@ -112,7 +112,7 @@ def test_postfwd_limits_one_domain_to_n_per_t_while_another_flows(postfwd):
     # postfwd's end of it.
     assert client.stats.connections_opened == 1 and client.stats.reused == 11
     assert established == 1
-    assert gap < 0.2
+    assert gap < 0.3
 
 
 def test_postfwd_lets_the_destination_go_again_when_its_window_ends(postfwd):
@@ -182,7 +182,7 @@ def test_postfwd_stopped_mid_run_costs_quick_errors_until_it_is_back(postfwd, ho
     assert max(spent) < timeout, spent
     assert seen[6:] == ["deliver"] * 3
     assert client.stats.errors == 3
-    assert gap < 0.2, f"event loop blocked for {gap:.3f}s"
+    assert gap < 0.3, f"event loop blocked for {gap:.3f}s"
 
 
 def test_the_harness_leaves_nothing_behind(postfwd):

@@ -28,7 +28,7 @@ TIMEOUT = 0.5
 SLACK = 0.5
 #: Longest pause allowed between two ticks of a 10 ms ticker: a client that blocked
 #: the loop for its timeout would show a gap of at least TIMEOUT.
-MAX_GAP = 0.2
+MAX_GAP = 0.3
 
 
 def request(n: int = 1, domain: str = "example.com") -> DeliveryRequest:
