@@ -1,4 +1,5 @@
-"""Throwaway Postfix instances and a sink SMTP server, for tests, the demo and benchmarks.
+"""Throwaway Postfix instances, a sink SMTP server and policy servers, for tests, the demo
+and benchmarks.
 
 The names below are loaded on first use, so importing one submodule (say the maillog
 reader) does not pull in aiosmtpd, which only the sink needs.
@@ -20,6 +21,8 @@ _EXPORTS = {
     "parse_line": "maillog",
     "SinkServer": "sink",
     "ReceivedMessage": "sink",
+    "Postfwd": "postfwd",
+    "FakePolicyServer": "policy_server",
 }
 
 __all__ = sorted(_EXPORTS)
