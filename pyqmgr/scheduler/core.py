@@ -548,6 +548,7 @@ class Scheduler:
             self._policy_failed(t, "select", exc)
             entry = None
         if entry is not None and t.shaping is not None:
+            entry.started = self.now
             self._started(entry.queue)
         if entry is None:
             # Stock would keep the rate lock until some delivery ends; with none under
@@ -585,6 +586,8 @@ class Scheduler:
         queue = entry.queue
         t = queue.transport
         message = entry.message
+        if queue.shape is not None and t.shaping is not None and t.shaping.rules:
+            queue.shape.dones.append(now)
         if crashed or status != 0:
             message.deferred = True
             rule = None
@@ -593,7 +596,7 @@ class Scheduler:
             if rule is not None and rule.throttle and hop is not None:
                 # Throttling, not failure: the rule's action instead of negative
                 # feedback, and never a failed cohort (the site is alive).
-                self._throttled(queue, rule, hop, now)
+                self._throttled(queue, rule, hop, now, entry.started)
             elif hop is not None and hop.status:
                 dsn = Dsn(
                     hop.status if dsn_valid(hop.status) else "4.0.0",
@@ -870,13 +873,23 @@ class Scheduler:
                     + (f" ({t.name}_{shaping.rate_setting} = {rate})" if rate else ""))
             self._close(queue, Gate("rate", nxt, setting, text))
 
-    def _throttled(self, queue: Queue, rule: Rule, hop: Dsn, now: float) -> None:
-        """A reply a rule calls throttling: cap, slow or gate the destination."""
+    def _throttled(self, queue: Queue, rule: Rule, hop: Dsn, now: float,
+                   started: float) -> None:
+        """A reply a rule calls throttling: cap, slow or gate the destination.
+
+        One reduction per round trip, as TCP cuts once per window: replies to
+        deliveries that started before the last reduction were sent at the old pace
+        and say nothing about the new one, so they are counted but cut nothing (a
+        burst of 421s to one burst of starts is one signal, not five).
+        """
         t = queue.transport
         shape = queue.shape
         assert shape is not None and t.shaping is not None
-        if not triggered(rule, shape, now):
+        if not triggered(rule, shape, now) or started < shape.last_cut:
             return
+        shape.last_cut = now
+        # The matches that led here are spent: the next reduction needs new ones.
+        shape.matches.clear()
         first = shape.rule is None
         shape.rule = rule
         shape.last_match = now

@@ -25,7 +25,7 @@ DEL_REQ_FLAG_CONN_MASK = DEL_REQ_FLAG_CONN_LOAD | DEL_REQ_FLAG_CONN_STORE
 
 
 class Entry:
-    __slots__ = ("message", "queue", "recipients", "busy", "queue_node")
+    __slots__ = ("message", "queue", "recipients", "busy", "queue_node", "started")
 
     def __init__(self, message: Message, queue: Queue) -> None:
         self.message = message
@@ -33,6 +33,8 @@ class Entry:
         self.recipients: list[Recipient] = []
         self.busy = False
         self.queue_node: Node[Entry] = Node(self)
+        #: When its delivery started (scheduler clock); kept only under shaping.
+        self.started = 0.0
 
     @property
     def transport(self) -> str:

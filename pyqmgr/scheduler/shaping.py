@@ -128,6 +128,11 @@ class Rule:
     rate_floor: Rate | None = None
     suspend: float | None = None
     after: tuple[int, float] | None = None
+    #: A background share of throttling replies to live with (0.05: 5%): act only
+    #: when more of the deliveries done in the ``after`` period (1 minute without
+    #: it) were answered so. A server's session limit races with sessions it has
+    #: not seen closed yet; a few such replies at the limit are noise, not a signal.
+    tolerate: float = 0.0
     quiet: float = 60.0
     step: int = 1
     ttl: float = 3600.0
@@ -203,6 +208,15 @@ def parse_rule(line: str, where: str) -> Rule:
             kw[name] = parse_rate(value, what)
         elif name in ("suspend", "quiet", "ttl"):
             kw[name] = parse_duration(value, what)
+        elif name == "tolerate":
+            text = value[:-1] if value.endswith("%") else value
+            try:
+                share = float(text) / (100 if value.endswith("%") else 1)
+            except ValueError:
+                raise ShapingError(f"{what}: a share such as 5% or 0.05") from None
+            if not 0 <= share < 1:
+                raise ShapingError(f"{what}: a share from 0 to under 100%")
+            kw[name] = share
         elif name == "after":
             k, sep, period = value.partition("/")
             if not sep or not k.isdigit() or int(k) < 1:
@@ -299,14 +313,18 @@ class Shape:
     #: The window cap a rule set (0: none), and the rate factor (1.0: none).
     cap: int = 0
     rate_factor: float = 1.0
-    #: The rule in force, the time of its last match, and when to step up next.
+    #: The rule in force, the time of its last match and of its last reduction, and
+    #: when to step up next.
     rule: Rule | None = None
     last_match: float = -math.inf
+    last_cut: float = -math.inf
     next_step: float = math.inf
     #: Match times for a rule's ``after=K/PERIOD`` trigger.
     matches: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     #: Recent start times, to learn a rate to scale when none is configured.
     starts: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    #: Recent delivery ends, whatever the outcome (a rule's ``tolerate`` share).
+    dones: deque[float] = field(default_factory=lambda: deque(maxlen=1024))
     #: The rate learnt at the first rate reduction (starts per second).
     learnt_rate: float = 0.0
 
@@ -343,20 +361,34 @@ def take_start(shaping: Shaping, shape: Shape, now: float) -> float | None:
 
 
 def observed_rate(shape: Shape, now: float, horizon: float = 30.0) -> float:
-    """Starts per second over the recent starts (0 when too few to tell)."""
+    """Starts per second lately: those in the last ``horizon`` seconds over their span.
+
+    The span runs to ``now`` and is at least a second, so that a burst of starts at
+    one instant (a fresh destination's initial concurrency) reads as that many a
+    second, not as thousands.
+    """
     recent = [t for t in shape.starts if t >= now - horizon]
-    if len(recent) < 2 or recent[-1] <= recent[0]:
+    if not recent:
         return 0.0
-    return (len(recent) - 1) / (recent[-1] - recent[0])
+    return len(recent) / max(1.0, now - recent[0])
 
 
 def triggered(rule: Rule, shape: Shape, now: float) -> bool:
-    """Record a match; True when the rule's trigger fires (at once, or K in PERIOD)."""
+    """Record a match; True when the rule's trigger fires.
+
+    At once by default; with ``after=K/PERIOD`` at the K-th match within PERIOD; with
+    ``tolerate=SHARE`` only while matches are more than that share of the
+    deliveries done in the period.
+    """
     shape.matches.append(now)
-    if rule.after is None:
-        return True
-    k, period = rule.after
-    return sum(1 for t in shape.matches if t > now - period) >= k
+    k, period = rule.after if rule.after is not None else (1, 60.0)
+    matches = sum(1 for t in shape.matches if t > now - period)
+    if matches < k:
+        return False
+    if rule.tolerate > 0:
+        done = sum(1 for t in shape.dones if t > now - period)
+        return matches > rule.tolerate * max(done, 1)
+    return True
 
 
 # -- from pyqmgr.cf -------------------------------------------------------------------
