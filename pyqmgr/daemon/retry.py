@@ -423,7 +423,7 @@ class RetryControl:
             if key[1] != want:
                 continue
             why = watch.get(key)
-            when = (f"when it delivers again (watched since {why})" if why is not None
+            when = (f"when it delivers again after {why}" if why is not None
                     else "when it next delivers after being dead or throttled")
             out.append({"constraint": "deferred mail remembered",
                         "setting": RECOVERY_RATE,

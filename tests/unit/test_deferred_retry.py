@@ -475,3 +475,33 @@ def test_status_text():
             "brought 7 forward") in text
     assert "[127.0.0.1]:2525  smtp       7/10" in text
     assert "it was dead (4.4.1 refused)" in text
+
+
+def test_start_says_what_is_on_and_explain_names_the_remembered_mail(tmp_path, monkeypatch):
+    cfg = queue_dir(tmp_path, monkeypatch)
+    qmgr = FakeQmgr(cfg, RetrySettings(jitter=900, jitter_text="15m",
+                                       recovery_rate=Rate(20, 1)))
+    qmgr.scheduler = SimpleNamespace(recovery_watch=None,
+                                     watch_recovery=lambda: setattr(
+                                         qmgr.scheduler, "recovery_watch", {}))
+    retry = qmgr.retry
+    assert retry is not None
+    retry.start()
+    assert qmgr.scheduler.recovery_watch == {}
+    assert qmgr.log.lines == [
+        "deferred retry: deferred_retry_jitter = 15m: up to 900 s added to each deferred "
+        "message's retry time",
+        "deferred retry: deferred_recovery_rate = 20/s: deferred mail of a dead or "
+        "throttled destination is brought forward when it delivers again (at most 20000 "
+        "queue ids remembered)"]
+    key = ("smtp", "[10.0.0.5]:25")
+    qmgr.scheduler.recovery_watch[key] = "it was dead (4.4.1 refused)"
+    retry.registry.remember("Q1", [key])
+    retry.registry.remember("Q2", [key])
+    (reason,) = retry.explain("[10.0.0.5]:25")
+    assert reason["setting"] == "deferred_recovery_rate"
+    assert reason["text"] == (
+        "2 deferred messages for [10.0.0.5]:25 (smtp) wait for their retry time; they are "
+        "brought forward when it delivers again after it was dead (4.4.1 refused), at "
+        "20/s")
+    assert retry.explain("other.example") == []
