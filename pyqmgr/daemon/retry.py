@@ -371,12 +371,18 @@ class RetryControl:
                                      cfg.hash_queue_depth)
         try:
             st = os.stat(path)
-            now = time.time()
-            if st.st_mtime > now:
-                os.utime(path, (now, now))
         except FileNotFoundError:
             run.gone += 1
             return
+        now = time.time()
+        if st.st_mtime > now:
+            try:
+                os.utime(path, (now, now))
+            except OSError as exc:
+                # The file keeps its retry time (the feed below skips it): logged,
+                # not fatal, as recovery is only ever an early retry.
+                self.qmgr.log.warning(f"{qid}: deferred recovery: utime {path}: "
+                                      f"{exc.strerror}")
         if self.qmgr.feed_deferred(qid):
             run.brought_forward += 1
             self.brought_forward += 1
