@@ -167,3 +167,69 @@ def test_response_rules_against_a_rate_limiting_provider_never_kill_it():
     assert not [d for d in res.deliveries if d.transport == "retry"], "never dead"
     assert res.deferred.get(dest, 0) * 3 < stock.deferred.get(dest, 0)
     assert res.sent.get(dest, 0) + res.deferred.get(dest, 0) == 300
+
+
+# -- the deferred-queue model: retry jitter and recovery (#13 item 5) --------------------
+
+
+def _without(sc, name: str):
+    sc.pyqmgr_cf.pop(name)
+    return sc
+
+
+def test_the_deferred_queue_model_retries_at_stocks_backoff():
+    """No jitter: every retry time is stock's, so the 1,000 come back in whole scans."""
+    stock = simulate(_without(scenario("deferred-retry-jitter"), "deferred_retry_jitter"))
+    # Deferred at 0 (backoff 300), at 300 (age 300: 300), at 600 (age 600: 600); the
+    # destination is back at 1200.
+    assert stock.scans == [(300, 1000), (600, 1000), (1200, 1000)]
+    assert stock.sent == {"returning.example": 1000}
+    assert stock.still_deferred == 0
+
+
+def test_jitter_spreads_the_deferred_mail_over_scans():
+    stock = simulate(_without(scenario("deferred-retry-jitter"), "deferred_retry_jitter"))
+    res = simulate(scenario("deferred-retry-jitter"))
+    busiest = max(n for _, n in res.scans)
+    back = [n for when, n in res.scans if when >= 1200]
+    print(f"1,000 deferred together: stock's busiest scan {max(n for _, n in stock.scans)}, "
+          f"1000 when the destination returns; with 15m of jitter {len(res.scans)} scans, "
+          f"busiest {busiest}, {back[0]} when it returns")
+    assert busiest * 2 < 1000
+    assert back[0] * 3 < 1000
+    assert res.sent == {"returning.example": 1000} and res.still_deferred == 0
+    # Never earlier than stock: nothing comes back in the scan at 300 s.
+    assert res.scans[0][0] > 300
+
+
+def test_recovery_brings_the_deferred_mail_forward_when_the_destination_is_back():
+    sc = scenario("deferred-recovery")
+    res = simulate(sc)
+    stock = simulate(_without(scenario("deferred-recovery"), "deferred_recovery_rate"))
+
+    def last_deferred(r) -> float:
+        came_back = {qid for _, qid, _ in r.retries}
+        return max(d.end for d in r.deliveries if d.outcome == "sent" and d.message in came_back)
+
+    recovered = [t for t, _, how in res.retries if how == "recovery"]
+    (line,) = [text for _, _, text in res.log if text.startswith("deferred recovery")]
+    print(f"destination back at 900 s: stock delivers the deferred mail by "
+          f"{last_deferred(stock):.0f} s, recovery by {last_deferred(res):.0f} s "
+          f"({len(recovered)} brought forward over {recovered[-1] - recovered[0]:.1f} s)")
+    assert "back.example (smtp) delivers again after it was dead" in line
+    assert last_deferred(stock) >= 1200
+    assert last_deferred(res) < 1000
+    assert len(recovered) > 300
+    span = recovered[-1] - recovered[0]
+    assert span == pytest.approx((len(recovered) - 1) / 20, rel=0.01), "paced at 20/1s"
+    assert res.sent == stock.sent and res.still_deferred == stock.still_deferred == 0
+
+
+def test_jitter_and_recovery_need_the_deferred_queue_model():
+    sc = scenario("deferred-recovery")
+    sc.retry_deferred = False
+    with pytest.raises(ScenarioError, match=r"needs \[deferred\] retry = true"):
+        simulate(sc)
+    sc.pyqmgr_cf["deferred_recovery_rate"] = "fast"
+    with pytest.raises(ScenarioError, match="deferred_recovery_rate: bad rate"):
+        simulate(sc)

@@ -92,6 +92,10 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
                           _seconds(h.get("ends_in")), _fmt(h.get("reason") or "-")]
                          for h in held])
         lines.append("")
+    retry = reply.get("deferred_retry")
+    if isinstance(retry, dict):
+        lines += _retry_lines(retry)
+        lines.append("")
     if not destinations:
         lines.append("no destinations in core")
         return lines
@@ -103,6 +107,31 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
             for d in destinations]
     lines += _table(["DESTINATION", "TRANSPORT", "WINDOW/LIMIT", "IN FLIGHT", "QUEUED",
                      "RCPTS", "SUCCESS", "FAILURE", "COHORTS", "STATE"], rows)
+    return lines
+
+
+def _retry_lines(retry: dict[str, object]) -> list[str]:
+    """pyqmgr.cf's deferred retry: jitter and recovery, with any recovery under way."""
+    parts = []
+    if retry.get("jitter"):
+        parts.append(f"jitter {_fmt(retry['jitter'])} ({_fmt(retry.get('jittered'))} "
+                     "retry times jittered)")
+    if retry.get("recovery_rate"):
+        parts.append(f"recovery at {_fmt(retry['recovery_rate'])}: "
+                     f"{_fmt(retry.get('remembered'))} deferred messages remembered for "
+                     f"{_fmt(retry.get('remembered_destinations'))} destinations (limit "
+                     f"{_fmt(retry.get('remembered_limit'))}), "
+                     f"{_fmt(retry.get('recoveries'))} recoveries brought "
+                     f"{_fmt(retry.get('brought_forward'))} forward")
+    lines = ["deferred retry: " + "; ".join(parts or ["off"])]
+    runs = _dicts(retry.get("recovering"))
+    if runs:
+        lines += _table(["RECOVERING", "TRANSPORT", "BROUGHT FORWARD", "GONE", "LEFT",
+                         "FOR", "AFTER"],
+                        [[_fmt(r.get("destination")), _fmt(r.get("transport")),
+                          f"{_fmt(r.get('brought_forward'))}/{_fmt(r.get('total'))}",
+                          _fmt(r.get("gone")), _fmt(r.get("left")), _seconds(r.get("for")),
+                          _fmt(r.get("why"))] for r in runs])
     return lines
 
 

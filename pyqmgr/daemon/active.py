@@ -164,6 +164,8 @@ class ActiveQueue:
         except FileNotFoundError:
             self.log.warning(f"{qid}: rename {src} to active/{qid}: No such file or directory")
             return None
+        if self.qmgr.retry is not None:
+            self.qmgr.retry.fed(qid)
         flags = scan_flags
         if st.st_mode & stat.S_IRGRP:
             flags |= FLUSH_EACH | FLUSH_DFXP
@@ -497,7 +499,11 @@ class ActiveQueue:
             self.qmgr.message_left()
 
     def defer(self, am: ActiveMessage) -> None:
-        """Move to deferred/ with the next retry time as mtime (``qmgr_active_done_3``)."""
+        """Move to deferred/ with the next retry time as mtime (``qmgr_active_done_3``).
+
+        pyqmgr.cf's retry jitter, if on, is added to stock's time, never taken from it
+        (:mod:`pyqmgr.daemon.retry`), and the file is remembered for recovery.
+        """
         cfg = self.cfg
         now = time.time()
         create = am.qf.create_time
@@ -505,7 +511,10 @@ class ActiveQueue:
             delay = min(max(now - create, cfg.minimal_backoff_time), cfg.maximal_backoff_time)
         else:
             delay = cfg.minimal_backoff_time
-        when = int(now) + int(delay)
+        when: float = int(now) + int(delay)
+        retry = self.qmgr.retry
+        if retry is not None:
+            when = retry.retry_time(when, int(delay))
         # Stock ignores a vanished file here and lets the rename report it.
         with contextlib.suppress(FileNotFoundError):
             os.utime(am.path, (when, when))
@@ -516,6 +525,9 @@ class ActiveQueue:
         except FileNotFoundError:
             self.log.warning(f"qmgr_active_defer: rename {am.queue_id} from active to "
                              "deferred: No such file or directory")
+            return
+        if retry is not None:
+            retry.deferred(am)
 
     def remove(self, qid: str) -> None:
         path = f"active/{qid}"

@@ -388,10 +388,20 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
         command = request["command"]
         now = time.monotonic()
         if command == "status":
-            return scheduler_explain.status(qmgr.scheduler, now)
+            reply = scheduler_explain.status(qmgr.scheduler, now)
+            if qmgr.retry is not None:
+                reply["deferred_retry"] = qmgr.retry.status(now)
+            return reply
         if command == "explain":
-            return scheduler_explain.explain(qmgr.scheduler, str(request["target"]), now,
-                                             busy=qmgr.in_flight())
+            target = str(request["target"])
+            reply = scheduler_explain.explain(qmgr.scheduler, target, now,
+                                              busy=qmgr.in_flight())
+            if qmgr.retry is not None:
+                extra = qmgr.retry.explain(target)
+                reasons = reply.get("reasons")
+                if extra and isinstance(reasons, list):
+                    reasons.extend(extra)
+            return reply
         if command == "jobs":
             return jobs_reply(qmgr, request, now)
         controls = qmgr.suspensions

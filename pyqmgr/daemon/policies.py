@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyqmgr.daemon.retry import RetrySettings, retry_settings
 from pyqmgr.postfix.config import ConfigError, QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
@@ -34,6 +35,8 @@ class PolicySetup:
     fudge_factor: int
     #: Rates and response rules (:mod:`pyqmgr.scheduler.shaping`); None: none set.
     shaping: ShapingTable | None = None
+    #: Retry jitter and recovery (:mod:`pyqmgr.daemon.retry`); None: stock's retries.
+    retry: RetrySettings | None = None
 
     def process_limit(self, transport: str) -> int:
         return self.process_limits.get(transport, self.default_process_limit)
@@ -70,4 +73,4 @@ def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     except ShapingError as exc:
         raise PyqmgrCfError(f"{settings.path}: parameter {exc}") from None
     return PolicySetup(table, limits, cfg.default_process_limit, fudge,
-                       shaping if shaping.active else None)
+                       shaping if shaping.active else None, retry_settings(settings))

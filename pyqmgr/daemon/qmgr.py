@@ -30,6 +30,7 @@ from pyqmgr.daemon.active import (
 )
 from pyqmgr.daemon.delivery import AgentCall
 from pyqmgr.daemon.policies import PolicySetup
+from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.suspensions import Suspensions
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.config import QmgrConfig
@@ -138,9 +139,14 @@ class Qmgr:
         #: Delivery counts for the metrics exporter; None (not counted) unless
         #: pyqmgr.cf sets metrics_listen.
         self.metrics: DeliveryStats | None = None
+        #: Retry jitter and recovery of deferred mail; None (stock) unless pyqmgr.cf.
+        self.retry: RetryControl | None = None
 
     def use_policies(self, setup: PolicySetup) -> None:
         """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
+        if setup.retry is not None:
+            # Its core half is switched on in start(), on the scheduler made here.
+            self.retry = RetryControl(self, setup.retry)
         if setup.table.stock and setup.shaping is None:
             # Stock scheduling; the process limits only inform explain.
             self.scheduler.process_limit_for = setup.process_limit
@@ -155,6 +161,8 @@ class Qmgr:
     def start(self) -> None:
         """Stock's post-init: recover active/, start both scans and the deferred timer."""
         self.active.recover()
+        if self.retry is not None:
+            self.retry.start()
         self.scans[INCOMING].request(SCAN_START)
         self.scans[DEFERRED].request(SCAN_START)
         self.spawn(self._feeder())
@@ -274,6 +282,24 @@ class Qmgr:
         if not saw_name:
             return None, False
         return loaded, loaded and last == INCOMING
+
+    def may_feed(self) -> bool:
+        """Is there room in the active queue for one more message?"""
+        return (self.message_count < self.cfg.qmgr_message_active_limit
+                and self.scheduler.may_feed())
+
+    def feed_deferred(self, qid: str) -> bool:
+        """Bring one deferred file into the active queue now, outside the scans.
+
+        Deferred-mail recovery's way in (:mod:`pyqmgr.daemon.retry`); False when the
+        file was not taken (gone, not complete, or still in the future).
+        """
+        am = self.active.feed("deferred", qid, 0)
+        if am is None:
+            return False
+        self.message_count += 1
+        self._load(am)
+        return True
 
     def _flow_tokens(self, fed: bool | None, from_incoming: bool) -> None:
         flow = self.flow
@@ -540,6 +566,9 @@ class Qmgr:
             sched.deferrals.clear()
             for d in deferrals:
                 self.spawn(self._defer_recipient(d))
+        if sched.waits or sched.recovered:
+            assert self.retry is not None
+            self.retry.decisions(sched)
         if sched.finished:
             finished = list(sched.finished)
             sched.finished.clear()

@@ -59,6 +59,10 @@ _DSN_RE = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
 
 #: Stock reads at most this many recipients at once, to keep event latency in check.
 MAX_READ = 5000
+#: Destinations watched for deferred-mail recovery at most (:meth:`Scheduler.watch_recovery`).
+#: Beyond this many dead or throttled at once, the others' deferred mail simply waits
+#: for its retry time, as in stock: recovery is an optimisation, never a duty.
+RECOVERY_WATCH_LIMIT = 10_000
 
 
 class FullTransportParams(TransportParams, Protocol):
@@ -114,6 +118,16 @@ class DeferRecipient:
 
 def dsn_valid(status: str) -> bool:
     return bool(_DSN_RE.match(status))
+
+
+def _why(dsn: Dsn, rule: str | None = None) -> str:
+    """Why a destination is watched for recovery, as its log line will say."""
+    text = f"{dsn.status} {dsn.reason.removeprefix(SUSPENDED)}"
+    if len(text) > 200:
+        text = text[:197] + "..."
+    if rule is not None:
+        return f'a throttling reply "{text}" matched {rule}'
+    return f"it was dead ({text})"
 
 
 #: refill(message, limit): read up to ``limit`` more recipients of the message, set
@@ -206,6 +220,16 @@ class Scheduler:
         self._gate_seq = itertools.count()
         #: Times at which :meth:`open_gates` has work (decisions, like :attr:`timers`).
         self.gate_timers: list[float] = []
+        #: Deferred-mail recovery (pyqmgr.cf ``deferred_recovery_rate``), off (None)
+        #: unless :meth:`watch_recovery`: the destinations, by (transport, queue name),
+        #: that were dead or throttled and have not delivered since, with why.
+        self.recovery_watch: dict[tuple[str, str], str] | None = None
+        #: Decisions while recovery is on: (message, transport, queue name) whose
+        #: recipients wait because that destination failed, was dead or throttled ...
+        self.waits: list[tuple[Message, str, str]] = []
+        #: ... and (transport, queue name, nexthop, why it was watched) of watched
+        #: destinations that delivered again. The daemon drains both.
+        self.recovered: list[tuple[str, str, str, str]] = []
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
@@ -424,11 +448,15 @@ class Scheduler:
                 assert t.dsn is not None
                 queue = self._error_queue(RETRY, t.dsn)
                 dsn = t.dsn
+                if self.recovery_watch is not None:
+                    self._wait(message, t.name, route.queue_name, _why(dsn))
             else:
                 queue = self._queue(t, route.queue_name, route.nexthop)
                 dsn = queue.dsn if queue.throttled else None
                 if dsn is not None:
                     queue = self._error_queue(RETRY, dsn)
+                    if self.recovery_watch is not None:
+                        self._wait(message, t.name, route.queue_name, _why(dsn))
             if queue is None:
                 assert dsn is not None
                 message.deferred = True
@@ -597,11 +625,17 @@ class Scheduler:
                 # Throttling, not failure: the rule's action instead of negative
                 # feedback, and never a failed cohort (the site is alive).
                 self._throttled(queue, rule, hop, now, entry.started)
+                if self.recovery_watch is not None:
+                    self._wait(message, t.name, queue.name, _why(hop, rule.where))
             elif hop is not None and hop.status:
                 dsn = Dsn(
                     hop.status if dsn_valid(hop.status) else "4.0.0",
                     SUSPENDED + (hop.reason or "unknown error"),
                 )
+                if self.recovery_watch is not None:
+                    # A site failure: this mail waits for the site, which is watched
+                    # once it is dead (_defer_todo).
+                    self._wait(message, t.name, queue.name, None)
                 if queue.ready:
                     if queue.throttle(dsn, now, self.min_backoff_time):
                         self.timers.append(now + self.min_backoff_time)
@@ -611,6 +645,8 @@ class Scheduler:
             self._transport_unthrottle(t)
             if hop is None or not hop.reason:
                 self._queue_unthrottle(queue)
+                if status == 0 and self.recovery_watch:
+                    self._delivered_again(queue)
         self._entry_done(entry, busy=True)
 
     def _entry_done(self, entry: Entry, busy: bool) -> None:
@@ -664,6 +700,10 @@ class Scheduler:
 
     def _defer_todo(self, queue: Queue, dsn: Dsn) -> None:
         """A dead destination: move its waiting entries to retry, or defer them."""
+        if self.recovery_watch is not None:
+            self._watch(queue.transport.name, queue.name, _why(dsn))
+            for entry in queue.todo:
+                self._wait(entry.message, queue.transport.name, queue.name, None)
         retry = self._error_queue(RETRY, dsn)
         for entry in list(queue.todo):
             if retry is not None:
@@ -822,6 +862,50 @@ class Scheduler:
                 if queue.ready and queue.idle:
                     self._queue_done(queue)
         return revived
+
+    # -- deferred-mail recovery (pyqmgr.cf deferred_recovery_rate; daemon/retry.py) ---
+
+    def watch_recovery(self) -> None:
+        """Note which mail waits for which dead or throttled destination, and say when
+        such a destination delivers again (:attr:`waits`, :attr:`recovered`).
+
+        The core cannot see the deferred queue; it only knows, as it happens, that a
+        recipient went to the retry transport (or the defer log) because its
+        destination or transport was dead, that a delivery failed at the site, or that
+        a reply was throttling, and later that the destination delivered. The daemon
+        keeps the queue ids; this keeps the destinations, bounded by
+        :data:`RECOVERY_WATCH_LIMIT`. Off, none of it runs.
+        """
+        if self.recovery_watch is None:
+            self.recovery_watch = {}
+
+    def _watch(self, transport: str, name: str, why: str) -> None:
+        watch = self.recovery_watch
+        assert watch is not None
+        if (transport, name) not in watch and len(watch) < RECOVERY_WATCH_LIMIT:
+            watch[(transport, name)] = why
+
+    def _wait(self, message: Message, transport: str, name: str, why: str | None) -> None:
+        """``message`` waits for destination (transport, name); ``why``: it is dead or
+        throttled, so watch it too. A message's recipients come sorted by destination:
+        only the first of a run is noted."""
+        waits = self.waits
+        last = waits[-1] if waits else None
+        if last is None or last[0] is not message or last[1] != transport or last[2] != name:
+            waits.append((message, transport, name))
+        if why is not None:
+            self._watch(transport, name, why)
+
+    def _delivered_again(self, queue: Queue) -> None:
+        """A delivery succeeded: a watched destination is back, unless a throttling
+        rule still holds it down (then its mail would only wait in core for the rate)."""
+        if queue.shape is not None and queue.shape.rule is not None:
+            return
+        watch = self.recovery_watch
+        assert watch is not None
+        why = watch.pop((queue.transport.name, queue.name), None)
+        if why is not None:
+            self.recovered.append((queue.transport.name, queue.name, queue.nexthop, why))
 
     # -- shaping: gates, rates, response rules (pyqmgr.cf; see shaping.py) -------------
 

@@ -13,7 +13,15 @@ scenario and a seed give one result:
   server limit it answers 421 at once, or lets the attempt hang for a timeout
   (congestion); a dead destination refuses at once. Failures are hop-level, so they
   feed back into the window exactly as an smtp agent's reply does;
-* deferred recipients are counted, not retried: this is the first delivery pass.
+* deferred recipients are counted; unless the scenario models the deferred queue
+  (``[deferred] retry = true``), that is all: the run is the first delivery pass. With
+  the model, a message with deferred recipients goes to a deferred queue with stock's
+  retry time (its age bounded by ``minimal_backoff_time`` and ``maximal_backoff_time``)
+  plus pyqmgr.cf's ``deferred_retry_jitter``, and its deferred recipients come back
+  as a new attempt at the first deferred-queue scan (every ``queue_run_delay``) after
+  that time, or earlier, paced, through ``deferred_recovery_rate`` when the destination
+  it waited for delivers again (the daemon's :mod:`pyqmgr.daemon.retry`, whose
+  registry it shares).
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyqmgr.daemon.retry import Registry, RetrySettings, retry_settings
 from pyqmgr.postfix.config import QmgrConfig, oqmgr_fudge_factor
+from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.core import ERROR, RETRY, Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
@@ -61,6 +71,13 @@ class Result:
     log: list[tuple[float, str, str]] = field(default_factory=list)
     end_time: float = 0.0
     decisions: int = 0
+    #: The deferred-queue model: (time, queue id, "scan" or "recovery") for every
+    #: message that came back from the deferred queue ...
+    retries: list[tuple[float, str, str]] = field(default_factory=list)
+    #: ... (time, messages it took) for every deferred-queue scan that took some ...
+    scans: list[tuple[float, int]] = field(default_factory=list)
+    #: ... and the messages still deferred when the run ended.
+    still_deferred: int = 0
 
     def deferral_rate(self, destination: str) -> float:
         """Deferred recipients / recipients tried, over the first delivery pass."""
@@ -100,13 +117,27 @@ class _Server:
 
 
 class _SimMessage:
-    __slots__ = ("sched", "routes", "pos", "destination")
+    __slots__ = ("sched", "routes", "pos", "destination", "arrival", "retry", "waits",
+                 "_by_rcpt")
 
-    def __init__(self, sched: Message, routes: list[Route], destination: str) -> None:
+    def __init__(self, sched: Message, routes: list[Route], destination: str,
+                 arrival: float = 0.0) -> None:
         self.sched = sched
         self.routes = routes
         self.pos = 0
         self.destination = destination
+        #: When the message first arrived (its backoff is its age, as in stock).
+        self.arrival = arrival
+        #: The deferred-queue model: this attempt's deferred recipients, and the
+        #: destinations the core says they waited for.
+        self.retry: list[Route] = []
+        self.waits: set[tuple[str, str]] = set()
+        self._by_rcpt: dict[int, Route] | None = None
+
+    def route_of(self, rcpt: Recipient) -> Route:
+        if self._by_rcpt is None:
+            self._by_rcpt = {id(r.recipient): r for r in self.routes}
+        return self._by_rcpt[id(rcpt)]
 
 
 def policy_table(values: dict[str, str]) -> PolicyTable:
@@ -137,10 +168,23 @@ def shaping_table(sc: Scenario) -> ShapingTable:
         raise ScenarioError(f"pyqmgr_cf.{exc}") from None
 
 
+def retry_table(sc: Scenario) -> RetrySettings | None:
+    """The scenario's retry jitter and recovery; they need the deferred-queue model."""
+    try:
+        settings = retry_settings(PyqmgrCf("pyqmgr_cf", True, dict(sc.pyqmgr_cf)))
+    except PyqmgrCfError as exc:
+        raise ScenarioError(str(exc).removeprefix("pyqmgr_cf: parameter ")) from None
+    if settings is not None and not sc.retry_deferred:
+        raise ScenarioError("pyqmgr_cf sets deferred retry jitter or recovery: they act on "
+                            "the deferred queue, which needs [deferred] retry = true")
+    return settings
+
+
 class Engine:
     def __init__(self, scenario: Scenario, seed: int | None = None) -> None:
         self.sc = scenario
-        self.rng = random.Random(scenario.seed if seed is None else seed)
+        seed = scenario.seed if seed is None else seed
+        self.rng = random.Random(seed)
         text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
         self.cfg = QmgrConfig.from_text(text, hostname="sim.example")
         self.policies = policy_table(scenario.pyqmgr_cf)
@@ -166,6 +210,18 @@ class Engine:
         self.servers: dict[str, _Server] = {}
         self.result = Result()
         self._serial = itertools.count(1)
+        #: The deferred-queue model (``[deferred] retry``): queue id -> (retry time,
+        #: message), the next scan, the jitter's own random numbers (so that turning it
+        #: on changes no latency), recovery's registry and its pacing.
+        self.retry = retry_table(scenario)
+        self.deferred: dict[str, tuple[float, _SimMessage]] = {}
+        self._scan_due = False
+        self.retry_rng = random.Random(f"deferred retry {seed}")
+        self.registry: Registry | None = None
+        self._recovery_next = 0.0
+        if self.retry is not None and self.retry.recovery_rate is not None:
+            self.sched.watch_recovery()
+            self.registry = Registry(self.retry.recovery_limit)
 
     # -- clock --------------------------------------------------------------------
 
@@ -188,6 +244,7 @@ class Engine:
         # after the mail is gone and would stretch the figure with idle time.
         last = max((d.end for d in self.result.deliveries), default=0.0)
         self.result.end_time = last if self.result.deliveries else self.now
+        self.result.still_deferred = len(self.deferred)
         return self.result
 
     # -- messages -------------------------------------------------------------------
@@ -202,7 +259,8 @@ class Engine:
                 address = f"r{i}@{dest.name}"
                 queue = f"{address}" if limit == 1 else dest.name
                 routes.append(Route(dest.transport, queue, dest.name, Recipient(i, address)))
-            msg = _SimMessage(Message(qid, self.now, rcpt_unread=nrcpt), routes, dest.name)
+            msg = _SimMessage(Message(qid, self.now, rcpt_unread=nrcpt), routes, dest.name,
+                              self.now)
             msg.sched.owner = msg
             self.incoming.append(msg)
             self._feed()
@@ -245,7 +303,17 @@ class Engine:
         for d in sched.deferrals:
             dest = d.message.owner.destination
             self.result.deferred[dest] = self.result.deferred.get(dest, 0) + 1
+            if self.sc.retry_deferred:
+                self._deferred_rcpt(d.message.owner, d.recipient)
         sched.deferrals.clear()
+        if sched.waits:
+            for message, transport, qname in sched.waits:
+                message.owner.waits.add((transport, qname))
+            sched.waits.clear()
+        if sched.recovered:
+            for transport, qname, nexthop, why in sched.recovered:
+                self._recover(transport, qname, nexthop, why)
+            sched.recovered.clear()
         while sched.finished:
             done = sched.finished
             sched.finished = []
@@ -256,6 +324,8 @@ class Engine:
                                  now=self.now)
                 else:
                     self.active -= 1
+                    if msg.retry:
+                        self._defer(msg)
             self._feed()
         while (name := sched.allocate()) is not None:
             limit = self.sc.process_limits.get(name, self.cfg.default_process_limit)
@@ -331,7 +401,7 @@ class Engine:
         dest = self.sc.destinations[entry.queue.nexthop]
         self.in_flight[dest.name] = self.in_flight.get(dest.name, 0) + 1
         self._sample(entry.queue)
-        if dest.dead:
+        if dest.is_dead(self.now):
             hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
             self.at(self.now, self._finish(entry, start, window, dest.name, "deferred", hop, False))
             return
@@ -416,12 +486,86 @@ class Engine:
                 self.sched.done(entry, 0, None, False, self.now)
             else:
                 res.deferred[dest] = res.deferred.get(dest, 0) + n
+                if self.sc.retry_deferred and outcome != "bounced":
+                    for rcpt in entry.recipients:
+                        self._deferred_rcpt(entry.message.owner, rcpt)
                 self.sched.done(entry, 1, hop, False, self.now)
             res.deliveries.append(Delivery(start, self.now, name, dest, entry.message.queue_id,
                                            n, outcome, window, hop.reason if hop else ""))
             self._sample(queue)
             self._release(name)
         return finish
+
+
+    # -- the deferred queue (``[deferred] retry = true``) ----------------------------------
+
+    def _deferred_rcpt(self, msg: _SimMessage, rcpt: Recipient) -> None:
+        """This attempt's recipient must be tried again."""
+        msg.retry.append(msg.route_of(rcpt))
+
+    def _defer(self, msg: _SimMessage) -> None:
+        """To the deferred queue with stock's retry time, plus the jitter."""
+        cfg = self.cfg
+        delay = min(max(self.now - msg.arrival, cfg.minimal_backoff_time),
+                    cfg.maximal_backoff_time)
+        when: float = int(self.now) + int(delay)
+        if self.retry is not None:
+            when += self.retry.jitter_for(int(delay), self.retry_rng)
+        qid = msg.sched.queue_id
+        self.deferred[qid] = (when, msg)
+        if self.registry is not None and msg.waits:
+            self.registry.remember(qid, sorted(msg.waits))
+        if not self._scan_due:
+            # The deferred scan runs every queue_run_delay since start, as stock's timer.
+            period = cfg.queue_run_delay
+            self._scan_due = True
+            self.at((int(self.now // period) + 1) * period, self._scan)
+
+    def _scan(self) -> None:
+        """A deferred-queue scan: everything whose retry time has come, at once."""
+        self._scan_due = False
+        due = [qid for qid, (when, _) in self.deferred.items() if when <= self.now]
+        for qid in due:
+            self._come_back(qid, "scan")
+        if due:
+            self.result.scans.append((self.now, len(due)))
+        if self.deferred:
+            self._scan_due = True
+            self.at(self.now + self.cfg.queue_run_delay, self._scan)
+        self._feed()
+
+    def _come_back(self, qid: str, how: str) -> None:
+        _, msg = self.deferred.pop(qid)
+        if self.registry is not None:
+            self.registry.forget(qid)
+        again = _SimMessage(Message(qid, self.now, rcpt_unread=len(msg.retry)), msg.retry,
+                            msg.destination, msg.arrival)
+        again.sched.owner = again
+        self.incoming.append(again)
+        self.result.retries.append((self.now, qid, how))
+
+    def _recover(self, transport: str, name: str, nexthop: str, why: str) -> None:
+        """A destination delivers again: its deferred mail comes back at the rate."""
+        assert self.registry is not None and self.retry is not None
+        rate = self.retry.recovery_rate
+        assert rate is not None
+        qids = self.registry.take((transport, name))
+        if not qids:
+            return
+        self.result.log.append((self.now, "info", (
+            f"deferred recovery: {nexthop} ({transport}) delivers again after {why}: "
+            f"bringing {len(qids)} deferred messages forward at {rate}")))
+        start = max(self.now, self._recovery_next)
+        for i, qid in enumerate(qids):
+            self.at(start + i * rate.interval, self._bring_forward(qid))
+        self._recovery_next = start + len(qids) * rate.interval
+
+    def _bring_forward(self, qid: str) -> Callable[[], None]:
+        def forward() -> None:
+            if qid in self.deferred:
+                self._come_back(qid, "recovery")
+                self._feed()
+        return forward
 
 
 def simulate(scenario: Scenario, seed: int | None = None) -> Result:

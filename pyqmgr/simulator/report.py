@@ -23,6 +23,27 @@ def summary(sc: Scenario, res: Result) -> list[str]:
         out.append(f"{dest:<24} {res.sent.get(dest, 0):>8} {res.deferred.get(dest, 0):>8} "
                    f"{res.deferral_rate(dest):>7.1%} {res.mean_concurrency(dest):>9.2f} "
                    f"{max_window:>10}")
+    if sc.retry_deferred:
+        out += deferred(res)
+    return out
+
+
+def deferred(res: Result) -> list[str]:
+    """The deferred-queue model: how the deferred mail came back, and the storm size."""
+    by_scan = sum(1 for _, _, how in res.retries if how == "scan")
+    recovered = len(res.retries) - by_scan
+    busiest = max(res.scans, key=lambda s: s[1], default=None)
+    out = [f"deferred queue: {by_scan} messages came back in {len(res.scans)} scans"
+           + (f" (the busiest took {busiest[1]} at {busiest[0]:.0f} s)" if busiest else "")
+           + f", {recovered} brought forward by recovery; {res.still_deferred} still "
+           "deferred at the end"]
+    came_back = {qid for _, qid, _ in res.retries}
+    last = max((d.end for d in res.deliveries
+                if d.outcome == "sent" and d.message in came_back), default=None)
+    if last is not None:
+        out.append(f"mail that was deferred: the last delivered at {last:.0f} s")
+    out += [f"{when:10.3f} {text}" for when, _, text in res.log
+            if text.startswith("deferred recovery: ")]
     return out
 
 

@@ -33,8 +33,15 @@ backlog = 5                # listen queue length (default: server_limit; -1 unbo
 reject_time = 0.0          # how long a 421 answer takes
 timeout = 30               # the client's connect or greeting timeout
 dead = false               # no server at all: every attempt fails at once
+dead_until = 0             # no server until this time, then a working one (0: always up)
 rate_limit = 0             # deliveries a second the server takes; beyond, it answers
 rate_reply = "421 4.7.28 ..."  # this (a provider's rate limiting) at reject_time
+
+[deferred]                 # the deferred queue (off: deferred recipients are only counted)
+retry = true               # deferred recipients come back: a retry time of stock's backoff
+                           # (main_cf minimal/maximal_backoff_time, from the arrival), a
+                           # deferred-queue scan every queue_run_delay, and pyqmgr_cf's
+                           # deferred_retry_jitter and deferred_recovery_rate
 
 [[messages]]
 at = 0                     # arrival time
@@ -87,6 +94,11 @@ class Destination:
     rate_limit: float = 0.0
     rate_reply: str = ("421 4.7.28 Our system has detected an unusual rate of mail "
                        "from your IP address; try again later")
+    #: No server before this time (0: none of that); ``dead`` is dead for ever.
+    dead_until: float = 0.0
+
+    def is_dead(self, now: float) -> bool:
+        return self.dead or now < self.dead_until
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,8 @@ class Scenario:
     pyqmgr_cf: dict[str, str] = field(default_factory=dict)
     #: The scenario file's directory: relative response_rules paths start there.
     base_dir: str = "."
+    #: Model the deferred queue: deferred recipients are tried again ([deferred] retry).
+    retry_deferred: bool = False
 
 
 def _latency(value: Any, where: str) -> Latency:
@@ -157,7 +171,7 @@ def parse(data: dict[str, Any]) -> Scenario:
             limit, overload, float(d.get("timeout", 30)), bool(d.get("dead", False)),
             int(d.get("backlog", default_backlog[overload])),
             float(d.get("reject_time", 0)), float(d.get("rate_limit", 0)),
-            str(d.get("rate_reply", Destination.rate_reply)))
+            str(d.get("rate_reply", Destination.rate_reply)), float(d.get("dead_until", 0)))
     for i, m in enumerate(data.get("messages", [])):
         dest = str(m.get("destination", ""))
         if dest not in sc.destinations:
@@ -167,6 +181,10 @@ def parse(data: dict[str, Any]) -> Scenario:
                                        dest, str(m.get("name", ""))))
     if not sc.messages:
         raise ScenarioError("no [[messages]]")
+    retry = data.get("deferred", {}).get("retry", False)
+    if not isinstance(retry, bool):
+        raise ScenarioError("deferred.retry must be true or false")
+    sc.retry_deferred = retry
     return sc
 
 
