@@ -275,7 +275,26 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
     report.check_seconds = time.perf_counter() - started
     report.paths_checked = len(trust.daemon_paths(sys.executable, report.package_dir,
                                                   files)) + len(ours)
+    if settings is not None and cfg is not None and not report.problems:
+        # The values, as the daemon's start-up judges them: policies, shaping, rules
+        # files, retry and metrics settings. Only once everything is trusted, since a
+        # module: policy is code that this imports.
+        report.problems += _settings_problems(settings, cfg)
     return report
+
+
+def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
+    from pyqmgr.daemon import metrics
+    from pyqmgr.daemon.policies import policy_setup
+    from pyqmgr.scheduler.policy import PolicyError
+
+    problems: list[str] = []
+    for check in (lambda: policy_setup(settings, cfg), lambda: metrics.setup(settings, cfg)):
+        try:
+            check()
+        except (PyqmgrCfError, PolicyError, ConfigError) as exc:
+            problems.append(f"the daemon would refuse to start: {exc}")
+    return problems
 
 
 def check_installation(config_dir: str) -> CheckReport:

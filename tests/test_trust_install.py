@@ -329,3 +329,30 @@ def test_a_venv_or_package_a_stranger_can_change_stops_install_and_daemon(
     # Put back, the next retry of master(8) delivers the waiting message.
     pf.maillog.wait_for(lambda ln: ln.queue_id == qid and ln.text.endswith("removed"),
                         timeout=30, what="the queued message delivered once trusted")
+
+
+def test_check_judges_the_values_as_the_daemon_would(trusted_base, postfix, tmp_path):
+    """A value the daemon would refuse at start-up: check says so before a reload."""
+    pf = postfix(qmgr="stock", start=False, base_dir=trusted_base)
+    rules = os.path.join(pf.config_dir, "rules")
+    with open(rules, "w") as f:
+        f.write("/ok/ throttle window=0.9\n/bad/ throttle window=7\n")
+    cases = [
+        ("scheduler_policy = fifo\n", 'unknown scheduler policy "fifo"'),
+        ("smtp_destination_rate = fast\n", "parameter smtp_destination_rate: bad rate"),
+        (f"smtp_response_rules = {rules}\n",
+         f"{rules}, line 2: window: a factor between 0 and 1"),
+        ("metrics_listen = 0.0.0.0:9155\n", "is not a loopback address"),
+        ("deferred_retry_jitter = soon\n", "deferred_retry_jitter"),
+    ]
+    for text, error in cases:
+        cf = write_cf(pf, text)
+        proc = run("check", "--config-dir", pf.config_dir)
+        assert proc.returncode == 1, (text, proc.stdout, proc.stderr)
+        assert "the daemon would refuse to start: " in proc.stdout, (text, proc.stdout)
+        assert error in proc.stdout, (text, proc.stdout)
+        assert cf in proc.stdout or rules in proc.stdout
+    write_cf(pf, f"smtp_destination_rate = 10/1s\nsmtp_response_rules = {rules}\n")
+    with open(rules, "w") as f:
+        f.write("/ok/ throttle window=0.9\n")
+    assert run("check", "--config-dir", pf.config_dir).returncode == 0
