@@ -368,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
             "daemon_directory for pyqmgr.cf, policy files inside config_directory and the\n"
             "launcher (above those, Postfix's own files are at stake already). Symbolic\n"
             "links are followed; a sticky world-writable directory like /tmp does not\n"
-            "count as safe. pyqmgr.cf must also parse. The daemon makes the same check at\n"
+            "count as safe. pyqmgr.cf must parse, and its values be ones the daemon accepts\n"
+            "(policies, rates, response rules files, retry and metrics settings; checked\n"
+            "only once all is trusted). The daemon makes the same checks at\n"
             "every start and refuses to run; 'pyqmgr install' refuses to install."),
         epilog=("exit status: 0 no problems, 1 problems found (listed), 2 could not check\n"
                 "(not a Postfix configuration directory, postconf failed)"))
