@@ -54,7 +54,14 @@ def _state(item: dict[str, object]) -> str:
         return f"rate delay (next in {_seconds(item['rate_delayed_for'])})"
     if item.get("rate_lock"):
         return "rate delay"
-    return ""
+    parts = []
+    gate = item.get("gate")
+    if isinstance(gate, dict):
+        # Shaping's gates: a rate's spacing, a backoff rule, a policy service's DEFER.
+        parts.append(f"{_fmt(gate.get('kind'))} (opens in {_seconds(gate.get('opens_in'))})")
+    if item.get("cap"):
+        parts.append(f"window capped at {_fmt(item['cap'])} (throttling)")
+    return ", ".join(parts)
 
 
 def _table(header: Sequence[str], rows: list[list[str]]) -> list[str]:

@@ -64,3 +64,17 @@ def test_explain_lines():
                             "text": "X1 is not in core"}]}
     assert explain_lines(unknown) == ["X1: not in core",
                                       "  not in the active queue: X1 is not in core"]
+
+
+def test_shaping_gates_and_caps_show_in_the_state_column():
+    from pyqmgr.control.render import status_lines
+
+    reply = {"messages": 1, "recipients": 2, "transports": [], "destinations": [
+        {"name": "a.example", "transport": "smtp", "window": 5, "limit": 20, "in_flight": 5,
+         "gate": {"kind": "rate", "setting": "smtp_destination_rate", "opens_in": 0.25},
+         "cap": 5},
+        {"name": "b.example", "transport": "smtp", "window": 3, "limit": 20, "in_flight": 0,
+         "gate": {"kind": "policy service", "opens_in": 58.0}}]}
+    text = "\n".join(status_lines(reply))
+    assert "rate (opens in 0.25s), window capped at 5 (throttling)" in text
+    assert "policy service (opens in 58s)" in text
