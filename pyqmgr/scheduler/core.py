@@ -42,6 +42,7 @@ from pyqmgr.scheduler.shaping import (
     Rule,
     Shape,
     Shaping,
+    effective_interval,
     observed_rate,
     take_start,
     triggered,
@@ -952,9 +953,12 @@ class Scheduler:
             setting = f"{t.name}_{shaping.rate_setting}"
             if shape.rate_factor < 1.0 and shape.rule is not None:
                 setting = shape.rule.where
-            text = (f"{queue.nexthop} starts a delivery at most every "
-                    f"{nxt - self.now if shaping.burst == 1 else (shape.tat - self.now):.3g} s"
-                    + (f" ({t.name}_{shaping.rate_setting} = {rate})" if rate else ""))
+            every = effective_interval(shaping, shape)
+            text = (f"{queue.nexthop} starts a delivery at most every {every:.3g} s"
+                    + (f" ({t.name}_{shaping.rate_setting} = {rate}"
+                       + (f", burst {shaping.burst})" if shaping.burst > 1 else ")")
+                       if rate and shape.rate_factor >= 1.0 else
+                       f" ({shape.rule.describe()})" if shape.rule is not None else ""))
             self._close(queue, Gate("rate", nxt, setting, text))
 
     def _throttled(self, queue: Queue, rule: Rule, hop: Dsn, now: float,
