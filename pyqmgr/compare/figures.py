@@ -14,13 +14,19 @@ the hundredth of a second, where the maillog's own time stamps have whole second
   did not drain within its timeout);
 * per destination: recipients sent, bounced, deferral lines and the deferral rate
   (deferred lines / all lines: each line is one recipient's attempt), the remote 4xx
-  replies the deferrals quote (``421 4.7.28``...), deliveries in flight over time (one
-  interval per delivery attempt: lines of one request share agent pid, queue id and
-  delays; lines of the retry and error transports and of qmgr are no attempt), and
-  sent recipients per second;
+  replies the deferrals quote (``421 4.7.28``...: one per recipient for a reply to
+  RCPT, one per delivery attempt for a session's reply such as a 421 greeting, which
+  Postfix logs once for each of the request's recipients), and delivery attempts (lines of one
+  request share agent pid, queue id and delays; lines of the retry and error
+  transports and of qmgr are no attempt);
 * the delivery order: the message of each ``sent`` line, in maillog order;
 * from ``run.json``: the qmgr's CPU time and peak memory, and what each sink saw
-  (sessions, 421 refusals, replies) as the remote side's own count.
+  (sessions, 421 refusals, replies) as the remote side's own count. Postfix prints
+  ``delay`` with two significant digits, too coarse to place 0.1 s deliveries in
+  time, so the series over time come from the sink's clock: sessions open at the
+  destination (its session timeline) and recipients accepted per second. A
+  destination without a sink (a dead host) gets its attempts in flight from the
+  maillog instead: there the connect timeout is long enough for its precision.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ PERCENTILES = (50, 95, 99)
 #: Lines from these programs are no delivery attempt at a remote host: qmgr's own, and
 #: the retry and error transports' deferrals and bounces of a dead destination's mail.
 NOT_AGENTS = ("retry", "error", "qmgr")
+PER_RECIPIENT = "(in reply to RCPT TO command)"
 
 
 @dataclass(frozen=True)
@@ -153,9 +160,9 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
     final: dict[str, int] = Counter()
     dests: dict[str, dict[str, Any]] = {}
     attempts: dict[tuple[Any, ...], tuple[str, float, float]] = {}
-    sent_ends: dict[str, list[float]] = defaultdict(list)
     order: list[int] = []
     last_final: float | None = None
+    session_replies: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
     for d in lines:
         klass, mid, _, domain = parse_address(d.to)  # type: ignore[misc]
         end = submitted[d.qid] + d.delay
@@ -165,7 +172,6 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         if d.status == "sent":
             fig["sent"] += 1
             latency[klass].append(d.delay)
-            sent_ends[domain].append(end)
             order.append(mid)
         elif d.status == "bounced":
             fig["bounced"] += 1
@@ -174,7 +180,13 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         elif d.status == "deferred":
             fig["deferred"] += 1
             if reply and reply[0] == "4":
-                fig["replies_4xx"][reply] += 1
+                # A reply to RCPT is one per recipient; any other (a 421 greeting, a
+                # reply to MAIL or DATA) is one per session, logged once per recipient.
+                if PER_RECIPIENT in d.detail:
+                    fig["replies_4xx"][reply] += 1
+                else:
+                    session_replies[domain].add((reply, d.program, d.pid, d.qid, d.delay,
+                                                 d.delays))
         if d.status in ("sent", "bounced"):
             final[klass] += 1
             last_final = end if last_final is None else max(last_final, end)
@@ -182,6 +194,9 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
             key = (d.program, d.pid, d.qid, d.delay, d.delays)
             attempts[key] = (domain, end - d.delays[2] - d.delays[3], end)
 
+    for domain, seen in session_replies.items():
+        for reply, *_ in seen:
+            dests[domain]["replies_4xx"][reply] += 1
     span = max([record.get("elapsed") or 0.0, last_final or 0.0])
     width = bin_width(span)
     nbins = max(1, math.ceil(span / width))
@@ -193,10 +208,16 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         fig = dests.get(domain, {"sent": 0, "bounced": 0, "deferred": 0,
                                  "replies_4xx": Counter(), "replies_5xx": Counter()})
         tried = fig["sent"] + fig["bounced"] + fig["deferred"]
-        points = steps(intervals.get(domain, []))
+        sink = record.get("sinks", {}).get(domain, {})
+        if sink.get("kind") == "sink":
+            points = [(t, n) for t, n in sink.get("timeline", [])]
+            source = "sink"
+        else:
+            points = steps(intervals.get(domain, []))
+            source = "maillog"
         bins = [0] * nbins
-        for t in sent_ends.get(domain, []):
-            bins[min(nbins - 1, max(0, int(t // width)))] += 1
+        for t, n in sink.get("received", []):
+            bins[min(nbins - 1, max(0, int(t // width)))] += n
         destinations[domain] = {
             "recipients": per_dest_expected.get(domain, 0),
             "sent": fig["sent"], "bounced": fig["bounced"], "deferred": fig["deferred"],
@@ -207,8 +228,9 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
             "in_flight_peak": max((n for _, n in points), default=0),
             "in_flight_mean": _r(mean_open(points), 3),
             "in_flight": [[_r(t, 3), n] for t, n in points],
+            "in_flight_source": source,
             "per_second": [round(c / width, 3) for c in bins],
-            "sink": record.get("sinks", {}).get(domain, {}),
+            "sink": {k: v for k, v in sink.items() if k not in ("timeline", "received")},
         }
     classes = {}
     for klass in sorted(expected):

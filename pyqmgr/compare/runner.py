@@ -126,11 +126,14 @@ class _Host:
             except Exception:  # stopped meanwhile
                 pass
 
-    def record(self, t0: float) -> dict[str, Any]:
+    def record(self, t0: float, wall0: float) -> dict[str, Any]:
+        """What the sink saw; times in seconds since the run's start."""
         out: dict[str, Any] = {"port": self.port, "kind": self.kind}
         if self.sink is None:
             return out
         st = self.sink.snapshot()
+        out["received"] = [[round(m.time - wall0, 4), len(m.recipients)]
+                           for m in self.sink.messages()]
         out.update({
             "sessions": st.sessions - st.rejected_421 - st.rejected_rate,
             "refused_421": st.rejected_421, "refused_rate": st.rejected_rate,
@@ -386,7 +389,7 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
                              master_cf_extra=extra, pyqmgr_cf=pyqmgr_cf,
                              base_dir=base_dir)
         if plan.process_limits.get("smtp"):
-            pf.postconf("-F", f"smtp/unix/maxproc={plan.process_limits['smtp']}")
+            pf.postconf("-F", f"smtp/unix/process_limit={plan.process_limits['smtp']}")
         pf.start()
         meter = QmgrMeter(pf)
         meter.settle()
@@ -394,7 +397,7 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         for h in hosts.values():
             h.start()
         t0 = time.monotonic()
-        record["started"] = time.time()
+        wall0 = record["started"] = time.time()
         submitter = Submitter(pf.smtpd_port, plan.arrivals, t0)
         submitter.start()
         drained = False
@@ -431,7 +434,7 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         submitter.close()
         submitter = None
         pf.stop()
-        record["sinks"] = {name: h.record(t0) for name, h in hosts.items()}
+        record["sinks"] = {name: h.record(t0, wall0) for name, h in hosts.items()}
         if submitter is None and record["submission_errors"]:
             record["error"] = (f"{len(record['submission_errors'])} message(s) not "
                                f"submitted: {record['submission_errors'][0]}")
