@@ -304,7 +304,8 @@ def plots(report: dict[str, Any]) -> dict[str, str]:
         ax2.set_xlabel("seconds since the first message")
         for ax in (ax1, ax2):
             ax.grid(alpha=0.3)
-            ax.legend(fontsize="small")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
         fig.tight_layout()
         out[f"dest:{dest}"] = _png(fig)
         plt.close(fig)
@@ -324,7 +325,8 @@ def plots(report: dict[str, Any]) -> dict[str, str]:
             ax.set_title(f"{klass}: latency (s)")
             ax.set_xticks(range(4), ["p50", "p95", "p99", "max"])
             ax.grid(alpha=0.3)
-            ax.legend(fontsize="small")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
         for j in range(len(classes), rows * cols):
             axes[j // cols][j % cols].axis("off")
         fig.tight_layout()
