@@ -279,7 +279,7 @@ def test_the_browser_check_sees_errors_and_fetches():
 @chromium
 def test_the_html_report_opens_in_chromium_without_errors(reports):
     shots = os.environ.get("PYQMGR_COMPARE_SCREENSHOTS")
-    for name, (out, report, _) in reports.items():
+    for name, (out, _report, _) in reports.items():
         url = f"file://{os.path.abspath(os.path.join(out, 'report.html'))}"
         seen = open_page(url)
         assert seen.errors() == [], (name, seen.errors())
