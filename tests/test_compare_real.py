@@ -235,8 +235,12 @@ def test_each_workload_shows_what_it_is_there_for(reports):
     small = {c: r["classes"]["small"]["p50"] for c, r in runs("bulk-and-small").items()}
     assert small["stock"] < small["pyqmgr:finch"], small  # preemption against FCFS
 
+    # Arrivals interleave with deliveries, so the orders depend on timing too; still,
+    # pyqmgr's oqmgr policy delivers in an order nearer Postfix's oqmgr than stock's.
     gw = reports["inbound-gateway"][1]
-    assert gw["similarity"]["oqmgr"]["pyqmgr:oqmgr"] >= 0.8, gw["similarity"]
+    sim = gw["similarity"]
+    assert sim["pyqmgr:oqmgr"]["oqmgr"] >= 0.7, sim
+    assert sim["pyqmgr:oqmgr"]["oqmgr"] > sim["pyqmgr:oqmgr"]["stock"] + 0.15, sim
     quiet = {c: r["classes"]["quiet"]["p95"] for c, r in gw["runs"].items()}
     assert quiet["oqmgr"] < quiet["stock"] and quiet["pyqmgr:oqmgr"] < quiet["stock"]
 

@@ -90,7 +90,8 @@ def differences(runs: list[dict[str, Any]], similar: dict[str, dict[str, float]]
                         mine, theirs, th["latency_ratio"], th["latency_seconds"]):
                     continue
                 word = "sooner" if mine < theirs else "later"
-                out.append(f"{x} delivered {klass} mail {_times(max(mine, theirs), min(mine, theirs))}"  # noqa: E501
+                what = "mail" if klass == "mail" else f"{klass} mail"
+                out.append(f"{x} delivered {what} {_times(max(mine, theirs), min(mine, theirs))}"  # noqa: E501
                            f" {word} {where} than {b} ({_s(mine)} against {_s(theirs)})")
                 break
         if run["drain_time"] is not None and base["drain_time"] is not None and _crosses(
