@@ -235,14 +235,13 @@ def test_each_workload_shows_what_it_is_there_for(reports):
     small = {c: r["classes"]["small"]["p50"] for c, r in runs("bulk-and-small").items()}
     assert small["stock"] < small["pyqmgr:finch"], small  # preemption against FCFS
 
-    # Arrivals interleave with deliveries, so the orders depend on timing too; still,
-    # pyqmgr's oqmgr policy delivers in an order nearer Postfix's oqmgr than stock's.
+    # Both oqmgrs serve the quiet destinations in turn, and as fast as each other.
+    # (Not their order's similarity: arrivals interleave with deliveries here, and
+    # the message-level order moved between 0.54 and 0.78 from run to run.)
     gw = reports["inbound-gateway"][1]
-    sim = gw["similarity"]
-    assert sim["pyqmgr:oqmgr"]["oqmgr"] >= 0.7, sim
-    assert sim["pyqmgr:oqmgr"]["oqmgr"] > sim["pyqmgr:oqmgr"]["stock"] + 0.15, sim
     quiet = {c: r["classes"]["quiet"]["p95"] for c, r in gw["runs"].items()}
-    assert quiet["oqmgr"] < quiet["stock"] and quiet["pyqmgr:oqmgr"] < quiet["stock"]
+    assert quiet["oqmgr"] < quiet["stock"] / 1.5, quiet
+    assert quiet["pyqmgr:oqmgr"] == pytest.approx(quiet["oqmgr"], rel=0.25), quiet
 
     finch = runs("finch-big-envelopes")
     assert all(r["destinations"]["big.example"]["in_flight_peak"] <= 42
