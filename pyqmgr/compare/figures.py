@@ -13,17 +13,17 @@ the hundredth of a second, where the maillog's own time stamps have whole second
 * time to drain: the last end of a ``sent`` or ``bounced`` line (None when the run
   did not drain within its timeout);
 * per destination: recipients sent, bounced, deferral lines and the deferral rate
-  (deferred lines / all lines: each line is one recipient's attempt), the remote 4xx
-  replies the deferrals quote (``421 4.7.28``...: one per recipient for a reply to
-  RCPT, one per delivery attempt for a session's reply such as a 421 greeting, which
-  Postfix logs once for each of the request's recipients), and delivery attempts (lines of one
+  (deferred lines / all lines: each line is one recipient's attempt), the deferred
+  lines by the remote reply they quote (``421 4.7.28``...), and delivery attempts (lines of one
   request share agent pid, queue id and delays; lines of the retry and error
   transports and of qmgr are no attempt);
 * the delivery order: the message of each ``sent`` line, in maillog order;
 * from ``run.json``: the qmgr's CPU time and peak memory, and what each sink saw
-  (sessions, 421 refusals, replies) as the remote side's own count. Postfix prints
-  ``delay`` with two significant digits, too coarse to place 0.1 s deliveries in
-  time, so the series over time come from the sink's clock: sessions open at the
+  (sessions, 421 refusals, replies) as the remote side's own count: the 4xx replies
+  provoked are the sink's (a 421 refusal is one reply, logged by Postfix once for each
+  recipient of the delivery, and lines of two deliveries cannot always be told
+  apart). Postfix prints ``delay`` with two significant digits, too coarse to place
+  0.1 s deliveries in time, so the series over time come from the sink's clock: sessions open at the
   destination (its session timeline) and recipients accepted per second. A
   destination without a sink (a dead host) gets its attempts in flight from the
   maillog instead: there the connect timeout is long enough for its precision.
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyqmgr.compare.plan import parse_address
+from pyqmgr.testbed.sink import RATE_LIMITED, TOO_MANY
 
 _DELIVERY = re.compile(
     r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ (?P<program>[^\[\s]+)\[(?P<pid>\d+)\]: "
@@ -138,6 +139,28 @@ def mean_open(points: list[tuple[float, int]]) -> float:
     return total / weight if weight else 0.0
 
 
+def sink_replies(sink: dict[str, Any], cfg: dict[str, Any]) -> dict[str, int]:
+    """The 4xx replies a sink gave, by code and enhanced status (``421 4.7.28``).
+
+    The sink's own count, one per reply: a 421 refusal is one reply to one session,
+    which Postfix logs once for each recipient of the delivery. Each kind of 4xx comes
+    from one reply text of the destination's, so its code names it exactly.
+    """
+    out: dict[str, int] = Counter()
+
+    def code(text: str) -> str:
+        return " ".join(text.split()[:2])
+
+    if sink.get("refused_421"):
+        out[code(TOO_MANY)] += sink["refused_421"]
+    if sink.get("refused_rate"):
+        out[code(cfg.get("rate_reply", RATE_LIMITED))] += sink["refused_rate"]
+    for c, n in sink.get("replies", {}).items():
+        if c.startswith("4"):
+            out[code(cfg.get("rcpt_4xx_reply", c))] += n
+    return dict(sorted(out.items()))
+
+
 def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
     """Everything the report shows about one run."""
     submitted = {m["qid"]: m["submitted"] for m in record["messages"]
@@ -162,12 +185,12 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
     attempts: dict[tuple[Any, ...], tuple[str, float, float]] = {}
     order: list[int] = []
     last_final: float | None = None
-    session_replies: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
     for d in lines:
         klass, mid, _, domain = parse_address(d.to)  # type: ignore[misc]
         end = submitted[d.qid] + d.delay
         fig = dests.setdefault(domain, {"sent": 0, "bounced": 0, "deferred": 0,
-                                        "replies_4xx": Counter(), "replies_5xx": Counter()})
+                                        "deferred_by_reply": Counter(),
+                                        "replies_5xx": Counter()})
         reply = d.reply
         if d.status == "sent":
             fig["sent"] += 1
@@ -180,13 +203,7 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         elif d.status == "deferred":
             fig["deferred"] += 1
             if reply and reply[0] == "4":
-                # A reply to RCPT is one per recipient; any other (a 421 greeting, a
-                # reply to MAIL or DATA) is one per session, logged once per recipient.
-                if PER_RECIPIENT in d.detail:
-                    fig["replies_4xx"][reply] += 1
-                else:
-                    session_replies[domain].add((reply, d.program, d.pid, d.qid, d.delay,
-                                                 d.delays))
+                fig["deferred_by_reply"][reply] += 1
         if d.status in ("sent", "bounced"):
             final[klass] += 1
             last_final = end if last_final is None else max(last_final, end)
@@ -194,9 +211,6 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
             key = (d.program, d.pid, d.qid, d.delay, d.delays)
             attempts[key] = (domain, end - d.delays[2] - d.delays[3], end)
 
-    for domain, seen in session_replies.items():
-        for reply, *_ in seen:
-            dests[domain]["replies_4xx"][reply] += 1
     span = max([record.get("elapsed") or 0.0, last_final or 0.0])
     width = bin_width(span)
     nbins = max(1, math.ceil(span / width))
@@ -204,9 +218,10 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
     for domain, start, end in attempts.values():
         intervals[domain].append((start, end))
     destinations = {}
+    dest_cfg = record.get("destinations", {})
     for domain in sorted(set(per_dest_expected) | set(dests)):
         fig = dests.get(domain, {"sent": 0, "bounced": 0, "deferred": 0,
-                                 "replies_4xx": Counter(), "replies_5xx": Counter()})
+                                 "deferred_by_reply": Counter(), "replies_5xx": Counter()})
         tried = fig["sent"] + fig["bounced"] + fig["deferred"]
         sink = record.get("sinks", {}).get(domain, {})
         if sink.get("kind") == "sink":
@@ -222,8 +237,9 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
             "recipients": per_dest_expected.get(domain, 0),
             "sent": fig["sent"], "bounced": fig["bounced"], "deferred": fig["deferred"],
             "deferral_rate": _r(fig["deferred"] / tried if tried else 0.0),
-            "replies_4xx": dict(sorted(fig["replies_4xx"].items())),
+            "deferred_by_reply": dict(sorted(fig["deferred_by_reply"].items())),
             "replies_5xx": dict(sorted(fig["replies_5xx"].items())),
+            "replies_4xx": sink_replies(sink, dest_cfg.get(domain, {})),
             "attempts": len(intervals.get(domain, [])),
             "in_flight_peak": max((n for _, n in points), default=0),
             "in_flight_mean": _r(mean_open(points), 3),
@@ -260,6 +276,8 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         "undelivered": sum(expected.values()) - sum(final.values()),
         "deferral_rate": _r(deferred / tried if tried else 0.0),
         "replies_4xx": sum(sum(f["replies_4xx"].values()) for f in destinations.values()),
+        "deferred_by_reply": sum(sum(f["deferred_by_reply"].values())
+                                 for f in destinations.values()),
         "classes": classes,
         "destinations": destinations,
         "bin_width": width,

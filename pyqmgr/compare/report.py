@@ -9,8 +9,8 @@ README) chosen so that noise between two runs of the same qmgr stays quiet:
 * time to drain: a factor of 1.2 and at least 0.5 s; not draining within the timeout
   is always said;
 * deferral rate at a destination: a factor of 2 (or from zero) and at least 5 points;
-* remote 4xx replies of one code at a destination: a factor of 2 (or from zero) and at
-  least 5 replies;
+* remote 4xx replies of one code at a destination (as the sink counted them): a factor
+  of 2 (or from zero) and at least 5 replies;
 * sessions open at a destination (time-weighted mean while any is): a factor of 1.3
   and at least 1;
 * delivery order: a similarity (difflib's ratio over the messages of the sent lines,
@@ -211,6 +211,9 @@ def _dest_rows(report: dict[str, Any]) -> list[list[str]]:
                     f"limit, {sink.get('refused_rate', 0)} x rate, peak "
                     f"{sink.get('max_concurrent', 0)}")
             replies = ", ".join(f"{n} x {c}" for c, n in d["replies_4xx"].items()) or "-"
+            if d["deferred_by_reply"]:
+                replies += " (lines: " + ", ".join(
+                    f"{n} x {c}" for c, n in d["deferred_by_reply"].items()) + ")"
             rows.append([dest, label, f"{d['sent']}/{d['recipients']}", str(d["deferred"]),
                          f"{100 * d['deferral_rate']:.1f}%", replies,
                          f"{d['in_flight_mean']:.2f} / {d['in_flight_peak']}", seen])
@@ -368,7 +371,9 @@ def to_html(report: dict[str, Any]) -> str:
               "recipient and attempt). In flight: sessions open at the destination, by the "
               "sink's clock (time-weighted mean while any is open, and the peak); for a "
               "host without a sink (a dead one), connection attempts under way from the "
-              "maillog. The sink's own count of what it answered is the last column.</p>",
+              "maillog. Remote 4xx replies are the sink's count (a 421 refusal is one reply; "
+              "Postfix logs it for each recipient of the delivery: the lines in brackets). "
+              "The sink's own count of sessions is the last column.</p>",
               _html_table(DESTS, _dest_rows(report))]
     for dest in sorted({d for r in report["runs"].values() for d in r["destinations"]}):
         if f"dest:{dest}" in pics:

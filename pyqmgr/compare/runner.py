@@ -383,6 +383,10 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         extra = [f"{t} unix - - n - {n or '-'} smtp"
                  for t, n in plan.process_limits.items() if t != "smtp"]
         pyqmgr_cf = contender.pyqmgr_cf(sc)
+        record["destinations"] = {
+            name: {"rate_reply": d.rate_reply, "rcpt_4xx_reply": d.rcpt_4xx_reply,
+                   "rcpt_5xx_reply": d.rcpt_5xx_reply}
+            for name, d in plan.destinations.items()}
         record.update({"main_cf": main_cf, "pyqmgr_cf": pyqmgr_cf,
                        "master_cf_extra": extra, "process_limits": plan.process_limits})
         pf = PostfixInstance(qmgr=contender.qmgr, main_cf=main_cf, transports=transports,

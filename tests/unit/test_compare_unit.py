@@ -221,7 +221,8 @@ def test_figures_from_a_synthetic_maillog():
     assert (f["sent"], f["bounced"], f["deferred"], f["undelivered"]) == (2, 1, 3, 1)
     assert f["drain_time"] == 3.0  # message 0 submitted at 0, its bounce at delay 3.0
     a = f["destinations"]["a.example"]
-    assert a["replies_4xx"] == {"421 4.7.0": 1}  # one session's reply, not two lines
+    assert a["replies_4xx"] == {"421 4.7.0": 1}  # the sink's one reply ...
+    assert a["deferred_by_reply"] == {"421 4.7.0": 2}  # ... logged for two recipients
     assert a["replies_5xx"] == {"550 5.1.1": 1}
     assert a["deferral_rate"] == pytest.approx(2 / 5, abs=1e-4)
     # From the sink's timeline: 1 open 0.1-0.2, 2 open 0.2-0.7, 1 open 0.7-1.2.
