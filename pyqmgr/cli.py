@@ -1,5 +1,5 @@
-"""The ``pyqmgr`` command: demo, check, install, uninstall, simulate, and the control
-channel's commands (status, explain, jobs, top, suspend, resume, retry).
+"""The ``pyqmgr`` command: demo, check, install, uninstall, simulate, compare, and the
+control channel's commands (status, explain, jobs, top, suspend, resume, retry).
 
 The daemon itself is not started from here: master(8) runs the launcher that
 ``pyqmgr install`` writes, which calls :func:`pyqmgr.daemon.main` directly.
@@ -116,6 +116,108 @@ def _simulate(args: argparse.Namespace) -> int:
             print(f"pyqmgr simulate: {exc}", file=sys.stderr)
             return 1
     return 0
+
+
+#: ``pyqmgr compare`` exit statuses.
+COMPARE_OK = 0
+COMPARE_BAD_INPUT = 1
+COMPARE_NOT_DRAINED = 3
+COMPARE_RUN_FAILED = 4
+COMPARE_INTERRUPTED = 130
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import shutil
+
+    from pyqmgr.compare import (
+        ContenderError,
+        RunError,
+        ScenarioError,
+        compare,
+        load_plan,
+        stderr_progress,
+    )
+    from pyqmgr.compare.contender import parse_contenders
+
+    try:
+        # Bad input is reported before anything is started or checked on the machine.
+        plan = load_plan(args.workload, args.time_scale)
+        if args.contenders:
+            parse_contenders(args.contenders)
+    except (ScenarioError, ContenderError) as exc:
+        print(f"pyqmgr compare: {exc}", file=sys.stderr)
+        return COMPARE_BAD_INPUT
+    if os.geteuid() != 0 or shutil.which("postfix") is None:
+        print("pyqmgr compare: runs real Postfix instances: needs root and Debian's "
+              "postfix package", file=sys.stderr)
+        return COMPARE_RUN_FAILED
+    stem = os.path.splitext(os.path.basename(args.workload))[0]
+    out = args.out or f"pyqmgr-compare-{stem}"
+    try:
+        report = compare(args.workload, args.contenders, out, plan.scale, args.timeout,
+                         args.keep, stderr_progress())
+    except RunError as exc:
+        print(f"\npyqmgr compare: {exc}", file=sys.stderr)
+        return COMPARE_RUN_FAILED
+    except KeyboardInterrupt:
+        print("\npyqmgr compare: interrupted; every instance and sink was stopped",
+              file=sys.stderr)
+        return COMPARE_INTERRUPTED
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        with open(os.path.join(out, "summary.md")) as f:
+            print(f.read(), end="")
+        print(f"\nreport: {os.path.join(out, 'report.html')} (and report.json, summary.md, "
+              "runs/)")
+    drained = all(r["drained"] and not r["error"] for r in report["runs"].values())
+    return COMPARE_OK if drained else COMPARE_NOT_DRAINED
+
+
+def _scale(text: str) -> float:
+    """argparse type: a time scale, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 100: {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """argparse type: seconds, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text}")
+    return value
+
+
+_COMPARE_DESCRIPTION = (
+    "Run one workload under several queue managers, each on a fresh sandboxed Postfix\n"
+    "(real master, smtpd, cleanup and smtp on loopback, a sink SMTP server per\n"
+    "destination playing its latency, 4xx/5xx replies, 421 session limit, rate limit\n"
+    "or a dead host), one after the other, and compare what happened. The workload is\n"
+    "a scenario file, the same that 'pyqmgr simulate' runs (see compat/workloads/ and\n"
+    "the README's 'Side by side' section for its keys).\n\n"
+    "contenders (--with, repeat it; the first is the baseline):\n"
+    "  stock                      Postfix's qmgr\n"
+    "  oqmgr                      Postfix's own old queue manager\n"
+    "  pyqmgr                     pyqmgr with the workload's [pyqmgr_cf]\n"
+    "  pyqmgr:POLICY[,name=value...]  ... with scheduler_policy = POLICY (nqmgr, oqmgr,\n"
+    "                             finch, zmailer, module:/path.py) and pyqmgr.cf settings\n"
+    "default: the workload's [compare] contenders, else stock and pyqmgr.\n\n"
+    "The report (in --out DIR): report.html (one page, plots embedded, nothing fetched),\n"
+    "report.json, summary.md (also printed), and runs/N-NAME/ with each run's maillog\n"
+    "and run.json. It states the differences that cross its thresholds in words at the\n"
+    "top, then per contender the time to drain, deferral rate, remote 4xx replies, the\n"
+    "qmgr's CPU time and peak memory; latency percentiles per message class; per\n"
+    "destination deliveries in flight and delivered per second over time; how similar\n"
+    "the delivery orders are. Progress goes to stderr when it is a terminal.\n\n"
+    "Needs root (it runs Postfix instances) and Debian's postfix package.")
 
 
 #: Exit statuses of status and explain, sysexits(3) as postqueue(1) uses them.
@@ -397,6 +499,36 @@ def main(argv: list[str] | None = None) -> int:
                    help="scheduler_policy for every transport, overriding the scenario's: "
                         "nqmgr (stock), oqmgr, finch, zmailer, or module:/path/file.py")
     p.set_defaults(func=_simulate)
+
+    p = sub.add_parser(
+        "compare", help="run a workload under stock, oqmgr and pyqmgr on real Postfix and "
+                        "report the differences",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_COMPARE_DESCRIPTION,
+        epilog=("exit status: 0 every contender drained the workload, 1 a bad workload\n"
+                "file or --with (the message names the line or the value), 3 the report is\n"
+                "written but a contender did not drain within the timeout, 4 a run could\n"
+                "not be made (not root, no Postfix, an instance did not start), 130\n"
+                "interrupted (every instance and sink is stopped first)"))
+    p.add_argument("workload", help="a workload (scenario) TOML file")
+    p.add_argument("--with", dest="contenders", action="append", metavar="CONTENDER",
+                   help="a contender: stock, oqmgr, pyqmgr or pyqmgr:POLICY[,name=value...]"
+                        "; repeat for each (the first is the baseline)")
+    p.add_argument("--time-scale", type=_scale, metavar="F",
+                   help="multiply the workload's times (arrivals, latencies, timeouts, "
+                        "dead_until) by F and divide its rates: 0.1 runs a 10-minute "
+                        "workload in one (default: its [compare] time_scale, else 1)")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="give up on a run that has not drained after this many seconds "
+                        "(default: its [compare] timeout, else 300)")
+    p.add_argument("--out", metavar="DIR",
+                   help="where the report goes (default ./pyqmgr-compare-WORKLOAD)")
+    p.add_argument("--json", action="store_true",
+                   help="print report.json instead of the summary (keys: workload, "
+                        "contenders, baseline, differences, thresholds, similarity, runs)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep each run's Postfix instance directory (its path is in run.json)")
+    p.set_defaults(func=_compare)
 
     default_config = os.environ.get("MAIL_CONFIG", "/etc/postfix")
     p = sub.add_parser(

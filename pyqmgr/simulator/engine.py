@@ -68,6 +68,8 @@ class Result:
     windows: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)
     deferred: dict[str, int] = field(default_factory=dict)
+    #: Recipients a destination answered with a 5xx (``rcpt_5xx``).
+    bounced: dict[str, int] = field(default_factory=dict)
     log: list[tuple[float, str, str]] = field(default_factory=list)
     end_time: float = 0.0
     decisions: int = 0
@@ -81,7 +83,7 @@ class Result:
 
     def deferral_rate(self, destination: str) -> float:
         """Deferred recipients / recipients tried, over the first delivery pass."""
-        sent = self.sent.get(destination, 0)
+        sent = self.sent.get(destination, 0) + self.bounced.get(destination, 0)
         deferred = self.deferred.get(destination, 0)
         return deferred / (sent + deferred) if sent + deferred else 0.0
 
@@ -231,7 +233,7 @@ class Engine:
     def run(self) -> Result:
         for spec in self.sc.messages:
             for k in range(spec.count):
-                self.at(spec.at + k * spec.every, self._arrival(spec.destination, spec.recipients,
+                self.at(spec.at + k * spec.every, self._arrival(spec.destinations(),
                                                                 spec.name, k))
         while self._events:
             when, _, action = heapq.heappop(self._events)
@@ -249,18 +251,22 @@ class Engine:
 
     # -- messages -------------------------------------------------------------------
 
-    def _arrival(self, dest_name: str, nrcpt: int, name: str, k: int) -> Callable[[], None]:
+    def _arrival(self, spread: tuple[tuple[str, int], ...], name: str,
+                 k: int) -> Callable[[], None]:
         def arrive() -> None:
-            dest = self.sc.destinations[dest_name]
             qid = f"{name}{k}" if name else f"M{next(self._serial)}"
-            limit = self.cfg.transport(dest.transport).destination_recipient_limit
-            routes = []
-            for i in range(nrcpt):
-                address = f"r{i}@{dest.name}"
-                queue = f"{address}" if limit == 1 else dest.name
-                routes.append(Route(dest.transport, queue, dest.name, Recipient(i, address)))
-            msg = _SimMessage(Message(qid, self.now, rcpt_unread=nrcpt), routes, dest.name,
-                              self.now)
+            routes: list[Route] = []
+            for dest_name, nrcpt in spread:
+                dest = self.sc.destinations[dest_name]
+                limit = self.cfg.transport(dest.transport).destination_recipient_limit
+                for _ in range(nrcpt):
+                    i = len(routes)
+                    address = f"r{i}@{dest.name}"
+                    queue = f"{address}" if limit == 1 else dest.name
+                    routes.append(Route(dest.transport, queue, dest.name,
+                                        Recipient(i, address)))
+            msg = _SimMessage(Message(qid, self.now, rcpt_unread=len(routes)), routes,
+                              spread[0][0], self.now)
             msg.sched.owner = msg
             self.incoming.append(msg)
             self._feed()
@@ -301,7 +307,7 @@ class Engine:
             self.at(when, self._open_gates)
         sched.gate_timers.clear()
         for d in sched.deferrals:
-            dest = d.message.owner.destination
+            dest = d.message.owner.route_of(d.recipient).nexthop
             self.result.deferred[dest] = self.result.deferred.get(dest, 0) + 1
             if self.sc.retry_deferred:
                 self._deferred_rcpt(d.message.owner, d.recipient)
@@ -395,13 +401,19 @@ class Engine:
         window = entry.queue.window
         msg: _SimMessage = entry.message.owner
         if name in (RETRY, ERROR):
-            self.at(self.now, self._finish(entry, start, window, msg.destination,
+            self.at(self.now, self._finish(entry, start, window,
+                                           msg.route_of(entry.recipients[0]).nexthop,
                                            "retry" if name == RETRY else "bounced", None, False))
             return
         dest = self.sc.destinations[entry.queue.nexthop]
         self.in_flight[dest.name] = self.in_flight.get(dest.name, 0) + 1
         self._sample(entry.queue)
         if dest.is_dead(self.now):
+            if dest.dead and dest.dead_mode == "timeout":
+                hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
+                self.at(self.now + dest.timeout, self._finish(entry, start, window, dest.name,
+                                                              "deferred", hop, False))
+                return
             hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
             self.at(self.now, self._finish(entry, start, window, dest.name, "deferred", hop, False))
             return
@@ -448,8 +460,17 @@ class Engine:
     def _serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
         self.servers[dest.name].sessions += 1
         duration = sum(self._latency(dest) for _ in range(len(entry.recipients)))
+        replies: list[str] | None = None
+        if dest.rcpt_4xx or dest.rcpt_5xx:
+            # The server's answer to each RCPT: a recipient-level 4xx defers only that
+            # recipient and a 5xx bounces it; neither is a failure of the site.
+            replies = []
+            for _ in entry.recipients:
+                draw = self.rng.random()
+                replies.append("4xx" if draw < dest.rcpt_4xx else
+                               "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
         self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
-                                                  None, True))
+                                                  None, True, replies))
 
     def _session_end(self, dest: str) -> None:
         server = self.servers[dest]
@@ -471,7 +492,8 @@ class Engine:
         return expire
 
     def _finish(self, entry: Entry, start: float, window: int, dest: str, outcome: str,
-                hop: Dsn | None, session: bool) -> Callable[[], None]:
+                hop: Dsn | None, session: bool,
+                replies: list[str] | None = None) -> Callable[[], None]:
         def finish() -> None:
             n = len(entry.recipients)
             name = entry.queue.transport.name
@@ -481,7 +503,20 @@ class Engine:
             queue = entry.queue
             if name not in (RETRY, ERROR):
                 self.in_flight[dest] -= 1
-            if outcome == "sent":
+            if outcome == "sent" and replies is not None:
+                ok = replies.count("2xx")
+                later = [r for r, how in zip(entry.recipients, replies, strict=True)
+                         if how == "4xx"]
+                res.sent[dest] = res.sent.get(dest, 0) + ok
+                if later:
+                    res.deferred[dest] = res.deferred.get(dest, 0) + len(later)
+                if n - ok - len(later):
+                    res.bounced[dest] = res.bounced.get(dest, 0) + n - ok - len(later)
+                if self.sc.retry_deferred:
+                    for rcpt in later:
+                        self._deferred_rcpt(entry.message.owner, rcpt)
+                self.sched.done(entry, 1 if later else 0, None, False, self.now)
+            elif outcome == "sent":
                 res.sent[dest] = res.sent.get(dest, 0) + n
                 self.sched.done(entry, 0, None, False, self.now)
             else:

@@ -15,14 +15,16 @@ def summary(sc: Scenario, res: Result) -> list[str]:
     policy = ", ".join(f"{k} = {v}" for k, v in policies.items()) or "scheduler_policy = nqmgr"
     out.append(f"simulated {res.end_time:.1f} s, {len(res.deliveries)} deliveries, "
                f"{res.decisions} scheduling decisions ({policy})")
-    out.append(f"{'destination':<24} {'sent':>8} {'deferred':>8} {'rate':>7} "
+    bounced = f" {'bounced':>8}" if res.bounced else ""
+    out.append(f"{'destination':<24} {'sent':>8} {'deferred':>8}{bounced} {'rate':>7} "
                f"{'mean conc':>9} {'max window':>10}")
-    for dest in sorted(set(res.sent) | set(res.deferred)):
+    for dest in sorted(set(res.sent) | set(res.deferred) | set(res.bounced)):
         points = res.windows.get(dest, [])
         max_window = max((w for _, w, _ in points), default=0)
-        out.append(f"{dest:<24} {res.sent.get(dest, 0):>8} {res.deferred.get(dest, 0):>8} "
-                   f"{res.deferral_rate(dest):>7.1%} {res.mean_concurrency(dest):>9.2f} "
-                   f"{max_window:>10}")
+        bounced = f" {res.bounced.get(dest, 0):>8}" if res.bounced else ""
+        out.append(f"{dest:<24} {res.sent.get(dest, 0):>8} {res.deferred.get(dest, 0):>8}"
+                   f"{bounced} {res.deferral_rate(dest):>7.1%} "
+                   f"{res.mean_concurrency(dest):>9.2f} {max_window:>10}")
     if sc.retry_deferred:
         out += deferred(res)
     return out

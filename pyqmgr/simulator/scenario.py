@@ -1,15 +1,21 @@
-"""Scenario files: messages, destinations, transports and main.cf, in TOML.
+"""Scenario (workload) files: messages, destinations, transports and main.cf, in TOML.
+
+One format for both ``pyqmgr simulate`` (the scheduler core on a virtual clock) and
+``pyqmgr compare`` (the same workload on real Postfix, with a sink SMTP server playing
+each destination). Keys only one of them uses are accepted by both and say so below.
+A key the format does not know is an error, so a typo is not silently a default.
 
 ```toml
-seed = 1
-duration = 3600            # stop the clock here at the latest (seconds)
+title = "what the experiment shows"
+seed = 1                   # random numbers: latencies, 4xx/5xx draws, sizes
+duration = 3600            # simulate: stop the clock here at the latest (seconds)
 
 [main_cf]                  # any main.cf parameter, as text, read with stock's rules
 smtp_destination_concurrency_limit = "20"
 
 [scheduler]
-feedback_rounding = "stock" # "stock" (Postfix 3.7, as the daemon) or "pseudocode" (the
-                           # seed's November 2007 rules its tables were measured with)
+feedback_rounding = "stock" # simulate: "stock" (Postfix 3.7, as the daemon) or
+                           # "pseudocode" (the seed's November 2007 rules)
 policy = "nqmgr"           # scheduler_policy: nqmgr, oqmgr, finch, zmailer, module:PATH
 
 [pyqmgr_cf]                # any pyqmgr.cf parameter, as text (transport forms too)
@@ -17,11 +23,13 @@ smtp_finch_scale_max_concurrency = "10"
 smtp_destination_rate = "5/1s"   # shaping; a response_rules path is relative to this file
 
 [transports.smtp]
-process_limit = 100        # master.cf maxproc of the service
+process_limit = 100        # master.cf maxproc of the service (compare: other names
+                           # become copies of the smtp service)
 
 [destinations."example.com"]
 transport = "smtp"
-latency = 1.0              # seconds per recipient: a number, or a table:
+latency = 1.0              # seconds per recipient (the sink waits before its RCPT
+                           # reply): a number, or a table:
                            # {dist = "uniform", low = 0.5, high = 1.5}
                            # {dist = "exponential", mean = 1}
 server_limit = 5           # sessions the server allows at once (0: no limit)
@@ -29,19 +37,37 @@ overload = "421"           # beyond the limit: "421" (answered at once); or a li
                            # queue where connections wait for a server process, and beyond
                            # it "connect-timeout" (dropped SYNs: the connect times out) or
                            # "greeting-timeout" (connected, never greeted: it times out)
+                           # (compare plays "421" only)
 backlog = 5                # listen queue length (default: server_limit; -1 unbounded)
 reject_time = 0.0          # how long a 421 answer takes
-timeout = 30               # the client's connect or greeting timeout
-dead = false               # no server at all: every attempt fails at once
+timeout = 30               # the client's connect or greeting timeout (compare: sets
+                           # smtp_connect_timeout and smtp_helo_timeout, scaled)
+dead = false               # true: no server at all, every connection is refused;
+                           # "timeout": a host that never answers, every connect times
+                           # out after `timeout` (a dead MX that swallows SYNs)
 dead_until = 0             # no server until this time, then a working one (0: always up)
-rate_limit = 0             # deliveries a second the server takes; beyond, it answers
+rate_limit = 0             # sessions a second the server takes; beyond, it answers
 rate_reply = "421 4.7.28 ..."  # this (a provider's rate limiting) at reject_time
+rcpt_4xx = 0.0             # share of recipients answered rcpt_4xx_reply at RCPT
+rcpt_4xx_reply = "450 4.2.0 mailbox busy, try again later"
+rcpt_5xx = 0.0             # share of recipients answered rcpt_5xx_reply (they bounce)
+rcpt_5xx_reply = "550 5.1.1 no such user"
 
-[deferred]                 # the deferred queue (off: deferred recipients are only counted)
-retry = true               # deferred recipients come back: a retry time of stock's backoff
-                           # (main_cf minimal/maximal_backoff_time, from the arrival), a
-                           # deferred-queue scan every queue_run_delay, and pyqmgr_cf's
-                           # deferred_retry_jitter and deferred_recovery_rate
+[deferred]                 # simulate: the deferred queue (off: deferred recipients are
+retry = true               # only counted). Deferred recipients come back: a retry time
+                           # of stock's backoff (main_cf minimal/maximal_backoff_time,
+                           # from the arrival), a deferred-queue scan every
+                           # queue_run_delay, and pyqmgr_cf's deferred_retry_jitter and
+                           # deferred_recovery_rate. (compare: real Postfix retries)
+
+[compare]                  # pyqmgr compare only
+time_scale = 0.1           # default --time-scale: arrival times, latencies, timeouts,
+                           # rates and dead_until are multiplied by it (rates divided)
+timeout = 300              # default --timeout: wall seconds a run may take at most
+contenders = ["stock", "pyqmgr:nqmgr"]  # default --with list
+[compare.main_cf]          # main.cf for the real runs only, not scaled, over [main_cf]
+minimal_backoff_time = "2s"  # (e.g. short backoffs so that deferred mail comes back
+queue_run_delay = "1s"       #  within the run)
 
 [[messages]]
 at = 0                     # arrival time
@@ -49,32 +75,74 @@ count = 1                  # this many such messages ...
 every = 0                  # ... this many seconds apart
 recipients = 2000          # recipients each, all to ...
 destination = "example.com"
+# or recipients spread over destinations (then no `destination`):
+# recipients = {"a.example" = 3, "b.example" = 2}
+name = "big"               # simulate: queue ids are name0, name1, ...
+class = "bulk"             # the message class the compare report groups latency by
+                           # (default: the name without trailing punctuation, or "mail")
+sender = "news@lists.example"  # compare: the envelope sender (default CLASS@senders.test)
+size = 2000                # compare: message size in bytes, a number or a dist table
 ```
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyqmgr.scheduler.feedback import ROUNDINGS
 
 OVERLOADS = ("421", "connect-timeout", "greeting-timeout")
+DEAD_MODES = ("refused", "timeout")
+DISTS = ("fixed", "uniform", "exponential")
+#: A message class: it becomes part of recipient addresses in compare runs.
+_CLASS = re.compile(r"^[A-Za-z0-9_]{1,40}$")
+_SENDER = re.compile(r"^[A-Za-z0-9._+=-]{1,64}@[A-Za-z0-9.-]{1,200}$")
+_DOMAIN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,250}[A-Za-z0-9])?$")
+DEFAULT_SENDER_DOMAIN = "senders.test.example"
+DEFAULT_SIZE = 600
+
+Key = tuple[str | int, ...]
 
 
 class ScenarioError(ValueError):
-    """A scenario file that cannot be run; the text says which setting and why."""
+    """A scenario file that cannot be run; the text says which setting and why.
+
+    ``key`` is the setting's path in the file (``("destinations", "a.example",
+    "latency")``); :func:`load` turns it into the line it is on.
+    """
+
+    def __init__(self, text: str, key: Key = (), line: int | None = None) -> None:
+        super().__init__(text)
+        self.key = key
+        self.line = line
 
 
 @dataclass(frozen=True)
 class Latency:
+    """A distribution of seconds (or of bytes, for message sizes)."""
+
     dist: str = "fixed"
     value: float = 0.0
     low: float = 0.0
     high: float = 0.0
     mean: float = 0.0
+
+    def scaled(self, factor: float) -> Latency:
+        return Latency(self.dist, self.value * factor, self.low * factor,
+                       self.high * factor, self.mean * factor)
+
+    def average(self) -> float:
+        if self.dist == "uniform":
+            return (self.low + self.high) / 2
+        if self.dist == "exponential":
+            return self.mean
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -96,6 +164,15 @@ class Destination:
                        "from your IP address; try again later")
     #: No server before this time (0: none of that); ``dead`` is dead for ever.
     dead_until: float = 0.0
+    #: How a dead host fails: "refused" at once, or "timeout" after ``timeout``.
+    dead_mode: str = "refused"
+    #: Shares of recipients answered a 4xx or a 5xx at RCPT, and those replies.
+    rcpt_4xx: float = 0.0
+    rcpt_4xx_reply: str = "450 4.2.0 mailbox busy, try again later"
+    rcpt_5xx: float = 0.0
+    rcpt_5xx_reply: str = "550 5.1.1 no such user"
+    #: Whether the file set ``timeout`` (compare turns it into smtp timeouts).
+    timeout_set: bool = False
 
     def is_dead(self, now: float) -> bool:
         return self.dead or now < self.dead_until
@@ -109,6 +186,25 @@ class MessageSpec:
     recipients: int
     destination: str
     name: str = ""
+    #: (destination, recipients) of each message; one pair unless spread.
+    spread: tuple[tuple[str, int], ...] = ()
+    #: The report's message class, the envelope sender and the size (compare).
+    klass: str = "mail"
+    sender: str = ""
+    size: Latency = Latency("fixed", DEFAULT_SIZE)
+
+    def destinations(self) -> tuple[tuple[str, int], ...]:
+        return self.spread or ((self.destination, self.recipients),)
+
+
+@dataclass
+class CompareSettings:
+    """``[compare]``: what only ``pyqmgr compare`` reads."""
+
+    time_scale: float = 1.0
+    timeout: float = 300.0
+    contenders: list[str] = field(default_factory=list)
+    main_cf: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,75 +223,353 @@ class Scenario:
     base_dir: str = "."
     #: Model the deferred queue: deferred recipients are tried again ([deferred] retry).
     retry_deferred: bool = False
+    compare: CompareSettings = field(default_factory=CompareSettings)
+    #: The file it came from ("" when built from a dict).
+    path: str = ""
 
 
-def _latency(value: Any, where: str) -> Latency:
-    if isinstance(value, int | float):
-        return Latency("fixed", float(value))
+# -- typed reads that name the key ----------------------------------------------------
+
+_TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "transports",
+        "destinations", "deferred", "messages", "compare"}
+_SCHEDULER = {"feedback_rounding", "policy"}
+_TRANSPORT = {"process_limit"}
+_DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
+                "reject_time", "timeout", "dead", "dead_until", "rate_limit", "rate_reply",
+                "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx", "rcpt_5xx_reply"}
+_MESSAGE = {"at", "count", "every", "recipients", "destination", "name", "class",
+            "sender", "size"}
+_DEFERRED = {"retry"}
+_COMPARE = {"time_scale", "timeout", "contenders", "main_cf"}
+_DIST_KEYS = {"fixed": {"dist", "value"}, "uniform": {"dist", "low", "high"},
+              "exponential": {"dist", "mean"}}
+
+
+def _table(data: dict[str, Any], name: str, key: Key) -> dict[str, Any]:
+    value = data.get(name, {})
     if not isinstance(value, dict):
-        raise ScenarioError(f"{where}: latency must be a number or a table")
+        raise ScenarioError(f"{_dotted(key + (name,))} must be a table", key + (name,))
+    return value
+
+
+def _dotted(key: Key) -> str:
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
+            out += ("." if out else "") + text
+    return out or "(top level)"
+
+
+def _known(table: dict[str, Any], allowed: set[str], key: Key) -> None:
+    for name in table:
+        if name not in allowed:
+            raise ScenarioError(
+                f"{_dotted(key + (name,))}: unknown key {name!r} (known here: "
+                f"{', '.join(sorted(allowed))})", key + (name,))
+
+
+def _number(table: dict[str, Any], name: str, key: Key, default: float,
+            low: float | None = None, high: float | None = None,
+            integer: bool = False) -> Any:
+    where = key + (name,)
+    value = table.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            integer and not isinstance(value, int)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        kind = "a whole number" if integer else "a number"
+        raise ScenarioError(f"{_dotted(where)} must be {kind}, not {value!r}", where)
+    if low is not None and value < low:
+        raise ScenarioError(f"{_dotted(where)} must be at least {low:g}, not {value!r}",
+                            where)
+    if high is not None and value > high:
+        raise ScenarioError(f"{_dotted(where)} must be at most {high:g}, not {value!r}",
+                            where)
+    return int(value) if integer else float(value)
+
+
+def _string(table: dict[str, Any], name: str, key: Key, default: str) -> str:
+    value = table.get(name, default)
+    if not isinstance(value, str):
+        raise ScenarioError(f"{_dotted(key + (name,))} must be a string, not {value!r}",
+                            key + (name,))
+    return value
+
+
+def _settings(table: dict[str, Any], key: Key) -> dict[str, str]:
+    """A main.cf or pyqmgr.cf table: values as text (numbers are accepted)."""
+    out = {}
+    for name, value in table.items():
+        if isinstance(value, dict | list) or isinstance(value, bool):
+            raise ScenarioError(f"{_dotted(key + (name,))} must be text such as \"10\", "
+                                f"as in main.cf, not {value!r}", key + (name,))
+        out[str(name)] = str(value)
+    return out
+
+
+def _dist(value: Any, key: Key, what: str = "latency") -> Latency:
+    if isinstance(value, bool) or not isinstance(value, int | float | dict):
+        raise ScenarioError(f"{_dotted(key)}: {what} must be a number or a table such as "
+                            '{dist = "uniform", low = 0.5, high = 1.5}', key)
+    if not isinstance(value, dict):
+        if value < 0 or not math.isfinite(value):
+            raise ScenarioError(f"{_dotted(key)}: {what} must be 0 or more", key)
+        return Latency("fixed", float(value))
     dist = value.get("dist", "fixed")
+    if dist not in DISTS:
+        raise ScenarioError(f"{_dotted(key)}: unknown {what} distribution {dist!r} (known: "
+                            f"{', '.join(DISTS)})", key + ("dist",))
+    _known(value, _DIST_KEYS[dist], key)
+    for name in _DIST_KEYS[dist] - {"dist"}:
+        if name not in value:
+            raise ScenarioError(f"{_dotted(key)}: a {dist} {what} needs {name}", key)
     if dist == "fixed":
-        return Latency("fixed", float(value.get("value", 0)))
+        return Latency("fixed", _number(value, "value", key, 0, low=0))
     if dist == "uniform":
-        return Latency("uniform", low=float(value["low"]), high=float(value["high"]))
-    if dist == "exponential":
-        return Latency("exponential", mean=float(value["mean"]))
-    raise ScenarioError(f"{where}: unknown latency distribution {dist!r}")
+        low = _number(value, "low", key, 0, low=0)
+        high = _number(value, "high", key, 0, low=low)
+        return Latency("uniform", low=low, high=high)
+    return Latency("exponential", mean=_number(value, "mean", key, 0, low=0))
+
+
+# -- the parser -----------------------------------------------------------------------
 
 
 def parse(data: dict[str, Any]) -> Scenario:
-    sc = Scenario(seed=int(data.get("seed", 1)), duration=float(data.get("duration", 86400)),
-                  title=str(data.get("title", "")))
-    sc.main_cf = {str(k): str(v) for k, v in data.get("main_cf", {}).items()}
-    rounding = str(data.get("scheduler", {}).get("feedback_rounding", "stock"))
+    """A scenario from a parsed TOML document; ScenarioError names the bad key."""
+    _known(data, _TOP, ())
+    sc = Scenario(seed=_number(data, "seed", (), 1, integer=True),
+                  duration=_number(data, "duration", (), 86400, low=0),
+                  title=_string(data, "title", (), ""))
+    sc.main_cf = _settings(_table(data, "main_cf", ()), ("main_cf",))
+    scheduler = _table(data, "scheduler", ())
+    _known(scheduler, _SCHEDULER, ("scheduler",))
+    rounding = _string(scheduler, "feedback_rounding", ("scheduler",), "stock")
     if rounding not in ROUNDINGS:
         raise ScenarioError(
-            f"scheduler.feedback_rounding must be one of {', '.join(ROUNDINGS)}")
+            f"scheduler.feedback_rounding must be one of {', '.join(ROUNDINGS)}",
+            ("scheduler", "feedback_rounding"))
     sc.feedback_rounding = rounding
-    sc.pyqmgr_cf = {str(k): str(v) for k, v in data.get("pyqmgr_cf", {}).items()}
-    policy = data.get("scheduler", {}).get("policy")
-    if policy is not None:
-        sc.pyqmgr_cf["scheduler_policy"] = str(policy)
-    for name, t in data.get("transports", {}).items():
-        sc.process_limits[name] = int(t.get("process_limit", 100))
-    for name, d in data.get("destinations", {}).items():
-        where = f"destinations.{name}"
-        overload = str(d.get("overload", "421"))
-        if overload not in OVERLOADS:
-            raise ScenarioError(f"{where}: overload must be one of {', '.join(OVERLOADS)}")
-        limit = int(d.get("server_limit", 0))
-        default_backlog = {"421": 0, "connect-timeout": limit, "greeting-timeout": limit}
-        sc.destinations[name] = Destination(
-            name, str(d.get("transport", "smtp")), _latency(d.get("latency", 0), where),
-            limit, overload, float(d.get("timeout", 30)), bool(d.get("dead", False)),
-            int(d.get("backlog", default_backlog[overload])),
-            float(d.get("reject_time", 0)), float(d.get("rate_limit", 0)),
-            str(d.get("rate_reply", Destination.rate_reply)), float(d.get("dead_until", 0)))
-    for i, m in enumerate(data.get("messages", [])):
-        dest = str(m.get("destination", ""))
-        if dest not in sc.destinations:
-            raise ScenarioError(f"messages[{i}]: unknown destination {dest!r}")
-        sc.messages.append(MessageSpec(float(m.get("at", 0)), int(m.get("count", 1)),
-                                       float(m.get("every", 0)), int(m.get("recipients", 1)),
-                                       dest, str(m.get("name", ""))))
+    sc.pyqmgr_cf = _settings(_table(data, "pyqmgr_cf", ()), ("pyqmgr_cf",))
+    if "policy" in scheduler:
+        sc.pyqmgr_cf["scheduler_policy"] = _string(scheduler, "policy", ("scheduler",), "")
+    for name, t in _table(data, "transports", ()).items():
+        key: Key = ("transports", name)
+        if not isinstance(t, dict):
+            raise ScenarioError(f"{_dotted(key)} must be a table", key)
+        _known(t, _TRANSPORT, key)
+        sc.process_limits[name] = _number(t, "process_limit", key, 100, low=1,
+                                          integer=True)
+    for name, d in _table(data, "destinations", ()).items():
+        sc.destinations[name] = _destination(name, d)
+    messages = data.get("messages", [])
+    if not isinstance(messages, list):
+        raise ScenarioError("messages must be an array of tables: [[messages]]",
+                            ("messages",))
+    for i, m in enumerate(messages):
+        sc.messages.append(_message(i, m, sc))
     if not sc.messages:
         raise ScenarioError("no [[messages]]")
-    retry = data.get("deferred", {}).get("retry", False)
+    deferred = _table(data, "deferred", ())
+    _known(deferred, _DEFERRED, ("deferred",))
+    retry = deferred.get("retry", False)
     if not isinstance(retry, bool):
-        raise ScenarioError("deferred.retry must be true or false")
+        raise ScenarioError("deferred.retry must be true or false", ("deferred", "retry"))
     sc.retry_deferred = retry
+    sc.compare = _compare(_table(data, "compare", ()))
     return sc
 
 
+def _destination(name: str, d: Any) -> Destination:
+    key: Key = ("destinations", name)
+    if not isinstance(d, dict):
+        raise ScenarioError(f"{_dotted(key)} must be a table", key)
+    _known(d, _DESTINATION, key)
+    if not _DOMAIN.match(name) or "." not in name:
+        raise ScenarioError(f"{_dotted(key)}: {name!r} is not a domain name such as "
+                            "example.com", key)
+    overload = _string(d, "overload", key, "421")
+    if overload not in OVERLOADS:
+        raise ScenarioError(f"{_dotted(key)}: overload must be one of {', '.join(OVERLOADS)}",
+                            key + ("overload",))
+    limit = _number(d, "server_limit", key, 0, low=0, integer=True)
+    default_backlog = {"421": 0, "connect-timeout": limit, "greeting-timeout": limit}
+    dead_value = d.get("dead", False)
+    if dead_value is True or dead_value is False:
+        dead, dead_mode = bool(dead_value), "refused"
+    elif dead_value == "timeout":
+        dead, dead_mode = True, "timeout"
+    else:
+        raise ScenarioError(f"{_dotted(key + ('dead',))} must be true, false or \"timeout\", "
+                            f"not {dead_value!r}", key + ("dead",))
+    shares = {}
+    for share in ("rcpt_4xx", "rcpt_5xx"):
+        shares[share] = _number(d, share, key, 0, low=0, high=1)
+    if shares["rcpt_4xx"] + shares["rcpt_5xx"] > 1:
+        raise ScenarioError(f"{_dotted(key)}: rcpt_4xx + rcpt_5xx is more than 1", key +
+                            ("rcpt_5xx",))
+    replies = {}
+    for reply, first in (("rate_reply", "4"), ("rcpt_4xx_reply", "4"),
+                         ("rcpt_5xx_reply", "5")):
+        text = _string(d, reply, key, getattr(Destination, reply))
+        if not re.match(rf"^{first}\d\d [^\r\n]*$", text):
+            raise ScenarioError(f"{_dotted(key + (reply,))} must be an SMTP reply starting "
+                                f"with a {first}xx code, such as "
+                                f"{getattr(Destination, reply)!r}", key + (reply,))
+        replies[reply] = text
+    transport = _string(d, "transport", key, "smtp")
+    if not re.fullmatch(r"[a-z][a-z0-9_-]{0,30}", transport):
+        raise ScenarioError(f"{_dotted(key + ('transport',))}: {transport!r} is not a "
+                            "master.cf service name", key + ("transport",))
+    return Destination(
+        name, transport, _dist(d.get("latency", 0), key + ("latency",)),
+        limit, overload, _number(d, "timeout", key, 30, low=0), dead,
+        _number(d, "backlog", key, default_backlog[overload], low=-1, integer=True),
+        _number(d, "reject_time", key, 0, low=0), _number(d, "rate_limit", key, 0, low=0),
+        replies["rate_reply"], _number(d, "dead_until", key, 0, low=0), dead_mode,
+        shares["rcpt_4xx"], replies["rcpt_4xx_reply"], shares["rcpt_5xx"],
+        replies["rcpt_5xx_reply"], "timeout" in d)
+
+
+def _message(i: int, m: Any, sc: Scenario) -> MessageSpec:
+    key: Key = ("messages", i)
+    if not isinstance(m, dict):
+        raise ScenarioError(f"{_dotted(key)} must be a table", key)
+    _known(m, _MESSAGE, key)
+    rcpts = m.get("recipients", 1)
+    spread: tuple[tuple[str, int], ...] = ()
+    if isinstance(rcpts, dict):
+        if "destination" in m:
+            raise ScenarioError(f"{_dotted(key)}: recipients spread over destinations "
+                                "(a table) and destination: give one of them",
+                                key + ("destination",))
+        pairs = []
+        for dest in rcpts:
+            if dest not in sc.destinations:
+                raise ScenarioError(f"{_dotted(key)}: unknown destination {dest!r} in "
+                                    "recipients", key + ("recipients", dest))
+            pairs.append((dest, _number(rcpts, dest, key + ("recipients",), 1, low=1,
+                                        integer=True)))
+        if not pairs:
+            raise ScenarioError(f"{_dotted(key)}: recipients is an empty table",
+                                key + ("recipients",))
+        spread = tuple(pairs)
+        dest, total = pairs[0][0], sum(n for _, n in pairs)
+    else:
+        total = _number(m, "recipients", key, 1, low=1, integer=True)
+        dest = _string(m, "destination", key, "")
+        if dest not in sc.destinations:
+            raise ScenarioError(f"messages[{i}]: unknown destination {dest!r}",
+                                key + ("destination",))
+    name = _string(m, "name", key, "")
+    default_class = re.sub(r"[^A-Za-z0-9_]+$", "", name) or "mail"
+    klass = _string(m, "class", key, default_class)
+    if not _CLASS.match(klass):
+        raise ScenarioError(f"{_dotted(key)}: class {klass!r} must be letters, digits and _ "
+                            "(it becomes part of recipient addresses); name one with "
+                            "class = ...", key + (("class",) if "class" in m else ("name",)))
+    sender = _string(m, "sender", key, f"{klass}@{DEFAULT_SENDER_DOMAIN}")
+    if not _SENDER.match(sender) or sender.rpartition("@")[2] in sc.destinations:
+        raise ScenarioError(f"{_dotted(key + ('sender',))}: {sender!r} is not an address "
+                            "of a domain other than the destinations'", key + ("sender",))
+    size = _dist(m.get("size", DEFAULT_SIZE), key + ("size",), "size")
+    return MessageSpec(_number(m, "at", key, 0, low=0),
+                       _number(m, "count", key, 1, low=1, integer=True),
+                       _number(m, "every", key, 0, low=0), total, dest, name, spread,
+                       klass, sender, size)
+
+
+def _compare(c: dict[str, Any]) -> CompareSettings:
+    key: Key = ("compare",)
+    _known(c, _COMPARE, key)
+    scale = _number(c, "time_scale", key, 1.0)
+    if not 0 < scale <= 100:
+        raise ScenarioError("compare.time_scale must be more than 0 and at most 100",
+                            key + ("time_scale",))
+    contenders = c.get("contenders", [])
+    if not isinstance(contenders, list) or not all(isinstance(x, str) for x in contenders):
+        raise ScenarioError("compare.contenders must be a list of strings such as "
+                            '["stock", "pyqmgr:finch"]', key + ("contenders",))
+    return CompareSettings(scale, _number(c, "timeout", key, 300, low=1), list(contenders),
+                           _settings(_table(c, "main_cf", key), key + ("main_cf",)))
+
+
+# -- files, and where in them -----------------------------------------------------------
+
+_TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)$")
+_HEADER = re.compile(r"^\s*(\[\[?)\s*(.*?)\s*\]\]?\s*(#.*)?$")
+_KEYLINE = re.compile(r"^\s*((?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')"
+                      r"(?:\s*\.\s*(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'))*)\s*=")
+
+
+def _split_key(text: str) -> list[str]:
+    parts = re.findall(r"\"([^\"]*)\"|'([^']*)'|([A-Za-z0-9_-]+)", text)
+    return [a or b or c for a, b, c in parts]
+
+
+def locate(text: str, key: Sequence[str | int]) -> int | None:
+    """The 1-based line of ``key`` in a TOML text, or of its nearest enclosing table.
+
+    A small scanner rather than a TOML parser: tables, arrays of tables (counted, so
+    ``("messages", 2, "count")`` finds the third ``[[messages]]``'s line) and ``key =``
+    lines; a key inside an inline table gives the line of the key that holds it.
+    """
+    want = list(key)
+    best: tuple[int, int] | None = None  # (matched length, line)
+    current: list[str | int] = []
+    arrays: dict[tuple[str, ...], int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        h = _HEADER.match(line)
+        path: list[str | int] | None = None
+        if h and not _KEYLINE.match(line):
+            names = _split_key(h.group(2))
+            if h.group(1) == "[[":
+                count = arrays.get(tuple(names), -1) + 1
+                arrays[tuple(names)] = count
+                current = [*names, count]
+            else:
+                current = list(names)
+            path = list(current)
+        else:
+            k = _KEYLINE.match(line)
+            if k:
+                path = current + _split_key(k.group(1))
+        if path is None:
+            continue
+        if path == want[:len(path)] and (best is None or len(path) > best[0]):
+            best = (len(path), n)
+    return best[1] if best else None
+
+
 def load(path: str) -> Scenario:
+    """Read a file; every error says the file and, where it is known, the line."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read()
     except OSError as exc:
         raise ScenarioError(f"{path}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text ({exc.reason} at byte "
+                            f"{exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: {exc}") from None
-    sc = parse(data)
+        msg = str(exc)
+        m = _TOML_POS.search(msg)
+        if m:
+            raise ScenarioError(f"{path}, line {m.group(1)}: {msg[:m.start()].strip()} "
+                                f"(column {m.group(2)}): not valid TOML",
+                                line=int(m.group(1))) from None
+        raise ScenarioError(f"{path}: {msg}: not valid TOML") from None
+    try:
+        sc = parse(data)
+    except ScenarioError as exc:
+        at = locate(text, exc.key) if exc.key else None
+        where = f"{path}, line {at}" if at else path
+        raise ScenarioError(f"{where}: {exc}", exc.key, at) from None
     sc.base_dir = os.path.dirname(os.path.abspath(path))
+    sc.path = os.path.abspath(path)
     return sc

@@ -174,8 +174,15 @@ class _SinkSMTP(SMTP):
         if refusal is not None:
             # Refused before aiosmtpd set anything up: never hand this connection to
             # the base class, whose connection_lost expects a session.
-            transport.write((refusal + "\r\n").encode())  # type: ignore[attr-defined]
-            transport.close()
+            def refuse() -> None:
+                transport.write((refusal + "\r\n").encode())  # type: ignore[attr-defined]
+                transport.close()
+
+            if self.sink.reject_delay > 0:
+                # A busy server takes a while to say no (connect, 421, disconnect).
+                asyncio.get_running_loop().call_later(self.sink.reject_delay, refuse)
+            else:
+                refuse()
             return
         self._client = client
         super().connection_made(transport)
@@ -203,12 +210,14 @@ class SinkServer:
     * ``rate_limit``: new sessions a second per client address (0 = no limit); a
       session beyond it is greeted with ``rate_reply`` (a provider's rate limiting,
       Gmail's ``421 4.7.28`` by default) and closed.
+    * ``reject_delay``: seconds before a refused session gets its 421 and is closed.
     """
 
     def __init__(self, port: int | None = None, latency: LatencyRule = 0,
                  replies: ReplyRule | None = None, client_limit: int = 0,
                  data_replies: ReplyRule | None = None, latency_at: str = "rcpt",
-                 rate_limit: float = 0, rate_reply: str = RATE_LIMITED) -> None:
+                 rate_limit: float = 0, rate_reply: str = RATE_LIMITED,
+                 reject_delay: float = 0) -> None:
         self.lock = threading.Lock()
         self.stats = SinkStats()
         #: Envelope sender of every accepted message, in arrival order.
@@ -227,6 +236,7 @@ class SinkServer:
         self.client_limit = client_limit
         self.rate_limit = rate_limit
         self.rate_reply = rate_reply
+        self.reject_delay = reject_delay
         #: Session start times in the last second, per client (the rate limit).
         self._starts: dict[str, list[float]] = {}
         self._sock: socket.socket | None = self._bind(port or 0)

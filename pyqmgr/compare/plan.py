@@ -1,0 +1,151 @@
+"""A workload made concrete for real Postfix: every message, its recipients, when it arrives.
+
+The simulator and ``pyqmgr compare`` read the same file; this module is what compare
+adds. Every message gets a number in arrival order, and each recipient an address
+that says which class, message and recipient it is (``bulk.m12.r3@big.example``), so
+the maillog alone tells whose delivery a line is, in every contender's run alike.
+The time scale multiplies the world's times (arrivals, latencies, timeouts,
+``dead_until``) and divides its rates; Postfix's own settings stay as the file says,
+except the retry timers, which default to Postfix's defaults scaled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass, field
+
+from pyqmgr.simulator.scenario import Destination, Latency, Scenario, ScenarioError
+
+#: Recipient addresses of a compare run: CLASS.mMESSAGE.rRECIPIENT@DOMAIN.
+ADDRESS = re.compile(r"^(?P<klass>[A-Za-z0-9_]+)\.m(?P<mid>\d+)\.r(?P<rcpt>\d+)@"
+                     r"(?P<domain>[A-Za-z0-9.-]+)$")
+#: Postfix's defaults for the retry timers, scaled unless the workload sets them.
+RETRY_TIMERS = {"minimal_backoff_time": 300, "maximal_backoff_time": 4000,
+                "queue_run_delay": 300}
+
+
+def address(klass: str, mid: int, rcpt: int, domain: str) -> str:
+    return f"{klass}.m{mid}.r{rcpt}@{domain}"
+
+
+def parse_address(addr: str) -> tuple[str, int, int, str] | None:
+    """(class, message number, recipient number, domain) of a workload recipient."""
+    m = ADDRESS.match(addr)
+    if m is None:
+        return None
+    return m["klass"], int(m["mid"]), int(m["rcpt"]), m["domain"].lower()
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One message: when it is submitted (seconds after the run's start, scaled)."""
+
+    mid: int
+    at: float
+    klass: str
+    sender: str
+    size: int
+    recipients: tuple[str, ...]
+
+
+@dataclass
+class Plan:
+    scenario: Scenario
+    scale: float
+    arrivals: list[Arrival]
+    #: main.cf for the instance (before transport_maps, which needs the sinks' ports).
+    main_cf: dict[str, str]
+    #: Transport (master.cf service) -> maxproc.
+    process_limits: dict[str, int]
+    #: Destinations as the sinks play them, times and rates scaled.
+    destinations: dict[str, Destination]
+    #: Domains of the envelope senders (bounce notices go to discard:).
+    sender_domains: list[str] = field(default_factory=list)
+
+    @property
+    def recipients(self) -> int:
+        return sum(len(a.recipients) for a in self.arrivals)
+
+    def last_arrival(self) -> float:
+        return max((a.at for a in self.arrivals), default=0.0)
+
+    def never_deliver(self) -> set[str]:
+        """Destinations dead for the whole run: their mail is only ever deferred."""
+        return {d.name for d in self.destinations.values() if d.dead}
+
+
+def draw(dist: Latency, rng: random.Random) -> float:
+    if dist.dist == "uniform":
+        return rng.uniform(dist.low, dist.high)
+    if dist.dist == "exponential":
+        return rng.expovariate(1.0 / dist.mean) if dist.mean > 0 else 0.0
+    return dist.value
+
+
+def _scaled(d: Destination, scale: float) -> Destination:
+    return Destination(
+        d.name, d.transport, d.latency.scaled(scale), d.server_limit, d.overload,
+        d.timeout * scale, d.dead, d.backlog, d.reject_time * scale,
+        d.rate_limit / scale if d.rate_limit else 0.0, d.rate_reply, d.dead_until * scale,
+        d.dead_mode, d.rcpt_4xx, d.rcpt_4xx_reply, d.rcpt_5xx, d.rcpt_5xx_reply,
+        d.timeout_set)
+
+
+def _seconds(value: float) -> str:
+    """A Postfix time value: whole seconds, at least 1."""
+    return f"{max(1, math.ceil(value - 1e-9))}s"
+
+
+def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
+    """The concrete run; ScenarioError (with the key) for what real Postfix cannot play."""
+    scale = sc.compare.time_scale if scale is None else scale
+    if not scale > 0:
+        raise ScenarioError("the time scale must be more than 0")
+    for name, d in sc.destinations.items():
+        if d.server_limit and d.overload != "421":
+            raise ScenarioError(
+                f'destinations."{name}": compare plays overload = "421" only (a server '
+                f"that answers 421 above server_limit); {d.overload} needs a listen queue "
+                "the sink does not model: use it in pyqmgr simulate",
+                ("destinations", name, "overload"))
+    # The client's timeouts are per transport in Postfix: one value for all.
+    timeouts = {d.timeout for d in sc.destinations.values()
+                if d.timeout_set or (d.dead and d.dead_mode == "timeout")}
+    if len(timeouts) > 1:
+        name = next(n for n, d in sc.destinations.items() if d.timeout_set)
+        raise ScenarioError(
+            "destinations have different timeouts; on real Postfix smtp_connect_timeout "
+            f"and smtp_helo_timeout are one per transport: give them one value "
+            f"({', '.join(f'{t:g}' for t in sorted(timeouts))} now)",
+            ("destinations", name, "timeout"))
+    main_cf = {"smtp_connection_cache_on_demand": "no"}
+    main_cf.update(sc.main_cf)
+    for param, default in RETRY_TIMERS.items():
+        if param not in sc.main_cf and param not in sc.compare.main_cf:
+            main_cf[param] = _seconds(default * scale)
+    if timeouts:
+        value = _seconds(timeouts.pop() * scale)
+        main_cf.setdefault("smtp_connect_timeout", value)
+        main_cf.setdefault("smtp_helo_timeout", value)
+    main_cf.update(sc.compare.main_cf)
+
+    rng = random.Random(f"compare sizes {sc.seed}")
+    pending = []
+    for index, spec in enumerate(sc.messages):
+        for k in range(spec.count):
+            pending.append((spec.at + k * spec.every, index, k, spec))
+    pending.sort(key=lambda p: (p[0], p[1], p[2]))
+    arrivals = []
+    for mid, (at, _, _, spec) in enumerate(pending):
+        rcpts: list[str] = []
+        for dest, n in spec.destinations():
+            rcpts += [address(spec.klass, mid, len(rcpts) + j, dest) for j in range(n)]
+        arrivals.append(Arrival(mid, at * scale, spec.klass, spec.sender,
+                                max(1, int(draw(spec.size, rng))), tuple(rcpts)))
+    transports = {d.transport for d in sc.destinations.values()} | set(sc.process_limits)
+    limits = {t: sc.process_limits.get(t, 0) for t in sorted(transports)}
+    senders = sorted({spec.sender.rpartition("@")[2].lower() for spec in sc.messages})
+    return Plan(sc, scale, arrivals, main_cf, limits,
+                {name: _scaled(d, scale) for name, d in sc.destinations.items()}, senders)

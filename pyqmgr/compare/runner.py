@@ -1,0 +1,465 @@
+"""One contender's run: a fresh Postfix instance, a sink per destination, the workload.
+
+The instance is the test bed's (:class:`~pyqmgr.testbed.instance.PostfixInstance`: real
+master(8), smtpd, cleanup and smtp on loopback, its own maillog). Each destination is a
+port on 127.0.0.1 reached through ``transport_maps``: a sink SMTP server playing its
+latency, 4xx/5xx shares, 421 session limit and rate limit; a bound socket that listens
+to nothing for a dead host (connections refused); or a socket whose accept queue is
+full and never drained for a host that never answers (every SYN dropped: the connect
+times out).
+
+Messages are submitted over SMTP at their scaled arrival times by a few sessions in
+threads, so the qmgr runs all along, as in production (a preloaded queue would start it
+with everything in ``incoming/``). The run ends when every recipient is delivered or
+bounced (a destination dead for the whole run: deferred at least once), or at the
+timeout. What it leaves in its directory is raw: the maillog, and ``run.json`` with
+what was submitted when (queue ids), what each sink saw, and the qmgr process's CPU
+time (``/proc/PID/schedstat``) and peak resident memory (``VmHWM``), read while it runs
+because stock qmgr's numbers are gone once it exits. :mod:`.figures` computes
+everything else from these files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import random
+import shutil
+import smtplib
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyqmgr.compare.contender import Contender
+from pyqmgr.compare.figures import DeliveryLine, parse_delivery
+from pyqmgr.compare.plan import Arrival, Plan, draw, parse_address
+from pyqmgr.simulator.scenario import Destination
+from pyqmgr.testbed.instance import PostfixInstance, TestbedError
+from pyqmgr.testbed.sink import SinkServer
+
+#: SMTP sessions that submit the workload at once.
+SUBMITTERS = 4
+#: Seconds between two looks at the maillog and the qmgr process.
+POLL = 0.1
+
+
+class RunError(RuntimeError):
+    """The run could not be made (Postfix did not start, submission failed...)."""
+
+
+def _unit(*parts: object) -> float:
+    """A number in [0, 1) fixed by its inputs: the same recipients fail in every run."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+# -- the world: sinks, dead hosts --------------------------------------------------------
+
+
+class _Host:
+    """One destination's port on loopback, as the workload says it behaves."""
+
+    def __init__(self, dest: Destination, seed: int) -> None:
+        self.dest = dest
+        self.sink: SinkServer | None = None
+        self._socks: list[socket.socket] = []
+        self._timer: threading.Timer | None = None
+        if dest.dead and dest.dead_mode == "timeout":
+            # listen(0) and one connection of our own in the accept queue, never
+            # accepted: the kernel drops every further SYN, so connects time out.
+            lsock = socket.socket()
+            lsock.bind(("127.0.0.1", 0))
+            lsock.listen(0)
+            filler = socket.create_connection(lsock.getsockname(), timeout=5)
+            self._socks += [lsock, filler]
+            self.port = int(lsock.getsockname()[1])
+            self.kind = "timeout"
+            return
+        if dest.dead:
+            # Bound, not listening: the port is ours and every connect is refused.
+            bsock = socket.socket()
+            bsock.bind(("127.0.0.1", 0))
+            self._socks.append(bsock)
+            self.port = int(bsock.getsockname()[1])
+            self.kind = "refused"
+            return
+        rng = random.Random(f"{seed} latency {dest.name}")
+        attempts: dict[str, int] = {}
+
+        def latency(addr: str) -> float:
+            return draw(dest.latency, rng)
+
+        def reply(addr: str) -> str | None:
+            n = attempts[addr] = attempts.get(addr, 0) + 1
+            if dest.rcpt_5xx and _unit(seed, "5xx", addr) < dest.rcpt_5xx:
+                return dest.rcpt_5xx_reply
+            if dest.rcpt_4xx and _unit(seed, "4xx", addr, n) < dest.rcpt_4xx:
+                return dest.rcpt_4xx_reply
+            return None
+
+        self.sink = SinkServer(latency=latency, replies=reply,
+                               client_limit=dest.server_limit, rate_limit=dest.rate_limit,
+                               rate_reply=dest.rate_reply, reject_delay=dest.reject_time)
+        self.port = self.sink.port
+        self.kind = "sink"
+
+    def start(self) -> None:
+        """Listen now, or at dead_until (until then the bound port refuses)."""
+        if self.sink is None:
+            return
+        if self.dest.dead_until > 0:
+            self._timer = threading.Timer(self.dest.dead_until, self._open)
+            self._timer.daemon = True
+            self._timer.start()
+        else:
+            self.sink.start()
+
+    def _open(self) -> None:
+        if self.sink is not None:
+            try:
+                self.sink.start()
+            except Exception:  # stopped meanwhile
+                pass
+
+    def record(self, t0: float, wall0: float) -> dict[str, Any]:
+        """What the sink saw; times in seconds since the run's start."""
+        out: dict[str, Any] = {"port": self.port, "kind": self.kind}
+        if self.sink is None:
+            return out
+        st = self.sink.snapshot()
+        out["received"] = [[round(m.time - wall0, 4), len(m.recipients)]
+                           for m in self.sink.messages()]
+        out.update({
+            "sessions": st.sessions - st.rejected_421 - st.rejected_rate,
+            "refused_421": st.rejected_421, "refused_rate": st.rejected_rate,
+            "replies": dict(st.replies), "accepted": sum(st.delivered.values()),
+            "duplicates": sum(n - 1 for n in st.delivered.values() if n > 1),
+            "max_concurrent": st.max_concurrent,
+            "timeline": [[round(t - t0, 4), n] for t, n in st.timeline],
+        })
+        return out
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.sink is not None:
+            self.sink.stop()
+        for s in self._socks:
+            s.close()
+
+
+# -- submitting the workload ------------------------------------------------------------
+
+
+def message_bytes(arrival: Arrival) -> bytes:
+    """Headers and a body padded to the workload's size (in bytes, roughly)."""
+    head = (f"From: <{arrival.sender}>\r\nTo: undisclosed-recipients:;\r\n"
+            f"Subject: workload message m{arrival.mid} ({arrival.klass})\r\n"
+            f"X-Workload-Class: {arrival.klass}\r\n\r\n").encode()
+    line = b"x" * 76 + b"\r\n"
+    need = max(0, arrival.size - len(head))
+    body = line * (need // len(line)) + b"x" * max(0, need % len(line) - 2) + b"\r\n"
+    return head + body
+
+
+class Submitter:
+    """Submits arrivals at their times over a few SMTP sessions; records queue ids.
+
+    One thread keeps the schedule and hands due messages to SUBMITTERS sessions, so a
+    burst of a thousand messages at one instant goes out as fast as smtpd takes it
+    while later arrivals still leave on time.
+    """
+
+    def __init__(self, port: int, arrivals: list[Arrival], t0: float) -> None:
+        self.port = port
+        self.arrivals = sorted(arrivals, key=lambda a: (a.at, a.mid))
+        self.t0 = t0
+        self.work: queue.Queue[Arrival | None] = queue.Queue()
+        self.done: dict[int, tuple[str, float]] = {}
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._schedule, name="schedule",
+                                          daemon=True)]
+        self._threads += [threading.Thread(target=self._session, name=f"submit{i}",
+                                           daemon=True) for i in range(SUBMITTERS)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def finished(self) -> bool:
+        with self.lock:
+            return len(self.done) + len(self.errors) >= len(self.arrivals)
+
+    def _schedule(self) -> None:
+        for a in self.arrivals:
+            delay = self.t0 + a.at - time.monotonic()
+            if delay > 0 and self.stop.wait(delay):
+                break
+            self.work.put(a)
+        for _ in range(SUBMITTERS):
+            self.work.put(None)
+
+    def _session(self) -> None:
+        smtp: smtplib.SMTP | None = None
+        try:
+            while not self.stop.is_set():
+                a = self.work.get()
+                if a is None:
+                    return
+                try:
+                    if smtp is None:
+                        smtp = smtplib.SMTP("127.0.0.1", self.port, timeout=60)
+                        smtp.ehlo("submit.test.example")
+                    qid = self._send(smtp, a)
+                    with self.lock:
+                        self.done[a.mid] = (qid, time.monotonic() - self.t0)
+                except (OSError, smtplib.SMTPException, RunError) as exc:
+                    with self.lock:
+                        self.errors.append(f"message m{a.mid}: {exc}")
+                    smtp = None
+        finally:
+            if smtp is not None:
+                try:
+                    smtp.quit()
+                except (OSError, smtplib.SMTPException):
+                    pass
+
+    @staticmethod
+    def _send(smtp: smtplib.SMTP, a: Arrival) -> str:
+        code, resp = smtp.mail(a.sender)
+        if code != 250:
+            raise RunError(f"smtpd refused sender {a.sender}: {code} {resp!r}")
+        for r in a.recipients:
+            code, resp = smtp.rcpt(r)
+            if code >= 400:
+                smtp.rset()
+                raise RunError(f"smtpd refused {r}: {code} {resp!r}")
+        code, resp = smtp.data(message_bytes(a))
+        if code != 250:
+            raise RunError(f"smtpd refused the message: {code} {resp!r}")
+        return resp.decode().rsplit(" ", 1)[-1]
+
+    def close(self) -> None:
+        self.stop.set()
+        for _ in range(SUBMITTERS):
+            self.work.put(None)
+        for t in self._threads:
+            t.join(5)
+
+
+# -- the qmgr process -------------------------------------------------------------------
+
+
+def proc_sample(pid: int) -> tuple[int, int] | None:
+    """(nanoseconds on a CPU, VmHWM in KiB) of a live process, or None."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            on_cpu = int(f.read().split()[0])
+        hwm = 0
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1])
+        return on_cpu, hwm
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class QmgrMeter:
+    """CPU and peak memory of whatever qmgr processes ran, from a baseline on.
+
+    The baseline is taken once the first qmgr is idle after start-up, so the figure is
+    the work the workload caused (pyqmgr's interpreter start-up is not in it). A qmgr
+    that restarts (a crash, a reload) is counted in full from its first sample.
+    """
+
+    pf: PostfixInstance
+    baseline: dict[int, int] = field(default_factory=dict)
+    last: dict[int, tuple[int, int]] = field(default_factory=dict)
+    samples: int = 0
+
+    def settle(self, timeout: float = 10.0) -> None:
+        pid = self.pf.qmgr_pid(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        prev = proc_sample(pid)
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = proc_sample(pid)
+            if now is None or prev is None or now[0] - prev[0] < 2_000_000:
+                prev = now
+                break
+            prev = now
+        if prev is not None:
+            self.baseline[pid] = prev[0]
+            self.last[pid] = prev
+
+    def sample(self) -> None:
+        for pid in self.pf.pids("qmgr"):
+            got = proc_sample(pid)
+            if got is not None:
+                self.last[pid] = got
+                self.baseline.setdefault(pid, 0)
+                self.samples += 1
+
+    def record(self) -> dict[str, Any]:
+        cpu = sum(self.last[p][0] - self.baseline.get(p, 0) for p in self.last)
+        return {"cpu_s": round(cpu / 1e9, 6),
+                "vmhwm_kib": max((v[1] for v in self.last.values()), default=0),
+                "pids": sorted(self.last), "samples": self.samples}
+
+
+# -- one run ----------------------------------------------------------------------------
+
+
+class Tracker:
+    """Follows the maillog: which workload recipients are done, for the drain check."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.expected = {r.lower() for a in plan.arrivals for r in a.recipients}
+        self.never = plan.never_deliver()
+        self.final: set[str] = set()
+        self.deferred: set[str] = set()
+
+    def feed(self, lines: list[DeliveryLine]) -> None:
+        for d in lines:
+            addr = d.to.lower()
+            if addr not in self.expected:
+                continue
+            if d.status in ("sent", "bounced", "expired"):
+                self.final.add(addr)
+            elif d.status == "deferred":
+                self.deferred.add(addr)
+
+    def settled(self) -> int:
+        """Recipients that are done: final, or tried if their host is dead for ever."""
+        n = len(self.final)
+        for addr in self.deferred - self.final:
+            parsed = parse_address(addr)
+            if parsed is not None and parsed[3] in self.never:
+                n += 1
+        return n
+
+    def drained(self) -> bool:
+        return self.settled() >= len(self.expected)
+
+
+Progress = Callable[[str, float, int, int], None]
+
+
+def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float,
+                  progress: Progress | None = None, keep: bool = False,
+                  base_dir: str | None = None) -> dict[str, Any]:
+    """Run the plan under one contender; write ``run_dir``; return run.json's content.
+
+    Everything started here is stopped and removed before it returns or raises
+    (KeyboardInterrupt included); ``keep`` keeps the instance's directory.
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    sc = plan.scenario
+    hosts: dict[str, _Host] = {}
+    pf: PostfixInstance | None = None
+    submitter: Submitter | None = None
+    record: dict[str, Any] = {"contender": contender.label, "qmgr": contender.qmgr,
+                              "policy": contender.policy, "time_scale": plan.scale,
+                              "timeout": timeout, "error": None}
+    try:
+        for name, dest in plan.destinations.items():
+            hosts[name] = _Host(dest, sc.seed)
+        transports = {name: f"{h.dest.transport}:[127.0.0.1]:{h.port}"
+                      for name, h in hosts.items()}
+        transports.update({dom: "discard:" for dom in plan.sender_domains})
+        main_cf = dict(plan.main_cf)
+        most = max(len(a.recipients) for a in plan.arrivals)
+        if most > 1000 and "smtpd_recipient_limit" not in main_cf:
+            main_cf["smtpd_recipient_limit"] = str(most)
+        extra = [f"{t} unix - - n - {n or '-'} smtp"
+                 for t, n in plan.process_limits.items() if t != "smtp"]
+        pyqmgr_cf = contender.pyqmgr_cf(sc)
+        record["destinations"] = {
+            name: {"rate_reply": d.rate_reply, "rcpt_4xx_reply": d.rcpt_4xx_reply,
+                   "rcpt_5xx_reply": d.rcpt_5xx_reply}
+            for name, d in plan.destinations.items()}
+        record.update({"main_cf": main_cf, "pyqmgr_cf": pyqmgr_cf,
+                       "master_cf_extra": extra, "process_limits": plan.process_limits})
+        pf = PostfixInstance(qmgr=contender.qmgr, main_cf=main_cf, transports=transports,
+                             master_cf_extra=extra, pyqmgr_cf=pyqmgr_cf,
+                             base_dir=base_dir)
+        if plan.process_limits.get("smtp"):
+            pf.postconf("-F", f"smtp/unix/process_limit={plan.process_limits['smtp']}")
+        pf.start()
+        meter = QmgrMeter(pf)
+        meter.settle()
+        tracker = Tracker(plan)
+        for h in hosts.values():
+            h.start()
+        t0 = time.monotonic()
+        wall0 = record["started"] = time.time()
+        submitter = Submitter(pf.smtpd_port, plan.arrivals, t0)
+        submitter.start()
+        drained = False
+        next_sample = 0.0
+        while True:
+            now = time.monotonic() - t0
+            tracker.feed([d for ln in pf.maillog.refresh()
+                          if (d := parse_delivery(ln.raw)) is not None])
+            if now >= next_sample:
+                meter.sample()
+                next_sample = now + 0.5
+            if progress is not None:
+                progress(contender.label, now, tracker.settled(), len(tracker.expected))
+            if submitter.finished() and tracker.drained():
+                drained = True
+                break
+            if submitter.errors and submitter.finished():
+                break
+            if now > timeout:
+                break
+            time.sleep(POLL)
+        meter.sample()
+        record.update({"drained": drained, "elapsed": round(time.monotonic() - t0, 4),
+                       "qmgr": meter.record(), "settled": tracker.settled(),
+                       "recipients": len(tracker.expected)})
+        with submitter.lock:
+            done = dict(submitter.done)
+            record["submission_errors"] = list(submitter.errors)
+        record["messages"] = [
+            {"mid": a.mid, "qid": done.get(a.mid, ("", 0.0))[0], "at": round(a.at, 4),
+             "submitted": round(done[a.mid][1], 4) if a.mid in done else None,
+             "class": a.klass, "sender": a.sender, "size": a.size,
+             "recipients": list(a.recipients)} for a in plan.arrivals]
+        submitter.close()
+        submitter = None
+        pf.stop()
+        record["sinks"] = {name: h.record(t0, wall0) for name, h in hosts.items()}
+        if submitter is None and record["submission_errors"]:
+            record["error"] = (f"{len(record['submission_errors'])} message(s) not "
+                               f"submitted: {record['submission_errors'][0]}")
+    except TestbedError as exc:
+        record["error"] = str(exc)
+        raise RunError(f"{contender.label}: {exc}") from None
+    finally:
+        try:
+            if submitter is not None:
+                submitter.close()
+            for h in hosts.values():
+                h.close()
+            if pf is not None:
+                if os.path.exists(pf.maillog_path):
+                    shutil.copy(pf.maillog_path, os.path.join(run_dir, "maillog"))
+                if keep:
+                    pf.stop()
+                    record["instance"] = pf.root
+                else:
+                    pf.close()
+        finally:
+            with open(os.path.join(run_dir, "run.json"), "w") as f:
+                json.dump(record, f, indent=1)
+    return record
