@@ -1040,13 +1040,13 @@ class Scheduler:
         As stock routes an undeliverable recipient (``error`` transport, the DSN as
         nexthop), so the error agent bounces them with the reply's status and text and
         the usual ``status=bounced`` lines. False when the error transport is dead too:
-        the entry is then back in todo and the caller holds it back instead.
+        the entry is then still selected and the caller holds it back instead.
         """
         self.now = now
-        entry_unselect(entry)
         err = self._error_queue(ERROR, dsn)
         if err is None:
             return False
+        entry_unselect(entry)
         self._entry_move_todo(err, entry)
         return True
 

@@ -36,6 +36,16 @@ dead = false               # no server at all: every attempt fails at once
 rate_limit = 0             # deliveries a second the server takes; beyond, it answers
 rate_reply = "421 4.7.28 ..."  # this (a provider's rate limiting) at reject_time
 
+[delegation]               # a delivery policy service, asked before each delivery
+rate = {"example.com" = "3/10s"}   # per destination, as postfwd's rate(): at most N
+                           # deliveries in a window of T that opens at the first one
+reply = "450 4.7.1 too many deliveries"   # what a request beyond the rate gets
+function = "module:/abs/path.py:decide"   # or your own: decide(request, now) -> action,
+                           # request being the policy attributes pyqmgr sends (a dict)
+defer_delay = 60           # delivery_policy_defer_delay (seconds)
+reject = "defer"           # delivery_policy_reject: defer or bounce
+latency = 0.0              # seconds the service takes to answer
+
 [[messages]]
 at = 0                     # arrival time
 count = 1                  # this many such messages ...
@@ -49,12 +59,83 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyqmgr.scheduler.feedback import ROUNDINGS
+from pyqmgr.scheduler.shaping import ShapingError, parse_rate
 
 OVERLOADS = ("421", "connect-timeout", "greeting-timeout")
+
+
+@dataclass
+class Delegation:
+    """The scenario's delivery policy service: a rate per destination, or a function."""
+
+    rates: dict[str, tuple[int, float]] = field(default_factory=dict)
+    reply: str = "450 4.7.1 too many deliveries"
+    #: ``decide(request: dict, now: float) -> str`` (an action), or None.
+    function: Callable[[dict[str, object], float], str] | None = None
+    defer_delay: float = 60.0
+    reject: str = "defer"
+    latency: float = 0.0
+
+
+def _delegation(data: dict[str, Any], base_dir: str) -> Delegation:
+    where = "delegation"
+    d = Delegation(reply=str(data.get("reply", Delegation.reply)),
+                   defer_delay=float(data.get("defer_delay", 60)),
+                   reject=str(data.get("reject", "defer")),
+                   latency=float(data.get("latency", 0)))
+    if d.reject not in ("defer", "bounce"):
+        raise ScenarioError(f"{where}.reject must be defer or bounce")
+    if not 1 <= d.defer_delay <= 86400:
+        raise ScenarioError(f"{where}.defer_delay must be 1 to 86400 seconds")
+    rates = data.get("rate", {})
+    if not isinstance(rates, dict):
+        raise ScenarioError(f"{where}.rate must be a table: destination = \"N/PERIOD\"")
+    for dest, text in rates.items():
+        try:
+            rate = parse_rate(str(text), f"{where}.rate.{dest}")
+        except ShapingError as exc:
+            raise ScenarioError(str(exc)) from None
+        if rate is None or not float(rate.count).is_integer():
+            raise ScenarioError(f"{where}.rate.{dest}: a whole number of deliveries per "
+                                "period, e.g. 3/10s")
+        d.rates[str(dest)] = (int(rate.count), rate.period)
+    spec = data.get("function")
+    if spec is not None:
+        d.function = _load_function(str(spec), base_dir, where)
+    return d
+
+
+def _load_function(spec: str, base_dir: str, where: str) -> Callable[..., str]:
+    """``module:PATH:NAME`` (PATH relative to the scenario file) or ``package.module:NAME``."""
+    import importlib
+    import importlib.util
+
+    text = spec.removeprefix("module:")
+    path, sep, name = text.rpartition(":")
+    if not sep or not name:
+        raise ScenarioError(f"{where}.function: write module:PATH:NAME or package.module:NAME")
+    try:
+        if spec.startswith("module:"):
+            full = path if os.path.isabs(path) else os.path.join(base_dir, path)
+            loaded = importlib.util.spec_from_file_location("pyqmgr_sim_delegation", full)
+            if loaded is None or loaded.loader is None:
+                raise ImportError(f"cannot load {full}")
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(path)
+        func = getattr(module, name)
+    except Exception as exc:  # noqa: BLE001 - a scenario's mistake, said as such
+        raise ScenarioError(f"{where}.function {spec!r}: {type(exc).__name__}: {exc}") \
+            from None
+    if not callable(func):
+        raise ScenarioError(f"{where}.function {spec!r} is not callable")
+    return func  # type: ignore[no-any-return]
 
 
 class ScenarioError(ValueError):
@@ -113,6 +194,8 @@ class Scenario:
     pyqmgr_cf: dict[str, str] = field(default_factory=dict)
     #: The scenario file's directory: relative response_rules paths start there.
     base_dir: str = "."
+    #: A delivery policy service to ask before each delivery (None: none).
+    delegation: Delegation | None = None
 
 
 def _latency(value: Any, where: str) -> Latency:
@@ -130,7 +213,7 @@ def _latency(value: Any, where: str) -> Latency:
     raise ScenarioError(f"{where}: unknown latency distribution {dist!r}")
 
 
-def parse(data: dict[str, Any]) -> Scenario:
+def parse(data: dict[str, Any], base_dir: str = ".") -> Scenario:
     sc = Scenario(seed=int(data.get("seed", 1)), duration=float(data.get("duration", 86400)),
                   title=str(data.get("title", "")))
     sc.main_cf = {str(k): str(v) for k, v in data.get("main_cf", {}).items()}
@@ -167,6 +250,8 @@ def parse(data: dict[str, Any]) -> Scenario:
                                        dest, str(m.get("name", ""))))
     if not sc.messages:
         raise ScenarioError("no [[messages]]")
+    if "delegation" in data:
+        sc.delegation = _delegation(data["delegation"], base_dir)
     return sc
 
 
@@ -178,6 +263,7 @@ def load(path: str) -> Scenario:
         raise ScenarioError(f"{path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
-    sc = parse(data)
-    sc.base_dir = os.path.dirname(os.path.abspath(path))
+    base_dir = os.path.dirname(os.path.abspath(path))
+    sc = parse(data, base_dir)
+    sc.base_dir = base_dir
     return sc

@@ -175,7 +175,9 @@ def test_reject_with_the_error_transport_dead_leaves_the_entry_queued():
     (e,) = take(s, 0.0)
     s.throttle_transport(ERROR, Dsn("4.3.0", "mail transport unavailable"), 0.0)
     assert not s.reject_to_error(e, Dsn("5.7.1", "no"), 0.0)
-    assert not e.busy and e.queue.todo.first() is e
+    assert e.busy, "still selected: the caller holds it back"
+    s.hold_back(e, 60.0, SETTING, "error transport unavailable", 0.0)
+    assert e.queue.todo.first() is e and e.queue.gate is not None
 
 
 @pytest.mark.parametrize("policy", POLICIES)
