@@ -409,12 +409,12 @@ class Delegation:
     def _hold_back(self, entry: Entry, svc: Service, delay: float, where: str,
                    why: str, now: float) -> None:
         am: ActiveMessage = entry.message.owner
-        text = f"{svc.name} {why}; held back {delay:g}s"
+        text = f"held back {delay:g}s: {svc.name} {why}"
         self.qmgr.log.info(f"{am.queue_id}: delivery to {where} {text}")
         transport = entry.queue.transport.name
         setting = self.setup.settings.which(SERVICE, transport) or SERVICE
         self.qmgr.scheduler.hold_back(entry, now + delay, setting,
-                                      f"{entry.queue.nexthop}: {text}", now)
+                                      f"{entry.queue.nexthop} {text}", now)
 
     # -- status ----------------------------------------------------------------------
 
