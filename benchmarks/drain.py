@@ -15,6 +15,12 @@ A fourth contender, *metrics*, is pyqmgr with its Prometheus exporter on
 benchmark, as a Prometheus server would, unless ``--no-metrics``: its ratio to plain
 pyqmgr in the same rounds is what the metrics cost (the target is within 5%).
 
+A fifth contender, *delegation*, is pyqmgr asking a local delivery policy service
+before every delivery (``delivery_policy_service`` in pyqmgr.cf, against the test bed's
+policy server answering ``DUNNO`` on loopback from a thread of this benchmark), unless
+``--no-delegation``: its qmgr CPU and drain time against plain pyqmgr are what
+delegation costs a delivery.
+
 Each round also reports the qmgr process's own scheduler accounting
 (``/proc/PID/schedstat``): time on a CPU, and time runnable but waiting for one. Their
 sum against the wall time says whether the qmgr was busy or waiting on other
@@ -31,9 +37,10 @@ import urllib.request
 
 from benchmarks import floor_qmgr
 from pyqmgr.testbed.instance import PostfixInstance, free_port, wait_until
+from pyqmgr.testbed.policy_server import FakePolicyServer
 
 #: Each round runs every contender once; the order rotates so none always goes first.
-CONTENDERS = ("stock", "pyqmgr", "metrics", "floor")
+CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor")
 #: Seconds between two scrapes of the metrics contender (Prometheus's tightest usual).
 SCRAPE_INTERVAL = 1.0
 
@@ -79,6 +86,18 @@ def drain_once(qmgr: str, n: int) -> tuple[float, float, float]:
     """(wall seconds, qmgr CPU seconds, qmgr run-queue seconds) for one drain."""
     port = free_port()
     pyqmgr_cf = {"metrics_listen": f"127.0.0.1:{port}"} if qmgr == "metrics" else None
+    service = FakePolicyServer(action="DUNNO").start() if qmgr == "delegation" else None
+    if service is not None:
+        pyqmgr_cf = {"delivery_policy_service": service.endpoint}
+    try:
+        return _drain(qmgr, n, port, pyqmgr_cf, service)
+    finally:
+        if service is not None:
+            service.stop()
+
+
+def _drain(qmgr: str, n: int, port: int, pyqmgr_cf: dict[str, str] | None,
+           service: FakePolicyServer | None) -> tuple[float, float, float]:
     with PostfixInstance(qmgr="stock" if qmgr == "stock" else "pyqmgr",
                          transports={"discard.example": "discard:"},
                          pyqmgr_cf=pyqmgr_cf) as pf:
@@ -109,6 +128,9 @@ def drain_once(qmgr: str, n: int) -> tuple[float, float, float]:
                 final = r.read().decode()
             if want not in final:
                 raise RuntimeError(f"the exporter does not show {want}")
+        if service is not None and service.request_count() != n:
+            raise RuntimeError(f"the policy service was asked {service.request_count()} "
+                               f"times for {n} deliveries")
         removed = len(pf.maillog.lines("postfix/qmgr", contains=": removed"))
         if removed != n:
             wait_until(lambda: len(pf.maillog.lines("postfix/qmgr", contains=": removed")) >= n,
@@ -124,9 +146,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the floor (a qmgr with no scheduler)")
     parser.add_argument("--no-metrics", action="store_true",
                         help="leave out pyqmgr with its Prometheus exporter on and scraped")
+    parser.add_argument("--no-delegation", action="store_true",
+                        help="leave out pyqmgr asking a local policy service")
     args = parser.parse_args(argv)
     contenders = tuple(c for c in CONTENDERS if not (c == "floor" and args.no_floor)
-                       and not (c == "metrics" and args.no_metrics))
+                       and not (c == "metrics" and args.no_metrics)
+                       and not (c == "delegation" and args.no_delegation))
     times: dict[str, list[float]] = {name: [] for name in contenders}
     cpu: dict[str, list[float]] = {name: [] for name in contenders}
     for r in range(args.rounds):
@@ -155,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
               f"qmgr CPU {metrics_cpu:.2f} s, ratio {metrics_cpu / ours_cpu:.3f}, "
               f"{1e6 * (metrics_cpu - ours_cpu) / args.messages:+.0f} us a message "
               "(target: within 5%)")
+    if "delegation" in times:
+        asked = statistics.median(times["delegation"])
+        asked_cpu = statistics.median(cpu["delegation"])
+        print(f"median pyqmgr asking a local policy service (DUNNO) {asked:.2f} s, ratio "
+              f"delegation/pyqmgr {asked / ours:.3f}, {1e6 * (asked - ours) / args.messages:+.0f}"
+              f" us a delivery; qmgr CPU {asked_cpu:.2f} s, ratio {asked_cpu / ours_cpu:.3f}, "
+              f"{1e6 * (asked_cpu - ours_cpu) / args.messages:+.0f} us a delivery")
     if "floor" in times:
         floor = statistics.median(times["floor"])
         floor_cpu = statistics.median(cpu["floor"])

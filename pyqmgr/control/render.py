@@ -50,6 +50,9 @@ def _state(item: dict[str, object]) -> str:
         if item.get("retry_in") is not None:
             text += f" (retry in {_seconds(item['retry_in'])})"
         return text
+    gate = item.get("gate")
+    if isinstance(gate, dict) and gate.get("kind") == "policy service":
+        return f"held back by the policy service (opens in {_seconds(gate.get('opens_in'))})"
     if item.get("rate_delayed_for") is not None:
         return f"rate delay (next in {_seconds(item['rate_delayed_for'])})"
     if item.get("rate_lock"):
@@ -92,6 +95,19 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     lines += _table(["TRANSPORT", "POLICY", "BUSY/LIMIT", "PENDING", "DESTS", "QUEUED",
                      "RCPTS", "STATE"], rows)
     lines.append("")
+    asking = [t for t in transports if isinstance(t.get("delivery_policy"), dict)]
+    if asking:
+        rows = []
+        for t in asking:
+            p = t["delivery_policy"]
+            assert isinstance(p, dict)
+            rows.append([_fmt(t.get("name")), _fmt(p.get("service"))]
+                        + [_fmt(p.get(k)) for k in ("asked", "deliver", "defer", "hold",
+                                                    "reject", "unknown", "errors",
+                                                    "connections")])
+        lines += _table(["TRANSPORT", "POLICY SERVICE", "ASKED", "DELIVER", "DEFER", "HOLD",
+                         "REJECT", "UNKNOWN", "ERRORS", "CONNECTIONS"], rows)
+        lines.append("")
     held = _dicts(reply.get("suspensions"))
     if held:
         lines += _table(["SUSPENDED", "BY", "ENDS IN", "REASON"],

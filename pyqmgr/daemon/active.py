@@ -171,7 +171,11 @@ class ActiveQueue:
             flags |= FLUSH_EACH | FLUSH_DFXP
         if st.st_mode & stat.S_IXGRP:
             flags |= FORCE_EXPIRE
-        return self._open(qid, flags, st.st_mode, st.st_size)
+        am = self._open(qid, flags, st.st_mode, st.st_size)
+        if am is not None:
+            # Where it came from (delivery policy delegation's attempt number).
+            am.extra["queue"] = queue
+        return am
 
     def _open(self, qid: str, flags: int, mode: int, size: int) -> ActiveMessage | None:
         path = f"active/{qid}"
@@ -528,6 +532,24 @@ class ActiveQueue:
             return
         if retry is not None:
             retry.deferred(am)
+
+    def hold(self, am: ActiveMessage) -> None:
+        """To hold/, as ``postsuper -h`` leaves a message (a policy service said HOLD).
+
+        Its last delivery under way has finished; its waiting recipients stay in the
+        file as they are, with no defer or bounce notice: ``postsuper -H`` releases it
+        to deferred/ and the next queue run delivers it as usual.
+        """
+        self._forget(am)
+        dst = mail_queue.queue_path("hold", am.queue_id, self.cfg.hash_queue_names,
+                                    self.cfg.hash_queue_depth)
+        try:
+            mail_queue.rename_path(am.path, dst)
+        except FileNotFoundError:
+            self.log.warning(f"{am.queue_id}: rename {am.path} to {dst}: "
+                             "No such file or directory")
+            return
+        self.log.info(f"{am.queue_id}: placed on hold")
 
     def remove(self, qid: str) -> None:
         path = f"active/{qid}"

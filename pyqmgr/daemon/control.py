@@ -50,6 +50,7 @@ from pyqmgr.control.protocol import (
     error_reply,
     ok_reply,
 )
+from pyqmgr.daemon.delegation import annotate
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.user_acl import UserAcl, UserAclError, configured_acl, login_name
@@ -388,7 +389,7 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
         command = request["command"]
         now = time.monotonic()
         if command == "status":
-            reply = scheduler_explain.status(qmgr.scheduler, now)
+            reply = annotate(scheduler_explain.status(qmgr.scheduler, now), qmgr.delegation)
             if qmgr.retry is not None:
                 reply["deferred_retry"] = qmgr.retry.status(now)
             return reply

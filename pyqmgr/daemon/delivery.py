@@ -22,8 +22,25 @@ from pyqmgr.postfix.deliver_request import PROTOCOL, DeliveryReply, decode_reply
 CONNECT_RETRY_DELAY = 0.01
 
 
+class Pending:
+    """What ``on_ready`` returns while a policy service is being asked about the entry.
+
+    The call then waits in state ``policy`` (reader off, no deadline: the policy
+    client's own timeout bounds the wait) until the daemon calls :meth:`AgentCall.resume`.
+    """
+
+    __slots__ = ()
+
+
+PENDING = Pending()
+
+
 class AgentCall:
-    """States: connecting -> waiting for the agent -> waiting for the reply -> done."""
+    """States: connecting -> waiting for the agent -> waiting for the reply -> done.
+
+    Between the agent's announcement and the request, ``rate`` (transport_rate_delay)
+    and ``policy`` (a delivery policy service is asked first) keep the agent waiting.
+    """
 
     __slots__ = ("loop", "path", "sock", "parser", "deadline", "state", "out",
                  "on_ready", "on_reply", "on_unavailable", "on_send_failed", "entry",
@@ -34,7 +51,7 @@ class AgentCall:
         loop: asyncio.AbstractEventLoop,
         path: str,
         timeout: float,
-        on_ready: Callable[[AgentCall], bytes | None],
+        on_ready: Callable[[AgentCall], bytes | Pending | None],
         on_reply: Callable[[AgentCall, DeliveryReply | None, str | None], None],
         on_unavailable: Callable[[AgentCall, str], None],
         on_send_failed: Callable[[AgentCall, str], None],
@@ -133,9 +150,27 @@ class AgentCall:
         if request is None:
             self.close()
             return
+        if isinstance(request, Pending):
+            if self.state != "rate":
+                self.loop.remove_reader(sock.fileno())
+            self.state = "policy"
+            return
         if self.state == "rate":
             self.deadline = time.monotonic() + self.timeout
             self.loop.add_reader(sock.fileno(), self._readable)
+        self.state = "reply"
+        self._send(request)
+
+    def resume(self, request: bytes | None) -> None:
+        """After a policy service answered: send ``request``, or close (nothing to do)."""
+        sock = self.sock
+        if sock is None or self.state != "policy":
+            return
+        if request is None:
+            self.close()
+            return
+        self.deadline = time.monotonic() + self.timeout
+        self.loop.add_reader(sock.fileno(), self._readable)
         self.state = "reply"
         self._send(request)
 

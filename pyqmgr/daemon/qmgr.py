@@ -28,7 +28,7 @@ from pyqmgr.daemon.active import (
     ActiveQueue,
     request_flags,
 )
-from pyqmgr.daemon.delivery import AgentCall
+from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending
 from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.suspensions import Suspensions
@@ -46,6 +46,7 @@ from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
 
 if TYPE_CHECKING:
+    from pyqmgr.daemon.delegation import Delegation
     from pyqmgr.daemon.metrics import DeliveryStats
 
 #: Messages fed per event-loop pass. Stock feeds one; a few amortise the loop's own
@@ -141,6 +142,8 @@ class Qmgr:
         self.metrics: DeliveryStats | None = None
         #: Retry jitter and recovery of deferred mail; None (stock) unless pyqmgr.cf.
         self.retry: RetryControl | None = None
+        #: Delivery policy delegation (pyqmgr.cf delivery_policy_service); None: off.
+        self.delegation: Delegation | None = None
 
     def use_policies(self, setup: PolicySetup) -> None:
         """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
@@ -396,6 +399,10 @@ class Qmgr:
         self.wakeup.set()
 
     def _message_done(self, am: ActiveMessage) -> None:
+        if "hold" in am.extra:
+            # A delivery policy service said HOLD: to hold/, nothing else done.
+            self.active.hold(am)
+            return
         if not self.active.try_quick_finish(am):
             self.spawn(self._finish(am))
 
@@ -420,7 +427,7 @@ class Qmgr:
             self.calls.add(call)
             call.start()
 
-    def _agent_ready(self, call: AgentCall) -> bytes | None:
+    def _agent_ready(self, call: AgentCall) -> bytes | Pending | None:
         """An agent announced itself: hand it the entry the scheduler picks."""
         name = call.entry
         assert isinstance(name, str)
@@ -433,6 +440,40 @@ class Qmgr:
         call.entry = entry
         call.selected = now
         self.dispatch()
+        if self.delegation is not None:
+            svc = self.delegation.service(name)
+            if svc is not None:
+                self.delegation.ask(call, entry, svc)
+                return PENDING
+        return self._request(entry)
+
+    def agent_deliver(self, call: AgentCall, entry: Entry) -> None:
+        """The policy service let the entry go: send its request as :meth:`_agent_ready`
+        would have."""
+        call.resume(self._request(entry))
+
+    def agent_next(self, call: AgentCall, name: str) -> None:
+        """The policy service held the agent's entry back: give the agent another."""
+        now = time.monotonic()
+        entry = self.scheduler.reselect(name, now)
+        self._process_decisions()
+        if entry is None:
+            self.calls.discard(call)
+            call.resume(None)
+            self.dispatch()
+            return
+        call.entry = entry
+        call.selected = now
+        self.dispatch()
+        assert self.delegation is not None
+        svc = self.delegation.service(name)
+        if svc is not None:
+            self.delegation.ask(call, entry, svc)
+        else:
+            call.resume(self._request(entry))
+
+    def _request(self, entry: Entry) -> bytes:
+        """The delivery request for a selected entry."""
         am: ActiveMessage = entry.message.owner
         recipients = entry.recipients
         verp = am.qf.verp_delims

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import control, metrics, suspensions
+from pyqmgr.daemon import control, delegation, metrics, suspensions
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
@@ -121,6 +121,8 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # Metrics are off unless pyqmgr.cf says where to serve them; then the exporter and
     # prometheus_client are imported now, before the chroot.
     metrics_cf = metrics.setup(pyqmgr_cf, cfg)
+    # Delivery policy delegation: every form of its settings checked now.
+    delegation_cf = delegation.setup(pyqmgr_cf)
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -144,7 +146,8 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
     return asyncio.run(_serve(cfg, log, status, flow, daemon, policies,
-                              access if control_dir else None, state, metrics_cf))
+                              access if control_dir else None, state, metrics_cf,
+                              delegation_cf))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
@@ -219,7 +222,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
                  policies: PolicySetup,
                  access: control.Access | None = None,
                  state: suspensions.StateFile | None = None,
-                 metrics_cf: metrics.MetricsSettings | None = None) -> int:
+                 metrics_cf: metrics.MetricsSettings | None = None,
+                 delegation_cf: delegation.DelegationSetup | None = None) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -247,6 +251,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         if metrics_cf is not None:
             # Counting from the first delivery.
             qmgr.metrics = metrics.DeliveryStats(transports=metrics_cf.transports)
+        if delegation_cf is not None:
+            qmgr.delegation = delegation.Delegation(qmgr, delegation_cf)
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
@@ -275,4 +281,7 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         exporter.close()
     with contextlib.suppress(Exception):
         qmgr.close()
+    if isinstance(qmgr, Qmgr) and qmgr.delegation is not None:
+        with contextlib.suppress(Exception):
+            qmgr.delegation.close()
     os._exit(code)

@@ -43,7 +43,9 @@ delivery). :meth:`DeliveryRequest.attrs` lists every attribute in the order sent
                            by recipient or recipient domain work
 ``recipient_count``        the number of recipients in this delivery
 ``queue_id``               the queue file's id
-``instance``               an id that is the same for every delivery of one message
+``instance``               unique per request (the queue id and a sequence number):
+                           each delivery is its own decision, so a server that keys
+                           anything on the instance never merges two deliveries
 ``size``                   the message size in bytes
 ``policy_context``         the configured context string (smtpd's
                            ``smtpd_policy_service_policy_context``), often empty

@@ -1068,3 +1068,99 @@ class Scheduler:
                 t.shapes.pop(name, None)
         if heap:
             self.gate_timers.append(heap[0][0])
+
+    # -- delivery policy delegation (pyqmgr.cf delivery_policy_service) ----------------
+    #
+    # The daemon asks a policy service before it sends a selected entry to its agent;
+    # while it waits, the entry stays selected (busy, inside the window). These turn the
+    # answer into scheduler state, synchronously and without I/O, so that the simulator
+    # applies a scenario's policy function through the very same calls.
+
+    def reselect(self, name: str, now: float) -> Entry | None:
+        """Another entry for an agent that already announced itself (and was counted).
+
+        :meth:`select` takes the announcement off the transport's pending count; an
+        agent whose first entry the policy service held back is not a new
+        announcement, so the count is given back first.
+        """
+        t = self.transports.get(name)
+        if t is not None:
+            t.pending += 1
+        return self.select(name, now)
+
+    def hold_back(self, entry: Entry, until: float, setting: str, text: str,
+                  now: float) -> None:
+        """The policy service said "not now": the entry waits, its destination too.
+
+        The selected entry goes back to its queue's todo list (its request never left)
+        and the queue is gated until ``until`` with a ``policy service`` gate, so no
+        agent is asked for it meanwhile; the gate heap reopens it. The recipients stay
+        in core: nothing is deferred to disk and nothing is logged per recipient. A
+        later gate already in force (a rate's spacing, a backoff) is kept. If the
+        destination or its transport died while the service was asked, the entry
+        follows the others of that queue to the retry transport.
+        """
+        self.now = now
+        queue = entry.queue
+        t = queue.transport
+        entry_unselect(entry)
+        if isinstance(t.policy, Nqmgr) and not t.broken:
+            t.policy.requeued(entry)
+        dsn = t.dsn if t.throttled else queue.dsn if queue.throttled else None
+        if dsn is not None:
+            self._defer_todo(queue, dsn)
+        shape = queue.shape
+        if shape is None:
+            # A transport without shaping gets the destination's shape on demand; it
+            # is kept by name like any shape, so a gate outlives an idle queue.
+            shape = t.shapes.get(queue.name)
+            if shape is None:
+                shape = t.shapes[queue.name] = Shape()
+            queue.shape = shape
+        if shape.gate is None or shape.gate.until < until:
+            self._close(queue, Gate("policy service", until, setting, text))
+        else:
+            t.sync(queue)
+
+    def reject_to_error(self, entry: Entry, dsn: Dsn, now: float) -> bool:
+        """The policy service rejected the delivery: its recipients go to error(8).
+
+        As stock routes an undeliverable recipient (``error`` transport, the DSN as
+        nexthop), so the error agent bounces them with the reply's status and text and
+        the usual ``status=bounced`` lines. False when the error transport is dead too:
+        the entry is then still selected and the caller holds it back instead.
+        """
+        self.now = now
+        err = self._error_queue(ERROR, dsn)
+        if err is None:
+            return False
+        entry_unselect(entry)
+        self._entry_move_todo(err, entry)
+        return True
+
+    def drop_message(self, entry: Entry, now: float) -> None:
+        """The message goes on hold: drop its waiting entries, none of them deferred.
+
+        ``entry`` is the selected one the service answered about; every other entry
+        of the message still waiting in core goes too, and no more recipients are
+        read from its file. Deliveries already under way finish as usual; when the
+        last one is back the message is finished (:attr:`finished`) and the daemon
+        moves the file to hold/ instead of deferring or removing it. Entries are found
+        through nqmgr's job peers where the transport runs nqmgr, else by a walk over
+        the transport's todo lists.
+        """
+        self.now = now
+        message = entry.message
+        message.more = False
+        entry_unselect(entry)
+        waiting: list[Entry] = []
+        for t in list(self.transports.values()):
+            job = message.jobs.get(t.name)
+            if type(t.policy) is Nqmgr:
+                if job is not None:
+                    waiting += [e for peer in list(job.peers)
+                                for e in peer.entries if not e.busy]
+                continue
+            waiting += [e for q in t.queues.values() for e in q.todo if e.message is message]
+        for e in waiting:
+            self._entry_done(e, busy=False)

@@ -25,6 +25,11 @@ def summary(sc: Scenario, res: Result) -> list[str]:
         out.append(f"{dest:<24} {res.sent.get(dest, 0):>8} {res.deferred.get(dest, 0):>8}"
                    f"{bounced} {res.deferral_rate(dest):>7.1%} "
                    f"{res.mean_concurrency(dest):>9.2f} {max_window:>10}")
+    if sc.delegation is not None:
+        held = ", ".join(f"{d} {n}" for d, n in sorted(res.held_back.items())) or "none"
+        out.append(f"policy service: {res.asked} questions; held back: {held}; "
+                   f"messages on hold: {res.held}; recipients rejected to error(8): "
+                   f"{sum(res.rejected.values())}")
     if sc.retry_deferred:
         out += deferred(res)
     return out

@@ -69,6 +69,16 @@ contenders = ["stock", "pyqmgr:nqmgr"]  # default --with list
 minimal_backoff_time = "2s"  # (e.g. short backoffs so that deferred mail comes back
 queue_run_delay = "1s"       #  within the run)
 
+[delegation]               # a delivery policy service, asked before each delivery
+rate = {"example.com" = "3/10s"}   # per destination, as postfwd's rate(): at most N
+                           # deliveries in a window of T that opens at the first one
+reply = "450 4.7.1 too many deliveries"   # what a request beyond the rate gets
+function = "module:/abs/path.py:decide"   # or your own: decide(request, now) -> action,
+                           # request being the policy attributes pyqmgr sends (a dict)
+defer_delay = 60           # delivery_policy_defer_delay (seconds)
+reject = "defer"           # delivery_policy_reject: defer or bounce
+latency = 0.0              # seconds the service takes to answer
+
 [[messages]]
 at = 0                     # arrival time
 count = 1                  # this many such messages ...
@@ -91,11 +101,12 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyqmgr.scheduler.feedback import ROUNDINGS
+from pyqmgr.scheduler.shaping import ShapingError, parse_rate
 
 OVERLOADS = ("421", "connect-timeout", "greeting-timeout")
 DEAD_MODES = ("refused", "timeout")
@@ -108,6 +119,75 @@ DEFAULT_SENDER_DOMAIN = "senders.test.example"
 DEFAULT_SIZE = 600
 
 Key = tuple[str | int, ...]
+
+
+@dataclass
+class Delegation:
+    """The scenario's delivery policy service: a rate per destination, or a function."""
+
+    rates: dict[str, tuple[int, float]] = field(default_factory=dict)
+    reply: str = "450 4.7.1 too many deliveries"
+    #: ``decide(request: dict, now: float) -> str`` (an action), or None.
+    function: Callable[[dict[str, object], float], str] | None = None
+    defer_delay: float = 60.0
+    reject: str = "defer"
+    latency: float = 0.0
+
+
+def _delegation(data: dict[str, Any], base_dir: str) -> Delegation:
+    where = "delegation"
+    d = Delegation(reply=str(data.get("reply", Delegation.reply)),
+                   defer_delay=float(data.get("defer_delay", 60)),
+                   reject=str(data.get("reject", "defer")),
+                   latency=float(data.get("latency", 0)))
+    if d.reject not in ("defer", "bounce"):
+        raise ScenarioError(f"{where}.reject must be defer or bounce")
+    if not 1 <= d.defer_delay <= 86400:
+        raise ScenarioError(f"{where}.defer_delay must be 1 to 86400 seconds")
+    rates = data.get("rate", {})
+    if not isinstance(rates, dict):
+        raise ScenarioError(f"{where}.rate must be a table: destination = \"N/PERIOD\"")
+    for dest, text in rates.items():
+        try:
+            rate = parse_rate(str(text), f"{where}.rate.{dest}")
+        except ShapingError as exc:
+            raise ScenarioError(str(exc)) from None
+        if rate is None or not float(rate.count).is_integer():
+            raise ScenarioError(f"{where}.rate.{dest}: a whole number of deliveries per "
+                                "period, e.g. 3/10s")
+        d.rates[str(dest)] = (int(rate.count), rate.period)
+    spec = data.get("function")
+    if spec is not None:
+        d.function = _load_function(str(spec), base_dir, where)
+    return d
+
+
+def _load_function(spec: str, base_dir: str, where: str) -> Callable[..., str]:
+    """``module:PATH:NAME`` (PATH relative to the scenario file) or ``package.module:NAME``."""
+    import importlib
+    import importlib.util
+
+    text = spec.removeprefix("module:")
+    path, sep, name = text.rpartition(":")
+    if not sep or not name:
+        raise ScenarioError(f"{where}.function: write module:PATH:NAME or package.module:NAME")
+    try:
+        if spec.startswith("module:"):
+            full = path if os.path.isabs(path) else os.path.join(base_dir, path)
+            loaded = importlib.util.spec_from_file_location("pyqmgr_sim_delegation", full)
+            if loaded is None or loaded.loader is None:
+                raise ImportError(f"cannot load {full}")
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(path)
+        func = getattr(module, name)
+    except Exception as exc:  # noqa: BLE001 - a scenario's mistake, said as such
+        raise ScenarioError(f"{where}.function {spec!r}: {type(exc).__name__}: {exc}") \
+            from None
+    if not callable(func):
+        raise ScenarioError(f"{where}.function {spec!r} is not callable")
+    return func  # type: ignore[no-any-return]
 
 
 class ScenarioError(ValueError):
@@ -226,12 +306,14 @@ class Scenario:
     compare: CompareSettings = field(default_factory=CompareSettings)
     #: The file it came from ("" when built from a dict).
     path: str = ""
+    #: A delivery policy service to ask before each delivery (None: none).
+    delegation: Delegation | None = None
 
 
 # -- typed reads that name the key ----------------------------------------------------
 
 _TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "transports",
-        "destinations", "deferred", "messages", "compare"}
+        "destinations", "deferred", "messages", "compare", "delegation"}
 _SCHEDULER = {"feedback_rounding", "policy"}
 _TRANSPORT = {"process_limit"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
@@ -337,7 +419,7 @@ def _dist(value: Any, key: Key, what: str = "latency") -> Latency:
 # -- the parser -----------------------------------------------------------------------
 
 
-def parse(data: dict[str, Any]) -> Scenario:
+def parse(data: dict[str, Any], base_dir: str = ".") -> Scenario:
     """A scenario from a parsed TOML document; ScenarioError names the bad key."""
     _known(data, _TOP, ())
     sc = Scenario(seed=_number(data, "seed", (), 1, integer=True),
@@ -379,6 +461,11 @@ def parse(data: dict[str, Any]) -> Scenario:
         raise ScenarioError("deferred.retry must be true or false", ("deferred", "retry"))
     sc.retry_deferred = retry
     sc.compare = _compare(_table(data, "compare", ()))
+    if "delegation" in data:
+        delegation = data["delegation"]
+        if not isinstance(delegation, dict):
+            raise ScenarioError("delegation must be a table", ("delegation",))
+        sc.delegation = _delegation(delegation, base_dir)
     return sc
 
 
@@ -565,7 +652,7 @@ def load(path: str) -> Scenario:
                                 line=int(m.group(1))) from None
         raise ScenarioError(f"{path}: {msg}: not valid TOML") from None
     try:
-        sc = parse(data)
+        sc = parse(data, os.path.dirname(os.path.abspath(path)))
     except ScenarioError as exc:
         at = locate(text, exc.key) if exc.key else None
         where = f"{path}, line {at}" if at else path

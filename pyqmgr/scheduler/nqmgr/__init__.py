@@ -133,6 +133,16 @@ class Nqmgr(Policy):
         nq.peer.entries.prepend(nq.peer_node)
         nq.peer.job.selected_entries -= 1
 
+    def requeued(self, entry: Entry) -> None:
+        """An unselected entry stays todo for a while (a policy service's DEFER).
+
+        Stock only unselects right before the whole transport is deferred, so a job
+        whose last entry was selected is retired and nothing relinks it; an entry that
+        waits in todo needs its job back on the lists (and its caches reset), as a new
+        recipient batch would do.
+        """
+        job_obtain(entry.message, self)
+
     def done(self, entry: Entry, busy: bool) -> None:
         nq = cast(NqEntry, entry)
         peer = nq.peer
