@@ -352,6 +352,12 @@ def test_check_judges_the_values_as_the_daemon_would(trusted_base, postfix, tmp_
         assert "the daemon would refuse to start: " in proc.stdout, (text, proc.stdout)
         assert error in proc.stdout, (text, proc.stdout)
         assert cf in proc.stdout or rules in proc.stdout
+    # install refuses what check reports, and leaves master.cf alone.
+    before = open(os.path.join(pf.config_dir, "master.cf")).read()
+    write_cf(pf, "smtp_destination_rate = fast\n")
+    proc = run("install", "--config-dir", pf.config_dir)
+    assert proc.returncode != 0 and "the daemon would refuse to start: " in proc.stderr
+    assert open(os.path.join(pf.config_dir, "master.cf")).read() == before
     write_cf(pf, f"smtp_destination_rate = 10/1s\nsmtp_response_rules = {rules}\n")
     with open(rules, "w") as f:
         f.write("/ok/ throttle window=0.9\n")
