@@ -277,19 +277,20 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
                                                   files)) + len(ours)
     if settings is not None and cfg is not None and not report.problems:
         # The values, as the daemon's start-up judges them: policies, shaping, rules
-        # files, retry and metrics settings. Only once everything is trusted, since a
-        # module: policy is code that this imports.
+        # files, retry, metrics and delivery policy delegation settings. Only once
+        # everything is trusted, since a module: policy is code that this imports.
         report.problems += _settings_problems(settings, cfg)
     return report
 
 
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
-    from pyqmgr.daemon import metrics
+    from pyqmgr.daemon import delegation, metrics
     from pyqmgr.daemon.policies import policy_setup
     from pyqmgr.scheduler.policy import PolicyError
 
     problems: list[str] = []
-    for check in (lambda: policy_setup(settings, cfg), lambda: metrics.setup(settings, cfg)):
+    for check in (lambda: policy_setup(settings, cfg), lambda: metrics.setup(settings, cfg),
+                  lambda: delegation.setup(settings)):
         try:
             check()
         except (PyqmgrCfError, PolicyError, ConfigError) as exc:

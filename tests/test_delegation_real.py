@@ -307,9 +307,11 @@ def test_reject_bounces_only_when_told_to(postfix_instance, sink, policy_server)
 def test_a_bad_setting_is_fatal_and_names_the_parameter(postfix_instance, sink):
     srv: SinkServer = sink()
     pf: PostfixInstance = postfix_instance(
-        qmgr="pyqmgr", start=False, transports={"d.example": f"smtp:[127.0.0.1]:{srv.port}"},
-        pyqmgr_cf={"delivery_policy_service": "inet:127.0.0.1:10040",
-                   "smtp_delivery_policy_timeout": "soon"})
+        qmgr="pyqmgr", start=False, transports={"d.example": f"smtp:[127.0.0.1]:{srv.port}"})
+    # After 'pyqmgr install', which refuses such a value as 'pyqmgr check' reports it:
+    # what is tested here is the daemon's own refusal at start-up.
+    pf.write_pyqmgr_cf({"delivery_policy_service": "inet:127.0.0.1:10040",
+                        "smtp_delivery_policy_timeout": "soon"})
     pf.start()
     (qid,) = pf.smtp_send([(SENDER, ["r@d.example"])])
     fatal = pf.maillog.wait_for(lambda ln: ln.program_name == "qmgr" and ln.severity == "fatal",

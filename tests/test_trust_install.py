@@ -344,6 +344,8 @@ def test_check_judges_the_values_as_the_daemon_would(trusted_base, postfix, tmp_
          f"{rules}, line 2: window: a factor between 0 and 1"),
         ("metrics_listen = 0.0.0.0:9155\n", "is not a loopback address"),
         ("deferred_retry_jitter = soon\n", "deferred_retry_jitter"),
+        ("delivery_policy_service = inet:127.0.0.1:10040\n"
+         "smtp_delivery_policy_timeout = soon\n", "smtp_delivery_policy_timeout"),
     ]
     for text, error in cases:
         cf = write_cf(pf, text)
