@@ -401,21 +401,23 @@ _JOBS_DESCRIPTION = (
 
 
 def parse_duration(text: str) -> float:
-    """A TTL as Postfix writes time: a number with s, m, h, d or w (bare: seconds)."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    text = text.strip().lower()
-    unit = 1
-    if text and text[-1] in units:
-        unit = units[text[-1]]
-        text = text[:-1]
+    """argparse type: a TTL as Postfix writes time (90s, 15m, 2h, 1d, 1w; bare: seconds).
+
+    The shaping settings' reader (:func:`pyqmgr.scheduler.shaping.parse_duration`),
+    with argparse's error type and a bound on absurd values.
+    """
+    from pyqmgr.scheduler.shaping import ShapingError
+    from pyqmgr.scheduler.shaping import parse_duration as duration
+
     try:
-        value = float(text)
-    except ValueError:
+        value = duration(text, "ttl")
+    except ShapingError:
         raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (examples: 90s, 15m, 2h, 1d)") from None
-    if not value > 0 or value != value or value * unit > 1e9:
-        raise argparse.ArgumentTypeError("a duration must be more than 0")
-    return value * unit
+            f"not a duration: {text.strip().lower()!r} (examples: 90s, 15m, 2h, 1d)"
+        ) from None
+    if value > 1e9:
+        raise argparse.ArgumentTypeError("a duration must be more than 0 and under 30 years")
+    return value
 
 
 def _control(args: argparse.Namespace) -> int:

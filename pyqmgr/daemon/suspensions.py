@@ -116,15 +116,10 @@ class StateFile:
         """The suspensions still in force; those that ended meanwhile are logged."""
         try:
             fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            log.warning(f"{self._log_path()}: {exc.strerror}; starting without the "
-                        "operator suspensions it keeps")
-            return []
-        try:
             with os.fdopen(fd, "rb") as f:
                 data = f.read(MAX_STATE_BYTES + 1)
+        except FileNotFoundError:
+            return []
         except OSError as exc:
             log.warning(f"{self._log_path()}: {exc.strerror}; starting without the "
                         "operator suspensions it keeps")
