@@ -383,3 +383,18 @@ def test_bad_tolerate(value):
     with pytest.raises(ShapingError) as err:
         parse_rule(f"/a/ throttle tolerate={value}", "r")
     assert "tolerate" in str(err.value)
+
+
+def test_a_rules_file_too_large_not_utf8_or_missing_is_refused(tmp_path):
+    from pyqmgr.scheduler.shaping import load_rules
+
+    big = tmp_path / "big"
+    big.write_bytes(b"# padding\n" * 200)
+    with pytest.raises(ShapingError, match="larger than 1000 bytes"):
+        load_rules(str(big), max_bytes=1000)
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"/a/ throttle\n\xff\xfe\n")
+    with pytest.raises(ShapingError, match="not UTF-8"):
+        load_rules(str(binary))
+    with pytest.raises(ShapingError, match="No such file"):
+        load_rules(str(tmp_path / "missing"))
