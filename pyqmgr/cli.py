@@ -174,6 +174,112 @@ def _compare(args: argparse.Namespace) -> int:
     return COMPARE_OK if drained else COMPARE_NOT_DRAINED
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from pyqmgr.compare.contender import ContenderError, parse_contenders
+    from pyqmgr.postfix.config import ConfigError
+    from pyqmgr.replay import Options, replay
+    from pyqmgr.replay import report as replay_report
+    from pyqmgr.replay.workload import write
+    from pyqmgr.simulator.scenario import Scenario
+
+    def fail(text: str) -> int:
+        print(f"pyqmgr replay: {text}", file=sys.stderr)
+        return 1
+
+    for path in args.maillog:
+        if not os.path.isfile(path):
+            return fail(f"{path}: no such file")
+    try:
+        contenders = parse_contenders(args.contenders or ["stock"])
+        main_cf, limits = _replay_config(args.config_dir, args.settings)
+    except (ContenderError, ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    opts = Options(contenders, main_cf, limits, not args.no_hash,
+                   args.hash_key.encode() if args.hash_key else None, args.year,
+                   args.instance or [], args.seed)
+    progress = None
+    if sys.stderr.isatty() and not args.json:
+        def progress(text: str) -> None:
+            print(f"\r\033[K{text}", end="", file=sys.stderr, flush=True)
+    workloads: dict[str, Scenario] = {}
+    try:
+        report = replay(args.maillog, opts, progress, workloads)
+    except ValueError as exc:  # a bad -o value met by the simulator's configuration
+        return fail(str(exc))
+    finally:
+        if progress is not None:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+    if args.write_workload:
+        several = len(workloads) > 1
+        for name, sc in workloads.items():
+            where = os.path.join(args.write_workload, name.replace("/", "_")) if several \
+                else args.write_workload
+            report.setdefault("workloads", {})[name] = write(sc, where)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print("\n".join(replay_report.text(report)))
+        for name, path in report.get("workloads", {}).items():
+            print(f"workload of {name}: {path}")
+    if not report["instances"]:
+        print("pyqmgr replay: no Postfix message was found in the log"
+              + (" for --instance " + ", ".join(args.instance) if args.instance else ""),
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def _replay_config(config_dir: str | None,
+                   settings: list[str]) -> tuple[dict[str, str], dict[str, int]]:
+    """main.cf settings and master.cf process limits for the simulation."""
+    from pyqmgr.postfix.config import ConfigError, QmgrConfig, parse_main_cf, split_nameval
+    from pyqmgr.postfix.master_cf import load_master_cf
+
+    main_cf: dict[str, str] = {}
+    limits: dict[str, int] = {}
+    if config_dir is not None:
+        path = os.path.join(config_dir, "main.cf")
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                main_cf, _ = parse_main_cf(f.read(), path)
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc.strerror}") from None
+    for text in settings:
+        try:
+            name, value = split_nameval(text)
+        except ValueError as exc:
+            raise ConfigError(f"-o {text!r}: {exc}") from None
+        main_cf[name] = value
+    cfg = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
+                               hostname="replay.example")
+    if config_dir is not None:
+        master = load_master_cf(config_dir, default_process_limit=cfg.default_process_limit)
+        for svc in master.services:
+            if svc.type == "unix" and svc.command in ("smtp", "lmtp", "local", "virtual",
+                                                      "pipe"):
+                limits[svc.service] = svc.process_limit or 0
+    return main_cf, {k: v for k, v in limits.items() if v}
+
+
+_REPLAY_DESCRIPTION = """\
+Read Postfix maillogs and replay what they show in the simulator: the same arrivals
+(time, size, recipients per domain), each destination as it behaved (how long a
+recipient took, 421 session limits and rate replies, down times, and each
+recipient's own 4xx/5xx answers try by try), under the schedulers you choose. The
+report sets each choice's figures per destination next to the log's: recipients
+sent, deferred tries, bounced, and the p50/p95 delay from arrival.
+
+Reads syslog and postlogd (maillog_file) formats, RFC 3339 time stamps too, plain or
+.gz, rotated files in any order (mail.log.2.gz mail.log.1 mail.log), several days and
+several instances (host and syslog_name) told apart. Lines it cannot use (other
+programs', garbage, cut short, back in time) are skipped and counted in the report.
+Sender addresses are hashed in the derived workload unless --no-hash.
+
+contenders (--with, repeat it): stock (the log's own nqmgr; the default), oqmgr,
+pyqmgr:POLICY[,name=value...] as in 'pyqmgr compare'.
+"""
+
+
 def _scale(text: str) -> float:
     """argparse type: a time scale, more than 0."""
     try:
@@ -501,6 +607,45 @@ def main(argv: list[str] | None = None) -> int:
                    help="scheduler_policy for every transport, overriding the scenario's: "
                         "nqmgr (stock), oqmgr, finch, zmailer, or module:/path/file.py")
     p.set_defaults(func=_simulate)
+
+    p = sub.add_parser(
+        "replay", help="replay a real maillog in the simulator under chosen schedulers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_REPLAY_DESCRIPTION,
+        epilog=("examples:\n"
+                "  pyqmgr replay /var/log/mail.log* --config-dir /etc/postfix\n"
+                "  pyqmgr replay mail.log --with stock --with pyqmgr:finch "
+                "--write-workload wl/\n"
+                "  pyqmgr compare wl/workload.toml --time-scale 0.01   "
+                "# the same on real Postfix\n\n"
+                "exit status: 0 replayed, 1 bad arguments, 2 no Postfix mail in the log"))
+    p.add_argument("maillog", nargs="+", help="maillog files (plain or .gz)")
+    p.add_argument("--with", dest="contenders", action="append", metavar="CONTENDER",
+                   help="a scheduler to simulate (repeat): stock, oqmgr or "
+                        "pyqmgr:POLICY[,name=value...]; default stock")
+    p.add_argument("--config-dir", metavar="DIR",
+                   help="the logged instance's config_directory: its main.cf (backoff "
+                        "times, concurrency limits...) and master.cf process limits")
+    p.add_argument("-o", dest="settings", action="append", default=[],
+                   metavar="NAME=VALUE", help="a main.cf setting for the simulation "
+                                              "(repeat; over --config-dir's)")
+    p.add_argument("--instance", action="append", metavar="NAME",
+                   help="replay only this instance: HOST/SYSLOG_NAME or SYSLOG_NAME "
+                        "(repeat); default all")
+    p.add_argument("--year", type=int, metavar="YEAR",
+                   help="year of the first line, for time stamps without one (default: "
+                        "from the file's modification time)")
+    p.add_argument("--write-workload", metavar="DIR",
+                   help="write the derived workload (workload.toml, arrivals.csv) to DIR, "
+                        "for pyqmgr simulate and pyqmgr compare")
+    p.add_argument("--no-hash", action="store_true",
+                   help="keep sender addresses as logged in the workload")
+    p.add_argument("--hash-key", metavar="TEXT",
+                   help="key of the address hashes, for the same hashes in every run "
+                        "(default: a random one per run)")
+    p.add_argument("--seed", type=int, default=1, help="random seed of the simulation")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.set_defaults(func=_replay)
 
     p = sub.add_parser(
         "compare", help="run a workload under stock, oqmgr and pyqmgr on real Postfix and "

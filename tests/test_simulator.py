@@ -198,8 +198,10 @@ def test_jitter_spreads_the_deferred_mail_over_scans():
     assert busiest * 2 < 1000
     assert back[0] * 3 < 1000
     assert res.sent == {"returning.example": 1000} and res.still_deferred == 0
-    # Never earlier than stock: nothing comes back in the scan at 300 s.
-    assert res.scans[0][0] > 300
+    # Never earlier than stock: the scan at 300 s takes a file whose retry time is at
+    # most a second away, as stock does, so only mail jittered by under 2 s of the
+    # 900 (about 2 of the 1,000) comes back then.
+    assert dict(res.scans).get(300, 0) <= 10
 
 
 def test_recovery_brings_the_deferred_mail_forward_when_the_destination_is_back():

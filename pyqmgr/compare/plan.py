@@ -16,7 +16,13 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from pyqmgr.simulator.scenario import Destination, Latency, Scenario, ScenarioError
+from pyqmgr.simulator.scenario import (
+    Destination,
+    MessageSpec,
+    Scenario,
+    ScenarioError,
+    TraceMessage,
+)
 
 #: Recipient addresses of a compare run: CLASS.mMESSAGE.rRECIPIENT@DOMAIN.
 ADDRESS = re.compile(r"^(?P<klass>[A-Za-z0-9_]+)\.m(?P<mid>\d+)\.r(?P<rcpt>\d+)@"
@@ -63,6 +69,8 @@ class Plan:
     destinations: dict[str, Destination]
     #: Domains of the envelope senders (bounce notices go to discard:).
     sender_domains: list[str] = field(default_factory=list)
+    #: Replayed recipients' answers at RCPT, try by try (address -> d/b/s script).
+    scripts: dict[str, str] = field(default_factory=dict)
 
     @property
     def recipients(self) -> int:
@@ -74,14 +82,6 @@ class Plan:
     def never_deliver(self) -> set[str]:
         """Destinations dead for the whole run: their mail is only ever deferred."""
         return {d.name for d in self.destinations.values() if d.dead}
-
-
-def draw(dist: Latency, rng: random.Random) -> float:
-    if dist.dist == "uniform":
-        return rng.uniform(dist.low, dist.high)
-    if dist.dist == "exponential":
-        return rng.expovariate(1.0 / dist.mean) if dist.mean > 0 else 0.0
-    return dist.value
 
 
 def _scaled(d: Destination, scale: float) -> Destination:
@@ -132,20 +132,32 @@ def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
     main_cf.update(sc.compare.main_cf)
 
     rng = random.Random(f"compare sizes {sc.seed}")
-    pending = []
-    for index, spec in enumerate(sc.messages):
-        for k in range(spec.count):
-            pending.append((spec.at + k * spec.every, index, k, spec))
+    pending: list[tuple[float, int, int, MessageSpec | TraceMessage]] = []
+    for index, ms in enumerate(sc.messages):
+        for k in range(ms.count):
+            pending.append((ms.at + k * ms.every, index, k, ms))
+    pending += [(m.at, len(sc.messages), i, m) for i, m in enumerate(sc.trace)]
     pending.sort(key=lambda p: (p[0], p[1], p[2]))
     arrivals = []
+    scripts: dict[str, str] = {}
     for mid, (at, _, _, spec) in enumerate(pending):
         rcpts: list[str] = []
-        for dest, n in spec.destinations():
-            rcpts += [address(spec.klass, mid, len(rcpts) + j, dest) for j in range(n)]
-        arrivals.append(Arrival(mid, at * scale, spec.klass, spec.sender,
-                                max(1, int(draw(spec.size, rng))), tuple(rcpts)))
+        if isinstance(spec, TraceMessage):
+            for dest, n, script in spec.recipients:
+                for _ in range(n):
+                    rcpts.append(address(spec.klass, mid, len(rcpts), dest))
+                    if script:
+                        scripts[rcpts[-1]] = script
+            size = spec.size
+        else:
+            for dest, n in spec.destinations():
+                rcpts += [address(spec.klass, mid, len(rcpts) + j, dest) for j in range(n)]
+            size = max(1, int(spec.size.draw(rng)))
+        arrivals.append(Arrival(mid, at * scale, spec.klass, spec.sender, size,
+                                tuple(rcpts)))
     transports = {d.transport for d in sc.destinations.values()} | set(sc.process_limits)
     limits = {t: sc.process_limits.get(t, 0) for t in sorted(transports)}
-    senders = sorted({spec.sender.rpartition("@")[2].lower() for spec in sc.messages})
+    senders = sorted({a.sender.rpartition("@")[2].lower() for a in arrivals})
     return Plan(sc, scale, arrivals, main_cf, limits,
-                {name: _scaled(d, scale) for name, d in sc.destinations.items()}, senders)
+                {name: _scaled(d, scale) for name, d in sc.destinations.items()}, senders,
+                scripts)

@@ -37,7 +37,7 @@ from typing import Any
 
 from pyqmgr.compare.contender import Contender
 from pyqmgr.compare.figures import DeliveryLine, parse_delivery
-from pyqmgr.compare.plan import Arrival, Plan, draw, parse_address
+from pyqmgr.compare.plan import Arrival, Plan, parse_address
 from pyqmgr.simulator.scenario import Destination
 from pyqmgr.testbed.instance import PostfixInstance, TestbedError
 from pyqmgr.testbed.sink import SinkServer
@@ -64,7 +64,8 @@ def _unit(*parts: object) -> float:
 class _Host:
     """One destination's port on loopback, as the workload says it behaves."""
 
-    def __init__(self, dest: Destination, seed: int) -> None:
+    def __init__(self, dest: Destination, seed: int,
+                 scripts: dict[str, str] | None = None) -> None:
         self.dest = dest
         self.sink: SinkServer | None = None
         self._socks: list[socket.socket] = []
@@ -92,10 +93,16 @@ class _Host:
         attempts: dict[str, int] = {}
 
         def latency(addr: str) -> float:
-            return draw(dest.latency, rng)
+            return dest.latency.draw(rng)
 
         def reply(addr: str) -> str | None:
             n = attempts[addr] = attempts.get(addr, 0) + 1
+            script = scripts.get(addr) if scripts else None
+            if script is not None:
+                # A replayed recipient answers its nth try as the log shows it did.
+                code = script[n - 1] if n <= len(script) else "s"
+                return dest.rcpt_4xx_reply if code == "d" else \
+                    dest.rcpt_5xx_reply if code == "b" else None
             if dest.rcpt_5xx and _unit(seed, "5xx", addr) < dest.rcpt_5xx:
                 return dest.rcpt_5xx_reply
             if dest.rcpt_4xx and _unit(seed, "4xx", addr, n) < dest.rcpt_4xx:
@@ -372,7 +379,7 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
                               "timeout": timeout, "error": None}
     try:
         for name, dest in plan.destinations.items():
-            hosts[name] = _Host(dest, sc.seed)
+            hosts[name] = _Host(dest, sc.seed, plan.scripts)
         transports = {name: f"{h.dest.transport}:[127.0.0.1]:{h.port}"
                       for name, h in hosts.items()}
         transports.update({dom: "discard:" for dom in plan.sender_domains})

@@ -31,7 +31,7 @@ import itertools
 import os
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pyqmgr.daemon.retry import Registry, RetrySettings, retry_settings
@@ -44,7 +44,13 @@ from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.shaping import RULES, ShapingError, ShapingTable
-from pyqmgr.simulator.scenario import Destination, Scenario, ScenarioError
+from pyqmgr.simulator.scenario import (
+    Destination,
+    MessageSpec,
+    Scenario,
+    ScenarioError,
+    TraceMessage,
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,9 @@ class Result:
     deferred: dict[str, int] = field(default_factory=dict)
     #: Recipients a destination answered with a 5xx (``rcpt_5xx``).
     bounced: dict[str, int] = field(default_factory=dict)
+    #: Per destination: each sent recipient's delay from its message's arrival (the
+    #: maillog's ``delay``), for messages that count (an arrivals file's measured).
+    delays: dict[str, list[float]] = field(default_factory=dict)
     log: list[tuple[float, str, str]] = field(default_factory=list)
     end_time: float = 0.0
     decisions: int = 0
@@ -127,10 +136,11 @@ class _Server:
 
 class _SimMessage:
     __slots__ = ("sched", "routes", "pos", "destination", "arrival", "retry", "waits",
-                 "_by_rcpt")
+                 "_by_rcpt", "scripts", "tries", "measured")
 
     def __init__(self, sched: Message, routes: list[Route], destination: str,
-                 arrival: float = 0.0) -> None:
+                 arrival: float = 0.0, scripts: dict[int, str] | None = None,
+                 measured: bool = True) -> None:
         self.sched = sched
         self.routes = routes
         self.pos = 0
@@ -142,6 +152,20 @@ class _SimMessage:
         self.retry: list[Route] = []
         self.waits: set[tuple[str, str]] = set()
         self._by_rcpt: dict[int, Route] | None = None
+        #: Recipients (by offset) that answer as a replayed log's did, try by try.
+        self.scripts = scripts
+        self.tries: dict[int, int] = {}
+        self.measured = measured
+
+    def answer(self, rcpt: Recipient) -> str | None:
+        """The scripted answer to this try of a recipient: 2xx, 4xx, 5xx; None: none."""
+        if self.scripts is None or rcpt.offset not in self.scripts:
+            return None
+        script = self.scripts[rcpt.offset]
+        n = self.tries.get(rcpt.offset, 0)
+        self.tries[rcpt.offset] = n + 1
+        code = script[n] if n < len(script) else "s"
+        return "4xx" if code == "d" else "5xx" if code == "b" else "2xx"
 
     def route_of(self, rcpt: Recipient) -> Route:
         if self._by_rcpt is None:
@@ -190,8 +214,12 @@ def retry_table(sc: Scenario) -> RetrySettings | None:
 
 
 class Engine:
-    def __init__(self, scenario: Scenario, seed: int | None = None) -> None:
+    def __init__(self, scenario: Scenario, seed: int | None = None,
+                 record: bool = True) -> None:
         self.sc = scenario
+        #: Keep every delivery and window change (the trace, plots); a replay of
+        #: millions of deliveries keeps only the counts and delays.
+        self.record = record
         seed = scenario.seed if seed is None else seed
         self.rng = random.Random(seed)
         text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
@@ -208,7 +236,7 @@ class Engine:
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
-        self.incoming: list[_SimMessage] = []
+        self.incoming: deque[_SimMessage] = deque()
         self.active = 0
         #: Per transport: processes delivering or announced, and agents waiting for one.
         self.busy_procs: dict[str, int] = {}
@@ -218,6 +246,7 @@ class Engine:
         #: Each destination's server: sessions open and connections waiting.
         self.servers: dict[str, _Server] = {}
         self.result = Result()
+        self._last_end: float | None = None
         self._serial = itertools.count(1)
         #: The deferred-queue model (``[deferred] retry``): queue id -> (retry time,
         #: message), the next scan, the jitter's own random numbers (so that turning it
@@ -240,11 +269,46 @@ class Engine:
     def at(self, when: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (when, next(self._seq), action))
 
-    def run(self) -> Result:
+    def _arrivals(self) -> Iterator[tuple[float, int, Callable[[], None]]]:
+        """Every arrival in time order, each with the sequence number it would have
+        had pushed up front (spec by spec, then the arrivals file), so that arrivals
+        made one at a time keep the same order among events of the same time."""
+        streams: list[Iterator[tuple[float, int, Callable[[], None]]]] = []
+        offset = 0
         for spec in self.sc.messages:
-            for k in range(spec.count):
-                self.at(spec.at + k * spec.every, self._arrival(spec.destinations(),
-                                                                spec.name, k))
+            streams.append(self._spec_arrivals(spec, offset))
+            offset += spec.count
+        if self.sc.trace:
+            streams.append(self._trace_arrivals(offset))
+            offset += len(self.sc.trace)
+        self._seq = itertools.count(offset)
+        return heapq.merge(*streams, key=lambda a: (a[0], a[1]))
+
+    def _spec_arrivals(self, spec: MessageSpec,
+                       offset: int) -> Iterator[tuple[float, int, Callable[[], None]]]:
+        spread = spec.destinations()
+        for k in range(spec.count):
+            yield spec.at + k * spec.every, offset + k, self._arrival(spread, spec.name, k)
+
+    def _trace_arrivals(self,
+                        offset: int) -> Iterator[tuple[float, int, Callable[[], None]]]:
+        for i, m in enumerate(self.sc.trace):
+            yield m.at, offset + i, self._trace_arrival(m)
+
+    def _next_arrival(self) -> None:
+        item = next(self._pending, None)
+        if item is None:
+            return
+        when, seq, arrive = item
+
+        def fire() -> None:
+            arrive()
+            self._next_arrival()
+        heapq.heappush(self._events, (when, seq, fire))
+
+    def run(self) -> Result:
+        self._pending = self._arrivals()
+        self._next_arrival()
         while self._events:
             when, _, action = heapq.heappop(self._events)
             if when > self.sc.duration:
@@ -254,8 +318,7 @@ class Engine:
             self._decisions()
         # The last delivery's end, not the clock's: shaping's recovery timers run on
         # after the mail is gone and would stretch the figure with idle time.
-        last = max((d.end for d in self.result.deliveries), default=0.0)
-        self.result.end_time = last if self.result.deliveries else self.now
+        self.result.end_time = self._last_end if self._last_end is not None else self.now
         self.result.still_deferred = len(self.deferred)
         return self.result
 
@@ -265,27 +328,41 @@ class Engine:
                  k: int) -> Callable[[], None]:
         def arrive() -> None:
             qid = f"{name}{k}" if name else f"M{next(self._serial)}"
-            routes: list[Route] = []
-            for dest_name, nrcpt in spread:
-                dest = self.sc.destinations[dest_name]
-                limit = self.cfg.transport(dest.transport).destination_recipient_limit
-                for _ in range(nrcpt):
-                    i = len(routes)
-                    address = f"r{i}@{dest.name}"
-                    queue = f"{address}" if limit == 1 else dest.name
-                    routes.append(Route(dest.transport, queue, dest.name,
-                                        Recipient(i, address)))
-            msg = _SimMessage(Message(qid, self.now, rcpt_unread=len(routes)), routes,
-                              spread[0][0], self.now)
-            msg.sched.owner = msg
-            self.incoming.append(msg)
-            self._feed()
+            self._enter(qid, [(dest, n, "") for dest, n in spread], True)
         return arrive
+
+    def _trace_arrival(self, m: TraceMessage) -> Callable[[], None]:
+        def arrive() -> None:
+            self._enter(f"M{next(self._serial)}", m.recipients, m.measured)
+        return arrive
+
+    def _enter(self, qid: str, spread: Sequence[tuple[str, int, str]],
+               measured: bool) -> None:
+        routes: list[Route] = []
+        scripts: dict[int, str] | None = None
+        for dest_name, nrcpt, script in spread:
+            dest = self.sc.destinations[dest_name]
+            limit = self.cfg.transport(dest.transport).destination_recipient_limit
+            for _ in range(nrcpt):
+                i = len(routes)
+                address = f"r{i}@{dest.name}"
+                queue = f"{address}" if limit == 1 else dest.name
+                routes.append(Route(dest.transport, queue, dest.name,
+                                    Recipient(i, address)))
+                if script:
+                    if scripts is None:
+                        scripts = {}
+                    scripts[i] = script
+        msg = _SimMessage(Message(qid, self.now, rcpt_unread=len(routes)), routes,
+                          spread[0][0], self.now, scripts, measured)
+        msg.sched.owner = msg
+        self.incoming.append(msg)
+        self._feed()
 
     def _feed(self) -> None:
         while (self.incoming and self.active < self.cfg.qmgr_message_active_limit
                and self.sched.may_feed()):
-            msg = self.incoming.pop(0)
+            msg = self.incoming.popleft()
             self.active += 1
             sched = self.sched
             sched.message_count = self.active
@@ -359,7 +436,7 @@ class Engine:
         queues one destination has many queues).
         """
         t = queue.transport
-        if t.name in (RETRY, ERROR):
+        if t.name in (RETRY, ERROR) or not self.record:
             return
         dest = queue.nexthop
         points = self.result.windows.setdefault(dest, [])
@@ -487,14 +564,6 @@ class Engine:
                              self.now)
         return False
 
-    def _latency(self, dest: Destination) -> float:
-        lat = dest.latency
-        if lat.dist == "uniform":
-            return self.rng.uniform(lat.low, lat.high)
-        if lat.dist == "exponential":
-            return self.rng.expovariate(1.0 / lat.mean) if lat.mean > 0 else 0.0
-        return lat.value
-
     def _attempt(self, name: str, entry: Entry) -> None:
         start = self.now
         window = entry.queue.window
@@ -558,13 +627,19 @@ class Engine:
 
     def _serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
         self.servers[dest.name].sessions += 1
-        duration = sum(self._latency(dest) for _ in range(len(entry.recipients)))
+        duration = sum(dest.latency.draw(self.rng) for _ in range(len(entry.recipients)))
         replies: list[str] | None = None
-        if dest.rcpt_4xx or dest.rcpt_5xx:
+        msg: _SimMessage = entry.message.owner
+        if dest.rcpt_4xx or dest.rcpt_5xx or msg.scripts is not None:
             # The server's answer to each RCPT: a recipient-level 4xx defers only that
-            # recipient and a 5xx bounces it; neither is a failure of the site.
+            # recipient and a 5xx bounces it; neither is a failure of the site. A
+            # replayed recipient answers as its script says.
             replies = []
-            for _ in entry.recipients:
+            for rcpt in entry.recipients:
+                scripted = msg.answer(rcpt) if msg.scripts is not None else None
+                if scripted is not None:
+                    replies.append(scripted)
+                    continue
                 draw = self.rng.random()
                 replies.append("4xx" if draw < dest.rcpt_4xx else
                                "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
@@ -607,6 +682,8 @@ class Engine:
                 later = [r for r, how in zip(entry.recipients, replies, strict=True)
                          if how == "4xx"]
                 res.sent[dest] = res.sent.get(dest, 0) + ok
+                if ok:
+                    self._delays(entry, dest, ok)
                 if later:
                     res.deferred[dest] = res.deferred.get(dest, 0) + len(later)
                 if n - ok - len(later):
@@ -617,6 +694,7 @@ class Engine:
                 self.sched.done(entry, 1 if later else 0, None, False, self.now)
             elif outcome == "sent":
                 res.sent[dest] = res.sent.get(dest, 0) + n
+                self._delays(entry, dest, n)
                 self.sched.done(entry, 0, None, False, self.now)
             else:
                 res.deferred[dest] = res.deferred.get(dest, 0) + n
@@ -624,11 +702,24 @@ class Engine:
                     for rcpt in entry.recipients:
                         self._deferred_rcpt(entry.message.owner, rcpt)
                 self.sched.done(entry, 1, hop, False, self.now)
-            res.deliveries.append(Delivery(start, self.now, name, dest, entry.message.queue_id,
-                                           n, outcome, window, hop.reason if hop else ""))
-            self._sample(queue)
+            self._last_end = self.now
+            if self.record:
+                res.deliveries.append(Delivery(start, self.now, name, dest,
+                                               entry.message.queue_id, n, outcome, window,
+                                               hop.reason if hop else ""))
+                self._sample(queue)
             self._release(name)
         return finish
+
+    def _delays(self, entry: Entry, dest: str, n: int) -> None:
+        msg: _SimMessage = entry.message.owner
+        if msg.measured:
+            delays = self.result.delays.get(dest)
+            if delays is None:
+                delays = self.result.delays[dest] = []
+            delay = self.now - msg.arrival
+            for _ in range(n):
+                delays.append(delay)
 
 
     # -- the deferred queue (``[deferred] retry = true``) ----------------------------------
@@ -650,15 +741,19 @@ class Engine:
         if self.registry is not None and msg.waits:
             self.registry.remember(qid, sorted(msg.waits))
         if not self._scan_due:
-            # The deferred scan runs every queue_run_delay since start, as stock's timer.
+            # The deferred scan runs every queue_run_delay since start, as stock's timer
+            # (since the scenario's scan_phase: a replayed log's scans' times).
             period = cfg.queue_run_delay
+            phase = self.sc.scan_phase % period
             self._scan_due = True
-            self.at((int(self.now // period) + 1) * period, self._scan)
+            self.at(phase + (int((self.now - phase) // period) + 1) * period, self._scan)
 
     def _scan(self) -> None:
         """A deferred-queue scan: everything whose retry time has come, at once."""
         self._scan_due = False
-        due = [qid for qid, (when, _) in self.deferred.items() if when <= self.now]
+        # Stock takes a file whose retry time is at most a second away (qmgr_active.c:
+        # "st_mtime > time + 1" is not yet ripe), and so does the daemon.
+        due = [qid for qid, (when, _) in self.deferred.items() if when <= self.now + 1]
         for qid in due:
             self._come_back(qid, "scan")
         if due:
@@ -673,7 +768,8 @@ class Engine:
         if self.registry is not None:
             self.registry.forget(qid)
         again = _SimMessage(Message(qid, self.now, rcpt_unread=len(msg.retry)), msg.retry,
-                            msg.destination, msg.arrival)
+                            msg.destination, msg.arrival, msg.scripts, msg.measured)
+        again.tries = msg.tries
         again.sched.owner = again
         self.incoming.append(again)
         self.result.retries.append((self.now, qid, how))
@@ -702,6 +798,10 @@ class Engine:
         return forward
 
 
-def simulate(scenario: Scenario, seed: int | None = None) -> Result:
-    """Run a scenario to its end (or its duration); same scenario and seed, same result."""
-    return Engine(scenario, seed).run()
+def simulate(scenario: Scenario, seed: int | None = None, record: bool = True) -> Result:
+    """Run a scenario to its end (or its duration); same scenario and seed, same result.
+
+    Without ``record`` only counts and delays are kept, not every delivery and window
+    change: a replayed day of a busy server fits in memory.
+    """
+    return Engine(scenario, seed, record).run()

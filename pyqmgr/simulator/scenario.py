@@ -59,6 +59,13 @@ retry = true               # only counted). Deferred recipients come back: a ret
                            # from the arrival), a deferred-queue scan every
                            # queue_run_delay, and pyqmgr_cf's deferred_retry_jitter and
                            # deferred_recovery_rate. (compare: real Postfix retries)
+scan_phase = 0             # the scans run at this offset plus multiples of
+                           # queue_run_delay (a replayed log's scan times)
+
+arrivals = "arrivals.csv"  # (top level) more messages, one a line, as pyqmgr replay
+                           # writes them: at,size,class,sender,recipients,measured with
+                           # recipients "DOMAIN[*COUNT][=SCRIPT] ..." (SCRIPT: the
+                           # recipients' RCPT answers try by try, d 4xx, b 5xx, s 2xx)
 
 [compare]                  # pyqmgr compare only
 time_scale = 0.1           # default --time-scale: arrival times, latencies, timeouts,
@@ -92,6 +99,8 @@ class = "bulk"             # the message class the compare report groups latency
                            # (default: the name without trailing punctuation, or "mail")
 sender = "news@lists.example"  # compare: the envelope sender (default CLASS@senders.test)
 size = 2000                # compare: message size in bytes, a number or a dist table
+# dist tables: fixed {value}, uniform {low, high}, exponential {mean}, or empirical
+# {values = [...]}: 2 to 1001 quantiles in increasing order (replay writes them)
 ```
 """
 
@@ -99,18 +108,19 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyqmgr.scheduler.feedback import ROUNDINGS
 from pyqmgr.scheduler.shaping import ShapingError, parse_rate
 
 OVERLOADS = ("421", "connect-timeout", "greeting-timeout")
 DEAD_MODES = ("refused", "timeout")
-DISTS = ("fixed", "uniform", "exponential")
+DISTS = ("fixed", "uniform", "exponential", "empirical")
 #: A message class: it becomes part of recipient addresses in compare runs.
 _CLASS = re.compile(r"^[A-Za-z0-9_]{1,40}$")
 _SENDER = re.compile(r"^[A-Za-z0-9._+=-]{1,64}@[A-Za-z0-9.-]{1,200}$")
@@ -212,16 +222,37 @@ class Latency:
     low: float = 0.0
     high: float = 0.0
     mean: float = 0.0
+    #: "empirical": sorted quantiles of observed values (a replayed log's), drawn by
+    #: interpolating between neighbours.
+    values: tuple[float, ...] = ()
 
     def scaled(self, factor: float) -> Latency:
         return Latency(self.dist, self.value * factor, self.low * factor,
-                       self.high * factor, self.mean * factor)
+                       self.high * factor, self.mean * factor,
+                       tuple(v * factor for v in self.values))
 
     def average(self) -> float:
         if self.dist == "uniform":
             return (self.low + self.high) / 2
         if self.dist == "exponential":
             return self.mean
+        if self.dist == "empirical":
+            return sum(self.values) / len(self.values) if self.values else 0.0
+        return self.value
+
+    def draw(self, rng: random.Random) -> float:
+        """One value; the simulator and compare's sinks draw alike from one seed."""
+        if self.dist == "uniform":
+            return rng.uniform(self.low, self.high)
+        if self.dist == "exponential":
+            return rng.expovariate(1.0 / self.mean) if self.mean > 0 else 0.0
+        if self.dist == "empirical":
+            values = self.values
+            pos = rng.random() * (len(values) - 1)
+            i = int(pos)
+            if i + 1 >= len(values):
+                return values[-1]
+            return values[i] + (values[i + 1] - values[i]) * (pos - i)
         return self.value
 
 
@@ -277,6 +308,22 @@ class MessageSpec:
         return self.spread or ((self.destination, self.recipients),)
 
 
+class TraceMessage(NamedTuple):
+    """One message of an arrivals file (a replayed log's): it arrives once, at ``at``."""
+
+    at: float
+    size: int
+    klass: str
+    sender: str
+    #: (destination, recipients, script): those recipients answer their tries at RCPT
+    #: as the script says, try by try: ``d`` a 4xx, ``b`` a 5xx, ``s`` accepted, and
+    #: accepted past its end. An empty script leaves it to the destination's shares.
+    recipients: tuple[tuple[str, int, str], ...]
+    #: False for mail queued before the log began: its delay is not the log's to
+    #: compare, so the delay figures leave it out.
+    measured: bool = True
+
+
 @dataclass
 class CompareSettings:
     """``[compare]``: what only ``pyqmgr compare`` reads."""
@@ -303,17 +350,22 @@ class Scenario:
     base_dir: str = "."
     #: Model the deferred queue: deferred recipients are tried again ([deferred] retry).
     retry_deferred: bool = False
+    #: The deferred-queue scans run at this offset (seconds) plus multiples of
+    #: queue_run_delay ([deferred] scan_phase).
+    scan_phase: float = 0.0
     compare: CompareSettings = field(default_factory=CompareSettings)
     #: The file it came from ("" when built from a dict).
     path: str = ""
     #: A delivery policy service to ask before each delivery (None: none).
     delegation: Delegation | None = None
+    #: Messages of the ``arrivals`` file, in time order.
+    trace: list[TraceMessage] = field(default_factory=list)
 
 
 # -- typed reads that name the key ----------------------------------------------------
 
 _TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "transports",
-        "destinations", "deferred", "messages", "compare", "delegation"}
+        "destinations", "deferred", "messages", "compare", "delegation", "arrivals"}
 _SCHEDULER = {"feedback_rounding", "policy"}
 _TRANSPORT = {"process_limit"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
@@ -321,10 +373,12 @@ _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
                 "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx", "rcpt_5xx_reply"}
 _MESSAGE = {"at", "count", "every", "recipients", "destination", "name", "class",
             "sender", "size"}
-_DEFERRED = {"retry"}
+_DEFERRED = {"retry", "scan_phase"}
 _COMPARE = {"time_scale", "timeout", "contenders", "main_cf"}
 _DIST_KEYS = {"fixed": {"dist", "value"}, "uniform": {"dist", "low", "high"},
-              "exponential": {"dist", "mean"}}
+              "exponential": {"dist", "mean"}, "empirical": {"dist", "values"}}
+#: Quantiles an empirical distribution may have at most.
+MAX_VALUES = 1001
 
 
 def _table(data: dict[str, Any], name: str, key: Key) -> dict[str, Any]:
@@ -409,6 +463,16 @@ def _dist(value: Any, key: Key, what: str = "latency") -> Latency:
             raise ScenarioError(f"{_dotted(key)}: a {dist} {what} needs {name}", key)
     if dist == "fixed":
         return Latency("fixed", _number(value, "value", key, 0, low=0))
+    if dist == "empirical":
+        values = value["values"]
+        if not isinstance(values, list) or not 2 <= len(values) <= MAX_VALUES:
+            raise ScenarioError(f"{_dotted(key)}: an empirical {what} needs values = [...], "
+                                f"2 to {MAX_VALUES} numbers (its quantiles)", key + ("values",))
+        nums = [_number({"v": v}, "v", key + ("values",), 0, low=0) for v in values]
+        if nums != sorted(nums):
+            raise ScenarioError(f"{_dotted(key)}: the values of an empirical {what} are its "
+                                "quantiles: in increasing order", key + ("values",))
+        return Latency("empirical", values=tuple(nums))
     if dist == "uniform":
         low = _number(value, "low", key, 0, low=0)
         high = _number(value, "high", key, 0, low=low)
@@ -452,14 +516,19 @@ def parse(data: dict[str, Any], base_dir: str = ".") -> Scenario:
                             ("messages",))
     for i, m in enumerate(messages):
         sc.messages.append(_message(i, m, sc))
-    if not sc.messages:
-        raise ScenarioError("no [[messages]]")
+    if "arrivals" in data:
+        path = _string(data, "arrivals", (), "")
+        full = path if os.path.isabs(path) else os.path.join(base_dir, path)
+        sc.trace = read_arrivals(full, sc)
+    if not sc.messages and not sc.trace:
+        raise ScenarioError("no [[messages]] and no arrivals file")
     deferred = _table(data, "deferred", ())
     _known(deferred, _DEFERRED, ("deferred",))
     retry = deferred.get("retry", False)
     if not isinstance(retry, bool):
         raise ScenarioError("deferred.retry must be true or false", ("deferred", "retry"))
     sc.retry_deferred = retry
+    sc.scan_phase = _number(deferred, "scan_phase", ("deferred",), 0, low=0)
     sc.compare = _compare(_table(data, "compare", ()))
     if "delegation" in data:
         delegation = data["delegation"]
@@ -581,6 +650,88 @@ def _compare(c: dict[str, Any]) -> CompareSettings:
                             '["stock", "pyqmgr:finch"]', key + ("contenders",))
     return CompareSettings(scale, _number(c, "timeout", key, 300, low=1), list(contenders),
                            _settings(_table(c, "main_cf", key), key + ("main_cf",)))
+
+
+# -- arrivals files: one message a line -------------------------------------------------
+
+ARRIVALS_HEADER = "# pyqmgr arrivals: at,size,class,sender,recipients,measured"
+#: An arrivals line is at most this long (a message to thousands of domains fits).
+MAX_ARRIVAL_LINE = 1 << 20
+_ITEM = re.compile(r"^(?P<dest>[^*=\s]+)(?:\*(?P<n>\d{1,7}))?(?:=(?P<script>[dbs]{1,1000}))?$")
+
+
+def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
+    """An arrivals file (``pyqmgr replay`` writes them): CSV, one message a line.
+
+    ``at,size,class,sender,recipients,measured``: seconds, bytes, the message class,
+    the envelope sender, recipients as space-separated ``DOMAIN[*COUNT][=SCRIPT]``
+    (a destination of the scenario, how many, their RCPT answers try by try), and 1
+    or 0. Lines starting with ``#`` are comments. Errors name the file and line.
+    """
+    out: list[TraceMessage] = []
+    classes: dict[str, str] = {}
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise ScenarioError(f"arrivals: {path}: {exc.strerror}", ("arrivals",)) from None
+    last = 0.0
+    with f:
+        n = 0
+        try:
+            for raw in f:
+                n += 1
+                if len(raw) > MAX_ARRIVAL_LINE:
+                    raise ValueError(f"longer than {MAX_ARRIVAL_LINE} bytes")
+                line = raw.strip()
+                if not line or line.startswith("#"):
+                    continue
+                fields = line.split(",")
+                if len(fields) not in (5, 6):
+                    raise ValueError("want at,size,class,sender,recipients[,measured]")
+                at, size = float(fields[0]), int(fields[1])
+                if not math.isfinite(at) or at < 0 or size < 1:
+                    raise ValueError("at must be 0 or more and size 1 or more")
+                if at < last:
+                    raise ValueError(f"at {at:g} is before the line above's {last:g}: "
+                                     "lines are in time order")
+                last = at
+                klass = classes.setdefault(fields[2], fields[2])
+                if not _CLASS.match(klass):
+                    raise ValueError(f"class {klass!r}: letters, digits and _")
+                if not _SENDER.match(fields[3]):
+                    raise ValueError(f"sender {fields[3]!r} is not an address")
+                rcpts = []
+                for item in fields[4].split():
+                    m = _ITEM.match(item)
+                    if m is None:
+                        raise ValueError(f"recipients item {item[:60]!r}: write "
+                                         "DOMAIN[*COUNT][=SCRIPT] (script of d, b, s)")
+                    if m["dest"] not in sc.destinations:
+                        raise ValueError(f"unknown destination {m['dest']!r}")
+                    count = int(m["n"] or 1)
+                    if count < 1:
+                        raise ValueError("a recipient count is 1 or more")
+                    rcpts.append((m["dest"], count, m["script"] or ""))
+                if not rcpts:
+                    raise ValueError("no recipients")
+                measured = len(fields) < 6 or fields[5].strip() != "0"
+                out.append(TraceMessage(at, size, klass, fields[3], tuple(rcpts), measured))
+        except UnicodeDecodeError:
+            raise ScenarioError(f"arrivals: {path}, line {n + 1}: not UTF-8 text",
+                                ("arrivals",)) from None
+        except ValueError as exc:
+            raise ScenarioError(f"arrivals: {path}, line {n}: {exc}", ("arrivals",)) from None
+    return out
+
+
+def write_arrivals(path: str, trace: Sequence[TraceMessage]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(ARRIVALS_HEADER + "\n")
+        for m in trace:
+            items = " ".join(dest + (f"*{n}" if n != 1 else "") + (f"={s}" if s else "")
+                             for dest, n, s in m.recipients)
+            f.write(f"{m.at:.3f},{m.size},{m.klass},{m.sender},{items},"
+                    f"{1 if m.measured else 0}\n")
 
 
 # -- files, and where in them -----------------------------------------------------------

@@ -1,0 +1,320 @@
+"""From maillog lines to a workload: what arrived, and how each destination behaved.
+
+Per Postfix instance (host and syslog_name), each message's lines are gathered by
+queue id until qmgr's ``removed`` (or the end of the log), then turned into:
+
+* an arrival: when, its size, its sender (hashed), its recipients per destination
+  (recipient domain). Postfix logs times in whole seconds but each delivery line's
+  ``delay`` to two significant digits, so the arrival is placed where every line of
+  the message agrees: within a second of its first line (smtpd's ``client=``,
+  pickup's, or cleanup's) and within each line's time less its delay;
+* per recipient, a script of its answers at RCPT (or DATA) time in order: ``d`` a
+  4xx, ``b`` a 5xx, ``s`` accepted. The simulator's destination gives the nth try of
+  that recipient the nth answer, so greylisting and full mailboxes come back as
+  they were, whatever the schedule;
+* per destination, what only the destination decides and the schedule does not:
+  the time a recipient takes (sessions' lengths over their recipients), whether it
+  refused sessions with 421 at greeting (a session limit: the most sessions it
+  accepted at once, read from the accepted sessions' intervals), answered a rate
+  reply (``4.7.28``: the most sessions it accepted in a second), or was down
+  (connections refused or timed out before it first accepted one).
+
+The log's own figures come out of the same pass: per destination the recipients
+sent, deferred (each deferred line is one recipient's try) and bounced, and the
+delivery delays of sent recipients, which the report holds the simulation against.
+Messages queued before the log begins (no submission line) are replayed from their
+first line but left out of the delay figures on both sides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import random
+import re
+from array import array
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pyqmgr.postfix.maillog import Line, active, delay_quantum, delivery, queue_id
+from pyqmgr.simulator.scenario import DEFAULT_SENDER_DOMAIN, TraceMessage
+
+#: Latency samples kept per destination (a uniform reservoir).
+RESERVOIR = 4096
+#: Programs whose status lines are no delivery attempt at a remote site.
+NOT_AGENTS = ("retry", "error", "qmgr", "bounce", "cleanup")
+#: Lines that came from the remote server's answer to one recipient (or its message).
+_RCPT_LEVEL = ("(in reply to RCPT TO command", "(in reply to end of DATA command")
+_SUBMISSION = ("client=", "uid=", "message-id=", "resent-message-id=")
+BULK = 20
+_SAFE_SENDER = re.compile(r"^[A-Za-z0-9._+=-]{1,64}@[A-Za-z0-9.-]{1,200}$")
+_DOMAIN_OK = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,250}[a-z0-9])?$")
+
+
+@dataclass
+class Observed:
+    """One destination as the log shows it."""
+
+    name: str
+    transports: Counter[str] = field(default_factory=Counter)
+    sent: int = 0
+    deferred: int = 0
+    bounced: int = 0
+    #: Delivery delays of sent recipients (messages that arrived within the log).
+    delays: array = field(default_factory=lambda: array("d"))
+    #: Seconds per recipient of accepted sessions (a reservoir sample).
+    latencies: list[float] = field(default_factory=list)
+    sessions_seen: int = 0
+    #: Accepted sessions: starts and ends (seconds since the log's start).
+    starts: array = field(default_factory=lambda: array("d"))
+    ends: array = field(default_factory=lambda: array("d"))
+    #: Refused sessions by kind: "session limit", "rate limit", "connection refused",
+    #: "connection timed out", "other".
+    refusals: Counter[str] = field(default_factory=Counter)
+    refusal_times: list[float] = field(default_factory=list)
+    refusal_seconds: dict[str, list[float]] = field(default_factory=dict)
+    refusal_texts: Counter[str] = field(default_factory=Counter)
+    #: Answers at RCPT/DATA: tries, 4xx and 5xx, and their texts.
+    rcpt_tries: int = 0
+    rcpt_4xx: int = 0
+    rcpt_5xx: int = 0
+    replies_4xx: Counter[str] = field(default_factory=Counter)
+    replies_5xx: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def transport(self) -> str:
+        return self.transports.most_common(1)[0][0] if self.transports else "smtp"
+
+
+@dataclass
+class Derived:
+    """One instance's workload and the log's figures."""
+
+    instance: str
+    #: Epoch seconds of the first arrival (the workload's time 0) and the log's end.
+    origin: float = 0.0
+    end: float = 0.0
+    destinations: dict[str, Observed] = field(default_factory=dict)
+    trace: list[TraceMessage] = field(default_factory=list)
+    #: Messages by what became of them: "replayed", "queued before the log", "missing
+    #: qmgr line", "never queued" (rejected or discarded before the queue manager).
+    messages: Counter[str] = field(default_factory=Counter)
+    #: Lines about messages that could not be read.
+    lines: Counter[str] = field(default_factory=Counter)
+    #: When retried mail came back from the deferred queue (epoch seconds, a
+    #: sample): the deferred-queue scans' times, whose phase the simulation keeps.
+    rescans: list[float] = field(default_factory=list)
+
+
+class _Msg:
+    __slots__ = ("first", "submitted", "sender", "size", "queued", "lines")
+
+    def __init__(self, first: float) -> None:
+        self.first = first
+        self.submitted = False
+        self.sender: str | None = None
+        self.size = 0
+        self.queued = False
+        #: (time, pid, service, program, to, delay, c, d, status, detail, a)
+        self.lines: list[tuple[float, int, str, str, str, float, float, float, str, str,
+                               float]] = []
+
+
+def refusal_kind(detail: str) -> str:
+    if "refused to talk to me" in detail:
+        if "4.7.28" in detail or "rate" in detail.lower():
+            return "rate limit"
+        return "session limit"
+    if "Connection refused" in detail:
+        return "connection refused"
+    if "Connection timed out" in detail or "timed out while receiving the initial" in detail:
+        return "connection timed out"
+    return "other"
+
+
+class Deriver:
+    """Feed it lines (any instances, in order); ``finish`` gives each instance's."""
+
+    def __init__(self, hash_addresses: bool = True, key: bytes | None = None,
+                 seed: int = 1) -> None:
+        self.hash = hash_addresses
+        self.key = key if key is not None else os.urandom(16)
+        self.instances: dict[str, Derived] = {}
+        self._pending: dict[str, dict[str, _Msg]] = {}
+        self._rng = random.Random(seed)
+
+    # -- lines ------------------------------------------------------------------------
+
+    def feed(self, lines: Iterable[Line]) -> None:
+        for line in lines:
+            text = line.text
+            head = queue_id(text)
+            if head is None:
+                continue
+            qid, rest = head
+            inst = f"{line.host}/{line.instance}"
+            pending = self._pending.get(inst)
+            if pending is None:
+                pending = self._pending[inst] = {}
+                self.instances[inst] = Derived(inst)
+            msg = pending.get(qid)
+            if rest.startswith("to=<"):
+                d = delivery(text)
+                if d is None:
+                    self.instances[inst].lines["delivery lines cut short or malformed"] += 1
+                    continue
+                if msg is None:
+                    msg = pending[qid] = _Msg(line.time)
+                msg.lines.append((line.time, line.pid, line.service, line.program, d.to,
+                                  d.delay, d.c, d.d, d.status, d.detail, d.a))
+            elif line.program == "qmgr":
+                if rest == "removed":
+                    if msg is not None:
+                        self._finish(inst, qid, pending.pop(qid))
+                    continue
+                a = active(text)
+                if a is None:
+                    if rest.startswith("from=<") and "(queue active" not in rest and \
+                            "status=" not in rest:
+                        self.instances[inst].lines["qmgr lines cut short or malformed"] += 1
+                    continue
+                if msg is None:
+                    msg = pending[qid] = _Msg(line.time)
+                if not msg.queued:
+                    msg.queued, msg.sender, msg.size = True, a[1], a[2]
+            elif rest.startswith(_SUBMISSION) and line.program in (
+                    "smtpd", "pickup", "cleanup", "qmqpd", "postsuper"):
+                if msg is None:
+                    msg = pending[qid] = _Msg(line.time)
+                msg.submitted = True
+
+    # -- one message --------------------------------------------------------------------
+
+    def _finish(self, inst: str, qid: str, msg: _Msg) -> None:
+        derived = self.instances[inst]
+        if not msg.queued:
+            derived.messages["missing qmgr line" if msg.lines else "never queued"] += 1
+            return
+        # Where the arrival can be: within a second of the first line, and for each
+        # delivery line between its time less its delay (each up to its resolution).
+        lo, hi = msg.first - 1.0, msg.first + 1.0
+        if not msg.submitted:
+            lo, hi = msg.first, msg.first + 1.0
+        for line in msg.lines:
+            t, delay = line[0], line[5]
+            q = delay_quantum(delay)
+            lo = max(lo, t - delay - q)
+            hi = min(hi, t + 1.0 - delay + q)
+        arrival = (lo + hi) / 2 if lo <= hi else msg.first + 0.5
+        if not msg.submitted:
+            arrival = msg.first  # queued before the log: it enters at its first line
+        derived.messages["replayed" if msg.submitted else "queued before the log"] += 1
+        rcpts: dict[str, list[str]] = {}
+        by_rcpt: dict[str, str] = {}
+        sessions: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
+        tried: set[str] = set()
+        for _t, pid, service, program, to, delay, c, d, status, detail, a in sorted(
+                msg.lines):
+            domain = to.rpartition("@")[2].lower() or "localhost"
+            obs = derived.destinations.get(domain)
+            if obs is None:
+                obs = derived.destinations[domain] = Observed(domain)
+            end = arrival + delay
+            if status == "sent":
+                obs.sent += 1
+                if msg.submitted:
+                    obs.delays.append(delay)
+            elif status == "deferred":
+                obs.deferred += 1
+            elif status in ("bounced", "expired"):
+                obs.bounced += 1
+            agent = program not in NOT_AGENTS and service not in NOT_AGENTS
+            if not agent:
+                by_rcpt.setdefault(to, domain)
+                continue
+            obs.transports[service] += 1
+            if to in tried and a > 0 and len(derived.rescans) < RESERVOIR:
+                # A retry: the message came back from the deferred queue at a scan.
+                derived.rescans.append(arrival + a)
+            tried.add(to)
+            script = rcpts.setdefault(to, [])
+            by_rcpt[to] = domain
+            rcpt_level = status == "sent" or any(mark in detail for mark in _RCPT_LEVEL)
+            if rcpt_level:
+                code = "s" if status == "sent" else "d" if status == "deferred" else "b"
+                script.append(code)
+                obs.rcpt_tries += 1
+                reply = detail.partition(" said: ")[2].split(" (in reply to")[0]
+                if code == "d":
+                    obs.rcpt_4xx += 1
+                    obs.replies_4xx[reply] += 1
+                elif code == "b":
+                    obs.rcpt_5xx += 1
+                    obs.replies_5xx[reply] += 1
+                start = end - c - d
+                sessions.setdefault((pid, round(start * 10)), []).append((start, end, domain))
+            elif status != "sent":
+                kind = refusal_kind(detail)
+                obs.refusals[kind] += 1
+                obs.refusal_times.append(end - c - d)
+                obs.refusal_seconds.setdefault(kind, []).append(c + d)
+                said = detail.split(": ", 1)[-1]
+                obs.refusal_texts[said[:120]] += 1
+        for lines in sessions.values():
+            start = min(s for s, _, _ in lines)
+            end = max(e for _, e, _ in lines)
+            obs = derived.destinations[lines[0][2]]
+            obs.starts.append(start)
+            obs.ends.append(end)
+            obs.sessions_seen += 1
+            per = max(end - start, 0.0) / len(lines)
+            if len(obs.latencies) < RESERVOIR:
+                obs.latencies.append(per)
+            else:
+                k = self._rng.randrange(obs.sessions_seen)
+                if k < RESERVOIR:
+                    obs.latencies[k] = per
+        counts: Counter[tuple[str, str]] = Counter()
+        for to, domain in by_rcpt.items():
+            # Trailing acceptances go (past its end a script accepts), but a recipient
+            # accepted at its first try keeps "s": no script would leave its answer
+            # to the destination's shares, as for one the log never saw at RCPT.
+            codes = "".join(rcpts.get(to, []))
+            counts[(domain, codes.rstrip("s") or codes[:1])] += 1
+        if not counts:
+            derived.messages["replayed"] -= 1
+            derived.messages["no delivery lines"] += 1
+            return
+        sender = msg.sender or ""
+        nrcpt = sum(counts.values())
+        klass = "bounce" if not sender else "bulk" if nrcpt >= BULK else "mail"
+        recipients = tuple((dom, n, script) for (dom, script), n in counts.items())
+        derived.trace.append(TraceMessage(arrival, max(msg.size, 1), klass,
+                                          self._sender(sender), recipients,
+                                          msg.submitted))
+
+    def _sender(self, sender: str) -> str:
+        if not sender:
+            return f"mailer-daemon@{DEFAULT_SENDER_DOMAIN}"
+        if not self.hash and _SAFE_SENDER.match(sender):
+            return sender
+        digest = hmac.new(self.key, sender.lower().encode(), hashlib.sha256).hexdigest()
+        return f"h{digest[:16]}@{DEFAULT_SENDER_DOMAIN}"
+
+    def finish(self) -> dict[str, Derived]:
+        """Messages still in the queue at the log's end count as they stand."""
+        for inst, pending in self._pending.items():
+            for qid, msg in list(pending.items()):
+                self._finish(inst, qid, msg)
+            pending.clear()
+        for derived in self.instances.values():
+            derived.trace.sort(key=lambda m: m.at)
+            if derived.trace:
+                derived.origin = derived.trace[0].at
+        return self.instances
+
+
+def valid_domain(name: str) -> bool:
+    return bool(_DOMAIN_OK.match(name)) and "." in name

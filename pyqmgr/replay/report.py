@@ -1,0 +1,123 @@
+"""The replay's figures, the log's and each simulated choice's, side by side.
+
+Per destination: recipients sent, deferred (one per deferred try, as the log has a
+line per recipient and try), bounced, and the p50 and p95 delay of sent recipients
+from their message's arrival (Postfix's ``delay``). Mail queued before the log
+began is left out of the delays on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyqmgr.compare.figures import percentile
+from pyqmgr.replay.derive import Derived
+from pyqmgr.simulator.engine import Result
+
+
+@dataclass
+class Figures:
+    sent: int = 0
+    deferred: int = 0
+    bounced: int = 0
+    p50: float | None = None
+    p95: float | None = None
+
+
+def _pct(values: Sequence[float], p: float) -> float | None:
+    v = percentile(list(values), p)
+    return None if v is None else round(v, 3)
+
+
+def log_figures(derived: Derived, names: dict[str, str]) -> dict[str, Figures]:
+    """Per workload destination name, from the log."""
+    by_domain = {dom: name for name, dom in names.items()}
+    out = {}
+    for dom, obs in derived.destinations.items():
+        out[by_domain[dom]] = Figures(obs.sent, obs.deferred, obs.bounced,
+                                      _pct(obs.delays, 50), _pct(obs.delays, 95))
+    return out
+
+
+def sim_figures(res: Result) -> dict[str, Figures]:
+    out = {}
+    for dest in set(res.sent) | set(res.deferred) | set(res.bounced):
+        delays = res.delays.get(dest, [])
+        out[dest] = Figures(res.sent.get(dest, 0), res.deferred.get(dest, 0),
+                            res.bounced.get(dest, 0), _pct(delays, 50), _pct(delays, 95))
+    return out
+
+
+def as_dict(figures: dict[str, Figures]) -> dict[str, dict[str, Any]]:
+    return {name: asdict(f) for name, f in sorted(figures.items())}
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _ratio(sim: float | None, log: float | None) -> str:
+    if sim is None or log is None:
+        return ""
+    if log == 0:
+        return "" if sim == 0 else "(+)"
+    return f"({sim / log - 1:+.0%})"
+
+
+def text(report: dict[str, Any]) -> list[str]:
+    """The report for a person: what was read, then each instance's table."""
+    inp = report["input"]
+    skipped = sum(inp["skipped"].values())
+    out = [f"pyqmgr replay: {inp['files']} file(s), {inp['lines']} lines, {skipped} "
+           f"skipped, {len(report['instances'])} Postfix instance(s)"]
+    for reason, n in sorted(inp["skipped"].items(), key=lambda kv: -kv[1]):
+        out.append(f"  skipped: {n} {reason}")
+    for inst in report["instances"]:
+        out += [""] + _instance(inst)
+    return out
+
+
+def _instance(inst: dict[str, Any]) -> list[str]:
+    msgs = inst["messages"]
+    out = [f"{inst['instance']}: {msgs.get('replayed', 0)} messages replayed over "
+           f"{inst['span']:.0f} s of log"]
+    for what, n in sorted(msgs.items()):
+        if what != "replayed" and n:
+            out.append(f"  {n} {what}")
+    for what, n in sorted(inst["lines"].items()):
+        out.append(f"  skipped: {n} {what}")
+    runs = inst["runs"]
+    if not inst["figures"]["log"]:
+        out.append("  nothing to replay")
+        return out
+    labels = ["log"] + list(runs)
+    width = max(12, *(len(d) for d in inst["figures"]["log"]))
+    head = f"{'destination':<{width}}"
+    sub = " " * width
+    for label in labels:
+        head += f" | {label[:36]:<36}"
+        sub += f" | {'sent':>6} {'deferred':>8} {'p50 s':>9} {'p95 s':>9}"
+    out += ["", head, sub]
+    log = inst["figures"]["log"]
+    for dest in sorted(log):
+        row = f"{dest:<{width}}"
+        for label in labels:
+            f = inst["figures"][label].get(dest, {})
+            base = log[dest]
+            row += f" | {f.get('sent', 0):>6} {f.get('deferred', 0):>8}"
+            p50 = _num(f.get("p50")) + ("" if label == "log" else _ratio(f.get("p50"),
+                                                                          base["p50"]))
+            p95 = _num(f.get("p95")) + ("" if label == "log" else _ratio(f.get("p95"),
+                                                                          base["p95"]))
+            row += f" {p50:>9} {p95:>9}"
+        out.append(row)
+    out += ["", "what the log shows of each destination (the simulation plays it):"]
+    for m in inst["model"]:
+        notes = "; ".join(m["notes"]) or "accepted every session"
+        out.append(f"  {m['destination']} ({m['transport']}): {notes}")
+    for label, run in runs.items():
+        out.append(f"{label}: simulated in {run['seconds']:.1f} s ({run['deliveries']} "
+                   f"deliveries, {run['decisions']} scheduling decisions)")
+    return out

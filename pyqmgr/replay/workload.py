@@ -1,0 +1,309 @@
+"""A derived instance as a workload (a scenario) the simulator and compare can run.
+
+What is read off the log is written down plainly so that an admin can see it and
+correct it: each destination's latency as the quantiles of what its sessions took per
+recipient, a session limit or rate where it refused sessions, a down time where it
+refused connections before it first accepted one. The arrivals go to a CSV file next
+to the TOML (``arrivals = "arrivals.csv"``), one message a line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyqmgr.compare.figures import percentile
+from pyqmgr.postfix.config import QmgrConfig
+from pyqmgr.replay.derive import Derived, Observed, valid_domain
+from pyqmgr.simulator.engine import simulate
+from pyqmgr.simulator.scenario import (
+    Destination,
+    Latency,
+    Scenario,
+    TraceMessage,
+    write_arrivals,
+)
+
+#: Quantiles kept of a destination's latencies.
+QUANTILES = 101
+#: A concurrency (or rate) level the accepted sessions exceeded for less than this
+#: share of their busy time is rounding of the log's times, not the server's limit.
+OVERSHOOT = 0.02
+_REPLY = re.compile(r"([45]\d\d [^\r\n]*)")
+_SERVICE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+
+
+@dataclass
+class Model:
+    """What was inferred of one destination, in words for the report."""
+
+    destination: str
+    transport: str
+    notes: list[str] = field(default_factory=list)
+
+
+def session_limit(starts: Sequence[float], ends: Sequence[float]) -> int:
+    """The most sessions open at once, ignoring overlaps too short to be real."""
+    events = sorted([(s, 1) for s in starts] + [(e, -1) for e in ends])
+    time_at: dict[int, float] = {}
+    level = 0
+    prev = events[0][0] if events else 0.0
+    for t, step in events:
+        if level > 0:
+            time_at[level] = time_at.get(level, 0.0) + (t - prev)
+        level += step
+        prev = t
+    busy = sum(time_at.values())
+    if busy <= 0:
+        return max(1, max(time_at, default=1))
+    above = 0.0
+    for lv in sorted(time_at, reverse=True):
+        if above + time_at[lv] > OVERSHOOT * busy:
+            return lv
+        above += time_at[lv]
+    return 1
+
+
+def session_rate(starts: Sequence[float]) -> float:
+    """Sessions accepted in a second at most (the 98th percentile over start times)."""
+    xs = sorted(starts)
+    counts = []
+    j = 0
+    for i, s in enumerate(xs):
+        while j < len(xs) and xs[j] < s + 1.0:
+            j += 1
+        counts.append(j - i)
+    return float(max(1, round(percentile([float(c) for c in counts], 98) or 1)))
+
+
+def _reply(texts: dict[str, int], default: str, first: str) -> str:
+    for text, _ in sorted(texts.items(), key=lambda kv: -kv[1]):
+        m = _REPLY.search(text)
+        if m is not None and m.group(1).startswith(first):
+            return m.group(1)
+    return default
+
+
+def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, Model]:
+    transport = obs.transport if _SERVICE.match(obs.transport) else "smtp"
+    model = Model(name, transport)
+    lat = sorted(obs.latencies)
+    if len(lat) >= 2:
+        qs = tuple(round(percentile(lat, 100 * k / (QUANTILES - 1)) or 0.0, 4)
+                   for k in range(QUANTILES))
+        latency = Latency("empirical", values=qs)
+        model.notes.append(f"latency p50 {qs[50]:.3g} s, p95 {qs[95]:.3g} s a recipient "
+                           f"({obs.sessions_seen} sessions)")
+    else:
+        latency = Latency("fixed", lat[0] if lat else 0.0)
+    kw: dict[str, object] = {}
+    limit_refusals = obs.refusals.get("session limit", 0)
+    if limit_refusals and obs.sessions_seen:
+        kw["server_limit"] = session_limit(obs.starts, obs.ends)
+        kw["overload"] = "421"
+        kw["reject_time"] = statistics.median(obs.refusal_seconds["session limit"])
+        model.notes.append(f"refused {limit_refusals} sessions with 421 at greeting "
+                           f"(it accepted up to {kw['server_limit']} at once, as far as "
+                           "whole-second times tell)")
+    rate_refusals = obs.refusals.get("rate limit", 0)
+    if rate_refusals and obs.sessions_seen:
+        kw["rate_limit"] = session_rate(obs.starts)
+        kw["reject_time"] = statistics.median(obs.refusal_seconds["rate limit"])
+        kw["rate_reply"] = _reply(dict(obs.refusal_texts), Destination.rate_reply, "4")
+        model.notes.append(f"refused {rate_refusals} sessions with a rate reply: "
+                           f"{kw['rate_limit']:g} sessions a second at most")
+    down = obs.refusals.get("connection refused", 0) + obs.refusals.get(
+        "connection timed out", 0)
+    if down:
+        timed_out = obs.refusals.get("connection timed out", 0) > down / 2
+        if not obs.sessions_seen:
+            kw["dead"] = True
+            kw["dead_mode"] = "timeout" if timed_out else "refused"
+            if timed_out:
+                kw["timeout"] = statistics.median(obs.refusal_seconds["connection timed out"])
+                kw["timeout_set"] = True
+            model.notes.append(f"never accepted a session ({down} connections "
+                               f"{'timed out' if timed_out else 'refused'}): down")
+        else:
+            first = min(obs.starts)
+            last_fail = max(obs.refusal_times)
+            if last_fail <= first:
+                kw["dead_until"] = max(first - origin, 0.0)
+                model.notes.append(f"down until {first - origin:.1f} s ({down} connections "
+                                   "failed before it first accepted one)")
+            else:
+                model.notes.append(f"{down} connections failed between accepted sessions: "
+                                   "not modelled (the destination is up throughout)")
+    other = obs.refusals.get("other", 0)
+    if other:
+        model.notes.append(f"{other} tries failed otherwise (lost connections, timeouts "
+                           "in the conversation): not modelled")
+    if obs.rcpt_tries:
+        kw["rcpt_4xx"] = round(obs.rcpt_4xx / obs.rcpt_tries, 4)
+        kw["rcpt_5xx"] = round(obs.rcpt_5xx / obs.rcpt_tries, 4)
+        kw["rcpt_4xx_reply"] = _reply(dict(obs.replies_4xx), Destination.rcpt_4xx_reply, "4")
+        kw["rcpt_5xx_reply"] = _reply(dict(obs.replies_5xx), Destination.rcpt_5xx_reply, "5")
+        if obs.rcpt_4xx or obs.rcpt_5xx:
+            model.notes.append(f"answered {obs.rcpt_4xx} of {obs.rcpt_tries} recipient "
+                               f"tries with a 4xx and {obs.rcpt_5xx} with a 5xx (replayed "
+                               "recipient by recipient)")
+    return Destination(name, transport, latency, **kw), model  # type: ignore[arg-type]
+
+
+def scenario_name(domain: str) -> str:
+    """The destination's name in the workload: the domain, or a stand-in for one the
+    scenario format cannot hold (``localhost``)."""
+    if valid_domain(domain):
+        return domain
+    return f"d{hashlib.sha256(domain.encode()).hexdigest()[:10]}.invalid"
+
+
+def scan_phase(rescans: Sequence[float], origin: float, period: float) -> float:
+    """The offset of the deferred-queue scans: retried mail enters the active queue
+    just after a scan, so the phase is where those times bunch up, modulo the period."""
+    if not rescans or period <= 0:
+        return 0.0
+    residues = sorted(((t - origin) % period) for t in rescans)
+    step = max(1, len(residues) // 300)
+    sample = residues[::step]
+    return min(sample, key=lambda phi: sum((r - phi) % period for r in sample))
+
+
+def _only(sc: Scenario, name: str, **changes: object) -> Scenario:
+    """The scenario with one destination and its recipients only."""
+    trace = []
+    for m in sc.trace:
+        mine = tuple(r for r in m.recipients if r[0] == name)
+        if mine:
+            trace.append(m._replace(recipients=mine))
+    dest = dataclasses.replace(sc.destinations[name], **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(sc, destinations={name: dest}, trace=trace, messages=[],
+                               pyqmgr_cf={"scheduler_policy": "nqmgr"})
+
+
+def calibrate(sc: Scenario, name: str, key: str, estimate: int, logged: int) -> int:
+    """The ``key`` (server_limit or rate_limit) whose simulation under stock's
+    scheduler defers as many of the destination's tries as the log shows.
+
+    The log's whole-second times smear accepted sessions over each other, so the
+    most seen at once is only a first guess; the log's scheduler was stock, and the
+    limit that makes stock's window run into it as often as it did is the one
+    the replay needs. Deferrals fall as the limit rises: a bisection.
+    """
+    def deferred(limit: int) -> int:
+        res = simulate(_only(sc, name, **{key: limit}), record=False)
+        return res.deferred.get(name, 0)
+
+    lo, hi = 1, max(2 * estimate + 2, 4)
+    cache: dict[int, int] = {}
+
+    def at(limit: int) -> int:
+        if limit not in cache:
+            cache[limit] = deferred(limit)
+        return cache[limit]
+
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if at(mid) <= logged:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = lo
+    if best > 1 and abs(at(best - 1) - logged) < abs(at(best) - logged):
+        best -= 1
+    return best
+
+
+def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, int],
+          seed: int = 1) -> tuple[Scenario, list[Model], dict[str, str]]:
+    """The scenario; what was inferred per destination; workload name -> log domain."""
+    names = {dom: scenario_name(dom) for dom in derived.destinations}
+    sc = Scenario(seed=seed, title=f"replay of {derived.instance}",
+                  main_cf=dict(main_cf), process_limits=dict(process_limits),
+                  retry_deferred=True)
+    models = []
+    for dom, obs in sorted(derived.destinations.items()):
+        dest, model = destination(obs, derived.origin, names[dom])
+        sc.destinations[names[dom]] = dest
+        models.append(model)
+    origin = derived.origin
+    sc.trace = [TraceMessage(round(m.at - origin, 3), m.size, m.klass, m.sender,
+                             tuple((names[d], n, s) for d, n, s in m.recipients),
+                             m.measured) for m in derived.trace]
+    # The simulation ends where the log does: mail still deferred then is so in both.
+    sc.duration = max(derived.end - origin, 0.0) + 1.0
+    period = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
+                                  hostname="replay.example").queue_run_delay
+    sc.scan_phase = round(scan_phase(derived.rescans, origin, period), 3)
+    for model in models:
+        dest = sc.destinations[model.destination]
+        obs = derived.destinations[names_back(names, model.destination)]
+        for key in ("server_limit", "rate_limit"):
+            first = int(getattr(dest, key))
+            if first:
+                fitted = calibrate(sc, dest.name, key, first, obs.deferred)
+                change: dict[str, Any] = {key: fitted}
+                sc.destinations[dest.name] = dest = dataclasses.replace(dest, **change)
+                model.notes.append(f"{key} {fitted}: the one under which stock's scheduler "
+                                   f"defers as often as the log shows ({obs.deferred})")
+    return sc, models, {v: k for k, v in names.items()}
+
+
+def names_back(names: dict[str, str], name: str) -> str:
+    return next(dom for dom, n in names.items() if n == name)
+
+
+def write(sc: Scenario, directory: str) -> str:
+    """workload.toml and arrivals.csv in ``directory``; the TOML's path."""
+    os.makedirs(directory, exist_ok=True)
+    write_arrivals(os.path.join(directory, "arrivals.csv"), sc.trace)
+    out = [f"title = {_q(sc.title)}",
+           "# Derived by pyqmgr replay: edit it as any workload; arrivals.csv holds the",
+           "# messages (at,size,class,sender,recipients as DOMAIN[*N][=SCRIPT],measured).",
+           f"seed = {sc.seed}", f"duration = {sc.duration:.3f}", 'arrivals = "arrivals.csv"',
+           "", "[deferred]", "retry = true", f"scan_phase = {sc.scan_phase:g}", "",
+           "[main_cf]"]
+    out += [f"{k} = {_q(v)}" for k, v in sorted(sc.main_cf.items())]
+    if sc.process_limits:
+        for t, n in sorted(sc.process_limits.items()):
+            out += ["", f"[transports.{_q(t)}]", f"process_limit = {n}"]
+    for name, d in sorted(sc.destinations.items()):
+        out += ["", f"[destinations.{_q(name)}]", f"transport = {_q(d.transport)}"]
+        lat = d.latency
+        if lat.dist == "empirical":
+            out.append('latency = {dist = "empirical", values = ['
+                       + ", ".join(f"{v:g}" for v in lat.values) + "]}")
+        else:
+            out.append(f"latency = {lat.value:g}")
+        for key in ("server_limit", "reject_time", "rate_limit", "dead_until", "rcpt_4xx",
+                    "rcpt_5xx"):
+            value = getattr(d, key)
+            if value:
+                out.append(f"{key} = {value:g}")
+        if d.server_limit:
+            out.append('overload = "421"')
+        if d.rate_limit:
+            out.append(f"rate_reply = {_q(d.rate_reply)}")
+        if d.dead:
+            out.append('dead = "timeout"' if d.dead_mode == "timeout" else "dead = true")
+        if d.timeout_set:
+            out.append(f"timeout = {d.timeout:g}")
+        if d.rcpt_4xx:
+            out.append(f"rcpt_4xx_reply = {_q(d.rcpt_4xx_reply)}")
+        if d.rcpt_5xx:
+            out.append(f"rcpt_5xx_reply = {_q(d.rcpt_5xx_reply)}")
+    path = os.path.join(directory, "workload.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(out) + "\n")
+    return path
+
+
+def _q(text: str) -> str:
+    """A TOML basic string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
