@@ -91,9 +91,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    """Run a scenario and print what a person compares between two settings.
+
+    The default is the summary alone (a few lines: the table first), because that is
+    what is read; the thousand-line delivery sequence and the window dump are for
+    debugging a scenario and come only with --trace. --json is the same content for
+    scripts. Errors in the scenario go to stderr with the file and line, exit 1.
+    """
     from pyqmgr.simulator import load, simulate
     from pyqmgr.simulator.plot import PlotError, plot
-    from pyqmgr.simulator.report import sequence, summary, windows
+    from pyqmgr.simulator.report import as_json, sequence, summary, windows
     from pyqmgr.simulator.scenario import ScenarioError
 
     try:
@@ -104,11 +111,19 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, ValueError) as exc:
         print(f"pyqmgr simulate: {exc}", file=sys.stderr)
         return 1
-    lines = summary(scenario, result)
-    if not args.quiet:
-        lines += ["", "deliveries:"] + sequence(result) + ["", "windows (time:window/busy):"]
-        lines += windows(result)
-    print("\n".join(lines))
+    if args.json:
+        print(json.dumps(as_json(scenario, result, args.trace, scenario=args.scenario,
+                                 seed=args.seed), indent=1))
+    else:
+        lines = summary(scenario, result)
+        if args.trace:
+            lines += ["", "deliveries (start, end, transport/destination, message, "
+                      "x recipients, outcome, window when chosen):"]
+            lines += sequence(result)
+            lines += ["", "windows (a line whenever a destination's window or deliveries "
+                      "in flight changed):"]
+            lines += windows(result)
+        print("\n".join(lines))
     if args.plot:
         try:
             plot(result, args.plot, scenario.title)
@@ -598,14 +613,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-dir", required=True, help="the instance's config_directory")
     p.set_defaults(func=_uninstall)
 
-    p = sub.add_parser("simulate", help="run a scheduling scenario on a virtual clock")
+    p = sub.add_parser(
+        "simulate", help="run a scheduling scenario on a virtual clock",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Run a scenario (TOML: messages, destinations with latencies, 421 limiters,\n"
+            "congestion, dead sites; transports; main.cf and pyqmgr.cf settings) through\n"
+            "the scheduler core the daemon runs, on a virtual clock: a run takes a second,\n"
+            "not the hours it simulates, and the same scenario and seed give the same run.\n\n"
+            "Printed: the title, the simulated time, deliveries and scheduling decisions\n"
+            "with the scheduler policy, then a table per destination: recipients sent,\n"
+            "deferred (and bounced), the deferral rate, the mean deliveries in flight while\n"
+            "any was, and the largest concurrency window reached; then the policy service's\n"
+            "and the deferred queue's figures when the scenario models them.\n\n"
+            "--trace adds every delivery (start, end, where, message, recipients, outcome,\n"
+            "the window when it was chosen) and a line per change of a destination's\n"
+            "window or deliveries in flight. --json prints all of it as one JSON document."),
+        epilog=(
+            "example:\n"
+            "  pyqmgr simulate scenarios/limiter-421-feedback-1-over-n.toml\n"
+            "  pyqmgr simulate scenarios/preemption.toml --policy oqmgr --trace | less\n\n"
+            "exit status: 0 done, 1 a bad scenario file or --policy (the message names the\n"
+            "file and line), or --plot without matplotlib"))
     p.add_argument("scenario", help="a scenario TOML file (see scenarios/)")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the windows over time")
+    p.add_argument("--trace", action="store_true",
+                   help="also print every delivery and every change of each destination's "
+                        "window (thousands of lines)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document instead (keys: scenario, title, seed, "
+                        "policy, simulated_seconds, deliveries, decisions, destinations with "
+                        "sent, deferred, bounced, deferral_rate, mean_concurrency, "
+                        "max_window; policy_service, deferred_queue; trace, with --trace: "
+                        "deliveries and windows)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw each destination's window and deliveries in flight over "
+                        "time (needs matplotlib: pip install 'pyqmgr[plot]')")
     p.add_argument("--seed", type=int, help="override the scenario's random seed")
-    p.add_argument("--quiet", action="store_true", help="only the summary table")
     p.add_argument("--policy", metavar="NAME",
                    help="scheduler_policy for every transport, overriding the scenario's: "
                         "nqmgr (stock), oqmgr, finch, zmailer, or module:/path/file.py")
+    # The summary alone used to need --quiet; it is the default now. Accepted, unlisted,
+    # so that old scripts keep working.
+    p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_simulate)
 
     p = sub.add_parser(

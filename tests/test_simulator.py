@@ -6,7 +6,11 @@ only plays the servers. The scenario files are the shipped ones in scenarios/.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -105,7 +109,8 @@ def test_cli_prints_the_table_and_plots(tmp_path, capsys):
     path = os.path.join(SCENARIOS, "limiter-421-feedback-1-over-n.toml")
     assert main(["simulate", path, "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "limited.example" in out and "16.5%" in out and "deliveries:" in out
+    assert "limited.example" in out and "16.5%" in out
+    assert "deliveries (" not in out, "the trace only with --trace"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -127,11 +132,171 @@ def test_cli_output_into_a_closed_pipe_is_no_error():
 
     script = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
     proc = subprocess.run(
-        f"{script} simulate scenarios/finch-big-envelopes.toml | head -1",
+        f"{script} simulate --trace scenarios/finch-big-envelopes.toml | head -1",
         shell=True, capture_output=True, text=True, timeout=120,
         executable="/bin/bash")
     assert proc.stdout.startswith("finch:"), proc.stdout
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+# -- the command's output for people and for scripts (#14 item 5) ------------------------
+#
+# These run the installed `pyqmgr` entry point, as an admin or a script would, so that
+# argparse, the output and the exit status are what is tested, not report.py's helpers.
+
+CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
+SHIPPED = sorted(name for name in os.listdir(SCENARIOS) if name.endswith(".toml"))
+#: A delivery line of the trace: start and end times, then transport/destination.
+DELIVERY = re.compile(r"^ *\d+\.\d{3} +\d+\.\d{3} \S+/\S+ \S+ x\d+ \w+ window=-?\d+")
+WINDOWS_HEADER = re.compile(r"^destination +time +window +busy$")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, "simulate", *args], capture_output=True, text=True,
+                          timeout=120, cwd=os.path.dirname(HERE))
+
+
+def table(out: str) -> dict[str, dict[str, int]]:
+    """The summary table as {destination: {sent, deferred, bounced}}, read back from the
+    text the way a person reads it: by the column headings."""
+    lines = out.splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("destination ")
+                and " sent " in line]
+    heads = lines[start].split()
+    # "mean conc" and "max window" are two words each; the counts come first.
+    counts = heads[1:heads.index("rate")]
+    rows = {}
+    for line in lines[start + 1:]:
+        fields = line.split()
+        if len(fields) != len(heads) - 2 or not fields[-1].isdigit():
+            break  # the policy service or deferred queue lines after the table
+        rows[fields[0]] = {name: int(value) for name, value
+                           in zip(counts, fields[1:1 + len(counts)], strict=True)}
+    return rows
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_cli_default_is_the_summary_alone(name):
+    """What a person reads whole: the table within the first lines, no trace, and no
+    line too long for a terminal (the old windows dump was one line of thousands)."""
+    proc = run_cli(os.path.join("scenarios", name))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    header = [i for i, line in enumerate(lines) if re.match(
+        r"destination +sent +deferred( +bounced)? +rate +mean conc +max window$", line)]
+    assert header and header[0] <= 2, lines[:4]
+    assert table(proc.stdout), "at least one destination row"
+    assert not [line for line in lines if DELIVERY.match(line)]
+    assert not [line for line in lines if WINDOWS_HEADER.match(line)]
+    assert len(lines) < 20, f"{len(lines)} lines"
+    assert max(len(line) for line in lines) <= 200
+
+
+def test_cli_quiet_is_still_accepted_and_changes_nothing():
+    """Old scripts said --quiet to get the summary alone, which is now the default."""
+    path = os.path.join("scenarios", "preemption.toml")
+    assert run_cli(path, "--quiet").stdout == run_cli(path).stdout
+    helptext = run_cli("--help").stdout
+    assert "--quiet" not in helptext
+    assert "--trace" in helptext and "--json" in helptext and "example" in helptext
+
+
+def test_cli_trace_adds_every_delivery_and_the_window_changes():
+    default = run_cli(os.path.join("scenarios", "limiter-421-feedback-1-over-n.toml"))
+    proc = run_cli(os.path.join("scenarios", "limiter-421-feedback-1-over-n.toml"), "--trace")
+    assert proc.returncode == 0 and proc.stderr == ""
+    # The summary first, unchanged: the trace only follows it.
+    assert proc.stdout.startswith(default.stdout.rstrip("\n") + "\n\n")
+    lines = proc.stdout.splitlines()
+    deliveries = [line for line in lines if DELIVERY.match(line)]
+    assert len(deliveries) == 1000, "one line per delivery, as the summary counts them"
+    assert " 1000 deliveries" in lines[1]
+    (header,) = [i for i, line in enumerate(lines) if WINDOWS_HEADER.match(line)]
+    points = lines[header + 1:]
+    assert len(points) > 100
+    for line in points:
+        dest, time, window, busy = line.split()
+        assert dest == "limited.example" and float(time) >= 0
+        assert int(window) >= 0 and int(busy) >= 0
+    # Aligned: every column ends where its heading does.
+    ends = [m.end() for m in re.finditer(r"\S+", lines[header])]
+    assert all([m.end() for m in re.finditer(r"\S+", line)][1:] == ends[1:] for line in points)
+    assert max(len(line) for line in points) <= 200
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_cli_json_counts_are_the_tables(name):
+    path = os.path.join("scenarios", name)
+    text, proc = run_cli(path), run_cli(path, "--json")
+    assert proc.returncode == 0 and proc.stderr == ""
+    doc = json.loads(proc.stdout)
+    assert {k: {c: v[c] for c in ("sent", "deferred", "bounced")}
+            for k, v in doc["destinations"].items()} == {
+        k: {"bounced": 0, **v} for k, v in table(text.stdout).items()}
+    assert doc["trace"] is None
+    assert f"simulated {doc['simulated_seconds']:.1f} s, {doc['deliveries']} deliveries, " \
+           f"{doc['decisions']} scheduling decisions" in text.stdout
+
+
+def test_cli_json_keys_and_the_trace(tmp_path):
+    """The keys are an interface: a script written today must find them tomorrow."""
+    sc = tmp_path / "bounces.toml"
+    sc.write_text('title = "some recipients bounce"\n'
+                  '[pyqmgr_cf]\nscheduler_policy = "oqmgr"\n'
+                  '[destinations."a.example"]\nlatency = 0.5\nrcpt_5xx = 0.3\n'
+                  '[destinations."b.example"]\nlatency = 1\n'
+                  '[[messages]]\ndestination = "a.example"\nrecipients = 40\n'
+                  '[[messages]]\ndestination = "b.example"\ncount = 5\n')
+    text = run_cli(str(sc), "--seed", "3")
+    proc = run_cli(str(sc), "--json", "--trace", "--seed", "3")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert list(doc) == ["scenario", "title", "seed", "policy", "simulated_seconds",
+                         "deliveries", "decisions", "destinations", "policy_service",
+                         "deferred_queue", "trace"]
+    assert doc["title"] == "some recipients bounce" and doc["seed"] == 3
+    assert doc["policy"] == {"scheduler_policy": "oqmgr"}
+    assert doc["policy_service"] is None and doc["deferred_queue"] is None
+    a = doc["destinations"]["a.example"]
+    assert list(a) == ["sent", "deferred", "bounced", "deferral_rate", "mean_concurrency",
+                       "max_window"]
+    assert a["bounced"] > 0 and a["sent"] + a["bounced"] == 40
+    assert {k: {c: v[c] for c in ("sent", "deferred", "bounced")}
+            for k, v in doc["destinations"].items()} == table(text.stdout)
+    trace = doc["trace"]
+    assert len(trace["deliveries"]) == doc["deliveries"]
+    assert list(trace["deliveries"][0]) == ["start", "end", "transport", "destination",
+                                            "message", "recipients", "outcome", "window",
+                                            "reason"]
+    # One delivery to a.example carried all 40, the bounced ones among them.
+    assert [(d["destination"], d["recipients"]) for d in trace["deliveries"]
+            if d["destination"] == "a.example"] == [("a.example", 40)]
+    assert sorted(trace["windows"]) == ["a.example", "b.example"]
+    assert list(trace["windows"]["b.example"][0]) == ["time", "window", "busy"]
+    assert max(p["window"] for p in trace["windows"]["a.example"]) == a["max_window"]
+
+
+def test_cli_json_carries_the_policy_service_and_the_deferred_queue():
+    doc = json.loads(run_cli(os.path.join("scenarios", "delegation-rate.toml"), "--json").stdout)
+    assert doc["policy_service"]["questions"] > doc["deliveries"]
+    assert doc["policy_service"]["held_back"] == {"limited.example": 152}
+    doc = json.loads(run_cli(os.path.join("scenarios", "deferred-recovery.toml"),
+                             "--json").stdout)
+    queue = doc["deferred_queue"]
+    assert queue["brought_forward"] > 300 and queue["still_deferred"] == 0
+    assert queue["last_delivered"] < 1000
+    assert sum(s["messages"] for s in queue["scans"]) == queue["came_back_by_scan"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"], ["--trace"]])
+def test_cli_bad_scenario_names_the_line_and_exits_1(tmp_path, extra):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('title = "x"\n[destinations."a.example"]\nrcpt_4xx = 1.5\n'
+                   '[[messages]]\ndestination = "a.example"\n')
+    proc = run_cli(str(bad), *extra)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith(f"pyqmgr simulate: {bad}, line 3: "), proc.stderr
+    assert "rcpt_4xx must be at most 1" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # -- shaping (#13): response rules against the seed's limiter and a rate-limiting server
