@@ -233,7 +233,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print("\n".join(replay_report.text(report)))
+        print("\n".join(replay_report.text(report, 0 if args.all else replay_report.ROWS)))
         for name, path in report.get("workloads", {}).items():
             print(f"workload of {name}: {path}")
     if not report["instances"]:
@@ -693,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="key of the address hashes, for the same hashes in every run "
                         "(default: a random one per run)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the simulation")
+    p.add_argument("--all", action="store_true",
+                   help="every destination in the table (default: the 25 busiest)")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=_replay)
 

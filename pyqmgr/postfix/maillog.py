@@ -157,7 +157,10 @@ class Reader:
                     if len(raw) > MAX_LINE:
                         skipped["line too long"] += 1
                         continue
-                    line = stream.parse(raw.rstrip("\n"), skipped)
+                    text = raw.rstrip("\n")
+                    if not text.strip():
+                        continue  # blank: nothing to skip
+                    line = stream.parse(text, skipped)
                     if line is None:
                         continue
                     if self.first is None or line.time < self.first:
@@ -204,8 +207,8 @@ class _Stream:
         else:
             m = _ISO.match(raw)
             if m is None:
-                skipped["other programs' or unreadable lines" if _looks_syslog(raw)
-                        else "garbage"] += 1
+                skipped["syslog lines of another form (no program[pid])"
+                        if _looks_syslog(raw) else "garbage"] += 1
                 return None
             try:
                 # fromisoformat takes at most microseconds: cut nanoseconds.
@@ -259,6 +262,7 @@ class Delivery(NamedTuple):
     #: ``delays=a/b/c/d``: before the active queue (the last time it entered),
     #: waiting in it, connection set-up, transmission.
     a: float
+    b: float
     c: float
     d: float
     dsn: str
@@ -271,7 +275,7 @@ def delivery(text: str) -> Delivery | None:
     if m is None or m["status"] not in STATUSES:
         return None
     return Delivery(m["qid"], m["to"], m["relay"], float(m["delay"]), float(m["a"]),
-                    float(m["c"]),
+                    float(m["b"]), float(m["c"]),
                     float(m["d"]), m["dsn"], m["status"], (m["detail"] or "").rstrip(")"))
 
 

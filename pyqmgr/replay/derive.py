@@ -49,6 +49,8 @@ NOT_AGENTS = ("retry", "error", "qmgr", "bounce", "cleanup")
 _RCPT_LEVEL = ("(in reply to RCPT TO command", "(in reply to end of DATA command")
 _SUBMISSION = ("client=", "uid=", "message-id=", "resent-message-id=")
 BULK = 20
+#: Waits in the active queue shorter than this are taken for agent hand-off times.
+HANDOFF_MAX = 1.0
 _SAFE_SENDER = re.compile(r"^[A-Za-z0-9._+=-]{1,64}@[A-Za-z0-9.-]{1,200}$")
 _DOMAIN_OK = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,250}[a-z0-9])?$")
 
@@ -106,6 +108,9 @@ class Derived:
     #: When retried mail came back from the deferred queue (epoch seconds, a
     #: sample): the deferred-queue scans' times, whose phase the simulation keeps.
     rescans: list[float] = field(default_factory=list)
+    #: Per transport: waits in the active queue (``delays`` b) under HANDOFF_MAX, a
+    #: sample: mostly the time to hand a delivery to an agent, not window waits.
+    handoffs: dict[str, list[float]] = field(default_factory=dict)
 
 
 class _Msg:
@@ -117,9 +122,9 @@ class _Msg:
         self.sender: str | None = None
         self.size = 0
         self.queued = False
-        #: (time, pid, service, program, to, delay, c, d, status, detail, a)
+        #: (time, pid, service, program, to, delay, c, d, status, detail, a, b)
         self.lines: list[tuple[float, int, str, str, str, float, float, float, str, str,
-                               float]] = []
+                               float, float]] = []
 
 
 def refusal_kind(detail: str) -> str:
@@ -168,7 +173,7 @@ class Deriver:
                 if msg is None:
                     msg = pending[qid] = _Msg(line.time)
                 msg.lines.append((line.time, line.pid, line.service, line.program, d.to,
-                                  d.delay, d.c, d.d, d.status, d.detail, d.a))
+                                  d.delay, d.c, d.d, d.status, d.detail, d.a, d.b))
             elif line.program == "qmgr":
                 if rest == "removed":
                     if msg is not None:
@@ -215,7 +220,7 @@ class Deriver:
         by_rcpt: dict[str, str] = {}
         sessions: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
         tried: set[str] = set()
-        for _t, pid, service, program, to, delay, c, d, status, detail, a in sorted(
+        for _t, pid, service, program, to, delay, c, d, status, detail, a, b in sorted(
                 msg.lines):
             domain = to.rpartition("@")[2].lower() or "localhost"
             obs = derived.destinations.get(domain)
@@ -235,6 +240,14 @@ class Deriver:
                 by_rcpt.setdefault(to, domain)
                 continue
             obs.transports[service] += 1
+            if b < HANDOFF_MAX:
+                handoffs = derived.handoffs.setdefault(service, [])
+                if len(handoffs) < RESERVOIR:
+                    handoffs.append(b)
+                else:
+                    k = self._rng.randrange(sum(obs.transports.values()) + RESERVOIR)
+                    if k < RESERVOIR:
+                        handoffs[k] = b
             if to in tried and a > 0 and len(derived.rescans) < RESERVOIR:
                 # A retry: the message came back from the deferred queue at a scan.
                 derived.rescans.append(arrival + a)

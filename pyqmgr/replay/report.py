@@ -66,8 +66,13 @@ def _ratio(sim: float | None, log: float | None) -> str:
     return f"({sim / log - 1:+.0%})"
 
 
-def text(report: dict[str, Any]) -> list[str]:
-    """The report for a person: what was read, then each instance's table."""
+#: Destinations in the text report: the busiest in the log.
+ROWS = 25
+
+
+def text(report: dict[str, Any], rows: int = ROWS) -> list[str]:
+    """The report for a person: what was read, then each instance's table (its
+    ``rows`` busiest destinations; 0: all)."""
     inp = report["input"]
     skipped = sum(inp["skipped"].values())
     out = [f"pyqmgr replay: {inp['files']} file(s), {inp['lines']} lines, {skipped} "
@@ -75,11 +80,11 @@ def text(report: dict[str, Any]) -> list[str]:
     for reason, n in sorted(inp["skipped"].items(), key=lambda kv: -kv[1]):
         out.append(f"  skipped: {n} {reason}")
     for inst in report["instances"]:
-        out += [""] + _instance(inst)
+        out += [""] + _instance(inst, rows)
     return out
 
 
-def _instance(inst: dict[str, Any]) -> list[str]:
+def _instance(inst: dict[str, Any], rows: int) -> list[str]:
     msgs = inst["messages"]
     out = [f"{inst['instance']}: {msgs.get('replayed', 0)} messages replayed over "
            f"{inst['span']:.0f} s of log"]
@@ -101,7 +106,9 @@ def _instance(inst: dict[str, Any]) -> list[str]:
         sub += f" | {'sent':>6} {'deferred':>8} {'p50 s':>9} {'p95 s':>9}"
     out += ["", head, sub]
     log = inst["figures"]["log"]
-    for dest in sorted(log):
+    busiest = sorted(log, key=lambda d: (-(log[d]["sent"] + log[d]["deferred"]), d))
+    shown = sorted(busiest[:rows]) if rows else sorted(log)
+    for dest in shown:
         row = f"{dest:<{width}}"
         for label in labels:
             f = inst["figures"][label].get(dest, {})
@@ -113,8 +120,13 @@ def _instance(inst: dict[str, Any]) -> list[str]:
                                                                           base["p95"]))
             row += f" {p50:>9} {p95:>9}"
         out.append(row)
+    if len(shown) < len(log):
+        out.append(f"... and {len(log) - len(shown)} more destinations (--all or --json "
+                   "for every one)")
     out += ["", "what the log shows of each destination (the simulation plays it):"]
     for m in inst["model"]:
+        if m["destination"] not in shown:
+            continue
         notes = "; ".join(m["notes"]) or "accepted every session"
         out.append(f"  {m['destination']} ({m['transport']}): {notes}")
     for label, run in runs.items():

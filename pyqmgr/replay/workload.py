@@ -95,8 +95,7 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
     model = Model(name, transport)
     lat = sorted(obs.latencies)
     if len(lat) >= 2:
-        qs = tuple(round(percentile(lat, 100 * k / (QUANTILES - 1)) or 0.0, 4)
-                   for k in range(QUANTILES))
+        qs = quantiles(lat)
         latency = Latency("empirical", values=qs)
         model.notes.append(f"latency p50 {qs[50]:.3g} s, p95 {qs[95]:.3g} s a recipient "
                            f"({obs.sessions_seen} sessions)")
@@ -156,6 +155,12 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
     return Destination(name, transport, latency, **kw), model  # type: ignore[arg-type]
 
 
+def quantiles(values: Sequence[float]) -> tuple[float, ...]:
+    xs = sorted(values)
+    return tuple(round(percentile(xs, 100 * k / (QUANTILES - 1)) or 0.0, 4)
+                 for k in range(QUANTILES))
+
+
 def scenario_name(domain: str) -> str:
     """The destination's name in the workload: the domain, or a stand-in for one the
     scenario format cannot hold (``localhost``)."""
@@ -187,37 +192,47 @@ def _only(sc: Scenario, name: str, **changes: object) -> Scenario:
                                pyqmgr_cf={"scheduler_policy": "nqmgr"})
 
 
-def calibrate(sc: Scenario, name: str, key: str, estimate: int, logged: int) -> int:
-    """The ``key`` (server_limit or rate_limit) whose simulation under stock's
-    scheduler defers as many of the destination's tries as the log shows.
+def calibrate(sc: Scenario, name: str, key: str, estimate: int, obs: Observed) -> int:
+    """The ``key`` (server_limit or rate_limit) under which stock's scheduler meets the
+    destination as the log shows it did: as many deferred tries, the same delays.
 
-    The log's whole-second times smear accepted sessions over each other, so the
-    most seen at once is only a first guess; the log's scheduler was stock, and the
-    limit that makes stock's window run into it as often as it did is the one
-    the replay needs. Deferrals fall as the limit rises: a bisection.
+    The log's whole-second times smear accepted sessions over each other, so the most
+    seen at once is only a first guess. The log's scheduler was stock, and the limit
+    that makes stock's window run into it as the log shows is the one the replay
+    needs. Deferrals fall as the limit rises, so a bisection finds the limit that
+    defers about as often; its neighbours are then weighed by deferrals and the
+    p50 and p95 delays together, since a few deferrals more or less can come from
+    either of two limits.
     """
-    def deferred(limit: int) -> int:
-        res = simulate(_only(sc, name, **{key: limit}), record=False)
-        return res.deferred.get(name, 0)
+    logged = obs.deferred
+    cache: dict[int, tuple[int, list[float]]] = {}
 
-    lo, hi = 1, max(2 * estimate + 2, 4)
-    cache: dict[int, int] = {}
-
-    def at(limit: int) -> int:
+    def at(limit: int) -> tuple[int, list[float]]:
         if limit not in cache:
-            cache[limit] = deferred(limit)
+            res = simulate(_only(sc, name, **{key: limit}), record=False)
+            cache[limit] = (res.deferred.get(name, 0), res.delays.get(name, []))
         return cache[limit]
 
+    lo, hi = 1, max(2 * estimate + 2, 4)
     while lo < hi:
         mid = (lo + hi) // 2
-        if at(mid) <= logged:
+        if at(mid)[0] <= logged:
             hi = mid
         else:
             lo = mid + 1
-    best = lo
-    if best > 1 and abs(at(best - 1) - logged) < abs(at(best) - logged):
-        best -= 1
-    return best
+    log50 = percentile(list(obs.delays), 50) or 0.0
+    log95 = percentile(list(obs.delays), 95) or 0.0
+
+    def miss(limit: int) -> float:
+        deferred, delays = at(limit)
+        out = abs(deferred - logged) / max(logged, 1)
+        for p, want in ((50, log50), (95, log95)):
+            got = percentile(delays, p)
+            if got is not None and want > 0:
+                out += abs(got - want) / want
+        return out
+
+    return min(range(max(1, lo - 2), lo + 3), key=lambda limit: (miss(limit), limit))
 
 
 def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, int],
@@ -236,6 +251,11 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     sc.trace = [TraceMessage(round(m.at - origin, 3), m.size, m.klass, m.sender,
                              tuple((names[d], n, s) for d, n, s in m.recipients),
                              m.measured) for m in derived.trace]
+    for transport, waits in derived.handoffs.items():
+        if transport in sc.process_limits or any(
+                d.transport == transport for d in sc.destinations.values()):
+            if len(waits) >= 2 and max(waits) > 0:
+                sc.handoffs[transport] = Latency("empirical", values=quantiles(waits))
     # The simulation ends where the log does: mail still deferred then is so in both.
     sc.duration = max(derived.end - origin, 0.0) + 1.0
     period = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
@@ -247,11 +267,12 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
         for key in ("server_limit", "rate_limit"):
             first = int(getattr(dest, key))
             if first:
-                fitted = calibrate(sc, dest.name, key, first, obs.deferred)
+                fitted = calibrate(sc, dest.name, key, first, obs)
                 change: dict[str, Any] = {key: fitted}
                 sc.destinations[dest.name] = dest = dataclasses.replace(dest, **change)
                 model.notes.append(f"{key} {fitted}: the one under which stock's scheduler "
-                                   f"defers as often as the log shows ({obs.deferred})")
+                                   f"defers and delays as the log shows ({obs.deferred} "
+                                   "deferred tries)")
     return sc, models, {v: k for k, v in names.items()}
 
 
@@ -270,9 +291,13 @@ def write(sc: Scenario, directory: str) -> str:
            "", "[deferred]", "retry = true", f"scan_phase = {sc.scan_phase:g}", "",
            "[main_cf]"]
     out += [f"{k} = {_q(v)}" for k, v in sorted(sc.main_cf.items())]
-    if sc.process_limits:
-        for t, n in sorted(sc.process_limits.items()):
-            out += ["", f"[transports.{_q(t)}]", f"process_limit = {n}"]
+    for t in sorted(set(sc.process_limits) | set(sc.handoffs)):
+        out += ["", f"[transports.{_q(t)}]"]
+        if t in sc.process_limits:
+            out.append(f"process_limit = {sc.process_limits[t]}")
+        if t in sc.handoffs:
+            out.append('handoff = {dist = "empirical", values = ['
+                       + ", ".join(f"{v:g}" for v in sc.handoffs[t].values) + "]}")
     for name, d in sorted(sc.destinations.items()):
         out += ["", f"[destinations.{_q(name)}]", f"transport = {_q(d.transport)}"]
         lat = d.latency

@@ -255,6 +255,8 @@ class Engine:
         self.deferred: dict[str, tuple[float, _SimMessage]] = {}
         self._scan_due = False
         self.retry_rng = random.Random(f"deferred retry {seed}")
+        #: The agents' hand-off times have their own random numbers too.
+        self.handoff_rng = random.Random(f"handoff {seed}")
         self.registry: Registry | None = None
         self._recovery_next = 0.0
         if self.retry is not None and self.retry.recovery_rate is not None:
@@ -424,7 +426,11 @@ class Engine:
             limit = self.sc.process_limits.get(name, self.cfg.default_process_limit)
             if self.busy_procs.get(name, 0) < limit:
                 self.busy_procs[name] = self.busy_procs.get(name, 0) + 1
-                self.at(self.now + sched.select_delay(name), self._agent(name))
+                delay = sched.select_delay(name)
+                handoff = self.sc.handoffs.get(name)
+                if handoff is not None:
+                    delay += handoff.draw(self.handoff_rng)
+                self.at(self.now + delay, self._agent(name))
             else:
                 self.waiting[name] = self.waiting.get(name, 0) + 1
 

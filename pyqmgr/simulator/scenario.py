@@ -25,6 +25,10 @@ smtp_destination_rate = "5/1s"   # shaping; a response_rules path is relative to
 [transports.smtp]
 process_limit = 100        # master.cf maxproc of the service (compare: other names
                            # become copies of the smtp service)
+handoff = 0.0              # simulate: seconds from asking for an agent to handing it a
+                           # delivery (master starting processes, a busy machine): a
+                           # number or a dist table; replay reads it off the log's
+                           # delays=a/b/c/d b
 
 [destinations."example.com"]
 transport = "smtp"
@@ -358,6 +362,9 @@ class Scenario:
     path: str = ""
     #: A delivery policy service to ask before each delivery (None: none).
     delegation: Delegation | None = None
+    #: Per transport: the time from asking for a delivery agent to handing it a
+    #: delivery, beyond the scheduler's ([transports.NAME] handoff; none: at once).
+    handoffs: dict[str, Latency] = field(default_factory=dict)
     #: Messages of the ``arrivals`` file, in time order.
     trace: list[TraceMessage] = field(default_factory=list)
 
@@ -367,7 +374,7 @@ class Scenario:
 _TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "transports",
         "destinations", "deferred", "messages", "compare", "delegation", "arrivals"}
 _SCHEDULER = {"feedback_rounding", "policy"}
-_TRANSPORT = {"process_limit"}
+_TRANSPORT = {"process_limit", "handoff"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
                 "reject_time", "timeout", "dead", "dead_until", "rate_limit", "rate_reply",
                 "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx", "rcpt_5xx_reply"}
@@ -506,8 +513,11 @@ def parse(data: dict[str, Any], base_dir: str = ".") -> Scenario:
         if not isinstance(t, dict):
             raise ScenarioError(f"{_dotted(key)} must be a table", key)
         _known(t, _TRANSPORT, key)
-        sc.process_limits[name] = _number(t, "process_limit", key, 100, low=1,
-                                          integer=True)
+        if "process_limit" in t:
+            sc.process_limits[name] = _number(t, "process_limit", key, 100, low=1,
+                                              integer=True)
+        if "handoff" in t:
+            sc.handoffs[name] = _dist(t["handoff"], key + ("handoff",), "handoff")
     for name, d in _table(data, "destinations", ()).items():
         sc.destinations[name] = _destination(name, d)
     messages = data.get("messages", [])
