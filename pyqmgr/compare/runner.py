@@ -38,7 +38,7 @@ from typing import Any
 from pyqmgr.compare.contender import Contender
 from pyqmgr.compare.figures import DeliveryLine, parse_delivery
 from pyqmgr.compare.plan import Arrival, Plan, parse_address
-from pyqmgr.simulator.scenario import Destination
+from pyqmgr.simulator.scenario import Destination, parse_script
 from pyqmgr.testbed.instance import PostfixInstance, TestbedError
 from pyqmgr.testbed.sink import SinkServer
 
@@ -97,10 +97,10 @@ class _Host:
 
         def reply(addr: str) -> str | None:
             n = attempts[addr] = attempts.get(addr, 0) + 1
-            script = scripts.get(addr) if scripts else None
+            script = parse_script(scripts[addr]) if scripts and addr in scripts else None
             if script is not None:
                 # A replayed recipient answers its nth try as the log shows it did.
-                code = script[n - 1] if n <= len(script) else "s"
+                code = script[n - 1][0] if n <= len(script) else "s"
                 return dest.rcpt_4xx_reply if code == "d" else \
                     dest.rcpt_5xx_reply if code == "b" else None
             if dest.rcpt_5xx and _unit(seed, "5xx", addr) < dest.rcpt_5xx:

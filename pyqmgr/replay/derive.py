@@ -216,7 +216,7 @@ class Deriver:
         if not msg.submitted:
             arrival = msg.first  # queued before the log: it enters at its first line
         derived.messages["replayed" if msg.submitted else "queued before the log"] += 1
-        rcpts: dict[str, list[str]] = {}
+        rcpts: dict[str, list[tuple[str, tuple[int, int]]]] = {}
         by_rcpt: dict[str, str] = {}
         sessions: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
         tried: set[str] = set()
@@ -257,7 +257,9 @@ class Deriver:
             rcpt_level = status == "sent" or any(mark in detail for mark in _RCPT_LEVEL)
             if rcpt_level:
                 code = "s" if status == "sent" else "d" if status == "deferred" else "b"
-                script.append(code)
+                start = end - c - d
+                key = (pid, round(start * 10))
+                script.append((code, key))
                 obs.rcpt_tries += 1
                 reply = detail.partition(" said: ")[2].split(" (in reply to")[0]
                 if code == "d":
@@ -266,8 +268,7 @@ class Deriver:
                 elif code == "b":
                     obs.rcpt_5xx += 1
                     obs.replies_5xx[reply] += 1
-                start = end - c - d
-                sessions.setdefault((pid, round(start * 10)), []).append((start, end, domain))
+                sessions.setdefault(key, []).append((start, end, domain))
             elif status != "sent":
                 kind = refusal_kind(detail)
                 obs.refusals[kind] += 1
@@ -275,14 +276,15 @@ class Deriver:
                 obs.refusal_seconds.setdefault(kind, []).append(c + d)
                 said = detail.split(": ", 1)[-1]
                 obs.refusal_texts[said[:120]] += 1
-        for lines in sessions.values():
+        per_of: dict[tuple[int, int], float] = {}
+        for key, lines in sessions.items():
             start = min(s for s, _, _ in lines)
             end = max(e for _, e, _ in lines)
             obs = derived.destinations[lines[0][2]]
             obs.starts.append(start)
             obs.ends.append(end)
             obs.sessions_seen += 1
-            per = max(end - start, 0.0) / len(lines)
+            per = per_of[key] = max(end - start, 0.0) / len(lines)
             if len(obs.latencies) < RESERVOIR:
                 obs.latencies.append(per)
             else:
@@ -291,11 +293,11 @@ class Deriver:
                     obs.latencies[k] = per
         counts: Counter[tuple[str, str]] = Counter()
         for to, domain in by_rcpt.items():
-            # Trailing acceptances go (past its end a script accepts), but a recipient
-            # accepted at its first try keeps "s": no script would leave its answer
-            # to the destination's shares, as for one the log never saw at RCPT.
-            codes = "".join(rcpts.get(to, []))
-            counts[(domain, codes.rstrip("s") or codes[:1])] += 1
+            # Each try: its answer and the seconds its session took per recipient, so
+            # that the replay's sessions last as the logged ones did. A recipient the
+            # log never saw at RCPT has none, and the destination's shares decide.
+            counts[(domain, "".join(f"{code}{per_of[key]:.3g}"
+                                    for code, key in rcpts.get(to, [])))] += 1
         if not counts:
             derived.messages["replayed"] -= 1
             derived.messages["no delivery lines"] += 1

@@ -50,6 +50,7 @@ from pyqmgr.simulator.scenario import (
     Scenario,
     ScenarioError,
     TraceMessage,
+    parse_script,
 )
 
 
@@ -138,8 +139,11 @@ class _SimMessage:
     __slots__ = ("sched", "routes", "pos", "destination", "arrival", "retry", "waits",
                  "_by_rcpt", "scripts", "tries", "measured")
 
+    scripts: dict[int, tuple[tuple[str, float | None], ...]] | None
+
     def __init__(self, sched: Message, routes: list[Route], destination: str,
-                 arrival: float = 0.0, scripts: dict[int, str] | None = None,
+                 arrival: float = 0.0,
+                 scripts: dict[int, tuple[tuple[str, float | None], ...]] | None = None,
                  measured: bool = True) -> None:
         self.sched = sched
         self.routes = routes
@@ -157,15 +161,16 @@ class _SimMessage:
         self.tries: dict[int, int] = {}
         self.measured = measured
 
-    def answer(self, rcpt: Recipient) -> str | None:
-        """The scripted answer to this try of a recipient: 2xx, 4xx, 5xx; None: none."""
+    def answer(self, rcpt: Recipient) -> tuple[str, float | None] | None:
+        """This try of a scripted recipient: 2xx, 4xx or 5xx, and its seconds if the
+        script has them; None for a recipient without a script."""
         if self.scripts is None or rcpt.offset not in self.scripts:
             return None
         script = self.scripts[rcpt.offset]
         n = self.tries.get(rcpt.offset, 0)
         self.tries[rcpt.offset] = n + 1
-        code = script[n] if n < len(script) else "s"
-        return "4xx" if code == "d" else "5xx" if code == "b" else "2xx"
+        code, secs = script[n] if n < len(script) else ("s", None)
+        return ("4xx" if code == "d" else "5xx" if code == "b" else "2xx"), secs
 
     def route_of(self, rcpt: Recipient) -> Route:
         if self._by_rcpt is None:
@@ -341,7 +346,7 @@ class Engine:
     def _enter(self, qid: str, spread: Sequence[tuple[str, int, str]],
                measured: bool) -> None:
         routes: list[Route] = []
-        scripts: dict[int, str] | None = None
+        scripts: dict[int, tuple[tuple[str, float | None], ...]] | None = None
         for dest_name, nrcpt, script in spread:
             dest = self.sc.destinations[dest_name]
             limit = self.cfg.transport(dest.transport).destination_recipient_limit
@@ -354,7 +359,7 @@ class Engine:
                 if script:
                     if scripts is None:
                         scripts = {}
-                    scripts[i] = script
+                    scripts[i] = parse_script(script)
         msg = _SimMessage(Message(qid, self.now, rcpt_unread=len(routes)), routes,
                           spread[0][0], self.now, scripts, measured)
         msg.sched.owner = msg
@@ -633,22 +638,40 @@ class Engine:
 
     def _serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
         self.servers[dest.name].sessions += 1
+        msg: _SimMessage = entry.message.owner
+        if msg.scripts is not None:
+            self._serve_scripted(entry, start, window, dest, msg)
+            return
         duration = sum(dest.latency.draw(self.rng) for _ in range(len(entry.recipients)))
         replies: list[str] | None = None
-        msg: _SimMessage = entry.message.owner
-        if dest.rcpt_4xx or dest.rcpt_5xx or msg.scripts is not None:
+        if dest.rcpt_4xx or dest.rcpt_5xx:
             # The server's answer to each RCPT: a recipient-level 4xx defers only that
-            # recipient and a 5xx bounces it; neither is a failure of the site. A
-            # replayed recipient answers as its script says.
+            # recipient and a 5xx bounces it; neither is a failure of the site.
             replies = []
-            for rcpt in entry.recipients:
-                scripted = msg.answer(rcpt) if msg.scripts is not None else None
-                if scripted is not None:
-                    replies.append(scripted)
-                    continue
+            for _ in entry.recipients:
                 draw = self.rng.random()
                 replies.append("4xx" if draw < dest.rcpt_4xx else
                                "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
+        self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
+                                                  None, True, replies))
+
+    def _serve_scripted(self, entry: Entry, start: float, window: int, dest: Destination,
+                        msg: _SimMessage) -> None:
+        """A replayed message: each recipient answers and takes as its script says
+        (others as the destination's shares and latency would have them)."""
+        duration = 0.0
+        replies = []
+        for rcpt in entry.recipients:
+            scripted = msg.answer(rcpt)
+            if scripted is not None:
+                reply, secs = scripted
+                duration += secs if secs is not None else dest.latency.draw(self.rng)
+                replies.append(reply)
+                continue
+            duration += dest.latency.draw(self.rng)
+            draw = self.rng.random()
+            replies.append("4xx" if draw < dest.rcpt_4xx else
+                           "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
         self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
                                                   None, True, replies))
 

@@ -69,7 +69,8 @@ scan_phase = 0             # the scans run at this offset plus multiples of
 arrivals = "arrivals.csv"  # (top level) more messages, one a line, as pyqmgr replay
                            # writes them: at,size,class,sender,recipients,measured with
                            # recipients "DOMAIN[*COUNT][=SCRIPT] ..." (SCRIPT: the
-                           # recipients' RCPT answers try by try, d 4xx, b 5xx, s 2xx)
+                           # recipients' RCPT answers try by try, d 4xx, b 5xx, s 2xx,
+                           # each with the try's seconds if known: d1.5s2.1)
 
 [compare]                  # pyqmgr compare only
 time_scale = 0.1           # default --time-scale: arrival times, latencies, timeouts,
@@ -320,8 +321,10 @@ class TraceMessage(NamedTuple):
     klass: str
     sender: str
     #: (destination, recipients, script): those recipients answer their tries at RCPT
-    #: as the script says, try by try: ``d`` a 4xx, ``b`` a 5xx, ``s`` accepted, and
-    #: accepted past its end. An empty script leaves it to the destination's shares.
+    #: as the script says, try by try: ``d`` a 4xx, ``b`` a 5xx, ``s`` accepted, each
+    #: optionally followed by the seconds the try's session took per recipient
+    #: (``d1.5s2.1``), and accepted past its end. An empty script leaves it to the
+    #: destination's shares and latency.
     recipients: tuple[tuple[str, int, str], ...]
     #: False for mail queued before the log began: its delay is not the log's to
     #: compare, so the delay figures leave it out.
@@ -667,7 +670,16 @@ def _compare(c: dict[str, Any]) -> CompareSettings:
 ARRIVALS_HEADER = "# pyqmgr arrivals: at,size,class,sender,recipients,measured"
 #: An arrivals line is at most this long (a message to thousands of domains fits).
 MAX_ARRIVAL_LINE = 1 << 20
-_ITEM = re.compile(r"^(?P<dest>[^*=\s]+)(?:\*(?P<n>\d{1,7}))?(?:=(?P<script>[dbs]{1,1000}))?$")
+_ITEM = re.compile(r"^(?P<dest>[^*=\s]+)(?:\*(?P<n>\d{1,7}))?"
+                   r"(?:=(?P<script>(?:[dbs](?:\d{1,6}(?:\.\d{1,6})?(?:e-?\d\d)?)?){1,1000}))?$")
+_TOKEN = re.compile(r"([dbs])(\d{1,6}(?:\.\d{1,6})?(?:e-?\d\d)?)?")
+
+
+def parse_script(script: str) -> tuple[tuple[str, float | None], ...]:
+    """A recipient's script as (answer, seconds or None) per try: ``d1.5s2`` is a 4xx
+    after 1.5 s, then accepted after 2 s."""
+    return tuple((code, float(secs) if secs else None)
+                 for code, secs in _TOKEN.findall(script))
 
 
 def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
@@ -715,7 +727,8 @@ def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
                     m = _ITEM.match(item)
                     if m is None:
                         raise ValueError(f"recipients item {item[:60]!r}: write "
-                                         "DOMAIN[*COUNT][=SCRIPT] (script of d, b, s)")
+                                         "DOMAIN[*COUNT][=SCRIPT] (script: d, b, s, each "
+                                         "with optional seconds)")
                     if m["dest"] not in sc.destinations:
                         raise ValueError(f"unknown destination {m['dest']!r}")
                     count = int(m["n"] or 1)
