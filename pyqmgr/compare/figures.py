@@ -38,14 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyqmgr.compare.plan import parse_address
+from pyqmgr.postfix import maillog
 from pyqmgr.testbed.sink import RATE_LIMITED, TOO_MANY
 
-_DELIVERY = re.compile(
-    r"^\w{3} [ \d]\d \d\d:\d\d:\d\d \S+ (?P<program>[^\[\s]+)\[(?P<pid>\d+)\]: "
-    r"(?P<qid>[0-9A-Za-z]+): to=<(?P<to>[^>]*)>, (?P<rest>.*?)delay=(?P<delay>[\d.]+), "
-    r"delays=(?P<a>[\d.]+)/(?P<b>[\d.]+)/(?P<c>[\d.]+)/(?P<d>[\d.]+), "
-    r"dsn=(?P<dsn>[\d.]+), status=(?P<status>\w+) \((?P<detail>.*)\)$")
-_RELAY = re.compile(r"relay=([^,]+),")
 #: A remote server's reply quoted in a delivery line's detail.
 _REPLY = re.compile(r"(?:said|refused to talk to me): (?P<code>[2-5]\d\d)"
                     r"(?: (?P<ext>[2-5]\.\d{1,3}\.\d{1,3}))?")
@@ -82,14 +77,16 @@ class DeliveryLine:
 
 
 def parse_delivery(raw: str) -> DeliveryLine | None:
-    m = _DELIVERY.match(raw)
-    if m is None:
+    """A delivery line of the run's maillog (read by :mod:`pyqmgr.postfix.maillog`)."""
+    parts = maillog.split(raw)
+    if parts is None:
         return None
-    relay = _RELAY.search(m["rest"])
-    return DeliveryLine(m["program"], int(m["pid"]), m["qid"], m["to"],
-                        relay.group(1) if relay else "", float(m["delay"]),
-                        (float(m["a"]), float(m["b"]), float(m["c"]), float(m["d"])),
-                        m["dsn"], m["status"], m["detail"])
+    tag, pid, text = parts
+    d = maillog.delivery(text)
+    if d is None:
+        return None
+    return DeliveryLine(tag, pid, d.qid, d.to, d.relay, d.delay, (d.a, d.b, d.c, d.d),
+                        d.dsn, d.status, d.detail)
 
 
 def percentile(values: list[float], p: float) -> float | None:

@@ -276,7 +276,21 @@ def delivery(text: str) -> Delivery | None:
         return None
     return Delivery(m["qid"], m["to"], m["relay"], float(m["delay"]), float(m["a"]),
                     float(m["b"]), float(m["c"]),
-                    float(m["d"]), m["dsn"], m["status"], (m["detail"] or "").rstrip(")"))
+                    float(m["d"]), m["dsn"], m["status"], _unwrap(m["detail"] or ""))
+
+
+def _unwrap(detail: str) -> str:
+    """The text inside ``status=... (TEXT)``: only the wrapper's closing parenthesis
+    goes; the reply's own ``(in reply to RCPT TO command)`` stays whole."""
+    return detail[:-1] if detail.endswith(")") else detail
+
+
+def split(raw: str) -> tuple[str, int, str] | None:
+    """(tag, pid, text) of a traditional syslog line, without reading its time."""
+    m = _TRADITIONAL.match(raw)
+    if m is None:
+        return None
+    return m["tag"], int(m["pid"]), m["text"]
 
 
 def active(text: str) -> tuple[str, str, int, int] | None:

@@ -32,14 +32,13 @@ import hashlib
 import hmac
 import os
 import random
-import re
 from array import array
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pyqmgr.postfix.maillog import Line, active, delay_quantum, delivery, queue_id
-from pyqmgr.simulator.scenario import DEFAULT_SENDER_DOMAIN, TraceMessage
+from pyqmgr.simulator.scenario import DEFAULT_SENDER_DOMAIN, TraceMessage, is_sender
 
 #: Latency samples kept per destination (a uniform reservoir).
 RESERVOIR = 4096
@@ -51,8 +50,6 @@ _SUBMISSION = ("client=", "uid=", "message-id=", "resent-message-id=")
 BULK = 20
 #: Waits in the active queue shorter than this are taken for agent hand-off times.
 HANDOFF_MAX = 1.0
-_SAFE_SENDER = re.compile(r"^[A-Za-z0-9._+=-]{1,64}@[A-Za-z0-9.-]{1,200}$")
-_DOMAIN_OK = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,250}[a-z0-9])?$")
 
 
 @dataclass
@@ -149,6 +146,7 @@ class Deriver:
         self.instances: dict[str, Derived] = {}
         self._pending: dict[str, dict[str, _Msg]] = {}
         self._rng = random.Random(seed)
+        self._handoffs_seen: Counter[str] = Counter()
 
     # -- lines ------------------------------------------------------------------------
 
@@ -241,13 +239,9 @@ class Deriver:
                 continue
             obs.transports[service] += 1
             if b < HANDOFF_MAX:
-                handoffs = derived.handoffs.setdefault(service, [])
-                if len(handoffs) < RESERVOIR:
-                    handoffs.append(b)
-                else:
-                    k = self._rng.randrange(sum(obs.transports.values()) + RESERVOIR)
-                    if k < RESERVOIR:
-                        handoffs[k] = b
+                self._handoffs_seen[service] += 1
+                _sample(derived.handoffs.setdefault(service, []), b,
+                        self._handoffs_seen[service], self._rng)
             if to in tried and a > 0 and len(derived.rescans) < RESERVOIR:
                 # A retry: the message came back from the deferred queue at a scan.
                 derived.rescans.append(arrival + a)
@@ -285,12 +279,7 @@ class Deriver:
             obs.ends.append(end)
             obs.sessions_seen += 1
             per = per_of[key] = max(end - start, 0.0) / len(lines)
-            if len(obs.latencies) < RESERVOIR:
-                obs.latencies.append(per)
-            else:
-                k = self._rng.randrange(obs.sessions_seen)
-                if k < RESERVOIR:
-                    obs.latencies[k] = per
+            _sample(obs.latencies, per, obs.sessions_seen, self._rng)
         counts: Counter[tuple[str, str]] = Counter()
         for to, domain in by_rcpt.items():
             # Each try: its answer and the seconds its session took per recipient, so
@@ -313,7 +302,7 @@ class Deriver:
     def _sender(self, sender: str) -> str:
         if not sender:
             return f"mailer-daemon@{DEFAULT_SENDER_DOMAIN}"
-        if not self.hash and _SAFE_SENDER.match(sender):
+        if not self.hash and is_sender(sender):
             return sender
         digest = hmac.new(self.key, sender.lower().encode(), hashlib.sha256).hexdigest()
         return f"h{digest[:16]}@{DEFAULT_SENDER_DOMAIN}"
@@ -331,5 +320,11 @@ class Deriver:
         return self.instances
 
 
-def valid_domain(name: str) -> bool:
-    return bool(_DOMAIN_OK.match(name)) and "." in name
+def _sample(kept: list[float], value: float, seen: int, rng: random.Random) -> None:
+    """Reservoir sampling: ``kept`` stays a uniform sample of the ``seen`` values."""
+    if len(kept) < RESERVOIR:
+        kept.append(value)
+    else:
+        k = rng.randrange(seen)
+        if k < RESERVOIR:
+            kept[k] = value

@@ -20,13 +20,14 @@ from typing import Any
 
 from pyqmgr.compare.figures import percentile
 from pyqmgr.postfix.config import QmgrConfig
-from pyqmgr.replay.derive import Derived, Observed, valid_domain
+from pyqmgr.replay.derive import Derived, Observed
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import (
     Destination,
     Latency,
     Scenario,
     TraceMessage,
+    is_domain,
     write_arrivals,
 )
 
@@ -164,7 +165,7 @@ def quantiles(values: Sequence[float]) -> tuple[float, ...]:
 def scenario_name(domain: str) -> str:
     """The destination's name in the workload: the domain, or a stand-in for one the
     scenario format cannot hold (``localhost``)."""
-    if valid_domain(domain):
+    if is_domain(domain):
         return domain
     return f"d{hashlib.sha256(domain.encode()).hexdigest()[:10]}.invalid"
 
@@ -261,9 +262,10 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     period = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
                                   hostname="replay.example").queue_run_delay
     sc.scan_phase = round(scan_phase(derived.rescans, origin, period), 3)
+    domains = {name: dom for dom, name in names.items()}
     for model in models:
         dest = sc.destinations[model.destination]
-        obs = derived.destinations[names_back(names, model.destination)]
+        obs = derived.destinations[domains[model.destination]]
         for key in ("server_limit", "rate_limit"):
             first = int(getattr(dest, key))
             if first:
@@ -273,11 +275,7 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                 model.notes.append(f"{key} {fitted}: the one under which stock's scheduler "
                                    f"defers and delays as the log shows ({obs.deferred} "
                                    "deferred tries)")
-    return sc, models, {v: k for k, v in names.items()}
-
-
-def names_back(names: dict[str, str], name: str) -> str:
-    return next(dom for dom, n in names.items() if n == name)
+    return sc, models, domains
 
 
 def write(sc: Scenario, directory: str) -> str:

@@ -647,11 +647,7 @@ class Engine:
         if dest.rcpt_4xx or dest.rcpt_5xx:
             # The server's answer to each RCPT: a recipient-level 4xx defers only that
             # recipient and a 5xx bounces it; neither is a failure of the site.
-            replies = []
-            for _ in entry.recipients:
-                draw = self.rng.random()
-                replies.append("4xx" if draw < dest.rcpt_4xx else
-                               "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
+            replies = [self._reply(dest) for _ in entry.recipients]
         self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
                                                   None, True, replies))
 
@@ -669,11 +665,15 @@ class Engine:
                 replies.append(reply)
                 continue
             duration += dest.latency.draw(self.rng)
-            draw = self.rng.random()
-            replies.append("4xx" if draw < dest.rcpt_4xx else
-                           "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
+            replies.append(self._reply(dest))
         self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
                                                   None, True, replies))
+
+    def _reply(self, dest: Destination) -> str:
+        """A drawn answer at RCPT, by the destination's 4xx and 5xx shares."""
+        draw = self.rng.random()
+        return ("4xx" if draw < dest.rcpt_4xx else
+                "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
 
     def _session_end(self, dest: str) -> None:
         server = self.servers[dest]

@@ -391,6 +391,16 @@ _DIST_KEYS = {"fixed": {"dist", "value"}, "uniform": {"dist", "low", "high"},
 MAX_VALUES = 1001
 
 
+def is_domain(name: str) -> bool:
+    """A destination name the format takes: a domain with a dot (no ``localhost``)."""
+    return bool(_DOMAIN.match(name)) and "." in name
+
+
+def is_sender(address: str) -> bool:
+    """An envelope sender the format takes (compare submits it as it stands)."""
+    return bool(_SENDER.match(address))
+
+
 def _table(data: dict[str, Any], name: str, key: Key) -> dict[str, Any]:
     value = data.get(name, {})
     if not isinstance(value, dict):
@@ -556,7 +566,7 @@ def _destination(name: str, d: Any) -> Destination:
     if not isinstance(d, dict):
         raise ScenarioError(f"{_dotted(key)} must be a table", key)
     _known(d, _DESTINATION, key)
-    if not _DOMAIN.match(name) or "." not in name:
+    if not is_domain(name):
         raise ScenarioError(f"{_dotted(key)}: {name!r} is not a domain name such as "
                             "example.com", key)
     overload = _string(d, "overload", key, "421")
