@@ -228,8 +228,7 @@ def test_contrib_sender_classes_delivers_everything_once(postfix_instance, sink)
     pf.wait_queue_empty(30)
     got = [r for m in srv.messages() for r in m.recipients]
     assert len(got) == len(set(got)) == want, "every recipient exactly once"
-    removed = {ln.queue_id for ln in pf.maillog.lines() if ln.text.endswith(": removed")}
-    assert set(qids) <= removed
+    pf.wait_removed(qids)
     assert not qmgr_problems(pf)
 
 
@@ -271,8 +270,7 @@ def test_a_raising_policy_defers_and_loses_nothing(postfix_instance, sink):
     pf.wait_queue_empty(30)
     got = sorted(r for m in srv.messages() for r in m.recipients)
     assert got == sorted(f"r{i}@d.example" for i in range(n)), "each exactly once"
-    removed = {ln.queue_id for ln in pf.maillog.lines() if ln.text.endswith(": removed")}
-    assert set(qids) <= removed
+    pf.wait_removed(qids)
 
 
 SYNTAX_ERROR = "from pyqmgr.scheduler.policy import Policy\n\nclass Broken(Policy)\n    pass\n"

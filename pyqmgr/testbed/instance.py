@@ -512,6 +512,21 @@ class PostfixInstance:
             f" (still queued: {self.queue_counts()}); last maillog lines:\n"
             f"{self.maillog.tail(20)}"))
 
+    def wait_removed(self, qids: Iterable[str], timeout: float = 10) -> None:
+        """Wait for qmgr's ``removed`` line of every message in ``qids``.
+
+        The queue file goes before its log line reaches the maillog (syslog or
+        postlogd writes it a moment later), so an empty queue is not yet proof.
+        """
+        want = set(qids)
+
+        def missing() -> set[str]:
+            return want - {ln.queue_id for ln in self.maillog.lines()
+                           if ln.text.endswith(": removed")}
+
+        wait_until(lambda: not missing(), timeout, "a removed line for every message",
+                   detail=lambda: f" (missing: {sorted(missing())})")
+
     def postqueue(self, *args: str) -> str:
         return _run(["postqueue", "-c", self.config_dir, *args]).stdout
 
