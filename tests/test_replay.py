@@ -210,3 +210,68 @@ def test_a_bad_empirical_distribution_names_its_line(tmp_path):
     proc = run("simulate", str(tmp_path / "w.toml"), check=False)
     assert proc.returncode == 1
     assert "line 2" in proc.stderr and "increasing order" in proc.stderr
+
+
+def test_scan_phase_comes_from_the_returning_mails_qmgr_lines(tmp_path):
+    """A deferred-queue scan runs in the second of qmgr's line for the mail it brings
+    back: the workload's scans run in the middle of that second."""
+    t = "Nov 24 10:00:0"
+    lines = [f"{t}0 mx postfix/smtpd[100]: GREYAAAAAA: client=c.example[192.0.2.1]",
+             f"{t}0 mx postfix/qmgr[102]: GREYAAAAAA: from=<a@example.org>, size=900, "
+             "nrcpt=1 (queue active)",
+             f"{t}1 mx postfix/smtp[200]: GREYAAAAAA: to=<g@grey.example>, relay=mx.x"
+             "[198.51.100.1]:25, delay=0.9, delays=0/0/0.1/0.8, dsn=4.2.0, status=deferred "
+             "(host mx.x[198.51.100.1] said: 450 4.2.0 busy (in reply to RCPT TO command))",
+             "Nov 24 10:05:03 mx postfix/qmgr[102]: GREYAAAAAA: from=<a@example.org>, "
+             "size=900, nrcpt=1 (queue active)",
+             "Nov 24 10:05:04 mx postfix/smtp[200]: GREYAAAAAA: to=<g@grey.example>, relay="
+             "mx.x[198.51.100.1]:25, delay=304, delays=303/0/0.1/0.5, dsn=2.0.0, "
+             "status=sent (250 2.0.0 Ok)",
+             "Nov 24 10:05:04 mx postfix/qmgr[102]: GREYAAAAAA: removed"]
+    log = write(str(tmp_path / "mail.log"), lines)
+    out = str(tmp_path / "wl")
+    run("replay", log, "--year", "2026", "--write-workload", out)
+    text = open(os.path.join(out, "workload.toml")).read()
+    assert "scan_phase = 3.5\n" in text, text
+
+
+def test_handoffs_come_from_destinations_that_never_refused(tmp_path):
+    """At a destination that answered 421, qmgr's b is a wait for its throttled
+    window, which the simulation makes itself: only other destinations' b values make
+    the transport's hand-off times."""
+    lines = []
+    for i in range(20):
+        qid = f"HAND{i:06d}"
+        t = f"Nov 24 10:00:{i:02d}"
+        dest, b, tail = (("ok.example", "0.3", "dsn=2.0.0, status=sent (250 2.0.0 Ok)")
+                         if i % 2 else
+                         ("lim.example", "0.9", "dsn=4.7.0, status=deferred (host mx.x"
+                          "[198.51.100.1] refused to talk to me: 421 4.7.0 too many)"))
+        lines += [f"{t} mx postfix/smtpd[100]: {qid}: client=c.example[192.0.2.1]",
+                  f"{t} mx postfix/qmgr[102]: {qid}: from=<a@example.org>, size=900, "
+                  "nrcpt=1 (queue active)",
+                  f"{t} mx postfix/smtp[200]: {qid}: to=<r{i}@{dest}>, relay=mx.x"
+                  f"[198.51.100.1]:25, delay=0.5, delays=0/{b}/0.1/0.1, {tail}",
+                  f"{t} mx postfix/qmgr[102]: {qid}: removed"]
+    log = write(str(tmp_path / "mail.log"), lines)
+    out = str(tmp_path / "wl")
+    run("replay", log, "--year", "2026", "--write-workload", out)
+    handoff = [ln for ln in open(os.path.join(out, "workload.toml")) if "handoff" in ln]
+    assert handoff and "0.3" in handoff[0] and "0.9" not in handoff[0], handoff
+
+
+def test_runs_pool_several_seeds(tmp_path):
+    lines = []
+    for i in range(6):
+        lines += message(f"Nov 24 10:00:0{i}", f"POOL{i:06d}",
+                         [(f"Nov 24 10:00:0{i}", f"r{i}@p.example", "sent")])
+    log = write(str(tmp_path / "mail.log"), lines)
+    rep = json.loads(run("replay", log, "--year", "2026", "--json", "--runs", "3",
+                         "--seed", "7").stdout)
+    stock = rep["instances"][0]["runs"]["stock"]
+    assert stock["runs"] == 3 and stock["seeds"] == [7, 8, 9]
+    assert rep["instances"][0]["figures"]["stock"]["p.example"]["sent"] == 6
+    auto = json.loads(run("replay", log, "--year", "2026", "--json").stdout)
+    assert auto["instances"][0]["runs"]["stock"]["runs"] == 5, "a small log: five runs"
+    text = run("replay", log, "--year", "2026").stdout
+    assert "5 runs, seeds 1-5" in text

@@ -6,9 +6,9 @@ destination, one with a 421 session limit of 3, one answering 450 to 30% of
 recipients, a fast one. Its maillog, and nothing else of the run but the main.cf
 settings the instance had, goes to ``pyqmgr replay``, which must reproduce per
 destination the deferral count and the p50 and p95 delivery delay within 10% under
-the nqmgr policy. The workload it derives then runs on real Postfix again through
-``pyqmgr compare`` at four times the speed: the replayed recipients answer as they
-did in the log, so the deferrals at RCPT are the log's, exactly.
+the nqmgr policy. ``replay --compare`` then runs the workload it derives on real
+Postfix again at four times the speed: the replayed recipients answer as they did in
+the log, so the deferrals at RCPT are the log's, exactly.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_the_simulation_reproduces_the_logged_deferrals_and_delays(logged, tmp_p
     report = json.loads(proc.stdout)
     assert report["input"]["skipped"] == {}
     [inst] = report["instances"]
-    assert inst["messages"] == {"replayed": 150 + 90 + 75 + 150}
+    assert inst["messages"] == {"replayed": 150 + 250 + 150 + 150}
     log, sim = inst["figures"]["log"], inst["figures"]["stock"]
     assert sorted(log) == ["defer.example", "fast.example", "limit.example", "slow.example"]
     misses = []
@@ -99,47 +99,55 @@ def test_the_simulation_reproduces_the_logged_deferrals_and_delays(logged, tmp_p
     print(f"outside {TOLERANCE:.0%}: {', '.join(misses) or 'none'}")
     # The log shows what the workload is there for, or the test proves little.
     assert log["limit.example"]["deferred"] >= 10 and log["defer.example"]["deferred"] >= 10
-    # Held to 10% today: every destination's median delay, the deferrals the replayed
-    # RCPT answers make, and the p95 of the destinations without retries. The issue's
-    # full bar (the 421 limiter's deferrals and the p95 of retried mail too) is not
-    # met yet: see the README's "Replaying a maillog" for the measured gaps.
-    held = [f"{d} p50" for d in log] + ["defer.example deferred", "slow.example p95",
-                                        "fast.example p95", "slow.example deferred",
-                                        "fast.example deferred"]
+    # Held to 10%: every destination's deferrals (the 421 limiter's included), and
+    # the p50 and p95 of all but the limiter's. The limiter's delays are printed, not
+    # held: its median message is retried, and when a retry runs turns on where in
+    # its second the log's deferred-queue scan ran (see the README's "Replaying a
+    # maillog" for the measured gap).
+    held = [f"{d} {k}" for d in log for k in ("deferred", "p50", "p95")
+            if d != "limit.example" or k == "deferred"]
     assert not [m for m in misses if m in held], misses
     text = subprocess.run([*PYQMGR, "replay", maillog, *_settings(logged)],
                           capture_output=True, text=True, timeout=300, check=True).stdout
     assert "limit.example" in text and "server_limit 3" in text
 
 
-def test_the_derived_workload_runs_on_real_postfix(logged, tmp_path):
-    """compare runs the replay's workload (arrivals file, empirical latencies, RCPT
-    answer scripts) at 4x speed; every recipient arrives once and the sink's 450s are
-    the log's."""
-    wl = str(tmp_path / "wl")
-    subprocess.run([*PYQMGR, "replay", os.path.join(logged, "maillog"), "--write-workload",
-                    wl, *_settings(logged)], capture_output=True, text=True, timeout=300,
-                   check=True)
-    out = _base_dir()
-    instances = _base_dir()
-    try:
-        report = compare(os.path.join(wl, "workload.toml"), ["stock"], out, 0.25,
-                         base_dir=instances)
-        run = report["runs"]["stock"]
-        assert run["drained"], run
-        with open(glob.glob(os.path.join(out, "runs", "*", "run.json"))[0]) as f:
-            sinks = json.load(f)["sinks"]
-        with open(os.path.join(logged, "maillog")) as f:
-            logged_4xx = sum(1 for line in f if "defer.example" in line and
-                             "(in reply to RCPT TO command)" in line)
-        busy = sum(n for reply, n in sinks["defer.example"]["replies"].items()
-                   if reply.startswith("450"))
-        print(f"defer.example: 450s in the log {logged_4xx}, from the replay's sink {busy}")
-        assert busy == logged_4xx
-        for name, sink in sinks.items():
-            assert sink["duplicates"] == 0, name
-        assert sum(s["accepted"] for s in sinks.values()) == 150 + 90 + 75 + 2 * 150
-        assert os.listdir(instances) == []
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(instances, ignore_errors=True)
+def test_replay_compare_runs_the_log_on_real_postfix(logged, tmp_path):
+    """``replay --compare`` runs the derived workload (arrivals file, empirical
+    latencies, RCPT answer scripts) on real Postfix at 4x speed and reads the run's
+    maillog back: every recipient arrives once, the sink's 450s are the log's, and
+    the run's figures stand next to the log's in the report."""
+    out = str(tmp_path / "out")
+    proc = subprocess.run([*PYQMGR, "replay", os.path.join(logged, "maillog"), "--compare",
+                           "--time-scale", "0.25", "--out", out, "--json",
+                           *_settings(logged)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    [inst] = json.loads(proc.stdout)["instances"]
+    log, real = inst["figures"]["log"], inst["figures"]["stock on Postfix"]
+    assert inst["runs"]["stock on Postfix"]["drained"]
+    print()
+    for dest in sorted(log):
+        print(f"{dest}: log {log[dest]}; on Postfix at 4x {real[dest]}")
+    # The replayed recipients answer as the log says: the deferrals at RCPT are the
+    # log's, exactly, and all the mail is delivered.
+    assert real["defer.example"]["deferred"] == log["defer.example"]["deferred"]
+    assert {d: f["sent"] for d, f in real.items()} == {d: f["sent"] for d, f in log.items()}
+    # Delays are in the log's time: the fast and slow destinations' medians (their
+    # session times, played by the sink at 4x) come back near the log's.
+    for dest in ("slow.example", "fast.example"):
+        assert abs(real[dest]["p50"] - log[dest]["p50"]) <= 0.25 * log[dest]["p50"], dest
+    with open(glob.glob(os.path.join(out, "runs", "*", "run.json"))[0]) as f:
+        sinks = json.load(f)["sinks"]
+    with open(os.path.join(logged, "maillog")) as f:
+        logged_4xx = sum(1 for line in f if "defer.example" in line and
+                         "(in reply to RCPT TO command)" in line)
+    busy = sum(n for reply, n in sinks["defer.example"]["replies"].items()
+               if reply.startswith("450"))
+    assert busy == logged_4xx
+    for name, sink in sinks.items():
+        assert sink["duplicates"] == 0, name
+    assert sum(s["accepted"] for s in sinks.values()) == 150 + 250 + 150 + 2 * 150
+    text = subprocess.run([*PYQMGR, "replay", "--help"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "--compare" in text and "--time-scale" in text

@@ -400,3 +400,62 @@ def test_jitter_and_recovery_need_the_deferred_queue_model():
     sc.pyqmgr_cf["deferred_recovery_rate"] = "fast"
     with pytest.raises(ScenarioError, match="deferred_recovery_rate: bad rate"):
         simulate(sc)
+
+
+# -- arrivals with drawn gaps (Poisson) ---------------------------------------------------
+
+
+POISSON = ('seed = 3\n[destinations."d.example"]\nlatency = 0.1\n'
+           '[[messages]]\ncount = 400\nevery = {dist = "exponential", mean = 0.5}\n'
+           'destination = "d.example"\n')
+
+
+def test_exponential_every_makes_poisson_arrivals_the_same_in_simulate_and_compare():
+    from pyqmgr.compare.plan import make_plan
+
+    sc = parse(tomllib.loads(POISSON))
+    times = list(sc.messages[0].times(sc.seed, 0))
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert times[0] == 0 and len(times) == 400 and all(g >= 0 for g in gaps)
+    assert 0.45 < sum(gaps) / len(gaps) < 0.55, "mean gap near 0.5"
+    # Not a fixed spacing: the gaps of a Poisson stream vary (their spread is their mean).
+    assert max(gaps) > 1.5 and min(gaps) < 0.05
+    assert times == list(parse(tomllib.loads(POISSON)).messages[0].times(sc.seed, 0))
+    other = parse(tomllib.loads(POISSON.replace("seed = 3", "seed = 4")))
+    assert list(other.messages[0].times(other.seed, 0)) != times
+    plan = make_plan(sc, 1.0)
+    assert [round(a.at, 9) for a in plan.arrivals] == [round(t, 9) for t in times]
+    res = simulate(sc)
+    assert res.sent == {"d.example": 400}
+    assert [round(d.start, 6) for d in res.deliveries][:3] == [round(t, 6) for t in times[:3]]
+
+
+@pytest.mark.parametrize("every, part", [
+    ('{dist = "exponential"}', "needs mean"),
+    ('{dist = "poisson", mean = 1}', "unknown every"),
+    ("-1", "must be 0 or more"),
+    ('"often"', "must be a number or a table"),
+])
+def test_a_bad_every_is_named(every, part):
+    text = POISSON.replace('{dist = "exponential", mean = 0.5}', every)
+    with pytest.raises(ScenarioError) as exc:
+        parse(tomllib.loads(text))
+    assert part in str(exc.value) and "every" in str(exc.value)
+
+
+def test_retry_times_count_whole_seconds_as_stock_does(tmp_path):
+    """Stock stamps a deferred file event_time() + clamp(event_time() - create_time):
+    whole seconds of the clock. Mail that arrived at 0.95 s and was answered 4xx at
+    12.9 s is 12 whole seconds old (not int(11.95) = 11): due at 24, it is taken by
+    the scan at 23 (a file due within a second is taken)."""
+    (tmp_path / "arrivals.csv").write_text(
+        "# at,size,class,sender,recipients,measured\n"
+        "0.95,100,mail,a@s.example,d.example=d11.95s0.1,1\n")
+    (tmp_path / "w.toml").write_text(
+        'seed = 1\narrivals = "arrivals.csv"\n[deferred]\nretry = true\n[main_cf]\n'
+        'minimal_backoff_time = "10s"\nmaximal_backoff_time = "20s"\n'
+        'queue_run_delay = "1s"\n[destinations."d.example"]\nlatency = 0.1\n')
+    res = simulate(load(str(tmp_path / "w.toml")))
+    assert [(round(d.start, 3), round(d.end, 3)) for d in res.deliveries] == [
+        (0.95, 12.9), (23.0, 23.1)]
+    assert res.sent == {"d.example": 1} and res.deferred == {"d.example": 1}

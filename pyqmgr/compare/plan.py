@@ -134,8 +134,8 @@ def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
     rng = random.Random(f"compare sizes {sc.seed}")
     pending: list[tuple[float, int, int, MessageSpec | TraceMessage]] = []
     for index, ms in enumerate(sc.messages):
-        for k in range(ms.count):
-            pending.append((ms.at + k * ms.every, index, k, ms))
+        for k, at in enumerate(ms.times(sc.seed, index)):
+            pending.append((at, index, k, ms))
     pending += [(m.at, len(sc.messages), i, m) for i, m in enumerate(sc.trace)]
     pending.sort(key=lambda p: (p[0], p[1], p[2]))
     arrivals = []

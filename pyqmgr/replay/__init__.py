@@ -8,6 +8,7 @@ each run's figures against the log's.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,24 @@ class Options:
     #: Instances to replay ("host/syslog_name" or "syslog_name"); empty: all.
     instances: list[str] = field(default_factory=list)
     seed: int = 1
+    #: Simulations per contender, seeds ``seed``, ``seed + 1``...; None: as many as
+    #: fit in AUTO_RECIPIENTS (at most AUTO_RUNS).
+    runs: int | None = None
+
+
+#: One simulation is one draw of the replayed system's chance (agent hand-offs,
+#: the shares of unscripted answers), and a destination at its limit turns small
+#: differences into different retries: the figures are pooled over several runs,
+#: as many as keep the recipients simulated under this (a busy day's log: one).
+AUTO_RECIPIENTS = 200_000
+AUTO_RUNS = 5
+
+
+def runs_for(sc: Scenario, runs: int | None) -> int:
+    if runs is not None:
+        return max(1, runs)
+    recipients = sum(n for m in sc.trace for _, n, _ in m.recipients)
+    return max(1, min(AUTO_RUNS, AUTO_RECIPIENTS // max(1, recipients)))
 
 
 Progress = Callable[[str], None]
@@ -83,19 +102,62 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
                        "notes": m.notes} for m in models],
             "figures": {"log": as_dict(log_figures(derived, names))}, "runs": {}}
         if sc.trace:
+            k = runs_for(sc, opts.runs)
             for contender in opts.contenders:
                 sc.pyqmgr_cf = contender.simulator_policy(sc)
-                if progress is not None:
-                    progress(f"{name}: simulating {len(sc.trace):,} messages under "
-                             f"{contender.label}")
                 t0 = time.monotonic()
-                res = simulate(sc, record=False)
-                inst["figures"][contender.label] = as_dict(sim_figures(res))
+                results = []
+                for i in range(k):
+                    if progress is not None:
+                        progress(f"{name}: simulating {len(sc.trace):,} messages under "
+                                 f"{contender.label}" + (f" ({i + 1}/{k})" if k > 1 else ""))
+                    results.append(simulate(sc, seed=opts.seed + i, record=False))
+                inst["figures"][contender.label] = as_dict(sim_figures(results))
                 inst["runs"][contender.label] = {
-                    "seconds": round(time.monotonic() - t0, 3),
-                    "deliveries": sum(res.sent.values()) + sum(res.deferred.values())
-                    + sum(res.bounced.values()),
-                    "decisions": res.decisions}
+                    "seconds": round(time.monotonic() - t0, 3), "runs": k,
+                    "seeds": [opts.seed + i for i in range(k)],
+                    "deliveries": sum(sum(r.sent.values()) + sum(r.deferred.values())
+                                      + sum(r.bounced.values()) for r in results) // k,
+                    "decisions": sum(r.decisions for r in results) // k}
             sc.pyqmgr_cf = {}
         report["instances"].append(inst)
+    return report
+
+
+def on_postfix(inst: dict[str, Any], sc: Scenario, contenders: list[str], out_dir: str,
+               scale: float, timeout: float | None = None,
+               compare_progress: Any = None) -> dict[str, Any]:
+    """Run the replayed instance's workload on real Postfix, each contender in turn
+    (``pyqmgr compare``), and add each run's figures, read back from its own maillog
+    as the log's were, to ``inst`` under "LABEL on Postfix". The compare report
+    (HTML, JSON, each run's maillog) is in ``out_dir``; its report.json is returned.
+
+    A run lasts ``scale`` times the log's time, so its delays are divided by it to
+    stand next to the log's. The runs go on until the queue drains, where the
+    simulation stops at the log's end: mail the log left deferred is delivered.
+    """
+    from pyqmgr.compare import compare
+    from pyqmgr.replay.workload import write
+
+    path = write(sc, os.path.join(out_dir, "workload"))
+    report = compare(path, contenders, out_dir, scale, timeout, progress=compare_progress)
+    for label, run in report["runs"].items():
+        t0 = time.monotonic()
+        maillog = os.path.join(out_dir, run["run_dir"], "maillog")
+        _, runs = derive([maillog], Options([]))
+        figures: dict[str, dict[str, Any]] = {}
+        for derived in runs.values():
+            names = {dom: dom for dom in derived.destinations}
+            for dest, f in as_dict(log_figures(derived, names)).items():
+                for key in ("p50", "p95"):
+                    if f[key] is not None:
+                        f[key] = round(f[key] / scale, 3)
+                figures[dest] = f
+        key = f"{label} on Postfix"
+        inst["figures"][key] = figures
+        inst["runs"][key] = {
+            "seconds": round(run.get("drain_time") or 0.0, 3), "on_postfix": True,
+            "drained": run["drained"], "read_in": round(time.monotonic() - t0, 3),
+            "run_dir": os.path.join(out_dir, run["run_dir"])}
+    inst["compare_report"] = os.path.join(out_dir, "report.html")
     return report

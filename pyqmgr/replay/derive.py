@@ -30,15 +30,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import random
 from array import array
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pyqmgr.postfix.maillog import Line, active, delay_quantum, delivery, queue_id
 from pyqmgr.simulator.scenario import DEFAULT_SENDER_DOMAIN, TraceMessage, is_sender
+
+T = TypeVar("T")
 
 #: Latency samples kept per destination (a uniform reservoir).
 RESERVOIR = 4096
@@ -102,12 +106,16 @@ class Derived:
     messages: Counter[str] = field(default_factory=Counter)
     #: Lines about messages that could not be read.
     lines: Counter[str] = field(default_factory=Counter)
-    #: When retried mail came back from the deferred queue (epoch seconds, a
-    #: sample): the deferred-queue scans' times, whose phase the simulation keeps.
+    #: When retried mail came back from the deferred queue (the time stamps of
+    #: qmgr's lines for it, a sample): the deferred-queue scans' times, whose phase
+    #: the simulation keeps.
     rescans: list[float] = field(default_factory=list)
     #: Per transport: waits in the active queue (``delays`` b) under HANDOFF_MAX, a
-    #: sample: mostly the time to hand a delivery to an agent, not window waits.
-    handoffs: dict[str, list[float]] = field(default_factory=dict)
+    #: sample, each with its destination: the workload keeps those of destinations
+    #: that never refused a session, whose b is the time to hand a delivery to an
+    #: agent; at a throttled destination b is mostly a wait for its window, which
+    #: the simulation makes itself.
+    handoffs: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
 
 
 class _Msg:
@@ -187,6 +195,9 @@ class Deriver:
                     msg = pending[qid] = _Msg(line.time)
                 if not msg.queued:
                     msg.queued, msg.sender, msg.size = True, a[1], a[2]
+                elif len(self.instances[inst].rescans) < RESERVOIR:
+                    # Back in the active queue: a deferred-queue scan has just run.
+                    self.instances[inst].rescans.append(line.time)
             elif rest.startswith(_SUBMISSION) and line.program in (
                     "smtpd", "pickup", "cleanup", "qmqpd", "postsuper"):
                 if msg is None:
@@ -218,7 +229,7 @@ class Deriver:
         by_rcpt: dict[str, str] = {}
         sessions: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
         tried: set[str] = set()
-        for _t, pid, service, program, to, delay, c, d, status, detail, a, b in sorted(
+        for _t, pid, service, program, to, delay, c, d, status, detail, _a, b in sorted(
                 msg.lines):
             domain = to.rpartition("@")[2].lower() or "localhost"
             obs = derived.destinations.get(domain)
@@ -240,11 +251,8 @@ class Deriver:
             obs.transports[service] += 1
             if b < HANDOFF_MAX:
                 self._handoffs_seen[service] += 1
-                _sample(derived.handoffs.setdefault(service, []), b,
+                _sample(derived.handoffs.setdefault(service, []), (b, domain),
                         self._handoffs_seen[service], self._rng)
-            if to in tried and a > 0 and len(derived.rescans) < RESERVOIR:
-                # A retry: the message came back from the deferred queue at a scan.
-                derived.rescans.append(arrival + a)
             tried.add(to)
             script = rcpts.setdefault(to, [])
             by_rcpt[to] = domain
@@ -316,11 +324,13 @@ class Deriver:
         for derived in self.instances.values():
             derived.trace.sort(key=lambda m: m.at)
             if derived.trace:
-                derived.origin = derived.trace[0].at
+                # A whole second of the clock: the simulation's whole seconds are then
+                # the log's, as stock's retry times (whole seconds) need.
+                derived.origin = float(math.floor(derived.trace[0].at))
         return self.instances
 
 
-def _sample(kept: list[float], value: float, seen: int, rng: random.Random) -> None:
+def _sample(kept: list[T], value: T, seen: int, rng: random.Random) -> None:
     """Reservoir sampling: ``kept`` stays a uniform sample of the ``seen`` values."""
     if len(kept) < RESERVOIR:
         kept.append(value)

@@ -41,12 +41,18 @@ def log_figures(derived: Derived, names: dict[str, str]) -> dict[str, Figures]:
     return out
 
 
-def sim_figures(res: Result) -> dict[str, Figures]:
+def sim_figures(results: Sequence[Result]) -> dict[str, Figures]:
+    """Per destination, over one or more runs: the counts' means (rounded) and the
+    percentiles of all runs' delays together."""
     out = {}
-    for dest in set(res.sent) | set(res.deferred) | set(res.bounced):
-        delays = res.delays.get(dest, [])
-        out[dest] = Figures(res.sent.get(dest, 0), res.deferred.get(dest, 0),
-                            res.bounced.get(dest, 0), _pct(delays, 50), _pct(delays, 95))
+    k = len(results)
+    dests = set().union(*(set(r.sent) | set(r.deferred) | set(r.bounced) for r in results))
+    for dest in dests:
+        delays = [x for r in results for x in r.delays.get(dest, [])]
+        out[dest] = Figures(round(sum(r.sent.get(dest, 0) for r in results) / k),
+                            round(sum(r.deferred.get(dest, 0) for r in results) / k),
+                            round(sum(r.bounced.get(dest, 0) for r in results) / k),
+                            _pct(delays, 50), _pct(delays, 95))
     return out
 
 
@@ -130,6 +136,17 @@ def _instance(inst: dict[str, Any], rows: int) -> list[str]:
         notes = "; ".join(m["notes"]) or "accepted every session"
         out.append(f"  {m['destination']} ({m['transport']}): {notes}")
     for label, run in runs.items():
-        out.append(f"{label}: simulated in {run['seconds']:.1f} s ({run['deliveries']} "
-                   f"deliveries, {run['decisions']} scheduling decisions)")
+        if run.get("on_postfix"):
+            how = (f"drained in {run['seconds']:.1f} s" if run["drained"]
+                   else "did NOT drain within the timeout")
+            out.append(f"{label}: {how}; its maillog and report: {run['run_dir']}")
+            continue
+        runs_note = (f"{run['runs']} runs, seeds {run['seeds'][0]}-{run['seeds'][-1]}, "
+                     "counts their mean and delays all together; "
+                     if run.get("runs", 1) > 1 else "")
+        out.append(f"{label}: simulated in {run['seconds']:.1f} s ({runs_note}"
+                   f"{run['deliveries']} deliveries, {run['decisions']} scheduling "
+                   "decisions a run)")
+    if "compare_report" in inst:
+        out.append(f"the runs on Postfix side by side: {inst['compare_report']}")
     return out

@@ -172,13 +172,20 @@ def scenario_name(domain: str) -> str:
 
 def scan_phase(rescans: Sequence[float], origin: float, period: float) -> float:
     """The offset of the deferred-queue scans: retried mail enters the active queue
-    just after a scan, so the phase is where those times bunch up, modulo the period."""
+    just after a scan, so the phase is where those times bunch up, modulo the period.
+
+    Whole-second time stamps put a scan somewhere in its line's second: the middle
+    of it is half a second off at most.
+    """
     if not rescans or period <= 0:
         return 0.0
     residues = sorted(((t - origin) % period) for t in rescans)
     step = max(1, len(residues) // 300)
     sample = residues[::step]
-    return min(sample, key=lambda phi: sum((r - phi) % period for r in sample))
+    phase = min(sample, key=lambda phi: sum((r - phi) % period for r in sample))
+    if all(t == int(t) for t in rescans):
+        phase = (phase + 0.5) % period
+    return phase
 
 
 def _only(sc: Scenario, name: str, **changes: object) -> Scenario:
@@ -252,7 +259,9 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     sc.trace = [TraceMessage(round(m.at - origin, 3), m.size, m.klass, m.sender,
                              tuple((names[d], n, s) for d, n, s in m.recipients),
                              m.measured) for m in derived.trace]
-    for transport, waits in derived.handoffs.items():
+    for transport, sample in derived.handoffs.items():
+        # A refusing destination's window was throttled: its b is a window wait.
+        waits = [b for b, dom in sample if not derived.destinations[dom].refusals]
         if transport in sc.process_limits or any(
                 d.transport == transport for d in sc.destinations.values()):
             if len(waits) >= 2 and max(waits) > 0:

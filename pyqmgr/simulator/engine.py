@@ -282,8 +282,8 @@ class Engine:
         made one at a time keep the same order among events of the same time."""
         streams: list[Iterator[tuple[float, int, Callable[[], None]]]] = []
         offset = 0
-        for spec in self.sc.messages:
-            streams.append(self._spec_arrivals(spec, offset))
+        for index, spec in enumerate(self.sc.messages):
+            streams.append(self._spec_arrivals(spec, index, offset))
             offset += spec.count
         if self.sc.trace:
             streams.append(self._trace_arrivals(offset))
@@ -291,11 +291,11 @@ class Engine:
         self._seq = itertools.count(offset)
         return heapq.merge(*streams, key=lambda a: (a[0], a[1]))
 
-    def _spec_arrivals(self, spec: MessageSpec,
+    def _spec_arrivals(self, spec: MessageSpec, index: int,
                        offset: int) -> Iterator[tuple[float, int, Callable[[], None]]]:
         spread = spec.destinations()
-        for k in range(spec.count):
-            yield spec.at + k * spec.every, offset + k, self._arrival(spread, spec.name, k)
+        for k, at in enumerate(spec.times(self.sc.seed, index)):
+            yield at, offset + k, self._arrival(spread, spec.name, k)
 
     def _trace_arrivals(self,
                         offset: int) -> Iterator[tuple[float, int, Callable[[], None]]]:
@@ -760,7 +760,9 @@ class Engine:
     def _defer(self, msg: _SimMessage) -> None:
         """To the deferred queue with stock's retry time, plus the jitter."""
         cfg = self.cfg
-        delay = min(max(self.now - msg.arrival, cfg.minimal_backoff_time),
+        # Stock counts in whole seconds of the clock (event_time() less the queue
+        # file's create_time) and stamps the file with their sum.
+        delay = min(max(int(self.now) - int(msg.arrival), cfg.minimal_backoff_time),
                     cfg.maximal_backoff_time)
         when: float = int(self.now) + int(delay)
         if self.retry is not None:

@@ -94,7 +94,10 @@ latency = 0.0              # seconds the service takes to answer
 [[messages]]
 at = 0                     # arrival time
 count = 1                  # this many such messages ...
-every = 0                  # ... this many seconds apart
+every = 0                  # ... this many seconds apart, or a dist table: with
+                           # {dist = "exponential", mean = 0.5} they arrive as
+                           # independent senders' mail does (Poisson), drawn from
+                           # the seed alike in simulate and compare
 recipients = 2000          # recipients each, all to ...
 destination = "example.com"
 # or recipients spread over destinations (then no `destination`):
@@ -116,7 +119,7 @@ import os
 import random
 import re
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -308,9 +311,28 @@ class MessageSpec:
     klass: str = "mail"
     sender: str = ""
     size: Latency = Latency("fixed", DEFAULT_SIZE)
+    #: The gaps between arrivals when ``every`` is a distribution (an exponential one
+    #: makes Poisson arrivals, as independent senders do); fixed: ``every`` apart.
+    gaps: Latency | None = None
 
     def destinations(self) -> tuple[tuple[str, int], ...]:
         return self.spread or ((self.destination, self.recipients),)
+
+    def times(self, seed: object, index: int) -> Iterator[float]:
+        """The arrival times, the same in simulate and in every compare run.
+
+        Drawn gaps come from their own stream, keyed by the scenario's seed and the
+        spec's place in the file, so that nothing else drawn moves them.
+        """
+        if self.gaps is None:
+            for k in range(self.count):
+                yield self.at + k * self.every
+            return
+        rng = random.Random(f"arrivals {seed} {index}")
+        at = self.at
+        for _ in range(self.count):
+            yield at
+            at += self.gaps.draw(rng)
 
 
 class TraceMessage(NamedTuple):
@@ -654,10 +676,11 @@ def _message(i: int, m: Any, sc: Scenario) -> MessageSpec:
         raise ScenarioError(f"{_dotted(key + ('sender',))}: {sender!r} is not an address "
                             "of a domain other than the destinations'", key + ("sender",))
     size = _dist(m.get("size", DEFAULT_SIZE), key + ("size",), "size")
+    gaps = _dist(m.get("every", 0), key + ("every",), "every (seconds between arrivals)")
     return MessageSpec(_number(m, "at", key, 0, low=0),
                        _number(m, "count", key, 1, low=1, integer=True),
-                       _number(m, "every", key, 0, low=0), total, dest, name, spread,
-                       klass, sender, size)
+                       gaps.average(), total, dest, name, spread, klass, sender, size,
+                       None if gaps.dist == "fixed" else gaps)
 
 
 def _compare(c: dict[str, Any]) -> CompareSettings:
