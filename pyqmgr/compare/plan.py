@@ -93,7 +93,7 @@ def _scaled(d: Destination, scale: float) -> Destination:
         d.timeout_set)
 
 
-def _seconds(value: float) -> str:
+def seconds(value: float) -> str:
     """A Postfix time value: whole seconds, at least 1."""
     return f"{max(1, math.ceil(value - 1e-9))}s"
 
@@ -124,9 +124,9 @@ def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
     main_cf.update(sc.main_cf)
     for param, default in RETRY_TIMERS.items():
         if param not in sc.main_cf and param not in sc.compare.main_cf:
-            main_cf[param] = _seconds(default * scale)
+            main_cf[param] = seconds(default * scale)
     if timeouts:
-        value = _seconds(timeouts.pop() * scale)
+        value = seconds(timeouts.pop() * scale)
         main_cf.setdefault("smtp_connect_timeout", value)
         main_cf.setdefault("smtp_helo_timeout", value)
     main_cf.update(sc.compare.main_cf)

@@ -8,6 +8,7 @@ each run's figures against the log's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -137,9 +138,21 @@ def on_postfix(inst: dict[str, Any], sc: Scenario, contenders: list[str], out_di
     simulation stops at the log's end: mail the log left deferred is delivered.
     """
     from pyqmgr.compare import compare
+    from pyqmgr.compare.plan import seconds
+    from pyqmgr.postfix.config import QmgrConfig
     from pyqmgr.replay.workload import write
 
-    path = write(sc, os.path.join(out_dir, "workload"))
+    # The retry timers run at the same speed-up as everything else, or retried mail
+    # would wait in the run's seconds what it waited in the log's.
+    cfg = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in sc.main_cf.items()),
+                               hostname="replay.example")
+    timers = {"minimal_backoff_time": cfg.minimal_backoff_time,
+              "maximal_backoff_time": cfg.maximal_backoff_time,
+              "queue_run_delay": cfg.queue_run_delay}
+    run_sc = dataclasses.replace(sc, compare=dataclasses.replace(
+        sc.compare, main_cf={k: seconds(v * scale) for k, v in timers.items()},
+        timeout=timeout if timeout is not None else sc.duration * scale * 2 + 300))
+    path = write(run_sc, os.path.join(out_dir, "workload"))
     report = compare(path, contenders, out_dir, scale, timeout, progress=compare_progress)
     for label, run in report["runs"].items():
         t0 = time.monotonic()

@@ -23,6 +23,7 @@ from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.replay.derive import Derived, Observed
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import (
+    CompareSettings,
     Destination,
     Latency,
     Scenario,
@@ -298,6 +299,11 @@ def write(sc: Scenario, directory: str) -> str:
            "", "[deferred]", "retry = true", f"scan_phase = {sc.scan_phase:g}", "",
            "[main_cf]"]
     out += [f"{k} = {_q(v)}" for k, v in sorted(sc.main_cf.items())]
+    if sc.compare.main_cf or sc.compare.timeout != CompareSettings().timeout:
+        out += ["", "[compare]", f"timeout = {sc.compare.timeout:g}"]
+        if sc.compare.main_cf:
+            out += ["[compare.main_cf]"]
+            out += [f"{k} = {_q(v)}" for k, v in sorted(sc.compare.main_cf.items())]
     for t in sorted(set(sc.process_limits) | set(sc.handoffs)):
         out += ["", f"[transports.{_q(t)}]"]
         if t in sc.process_limits:
