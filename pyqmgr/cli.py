@@ -8,10 +8,12 @@ The daemon itself is not started from here: master(8) runs the launcher that
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -146,7 +148,6 @@ COMPARE_INTERRUPTED = 130
 def _compare(args: argparse.Namespace) -> int:
     from pyqmgr.compare import (
         ContenderError,
-        RunError,
         ScenarioError,
         compare,
         load_plan,
@@ -162,22 +163,17 @@ def _compare(args: argparse.Namespace) -> int:
     except (ScenarioError, ContenderError) as exc:
         print(f"pyqmgr compare: {exc}", file=sys.stderr)
         return COMPARE_BAD_INPUT
-    if os.geteuid() != 0 or shutil.which("postfix") is None:
-        print("pyqmgr compare: runs real Postfix instances: needs root and Debian's "
-              "postfix package", file=sys.stderr)
+    if not _can_run_postfix("pyqmgr compare: runs"):
         return COMPARE_RUN_FAILED
     stem = os.path.splitext(os.path.basename(args.workload))[0]
     out = args.out or f"pyqmgr-compare-{stem}"
-    try:
-        report = compare(args.workload, args.contenders, out, plan.scale, args.timeout,
-                         args.keep, stderr_progress())
-    except RunError as exc:
-        print(f"\npyqmgr compare: {exc}", file=sys.stderr)
-        return COMPARE_RUN_FAILED
-    except KeyboardInterrupt:
-        print("\npyqmgr compare: interrupted; every instance and sink was stopped",
-              file=sys.stderr)
-        return COMPARE_INTERRUPTED
+    reports: list[dict[str, Any]] = []
+    status = _run_on_postfix("pyqmgr compare", lambda: reports.append(compare(
+        args.workload, args.contenders, out, plan.scale, args.timeout, args.keep,
+        stderr_progress())))
+    if status:
+        return status
+    report = reports[0]
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -251,12 +247,10 @@ def _replay(args: argparse.Namespace) -> int:
 def _replay_on_postfix(args: argparse.Namespace, report: dict[str, Any],
                        workloads: dict[str, Any]) -> int:
     """--compare: each replayed instance's workload through ``pyqmgr compare``."""
-    from pyqmgr.compare import RunError, stderr_progress
+    from pyqmgr.compare import stderr_progress
     from pyqmgr.replay import on_postfix
 
-    if os.geteuid() != 0 or shutil.which("postfix") is None:
-        print("pyqmgr replay: --compare runs real Postfix instances: needs root and "
-              "Debian's postfix package", file=sys.stderr)
+    if not _can_run_postfix("pyqmgr replay: --compare runs"):
         return COMPARE_RUN_FAILED
     several = len(report["instances"]) > 1
     for inst in report["instances"]:
@@ -264,17 +258,36 @@ def _replay_on_postfix(args: argparse.Namespace, report: dict[str, Any],
         out = args.out or "pyqmgr-replay"
         if several:
             out = os.path.join(out, name.replace("/", "_"))
-        try:
-            on_postfix(inst, workloads[name], args.contenders or ["stock"], out,
-                       args.time_scale or 1.0, args.timeout,
-                       None if args.json else stderr_progress())
-        except RunError as exc:
-            print(f"\npyqmgr replay: {exc}", file=sys.stderr)
-            return COMPARE_RUN_FAILED
-        except KeyboardInterrupt:
-            print("\npyqmgr replay: interrupted; every instance and sink was stopped",
-                  file=sys.stderr)
-            return COMPARE_INTERRUPTED
+        status = _run_on_postfix("pyqmgr replay", functools.partial(
+            on_postfix, inst, workloads[name], args.contenders or ["stock"], out,
+            args.time_scale or 1.0, args.timeout, None if args.json else stderr_progress()))
+        if status:
+            return status
+    return 0
+
+
+def _can_run_postfix(what: str) -> bool:
+    """Root and Debian's postfix package, or a message saying ``what`` needs them."""
+    if os.geteuid() == 0 and shutil.which("postfix") is not None:
+        return True
+    print(f"{what} real Postfix instances: needs root and Debian's postfix package",
+          file=sys.stderr)
+    return False
+
+
+def _run_on_postfix(command: str, run: Callable[[], object]) -> int:
+    """Run compare's instances; a failed run or ^C as compare reports them (0: done)."""
+    from pyqmgr.compare import RunError
+
+    try:
+        run()
+    except RunError as exc:
+        print(f"\n{command}: {exc}", file=sys.stderr)
+        return COMPARE_RUN_FAILED
+    except KeyboardInterrupt:
+        print(f"\n{command}: interrupted; every instance and sink was stopped",
+              file=sys.stderr)
+        return COMPARE_INTERRUPTED
     return 0
 
 
