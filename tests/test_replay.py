@@ -260,6 +260,33 @@ def test_handoffs_come_from_destinations_that_never_refused(tmp_path):
     assert handoff and "0.3" in handoff[0] and "0.9" not in handoff[0], handoff
 
 
+
+def test_handoffs_come_from_first_tries(tmp_path):
+    """A retry's b is a wait behind the mail its deferred-queue scan brought back at
+    once, which the simulation makes itself: only first tries make hand-off times."""
+    lines = []
+    for i in range(20):
+        qid = f"RETR{i:06d}"
+        t0, t1 = f"Nov 24 10:00:{i:02d}", f"Nov 24 10:05:{i:02d}"
+        lines += [f"{t0} mx postfix/smtpd[100]: {qid}: client=c.example[192.0.2.1]",
+                  f"{t0} mx postfix/qmgr[102]: {qid}: from=<a@example.org>, size=900, "
+                  "nrcpt=1 (queue active)",
+                  f"{t0} mx postfix/smtp[200]: {qid}: to=<r{i}@ok.example>, relay=mx.x"
+                  "[198.51.100.1]:25, delay=0.5, delays=0/0.3/0.1/0.1, dsn=4.2.0, "
+                  "status=deferred (host mx.x[198.51.100.1] said: 450 4.2.0 busy "
+                  "(in reply to RCPT TO command))",
+                  f"{t1} mx postfix/qmgr[102]: {qid}: from=<a@example.org>, size=900, "
+                  "nrcpt=1 (queue active)",
+                  f"{t1} mx postfix/smtp[200]: {qid}: to=<r{i}@ok.example>, relay=mx.x"
+                  "[198.51.100.1]:25, delay=300, delays=299/0.7/0.1/0.1, dsn=2.0.0, "
+                  "status=sent (250 2.0.0 Ok)",
+                  f"{t1} mx postfix/qmgr[102]: {qid}: removed"]
+    log = write(str(tmp_path / "mail.log"), lines)
+    out = str(tmp_path / "wl")
+    run("replay", log, "--year", "2026", "--write-workload", out)
+    handoff = [ln for ln in open(os.path.join(out, "workload.toml")) if "handoff" in ln]
+    assert handoff and "0.3" in handoff[0] and "0.7" not in handoff[0], handoff
+
 def test_runs_pool_several_seeds(tmp_path):
     lines = []
     for i in range(6):

@@ -459,3 +459,33 @@ def test_retry_times_count_whole_seconds_as_stock_does(tmp_path):
     assert [(round(d.start, 3), round(d.end, 3)) for d in res.deliveries] == [
         (0.95, 12.9), (23.0, 23.1)]
     assert res.sent == {"d.example": 1} and res.deferred == {"d.example": 1}
+
+
+def test_the_handoff_delays_mail_coming_in_not_each_delivery(tmp_path):
+    """A maillog's first tries wait up to a second between entering the active queue
+    and leaving (delays= b), while a destination held at its limit hands a finished
+    delivery's slot on within a millisecond: the hand-off is drawn as mail comes in
+    (and comes back from the deferred queue), never between one delivery and the
+    next."""
+    (tmp_path / "w.toml").write_text(
+        'seed = 1\n[main_cf]\ninitial_destination_concurrency = 1\n'
+        'default_destination_concurrency_limit = 1\n'
+        '[transports.smtp]\nhandoff = 0.5\n[destinations."d.example"]\nlatency = 1.0\n'
+        '[[messages]]\ncount = 3\nevery = 0\ndestination = "d.example"\n')
+    res = simulate(load(str(tmp_path / "w.toml")))
+    assert [(d.start, d.end) for d in res.deliveries] == [
+        (0.5, 1.5), (1.5, 2.5), (2.5, 3.5)]
+    # Retried mail comes in again through the same hand-off.
+    (tmp_path / "arrivals.csv").write_text(
+        "# at,size,class,sender,recipients,measured\n"
+        "0.95,100,mail,a@s.example,d.example=d11.95s0.1,1\n")
+    (tmp_path / "r.toml").write_text(
+        'seed = 1\narrivals = "arrivals.csv"\n[deferred]\nretry = true\n[main_cf]\n'
+        'minimal_backoff_time = "10s"\nmaximal_backoff_time = "20s"\n'
+        'queue_run_delay = "1s"\n[transports.smtp]\nhandoff = 0.5\n'
+        '[destinations."d.example"]\nlatency = 0.1\n')
+    res = simulate(load(str(tmp_path / "r.toml")))
+    # In at 1.45, answered 4xx at 13.4: 13 whole seconds old, due at 26, taken by
+    # the scan at 25, in at 25.5.
+    assert [(round(d.start, 3), round(d.end, 3)) for d in res.deliveries] == [
+        (1.45, 13.4), (25.5, 25.6)]

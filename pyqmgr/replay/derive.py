@@ -110,11 +110,12 @@ class Derived:
     #: qmgr's lines for it, a sample): the deferred-queue scans' times, whose phase
     #: the simulation keeps.
     rescans: list[float] = field(default_factory=list)
-    #: Per transport: waits in the active queue (``delays`` b) under HANDOFF_MAX, a
-    #: sample, each with its destination: the workload keeps those of destinations
-    #: that never refused a session, whose b is the time to hand a delivery to an
-    #: agent; at a throttled destination b is mostly a wait for its window, which
-    #: the simulation makes itself.
+    #: Per transport: first tries' waits in the active queue (``delays`` b) under
+    #: HANDOFF_MAX, a sample, each with its destination: the workload keeps those of
+    #: destinations that never refused a session, whose b is the time from a message
+    #: coming in to its delivery leaving; at a throttled destination b is mostly a
+    #: wait for its window, and a retry's b a wait behind the mail its deferred-queue
+    #: scan brought back at once: the simulation makes both itself.
     handoffs: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
 
 
@@ -249,7 +250,7 @@ class Deriver:
                 by_rcpt.setdefault(to, domain)
                 continue
             obs.transports[service] += 1
-            if b < HANDOFF_MAX:
+            if b < HANDOFF_MAX and to not in tried:
                 self._handoffs_seen[service] += 1
                 _sample(derived.handoffs.setdefault(service, []), (b, domain),
                         self._handoffs_seen[service], self._rng)

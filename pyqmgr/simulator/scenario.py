@@ -25,10 +25,10 @@ smtp_destination_rate = "5/1s"   # shaping; a response_rules path is relative to
 [transports.smtp]
 process_limit = 100        # master.cf maxproc of the service (compare: other names
                            # become copies of the smtp service)
-handoff = 0.0              # simulate: seconds from asking for an agent to handing it a
-                           # delivery (master starting processes, a busy machine): a
-                           # number or a dist table; replay reads it off the log's
-                           # delays=a/b/c/d b
+handoff = 0.0              # simulate: seconds from a message entering the active queue
+                           # to the scheduler offering its deliveries (by the transport
+                           # of its first recipient; a busy machine): a number or a
+                           # dist table; replay reads it off first tries' delays= b
 
 [destinations."example.com"]
 transport = "smtp"
@@ -387,8 +387,9 @@ class Scenario:
     path: str = ""
     #: A delivery policy service to ask before each delivery (None: none).
     delegation: Delegation | None = None
-    #: Per transport: the time from asking for a delivery agent to handing it a
-    #: delivery, beyond the scheduler's ([transports.NAME] handoff; none: at once).
+    #: Per transport: the time from a message entering the active queue to the
+    #: scheduler offering its deliveries, for messages whose first recipient goes by
+    #: it ([transports.NAME] handoff; none: at once).
     handoffs: dict[str, Latency] = field(default_factory=dict)
     #: Messages of the ``arrivals`` file, in time order.
     trace: list[TraceMessage] = field(default_factory=list)
