@@ -534,7 +534,10 @@ def _interval(text: str) -> float:
 
 def _positive(text: str) -> int:
     """argparse type: a whole number, 1 or more."""
-    value = _count(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
     return value
@@ -748,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: a random one per run)")
     p.add_argument("--seed", type=int, default=1,
                    help="random seed of the (first) simulation run")
-    p.add_argument("--runs", type=int, metavar="N",
+    p.add_argument("--runs", type=_positive, metavar="N",
                    help="simulation runs per contender, seeds SEED, SEED+1...: counts "
                         "are their mean, delays pooled (default: up to 5 while the runs "
                         "stay under 200,000 recipients; one for a busy day's log)")

@@ -214,7 +214,8 @@ def test_a_bad_empirical_distribution_names_its_line(tmp_path):
 
 def test_scan_phase_comes_from_the_returning_mails_qmgr_lines(tmp_path):
     """A deferred-queue scan runs in the second of qmgr's line for the mail it brings
-    back: the workload's scans run in the middle of that second."""
+    back, as that second begins (Postfix's timers count whole seconds): the
+    workload's scans run on that second's tick."""
     t = "Nov 24 10:00:0"
     lines = [f"{t}0 mx postfix/smtpd[100]: GREYAAAAAA: client=c.example[192.0.2.1]",
              f"{t}0 mx postfix/qmgr[102]: GREYAAAAAA: from=<a@example.org>, size=900, "
@@ -232,7 +233,7 @@ def test_scan_phase_comes_from_the_returning_mails_qmgr_lines(tmp_path):
     out = str(tmp_path / "wl")
     run("replay", log, "--year", "2026", "--write-workload", out)
     text = open(os.path.join(out, "workload.toml")).read()
-    assert "scan_phase = 3.5\n" in text, text
+    assert "scan_phase = 3\n" in text, text
 
 
 def test_handoffs_come_from_destinations_that_never_refused(tmp_path):
@@ -287,6 +288,7 @@ def test_handoffs_come_from_first_tries(tmp_path):
     handoff = [ln for ln in open(os.path.join(out, "workload.toml")) if "handoff" in ln]
     assert handoff and "0.3" in handoff[0] and "0.7" not in handoff[0], handoff
 
+
 def test_runs_pool_several_seeds(tmp_path):
     lines = []
     for i in range(6):
@@ -302,3 +304,7 @@ def test_runs_pool_several_seeds(tmp_path):
     assert auto["instances"][0]["runs"]["stock"]["runs"] == 5, "a small log: five runs"
     text = run("replay", log, "--year", "2026").stdout
     assert "5 runs, seeds 1-5" in text
+    for bad, why in (("0", "must be 1 or more: 0"), ("-2", "must be 1 or more: -2"),
+                     ("many", "not a whole number: 'many'")):
+        proc = run("replay", log, "--year", "2026", "--runs", bad, check=False)
+        assert proc.returncode == 2 and f"argument --runs: {why}" in proc.stderr, proc.stderr

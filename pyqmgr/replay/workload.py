@@ -175,18 +175,20 @@ def scan_phase(rescans: Sequence[float], origin: float, period: float) -> float:
     """The offset of the deferred-queue scans: retried mail enters the active queue
     just after a scan, so the phase is where those times bunch up, modulo the period.
 
-    Whole-second time stamps put a scan somewhere in its line's second: the middle
-    of it is half a second off at most.
+    Whole-second time stamps give the scan's second, and the scan runs as that
+    second begins: Postfix's event timers count whole seconds (event_request_timer
+    sets time() + delay, and the loop fires it once time() reaches that), so
+    ``origin`` being a whole second of the clock, the phase is a whole number too.
+    Measured on a real log with 1-second scans, this puts the simulated retries
+    where the log's are (10.26 s after the deferral on average, as logged); the
+    middle of the second, taken before, made every retry half a second late.
     """
     if not rescans or period <= 0:
         return 0.0
     residues = sorted(((t - origin) % period) for t in rescans)
     step = max(1, len(residues) // 300)
     sample = residues[::step]
-    phase = min(sample, key=lambda phi: sum((r - phi) % period for r in sample))
-    if all(t == int(t) for t in rescans):
-        phase = (phase + 0.5) % period
-    return phase
+    return min(sample, key=lambda phi: sum((r - phi) % period for r in sample))
 
 
 def _only(sc: Scenario, name: str, **changes: object) -> Scenario:
