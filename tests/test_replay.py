@@ -254,12 +254,8 @@ def test_handoffs_come_from_destinations_that_never_refused(tmp_path):
                   f"{t} mx postfix/smtp[200]: {qid}: to=<r{i}@{dest}>, relay=mx.x"
                   f"[198.51.100.1]:25, delay=0.5, delays=0/{b}/0.1/0.1, {tail}",
                   f"{t} mx postfix/qmgr[102]: {qid}: removed"]
-    log = write(str(tmp_path / "mail.log"), lines)
-    out = str(tmp_path / "wl")
-    run("replay", log, "--year", "2026", "--write-workload", out)
-    handoff = [ln for ln in open(os.path.join(out, "workload.toml")) if "handoff" in ln]
-    assert handoff and "0.3" in handoff[0] and "0.9" not in handoff[0], handoff
-
+    handoff = _handoff(tmp_path, lines)
+    assert "0.3" in handoff and "0.9" not in handoff, handoff
 
 
 def test_handoffs_come_from_first_tries(tmp_path):
@@ -282,11 +278,18 @@ def test_handoffs_come_from_first_tries(tmp_path):
                   "[198.51.100.1]:25, delay=300, delays=299/0.7/0.1/0.1, dsn=2.0.0, "
                   "status=sent (250 2.0.0 Ok)",
                   f"{t1} mx postfix/qmgr[102]: {qid}: removed"]
+    handoff = _handoff(tmp_path, lines)
+    assert "0.3" in handoff and "0.7" not in handoff, handoff
+
+
+def _handoff(tmp_path, lines: list[str]) -> str:
+    """The derived workload's hand-off line for a log of ``lines``."""
     log = write(str(tmp_path / "mail.log"), lines)
     out = str(tmp_path / "wl")
     run("replay", log, "--year", "2026", "--write-workload", out)
     handoff = [ln for ln in open(os.path.join(out, "workload.toml")) if "handoff" in ln]
-    assert handoff and "0.3" in handoff[0] and "0.7" not in handoff[0], handoff
+    assert len(handoff) == 1, handoff
+    return handoff[0]
 
 
 def test_runs_pool_several_seeds(tmp_path):

@@ -443,19 +443,25 @@ def test_a_bad_every_is_named(every, part):
     assert part in str(exc.value) and "every" in str(exc.value)
 
 
-def test_retry_times_count_whole_seconds_as_stock_does(tmp_path):
-    """Stock stamps a deferred file event_time() + clamp(event_time() - create_time):
-    whole seconds of the clock. Mail that arrived at 0.95 s and was answered 4xx at
-    12.9 s is 12 whole seconds old (not int(11.95) = 11): due at 24, it is taken by
-    the scan at 23 (a file due within a second is taken)."""
+def _deferred_once(tmp_path, extra: str = ""):
+    """One message arriving at 0.95 s, answered 4xx after 11.95 s and then taken in
+    0.1 s; 10-20 s backoff, scans every second; ``extra`` TOML added."""
     (tmp_path / "arrivals.csv").write_text(
         "# at,size,class,sender,recipients,measured\n"
         "0.95,100,mail,a@s.example,d.example=d11.95s0.1,1\n")
     (tmp_path / "w.toml").write_text(
         'seed = 1\narrivals = "arrivals.csv"\n[deferred]\nretry = true\n[main_cf]\n'
         'minimal_backoff_time = "10s"\nmaximal_backoff_time = "20s"\n'
-        'queue_run_delay = "1s"\n[destinations."d.example"]\nlatency = 0.1\n')
-    res = simulate(load(str(tmp_path / "w.toml")))
+        'queue_run_delay = "1s"\n' + extra + '[destinations."d.example"]\nlatency = 0.1\n')
+    return simulate(load(str(tmp_path / "w.toml")))
+
+
+def test_retry_times_count_whole_seconds_as_stock_does(tmp_path):
+    """Stock stamps a deferred file event_time() + clamp(event_time() - create_time):
+    whole seconds of the clock. Mail that arrived at 0.95 s and was answered 4xx at
+    12.9 s is 12 whole seconds old (not int(11.95) = 11): due at 24, it is taken by
+    the scan at 23 (a file due within a second is taken)."""
+    res = _deferred_once(tmp_path)
     assert [(round(d.start, 3), round(d.end, 3)) for d in res.deliveries] == [
         (0.95, 12.9), (23.0, 23.1)]
     assert res.sent == {"d.example": 1} and res.deferred == {"d.example": 1}
@@ -476,15 +482,7 @@ def test_the_handoff_delays_mail_coming_in_not_each_delivery(tmp_path):
     assert [(d.start, d.end) for d in res.deliveries] == [
         (0.5, 1.5), (1.5, 2.5), (2.5, 3.5)]
     # Retried mail comes in again through the same hand-off.
-    (tmp_path / "arrivals.csv").write_text(
-        "# at,size,class,sender,recipients,measured\n"
-        "0.95,100,mail,a@s.example,d.example=d11.95s0.1,1\n")
-    (tmp_path / "r.toml").write_text(
-        'seed = 1\narrivals = "arrivals.csv"\n[deferred]\nretry = true\n[main_cf]\n'
-        'minimal_backoff_time = "10s"\nmaximal_backoff_time = "20s"\n'
-        'queue_run_delay = "1s"\n[transports.smtp]\nhandoff = 0.5\n'
-        '[destinations."d.example"]\nlatency = 0.1\n')
-    res = simulate(load(str(tmp_path / "r.toml")))
+    res = _deferred_once(tmp_path, "[transports.smtp]\nhandoff = 0.5\n")
     # In at 1.45, answered 4xx at 13.4: 13 whole seconds old, due at 26, taken by
     # the scan at 25, in at 25.5.
     assert [(round(d.start, 3), round(d.end, 3)) for d in res.deliveries] == [
