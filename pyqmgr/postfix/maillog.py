@@ -245,6 +245,8 @@ _DELIVERY = re.compile(
     r"^(?P<qid>[0-9A-Za-z]{5,20}): to=<(?P<to>[^>]*)>, (?:orig_to=<[^>]*>, )?"
     r"relay=(?P<relay>[^,]*), (?:conn_use=\d+, )?delay=(?P<delay>\d+(?:\.\d+)?), "
     r"delays=(?P<a>[\d.]+)/(?P<b>[\d.]+)/(?P<c>[\d.]+)/(?P<d>[\d.]+), "
+    # Fields later releases add before dsn= (3.11's tls=) are passed over.
+    r"(?:[a-z_]{1,20}=[^,]*, ){0,4}"
     r"dsn=(?P<dsn>\d\.\d{1,3}\.\d{1,3}), status=(?P<status>[a-z]+)(?: \((?P<detail>.*))?$")
 _ACTIVE = re.compile(r"^(?P<qid>[0-9A-Za-z]{5,20}): from=<(?P<sender>[^>]*)>, "
                      r"size=(?P<size>\d+), nrcpt=(?P<nrcpt>\d+) \(queue active\)$")

@@ -17,8 +17,8 @@ from typing import Any
 
 from pyqmgr.compare.contender import Contender
 from pyqmgr.postfix.maillog import Reader
-from pyqmgr.replay.derive import Derived, Deriver
-from pyqmgr.replay.report import as_dict, log_figures, sim_figures
+from pyqmgr.replay.derive import GAP, Derived, Deriver
+from pyqmgr.replay.report import as_dict, log_figures, sim_figures, sim_ranges
 from pyqmgr.replay.workload import build
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import Scenario
@@ -38,6 +38,8 @@ class Options:
     #: Simulations per contender, seeds ``seed``, ``seed + 1``...; None: as many as
     #: fit in AUTO_RECIPIENTS (at most AUTO_RUNS).
     runs: int | None = None
+    #: A silence this long (seconds) cuts the log into stretches replayed apart.
+    gap: float = GAP
 
 
 #: One simulation is one draw of the replayed system's chance (agent hand-offs,
@@ -61,7 +63,7 @@ Progress = Callable[[str], None]
 def derive(paths: list[str], opts: Options,
            progress: Progress | None = None) -> tuple[Reader, dict[str, Derived]]:
     reader = Reader(paths, opts.year)
-    deriver = Deriver(opts.hash_addresses, opts.hash_key, opts.seed)
+    deriver = Deriver(opts.hash_addresses, opts.hash_key, opts.seed, opts.gap)
     if progress is None:
         deriver.feed(reader)
     else:
@@ -73,11 +75,18 @@ def derive(paths: list[str], opts: Options,
         deriver.feed(counted())
     instances = deriver.finish()
     if reader.last is not None:
-        for d in instances.values():
-            d.end = reader.last
+        # The log's end (other instances' lines too) for each instance's last
+        # stretch; an earlier stretch ends at its own last line.
+        last: dict[str, str] = {}
+        for k in sorted(instances, key=lambda x: int(x.partition("#")[2] or 1)):
+            last[k.partition("#")[0]] = k
+        for k in last.values():
+            instances[k].end = reader.last
     if opts.instances:
-        instances = {k: v for k, v in instances.items()
-                     if k in opts.instances or k.partition("/")[2] in opts.instances}
+        def wanted(k: str) -> bool:
+            base = k.partition("#")[0]
+            return base in opts.instances or base.partition("/")[2] in opts.instances
+        instances = {k: v for k, v in instances.items() if wanted(k)}
     return reader, instances
 
 
@@ -99,9 +108,12 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
         inst: dict[str, Any] = {
             "instance": name, "span": round(max(derived.end - derived.origin, 0.0), 3),
             "messages": dict(derived.messages), "lines": dict(derived.lines),
+            "read": derived.read, "unused": dict(derived.unused),
+            "warnings": list(derived.warnings), "notes": derived.notes,
             "model": [{"destination": m.destination, "transport": m.transport,
                        "notes": m.notes} for m in models],
-            "figures": {"log": as_dict(log_figures(derived, names))}, "runs": {}}
+            "figures": {"log": as_dict(log_figures(derived, names))}, "runs": {},
+            "ranges": {}}
         if sc.trace:
             k = runs_for(sc, opts.runs)
             for contender in opts.contenders:
@@ -114,12 +126,14 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
                                  f"{contender.label}" + (f" ({i + 1}/{k})" if k > 1 else ""))
                     results.append(simulate(sc, seed=opts.seed + i, record=False))
                 inst["figures"][contender.label] = as_dict(sim_figures(results))
+                inst["ranges"][contender.label] = sim_ranges(results)
                 inst["runs"][contender.label] = {
                     "seconds": round(time.monotonic() - t0, 3), "runs": k,
                     "seeds": [opts.seed + i for i in range(k)],
                     "deliveries": sum(sum(r.sent.values()) + sum(r.deferred.values())
                                       + sum(r.bounced.values()) for r in results) // k,
-                    "decisions": sum(r.decisions for r in results) // k}
+                    "decisions": sum(r.decisions for r in results) // k,
+                    "expired": round(sum(r.expired for r in results) / k)}
             sc.pyqmgr_cf = {}
         report["instances"].append(inst)
     return report

@@ -7,11 +7,25 @@ queue id until qmgr's ``removed`` (or the end of the log), then turned into:
   (recipient domain). Postfix logs times in whole seconds but each delivery line's
   ``delay`` to two significant digits, so the arrival is placed where every line of
   the message agrees: within a second of its first line (smtpd's ``client=``,
-  pickup's, or cleanup's) and within each line's time less its delay;
-* per recipient, a script of its answers at RCPT (or DATA) time in order: ``d`` a
-  4xx, ``b`` a 5xx, ``s`` accepted. The simulator's destination gives the nth try of
-  that recipient the nth answer, so greylisting and full mailboxes come back as
-  they were, whatever the schedule;
+  pickup's, or cleanup's) and within each line's time less its delay. The message
+  enters the simulation's active queue ``delays=`` a later, the wait before qmgr took
+  it that the log shows (cleanup, the incoming queue), and its delays count from
+  the arrival;
+* mail queued before the log began (no submission line) arrives where its delivery
+  lines put it (their time less ``delay``) and enters at its first qmgr line, or at
+  the log's start when it was already in the active queue then; its delays count;
+* per recipient, a script of its tries in order: at RCPT (or MAIL FROM, DATA, end of
+  DATA) ``d`` a 4xx, ``b`` a 5xx, ``s`` accepted; a try that failed as a whole
+  (connect or greeting outside a server's limits, a lost connection, a timeout in
+  the conversation, TLS, DNS: ``4.4.3`` deferred, ``5.4.4`` bounced, error(8)) ``D``
+  for a 4xx and ``B`` for a 5xx. The simulator gives the nth try of that recipient
+  the nth answer, so greylisting, full mailboxes and flaky links come back as they
+  were, whatever the schedule;
+* content filters: a delivery whose reply says ``queued as ID`` where ID is a message
+  of the same instance (amavis re-injecting through a second smtpd) is a hop to the
+  filter, a destination of its own named after the relay (``[127.0.0.1]:10024``); the
+  re-injected message follows it (it arrives as the filter's delivery is done) and
+  its delays are end to end, from the first message's arrival;
 * per destination, what only the destination decides and the schedule does not:
   the time a recipient takes (sessions' lengths over their recipients), whether it
   refused sessions with 421 at greeting (a session limit: the most sessions it
@@ -19,11 +33,14 @@ queue id until qmgr's ``removed`` (or the end of the log), then turned into:
   reply (``4.7.28``: the most sessions it accepted in a second), or was down
   (connections refused or timed out before it first accepted one).
 
+A log with a long silence (``GAP``: a server switched off, or two logs days apart) is
+cut there, each stretch replayed on its own, with a warning: mail does not wait
+through a gap in the simulation as it did not in the log.
+
 The log's own figures come out of the same pass: per destination the recipients
 sent, deferred (each deferred line is one recipient's try) and bounced, and the
 delivery delays of sent recipients, which the report holds the simulation against.
-Messages queued before the log begins (no submission line) are replayed from their
-first line but left out of the delay figures on both sides.
+Every line that is not used is counted by kind (``Derived.unused``).
 """
 
 from __future__ import annotations
@@ -33,6 +50,7 @@ import hmac
 import math
 import os
 import random
+import re
 from array import array
 from collections import Counter
 from collections.abc import Iterable
@@ -48,12 +66,21 @@ T = TypeVar("T")
 RESERVOIR = 4096
 #: Programs whose status lines are no delivery attempt at a remote site.
 NOT_AGENTS = ("retry", "error", "qmgr", "bounce", "cleanup")
-#: Lines that came from the remote server's answer to one recipient (or its message).
-_RCPT_LEVEL = ("(in reply to RCPT TO command", "(in reply to end of DATA command")
+#: Agents that speak SMTP or LMTP to a server: their failures outside a reply to a
+#: command are failures of the session (stock throttles the site on a 4xx one).
+SESSION_AGENTS = ("smtp", "lmtp")
+#: Replies to one recipient or to the message: the recipient's own answer, no
+#: failure of the site.
+_RCPT_LEVEL = ("(in reply to RCPT TO command", "(in reply to end of DATA command",
+               "(in reply to MAIL FROM command", "(in reply to DATA command")
 _SUBMISSION = ("client=", "uid=", "message-id=", "resent-message-id=")
 BULK = 20
 #: Waits in the active queue shorter than this are taken for agent hand-off times.
 HANDOFF_MAX = 1.0
+#: A silence this long (seconds) cuts the log into stretches replayed apart.
+GAP = 6 * 3600.0
+_QUEUED_AS = re.compile(r"queued as ([0-9A-Za-z]{5,20})\b")
+_RELAY = re.compile(r"^(?P<name>[^\[\s]*)\[(?P<addr>[^\]]*)\](?::(?P<port>\d+))?$")
 
 
 @dataclass
@@ -65,7 +92,7 @@ class Observed:
     sent: int = 0
     deferred: int = 0
     bounced: int = 0
-    #: Delivery delays of sent recipients (messages that arrived within the log).
+    #: Delivery delays of sent recipients (from their message's arrival).
     delays: array = field(default_factory=lambda: array("d"))
     #: Seconds per recipient of accepted sessions (a reservoir sample).
     latencies: list[float] = field(default_factory=list)
@@ -79,12 +106,22 @@ class Observed:
     refusal_times: list[float] = field(default_factory=list)
     refusal_seconds: dict[str, list[float]] = field(default_factory=dict)
     refusal_texts: Counter[str] = field(default_factory=Counter)
+    #: Tries that failed as a whole and are replayed as the log had them, by kind
+    #: (``failure_kind``).
+    failures: Counter[str] = field(default_factory=Counter)
+    #: qmgr's own deferrals of a site it holds dead ("delivery temporarily
+    #: suspended: connect to ...: Connection refused"), by what killed it, and when:
+    #: a destination dead before the log began shows only these.
+    suspended: Counter[str] = field(default_factory=Counter)
+    suspended_times: list[float] = field(default_factory=list)
     #: Answers at RCPT/DATA: tries, 4xx and 5xx, and their texts.
     rcpt_tries: int = 0
     rcpt_4xx: int = 0
     rcpt_5xx: int = 0
     replies_4xx: Counter[str] = field(default_factory=Counter)
     replies_5xx: Counter[str] = field(default_factory=Counter)
+    #: A content filter (a relay that re-injects into the same instance).
+    content_filter: bool = False
 
     @property
     def transport(self) -> str:
@@ -93,7 +130,7 @@ class Observed:
 
 @dataclass
 class Derived:
-    """One instance's workload and the log's figures."""
+    """One instance's workload (or one stretch of it) and the log's figures."""
 
     instance: str
     #: Epoch seconds of the first arrival (the workload's time 0) and the log's end.
@@ -101,11 +138,23 @@ class Derived:
     end: float = 0.0
     destinations: dict[str, Observed] = field(default_factory=dict)
     trace: list[TraceMessage] = field(default_factory=list)
-    #: Messages by what became of them: "replayed", "queued before the log", "missing
-    #: qmgr line", "never queued" (rejected or discarded before the queue manager).
+    #: Messages by what became of them: "replayed" (all in the trace), and of those
+    #: "queued before the log", "in the active queue as the log began", "missing
+    #: qmgr line", "re-injected by a content filter"; not replayed: "never queued"
+    #: (rejected or discarded before the queue manager), "no delivery lines".
     messages: Counter[str] = field(default_factory=Counter)
     #: Lines about messages that could not be read.
     lines: Counter[str] = field(default_factory=Counter)
+    #: Postfix lines read and deliberately not used, by kind, and how many lines of
+    #: the instance were read in all: the report says how much was not modelled.
+    unused: Counter[str] = field(default_factory=Counter)
+    read: int = 0
+    #: Warnings for the report (gaps in time), and what was fitted instance-wide.
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: Ages of messages qmgr returned to sender as expired, and whether each was a
+    #: bounce (null sender): where maximal/bounce_queue_lifetime lie.
+    expiry_ages: list[tuple[float, bool]] = field(default_factory=list)
     #: When retried mail came back from the deferred queue (the time stamps of
     #: qmgr's lines for it, a sample): the deferred-queue scans' times, whose phase
     #: the simulation keeps.
@@ -117,10 +166,20 @@ class Derived:
     #: wait for its window, and a retry's b a wait behind the mail its deferred-queue
     #: scan brought back at once: the simulation makes both itself.
     handoffs: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    #: Trace messages' queue ids and content-filter parents, to link them at the end.
+    qids: list[str] = field(default_factory=list)
+    parents: dict[str, str] = field(default_factory=dict)
+
+
+#: A delivery line as kept: (time, pid, service, program, to, delay, c, d, status,
+#: detail, a, b, dsn, destination or "" for the recipient's domain).
+_DLine = tuple[float, int, str, str, str, float, float, float, str, str, float, float, str,
+               str]
 
 
 class _Msg:
-    __slots__ = ("first", "submitted", "sender", "size", "queued", "lines")
+    __slots__ = ("first", "submitted", "sender", "size", "queued", "lines", "first_qmgr",
+                 "root_born", "parent", "filter_end", "children", "expired_at")
 
     def __init__(self, first: float) -> None:
         self.first = first
@@ -128,9 +187,29 @@ class _Msg:
         self.sender: str | None = None
         self.size = 0
         self.queued = False
-        #: (time, pid, service, program, to, delay, c, d, status, detail, a, b)
-        self.lines: list[tuple[float, int, str, str, str, float, float, float, str, str,
-                               float, float]] = []
+        self.first_qmgr: float | None = None
+        #: Re-injected by a content filter: the first message's arrival and queue id.
+        self.root_born: float | None = None
+        self.parent = ""
+        self.filter_end = 0.0
+        #: Messages its content filter re-injected: (queue id, the hop's delay).
+        self.children: list[tuple[str, float]] = []
+        #: When qmgr returned it to sender as too old ("status=expired").
+        self.expired_at: float | None = None
+        self.lines: list[_DLine] = []
+
+
+class _Stretch:
+    """One instance's state while reading: its messages in the queue and its clock."""
+
+    __slots__ = ("key", "pending", "start", "last", "number")
+
+    def __init__(self, key: str, start: float, number: int) -> None:
+        self.key = key
+        self.pending: dict[str, _Msg] = {}
+        self.start = start
+        self.last = start
+        self.number = number
 
 
 def refusal_kind(detail: str) -> str:
@@ -145,109 +224,324 @@ def refusal_kind(detail: str) -> str:
     return "other"
 
 
+def failure_kind(detail: str, dsn: str) -> str:
+    """What a try that failed as a whole ran into, for the report."""
+    low = detail.lower()
+    if "host or domain name not found" in low or "name service error" in low:
+        return "DNS: not found" if dsn.startswith("5") else "DNS: temporary failure"
+    if "lost connection" in low:
+        return "lost connection"
+    if "tls" in low or "certificate" in low or "handshake" in low:
+        return "TLS"
+    if "timed out" in low or "timeout" in low:
+        return "timeout in the conversation"
+    if "refused to talk to me" in low:
+        return "refused at greeting"
+    if "connection refused" in low or "no route to host" in low or "network is unreachable" \
+            in low:
+        return "connection failed"
+    return "other failure"
+
+
+def try_code(program: str, status: str, detail: str) -> str | None:
+    """A try's letter in its recipient's script; None: the destination's model plays it
+    (a session limit, a rate limit, a host down)."""
+    if status == "sent":
+        return "s"
+    if status not in ("deferred", "bounced", "expired"):
+        return None
+    soft = status == "deferred"
+    if any(mark in detail for mark in _RCPT_LEVEL) or (
+            program not in SESSION_AGENTS and program not in ("error", "retry")):
+        return "d" if soft else "b"
+    if program in ("error", "retry"):
+        if "delivery temporarily suspended" in detail:
+            return None  # qmgr's own deferral of a dead site: the simulation makes it
+        return "d" if soft else "B"
+    if soft and refusal_kind(detail) != "other":
+        return None
+    return "D" if soft else "B"
+
+
+def unused_kind(line: Line, rest: str | None) -> str:
+    """The kind of a Postfix line the replay does not use, for the report's account."""
+    text = line.text
+    prog = line.program
+    if text.startswith(("warning:", "fatal:", "panic:", "error:")):
+        return f"{prog}: {text.split(':', 1)[0]}s"
+    if text.startswith("NOQUEUE:"):
+        return f"{prog}: rejected before queueing (NOQUEUE)"
+    if rest is None:
+        if text.startswith(("connect from", "disconnect from", "lost connection after",
+                            "timeout after", "too many errors after", "improper command")):
+            return f"{prog}: SMTP sessions (no message)"
+        if text.startswith("statistics:") or "statistics" in text[:40]:
+            return f"{prog}: statistics"
+        if "TLS connection established" in text or "Anonymous TLS" in text \
+                or "Trusted TLS" in text or "Verified TLS" in text or "Untrusted TLS" in text:
+            return f"{prog}: TLS connections"
+        return f"{prog}: lines about no message"
+    if "status=expired" in rest:
+        return "qmgr: messages expired (returned to sender)"
+    if rest.startswith("sender non-delivery notification") or rest.startswith(
+            "sender delivery status notification") or rest.startswith("postmaster "):
+        return f"{prog}: notices sent (the notice is a message of its own)"
+    if rest.startswith(("reject:", "milter-reject:", "discard:", "hold:", "filter:",
+                        "redirect:", "warning:", "info:", "replace:", "prepend:")):
+        return f"{prog}: header/body checks and milters ({rest.split(':', 1)[0]})"
+    if rest.startswith("to=<"):
+        return f"{prog}: address verification and other statuses"
+    if rest.startswith("host ") or rest.startswith("enabling PIX") or rest.startswith(
+            "lost connection") or rest.startswith("conversation with"):
+        return f"{prog}: notes on a delivery (logged beside its status line)"
+    if rest.startswith(("from=<", "size=")):
+        return f"{prog}: message lines of another form"
+    return f"{prog}: other lines about a message"
+
+
+def filter_name(relay: str) -> str:
+    """A content filter's destination name: Postfix's nexthop form ``[addr]:port``."""
+    m = _RELAY.match(relay)
+    if m is None:
+        return relay
+    return f"[{m['addr']}]" + (f":{m['port']}" if m["port"] else "")
+
+
 class Deriver:
     """Feed it lines (any instances, in order); ``finish`` gives each instance's."""
 
     def __init__(self, hash_addresses: bool = True, key: bytes | None = None,
-                 seed: int = 1) -> None:
+                 seed: int = 1, gap: float = GAP) -> None:
         self.hash = hash_addresses
         self.key = key if key is not None else os.urandom(16)
+        self.gap = gap
         self.instances: dict[str, Derived] = {}
-        self._pending: dict[str, dict[str, _Msg]] = {}
+        self._stretches: dict[str, _Stretch] = {}
         self._rng = random.Random(seed)
         self._handoffs_seen: Counter[str] = Counter()
 
     # -- lines ------------------------------------------------------------------------
 
+    def _stretch(self, line: Line) -> _Stretch:
+        inst = f"{line.host}/{line.instance}"
+        st = self._stretches.get(inst)
+        if st is None:
+            st = self._stretches[inst] = _Stretch(inst, line.time, 1)
+            self.instances[inst] = Derived(inst)
+        elif line.time - st.last > self.gap:
+            # A silence: what was queued stays as it stands, and the log goes on as
+            # another stretch (its queued mail is mail queued before it).
+            self._close(st)
+            old = self.instances[st.key]
+            number = st.number + 1
+            key = f"{inst}#{number}"
+            st = self._stretches[inst] = _Stretch(key, line.time, number)
+            new = self.instances[key] = Derived(key)
+            hours = (line.time - old.end) / 3600
+            warning = (f"no line for {hours:.1f} hours: the log is cut there and each "
+                       "stretch replayed on its own")
+            old.warnings.append(warning + f" (it goes on as {key})")
+            new.warnings.append(warning + f" (it follows {old.instance})")
+        if line.time > st.last:
+            st.last = line.time
+        return st
+
     def feed(self, lines: Iterable[Line]) -> None:
         for line in lines:
+            st = self._stretch(line)
+            derived = self.instances[st.key]
+            derived.read += 1
+            derived.end = max(derived.end, line.time)
             text = line.text
             head = queue_id(text)
             if head is None:
+                derived.unused[unused_kind(line, None)] += 1
                 continue
             qid, rest = head
-            inst = f"{line.host}/{line.instance}"
-            pending = self._pending.get(inst)
-            if pending is None:
-                pending = self._pending[inst] = {}
-                self.instances[inst] = Derived(inst)
+            if qid.isalpha() and qid.islower():
+                # "statistics: ...", "warning: ...": a word, not a queue id.
+                derived.unused[unused_kind(line, None)] += 1
+                continue
+            pending = st.pending
             msg = pending.get(qid)
             if rest.startswith("to=<"):
                 d = delivery(text)
                 if d is None:
-                    self.instances[inst].lines["delivery lines cut short or malformed"] += 1
+                    derived.lines["delivery lines cut short or malformed"] += 1
+                    continue
+                if d.status not in ("sent", "deferred", "bounced", "expired"):
+                    derived.unused[unused_kind(line, rest)] += 1
                     continue
                 if msg is None:
                     msg = pending[qid] = _Msg(line.time)
+                hop = ""
+                if d.status == "sent":
+                    m = _QUEUED_AS.search(d.detail)
+                    child = pending.get(m.group(1)) if m is not None else None
+                    if m is not None and child is not None and m.group(1) != qid:
+                        # Re-injected into this instance: a content filter's hop.
+                        hop = filter_name(d.relay)
+                        born = msg.root_born if msg.root_born is not None else \
+                            line.time - d.delay
+                        child.root_born = born
+                        child.parent = qid
+                        child.filter_end = line.time
+                        msg.children.append((m.group(1), d.delay))
                 msg.lines.append((line.time, line.pid, line.service, line.program, d.to,
-                                  d.delay, d.c, d.d, d.status, d.detail, d.a, d.b))
+                                  d.delay, d.c, d.d, d.status, d.detail, d.a, d.b, d.dsn,
+                                  hop))
             elif line.program == "qmgr":
                 if rest == "removed":
                     if msg is not None:
-                        self._finish(inst, qid, pending.pop(qid))
+                        self._finish(st, qid, pending.pop(qid))
                     continue
                 a = active(text)
+                if a is None and rest.endswith("status=expired, returned to sender"):
+                    if msg is None:
+                        msg = pending[qid] = _Msg(line.time)
+                    msg.expired_at = line.time
+                    if msg.sender is None:
+                        msg.sender = rest[6:rest.find(">")] if rest.startswith("from=<") else ""
+                    continue
                 if a is None:
                     if rest.startswith("from=<") and "(queue active" not in rest and \
                             "status=" not in rest:
-                        self.instances[inst].lines["qmgr lines cut short or malformed"] += 1
+                        derived.lines["qmgr lines cut short or malformed"] += 1
+                    else:
+                        derived.unused[unused_kind(line, rest)] += 1
                     continue
                 if msg is None:
                     msg = pending[qid] = _Msg(line.time)
                 if not msg.queued:
                     msg.queued, msg.sender, msg.size = True, a[1], a[2]
-                elif len(self.instances[inst].rescans) < RESERVOIR:
+                    msg.first_qmgr = line.time
+                elif len(derived.rescans) < RESERVOIR:
                     # Back in the active queue: a deferred-queue scan has just run.
-                    self.instances[inst].rescans.append(line.time)
+                    derived.rescans.append(line.time)
             elif rest.startswith(_SUBMISSION) and line.program in (
                     "smtpd", "pickup", "cleanup", "qmqpd", "postsuper"):
                 if msg is None:
                     msg = pending[qid] = _Msg(line.time)
                 msg.submitted = True
+            else:
+                derived.unused[unused_kind(line, rest)] += 1
 
     # -- one message --------------------------------------------------------------------
 
-    def _finish(self, inst: str, qid: str, msg: _Msg) -> None:
-        derived = self.instances[inst]
-        if not msg.queued:
-            derived.messages["missing qmgr line" if msg.lines else "never queued"] += 1
+    def _finish(self, st: _Stretch, qid: str, msg: _Msg) -> None:
+        derived = self.instances[st.key]
+        if not msg.queued and not msg.lines:
+            derived.messages["never queued"] += 1
             return
-        # Where the arrival can be: within a second of the first line, and for each
-        # delivery line between its time less its delay (each up to its resolution).
-        lo, hi = msg.first - 1.0, msg.first + 1.0
-        if not msg.submitted:
-            lo, hi = msg.first, msg.first + 1.0
-        for line in msg.lines:
+        lines = sorted(msg.lines)
+        # Where the arrival can be: for each delivery line between its time less its
+        # delay (each up to its resolution), and within a second of the first line
+        # when the log saw the message come in.
+        lo, hi = -math.inf, math.inf
+        if msg.submitted:
+            lo, hi = msg.first - 1.0, msg.first + 1.0
+        for line in lines:
             t, delay = line[0], line[5]
             q = delay_quantum(delay)
             lo = max(lo, t - delay - q)
             hi = min(hi, t + 1.0 - delay + q)
-        arrival = (lo + hi) / 2 if lo <= hi else msg.first + 0.5
+        if lo <= hi and math.isfinite(lo) and math.isfinite(hi):
+            arrival: float | None = (lo + hi) / 2
+        elif msg.submitted:
+            arrival = msg.first + 0.5
+        elif lines:
+            arrival = min(x[0] - x[5] for x in lines)
+        else:
+            arrival = None  # queued before the log and never delivered in it
+        # When it entered the active queue: ``delays=`` a after it arrived (the first
+        # try's), the first qmgr line, or the log's start.
+        if msg.submitted:
+            assert arrival is not None
+            enter = arrival + (lines[0][10] if lines else 0.0)
+            if msg.first_qmgr is not None:
+                enter = min(max(enter, msg.first_qmgr), msg.first_qmgr + 1.0)
+        elif msg.first_qmgr is not None:
+            enter = msg.first_qmgr
+            if lines:
+                t0, delay0, a0 = lines[0][0], lines[0][5], lines[0][10]
+                guess = t0 - delay0 + a0
+                if msg.first_qmgr <= guess <= msg.first_qmgr + 1.0:
+                    enter = guess
+        else:
+            # In the active queue as the log began: since then, or since its first
+            # logged delivery started if that was earlier.
+            enter = st.start
+            if lines:
+                enter = min(enter, lines[0][0] - lines[0][6] - lines[0][7])
+        if arrival is not None and arrival > enter:
+            arrival = enter
+        if arrival is not None:
+            # Its re-injected messages, still queued: their first arrival and the
+            # filter hop's end, to the hundredth where the hop's line has seconds.
+            root = msg.root_born if msg.root_born is not None else arrival
+            for cq, hop_delay in msg.children:
+                child = st.pending.get(cq)
+                if child is not None:
+                    child.root_born = root
+                    child.filter_end = arrival + hop_delay
+        if msg.root_born is not None:
+            born: float | None = min(msg.root_born, enter)
+            derived.messages["re-injected by a content filter"] += 1
+        else:
+            born = arrival if arrival is not None and arrival < enter else None
         if not msg.submitted:
-            arrival = msg.first  # queued before the log: it enters at its first line
-        derived.messages["replayed" if msg.submitted else "queued before the log"] += 1
-        rcpts: dict[str, list[tuple[str, tuple[int, int]]]] = {}
+            derived.messages["queued before the log" if msg.first_qmgr is not None
+                             else "in the active queue as the log began"] += 1
+        elif not msg.queued:
+            derived.messages["missing qmgr line"] += 1
+        if msg.expired_at is not None:
+            derived.messages["expired (returned to sender)"] += 1
+            if arrival is not None and len(derived.expiry_ages) < RESERVOIR:
+                derived.expiry_ages.append((msg.expired_at - arrival, not msg.sender))
+        measured = arrival is not None
+        # End to end: a re-injected message's delays count from the first arrival.
+        shift = (arrival - msg.root_born) if (
+            msg.root_born is not None and arrival is not None) else 0.0
+        gap = max(0.0, enter - msg.filter_end) if msg.parent else 0.0
+        self._lines(derived, qid, msg, lines, arrival if arrival is not None else enter,
+                    measured, shift, TraceMessage(enter, max(msg.size, 1), "mail", "", (),
+                                                  measured, born, -1, round(gap, 3)))
+
+    def _lines(self, derived: Derived, qid: str, msg: _Msg, lines: list[_DLine],
+               arrival: float, measured: bool, shift: float, head: TraceMessage) -> None:
+        """The message's delivery lines into the log's figures, the destinations'
+        behaviour and its recipients' scripts; the message into the trace."""
+        rcpts: dict[str, list[tuple[str, tuple[int, int] | float]]] = {}
         by_rcpt: dict[str, str] = {}
         sessions: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
         tried: set[str] = set()
-        for _t, pid, service, program, to, delay, c, d, status, detail, _a, b in sorted(
-                msg.lines):
-            domain = to.rpartition("@")[2].lower() or "localhost"
+        for (_t, pid, service, program, to, delay, c, d, status, detail, _a, b, dsn,
+             hop) in lines:
+            domain = hop or to.rpartition("@")[2].lower() or "localhost"
             obs = derived.destinations.get(domain)
             if obs is None:
                 obs = derived.destinations[domain] = Observed(domain)
+                obs.content_filter = bool(hop)
             end = arrival + delay
             if status == "sent":
                 obs.sent += 1
-                if msg.submitted:
-                    obs.delays.append(delay)
+                if measured:
+                    obs.delays.append(delay + shift)
             elif status == "deferred":
                 obs.deferred += 1
-            elif status in ("bounced", "expired"):
+            else:
                 obs.bounced += 1
+            key_to = f"{to}\0{hop}"
+            code = try_code(program, status, detail)
             agent = program not in NOT_AGENTS and service not in NOT_AGENTS
             if not agent:
-                by_rcpt.setdefault(to, domain)
+                by_rcpt.setdefault(key_to, domain)
+                if code is not None and program in ("error", "retry"):
+                    rcpts.setdefault(key_to, []).append((code, 0.0))
+                elif "delivery temporarily suspended: " in detail:
+                    obs.suspended[refusal_kind(detail.partition("suspended: ")[2])] += 1
+                    if len(obs.suspended_times) < RESERVOIR:
+                        obs.suspended_times.append(end)
                 continue
             obs.transports[service] += 1
             if b < HANDOFF_MAX and to not in tried:
@@ -255,11 +549,9 @@ class Deriver:
                 _sample(derived.handoffs.setdefault(service, []), (b, domain),
                         self._handoffs_seen[service], self._rng)
             tried.add(to)
-            script = rcpts.setdefault(to, [])
-            by_rcpt[to] = domain
-            rcpt_level = status == "sent" or any(mark in detail for mark in _RCPT_LEVEL)
-            if rcpt_level:
-                code = "s" if status == "sent" else "d" if status == "deferred" else "b"
+            script = rcpts.setdefault(key_to, [])
+            by_rcpt[key_to] = domain
+            if code in ("s", "d", "b"):
                 start = end - c - d
                 key = (pid, round(start * 10))
                 script.append((code, key))
@@ -272,7 +564,10 @@ class Deriver:
                     obs.rcpt_5xx += 1
                     obs.replies_5xx[reply] += 1
                 sessions.setdefault(key, []).append((start, end, domain))
-            elif status != "sent":
+            elif code in ("D", "B"):
+                script.append((code, c + d))
+                obs.failures[failure_kind(detail, dsn)] += 1
+            else:
                 kind = refusal_kind(detail)
                 obs.refusals[kind] += 1
                 obs.refusal_times.append(end - c - d)
@@ -280,33 +575,36 @@ class Deriver:
                 said = detail.split(": ", 1)[-1]
                 obs.refusal_texts[said[:120]] += 1
         per_of: dict[tuple[int, int], float] = {}
-        for key, lines in sessions.items():
-            start = min(s for s, _, _ in lines)
-            end = max(e for _, e, _ in lines)
-            obs = derived.destinations[lines[0][2]]
+        for key, group in sessions.items():
+            start = min(s for s, _, _ in group)
+            end = max(e for _, e, _ in group)
+            obs = derived.destinations[group[0][2]]
             obs.starts.append(start)
             obs.ends.append(end)
             obs.sessions_seen += 1
-            per = per_of[key] = max(end - start, 0.0) / len(lines)
+            per = per_of[key] = max(end - start, 0.0) / len(group)
             _sample(obs.latencies, per, obs.sessions_seen, self._rng)
         counts: Counter[tuple[str, str]] = Counter()
         for to, domain in by_rcpt.items():
             # Each try: its answer and the seconds its session took per recipient, so
             # that the replay's sessions last as the logged ones did. A recipient the
             # log never saw at RCPT has none, and the destination's shares decide.
-            counts[(domain, "".join(f"{code}{per_of[key]:.3g}"
-                                    for code, key in rcpts.get(to, [])))] += 1
+            counts[(domain, "".join(
+                f"{code}{(per_of[k] if isinstance(k, tuple) else k):.3g}"
+                for code, k in rcpts.get(to, [])))] += 1
         if not counts:
-            derived.messages["replayed"] -= 1
             derived.messages["no delivery lines"] += 1
             return
+        derived.messages["replayed"] += 1
         sender = msg.sender or ""
         nrcpt = sum(counts.values())
         klass = "bounce" if not sender else "bulk" if nrcpt >= BULK else "mail"
         recipients = tuple((dom, n, script) for (dom, script), n in counts.items())
-        derived.trace.append(TraceMessage(arrival, max(msg.size, 1), klass,
-                                          self._sender(sender), recipients,
-                                          msg.submitted))
+        derived.trace.append(head._replace(klass=klass, sender=self._sender(sender),
+                                           recipients=recipients))
+        derived.qids.append(qid)
+        if msg.parent:
+            derived.parents[qid] = msg.parent
 
     def _sender(self, sender: str) -> str:
         if not sender:
@@ -316,14 +614,27 @@ class Deriver:
         digest = hmac.new(self.key, sender.lower().encode(), hashlib.sha256).hexdigest()
         return f"h{digest[:16]}@{DEFAULT_SENDER_DOMAIN}"
 
+    def _close(self, st: _Stretch) -> None:
+        """Messages still in the queue at a stretch's end count as they stand."""
+        for qid, msg in list(st.pending.items()):
+            self._finish(st, qid, msg)
+        st.pending.clear()
+
     def finish(self) -> dict[str, Derived]:
-        """Messages still in the queue at the log's end count as they stand."""
-        for inst, pending in self._pending.items():
-            for qid, msg in list(pending.items()):
-                self._finish(inst, qid, msg)
-            pending.clear()
+        for st in self._stretches.values():
+            self._close(st)
         for derived in self.instances.values():
-            derived.trace.sort(key=lambda m: m.at)
+            order = sorted(range(len(derived.trace)), key=lambda i: derived.trace[i].at)
+            trace = [derived.trace[i] for i in order]
+            qids = [derived.qids[i] for i in order]
+            index = {q: i for i, q in enumerate(qids)}
+            for i, q in enumerate(qids):
+                parent = derived.parents.get(q)
+                j = index.get(parent, -1) if parent is not None else -1
+                if 0 <= j < i:
+                    trace[i] = trace[i]._replace(follows=j)
+            derived.trace, derived.qids = trace, qids
+            derived.parents.clear()
             if derived.trace:
                 # A whole second of the clock: the simulation's whole seconds are then
                 # the log's, as stock's retry times (whole seconds) need.

@@ -39,6 +39,7 @@ QUANTILES = 101
 OVERSHOOT = 0.02
 _REPLY = re.compile(r"([45]\d\d [^\r\n]*)")
 _SERVICE = re.compile(r"^[a-z][a-z0-9_-]{0,30}$")
+_NEXTHOP = re.compile(r"^\[(?P<addr>[^\]]+)\](?::(?P<port>\d+))?$")
 
 
 @dataclass
@@ -119,32 +120,47 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
         kw["rate_reply"] = _reply(dict(obs.refusal_texts), Destination.rate_reply, "4")
         model.notes.append(f"refused {rate_refusals} sessions with a rate reply: "
                            f"{kw['rate_limit']:g} sessions a second at most")
-    down = obs.refusals.get("connection refused", 0) + obs.refusals.get(
+    # A site held dead for what failed its sessions otherwise (a DNS failure, a lost
+    # greeting) fails at once, as a refused connection does.
+    refused = obs.refusals.get("connection refused", 0) + obs.suspended.get(
+        "connection refused", 0) + obs.suspended.get("other", 0) + obs.suspended.get(
+        "session limit", 0) + obs.suspended.get("rate limit", 0)
+    timed = obs.refusals.get("connection timed out", 0) + obs.suspended.get(
         "connection timed out", 0)
+    down = refused + timed
     if down:
-        timed_out = obs.refusals.get("connection timed out", 0) > down / 2
+        timed_out = timed > down / 2
+        held = sum(obs.suspended.values())
+        also = (f", {held} of them qmgr's deferrals of the site it held dead"
+                if held else "")
         if not obs.sessions_seen:
             kw["dead"] = True
             kw["dead_mode"] = "timeout" if timed_out else "refused"
-            if timed_out:
+            if timed_out and obs.refusal_seconds.get("connection timed out"):
                 kw["timeout"] = statistics.median(obs.refusal_seconds["connection timed out"])
                 kw["timeout_set"] = True
             model.notes.append(f"never accepted a session ({down} connections "
-                               f"{'timed out' if timed_out else 'refused'}): down")
+                               f"{'timed out' if timed_out else 'refused'}{also}): down")
         else:
             first = min(obs.starts)
-            last_fail = max(obs.refusal_times)
+            last_fail = max(obs.refusal_times + obs.suspended_times)
             if last_fail <= first:
                 kw["dead_until"] = max(first - origin, 0.0)
                 model.notes.append(f"down until {first - origin:.1f} s ({down} connections "
-                                   "failed before it first accepted one)")
+                                   f"failed before it first accepted one{also})")
             else:
                 model.notes.append(f"{down} connections failed between accepted sessions: "
                                    "not modelled (the destination is up throughout)")
     other = obs.refusals.get("other", 0)
     if other:
-        model.notes.append(f"{other} tries failed otherwise (lost connections, timeouts "
-                           "in the conversation): not modelled")
+        model.notes.append(f"{other} tries failed otherwise: not modelled")
+    if obs.failures:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in obs.failures.most_common())
+        model.notes.append(f"tries that failed as a whole, replayed recipient by recipient "
+                           f"as logged: {kinds}")
+    if obs.content_filter:
+        model.notes.append("a content filter: the mail it re-injects follows its delivery "
+                           "here, and that mail's delays are end to end")
     if obs.rcpt_tries:
         kw["rcpt_4xx"] = round(obs.rcpt_4xx / obs.rcpt_tries, 4)
         kw["rcpt_5xx"] = round(obs.rcpt_5xx / obs.rcpt_tries, 4)
@@ -165,9 +181,16 @@ def quantiles(values: Sequence[float]) -> tuple[float, ...]:
 
 def scenario_name(domain: str) -> str:
     """The destination's name in the workload: the domain, or a stand-in for one the
-    scenario format cannot hold (``localhost``)."""
+    scenario format cannot hold (``localhost``; a content filter ``[127.0.0.1]:10024``
+    reads ``filter-127-0-0-1-10024.invalid``)."""
     if is_domain(domain):
         return domain
+    m = _NEXTHOP.match(domain)
+    if m is not None:
+        name = re.sub(r"[^A-Za-z0-9]+", "-", m["addr"]).strip("-")
+        name = f"filter-{name}" + (f"-{m['port']}" if m["port"] else "") + ".invalid"
+        if is_domain(name):
+            return name
     return f"d{hashlib.sha256(domain.encode()).hexdigest()[:10]}.invalid"
 
 
@@ -253,6 +276,18 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     sc = Scenario(seed=seed, title=f"replay of {derived.instance}",
                   main_cf=dict(main_cf), process_limits=dict(process_limits),
                   retry_deferred=True)
+    for key, bounce in (("maximal_queue_lifetime", False), ("bounce_queue_lifetime", True)):
+        # The log's own queue lifetime, where it returned mail to sender and the admin
+        # gave none: the youngest message it expired (stock expires a message at the
+        # first retry past the lifetime, so that is the lifetime or a little over).
+        ages = [age for age, null in derived.expiry_ages if null == bounce]
+        if ages and key not in main_cf:
+            value = max(1, int(min(ages)))
+            sc.main_cf[key] = f"{value}s"
+            derived.notes.append(
+                f"{key} = {value}s, read off the youngest of the {len(ages)} "
+                f"{'bounces' if bounce else 'messages'} the log returned to sender as "
+                "expired (-o or --config-dir to set it)")
     models = []
     for dom, obs in sorted(derived.destinations.items()):
         dest, model = destination(obs, derived.origin, names[dom])
@@ -261,7 +296,8 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     origin = derived.origin
     sc.trace = [TraceMessage(round(m.at - origin, 3), m.size, m.klass, m.sender,
                              tuple((names[d], n, s) for d, n, s in m.recipients),
-                             m.measured) for m in derived.trace]
+                             m.measured, None if m.born is None else round(m.born - origin, 3),
+                             m.follows, m.gap) for m in derived.trace]
     for transport, sample in derived.handoffs.items():
         # A refusing destination's window was throttled: its b is a window wait.
         waits = [b for b, dom in sample if not derived.destinations[dom].refusals]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 import random
 from collections import deque
@@ -49,7 +50,6 @@ from pyqmgr.simulator.scenario import (
     MessageSpec,
     Scenario,
     ScenarioError,
-    TraceMessage,
     parse_script,
 )
 
@@ -89,8 +89,11 @@ class Result:
     retries: list[tuple[float, str, str]] = field(default_factory=list)
     #: ... (time, messages it took) for every deferred-queue scan that took some ...
     scans: list[tuple[float, int]] = field(default_factory=list)
-    #: ... and the messages still deferred when the run ended.
+    #: ... and the messages still deferred when the run ended; messages that outlived
+    #: maximal_queue_lifetime (bounce_queue_lifetime for a bounce) with recipients
+    #: still deferred, returned to sender as stock does.
     still_deferred: int = 0
+    expired: int = 0
     #: Delivery policy delegation: questions asked, answers that held a destination
     #: back (per destination), messages put on hold, recipients rejected to error(8).
     asked: int = 0
@@ -137,7 +140,7 @@ class _Server:
 
 class _SimMessage:
     __slots__ = ("sched", "routes", "pos", "destination", "arrival", "retry", "waits",
-                 "_by_rcpt", "scripts", "tries", "measured")
+                 "_by_rcpt", "scripts", "tries", "measured", "children", "bounce")
 
     scripts: dict[int, tuple[tuple[str, float | None], ...]] | None
 
@@ -160,6 +163,10 @@ class _SimMessage:
         self.scripts = scripts
         self.tries: dict[int, int] = {}
         self.measured = measured
+        #: Messages a content filter re-injects once this one is done (replay).
+        self.children: list[int] | None = None
+        #: A bounce (null sender): it expires after bounce_queue_lifetime.
+        self.bounce = False
 
     def answer(self, rcpt: Recipient) -> tuple[str, float | None] | None:
         """This try of a scripted recipient: 2xx, 4xx or 5xx, and its seconds if the
@@ -171,6 +178,28 @@ class _SimMessage:
         self.tries[rcpt.offset] = n + 1
         code, secs = script[n] if n < len(script) else ("s", None)
         return ("4xx" if code == "d" else "5xx" if code == "b" else "2xx"), secs
+
+    def whole_failure(self, rcpts: Sequence[Recipient]) -> tuple[str, float | None] | None:
+        """The delivery's failure as a whole (``D`` or ``B`` in a replayed recipient's
+        script for this try: a lost connection, a DNS answer, error(8)), if any.
+
+        Only the recipients whose script says so spend their try on it: the others
+        are deferred with the delivery, as stock defers every recipient of a failed
+        session, and answer their own next try later.
+        """
+        if self.scripts is None:
+            return None
+        found: tuple[str, float | None] | None = None
+        for rcpt in rcpts:
+            script = self.scripts.get(rcpt.offset)
+            if script is None:
+                continue
+            n = self.tries.get(rcpt.offset, 0)
+            if n < len(script) and script[n][0] in "DB":
+                self.tries[rcpt.offset] = n + 1
+                if found is None or script[n][0] == "D":
+                    found = script[n]
+        return found
 
     def route_of(self, rcpt: Recipient) -> Route:
         if self._by_rcpt is None:
@@ -270,6 +299,11 @@ class Engine:
         #: The policy service's rate windows per destination: (opened at, requests).
         self._rate_windows: dict[str, tuple[float, int]] = {}
         self._instance = itertools.count(1)
+        #: Replayed content-filter loops: trace index -> the messages it re-injects.
+        self._children: dict[int, list[int]] = {}
+        for i, m in enumerate(scenario.trace):
+            if 0 <= m.follows < i:
+                self._children.setdefault(m.follows, []).append(i)
 
     # -- clock --------------------------------------------------------------------
 
@@ -300,7 +334,8 @@ class Engine:
     def _trace_arrivals(self,
                         offset: int) -> Iterator[tuple[float, int, Callable[[], None]]]:
         for i, m in enumerate(self.sc.trace):
-            yield m.at, offset + i, self._trace_arrival(m)
+            if not 0 <= m.follows < i:
+                yield m.at, offset + i, self._trace_arrival(i)
 
     def _next_arrival(self) -> None:
         item = next(self._pending, None)
@@ -338,13 +373,16 @@ class Engine:
             self._enter(qid, [(dest, n, "") for dest, n in spread], True)
         return arrive
 
-    def _trace_arrival(self, m: TraceMessage) -> Callable[[], None]:
+    def _trace_arrival(self, index: int) -> Callable[[], None]:
         def arrive() -> None:
-            self._enter(f"M{next(self._serial)}", m.recipients, m.measured)
+            m = self.sc.trace[index]
+            self._enter(f"M{next(self._serial)}", m.recipients, m.measured, m.born,
+                        self._children.get(index), m.klass == "bounce")
         return arrive
 
     def _enter(self, qid: str, spread: Sequence[tuple[str, int, str]],
-               measured: bool) -> None:
+               measured: bool, born: float | None = None,
+               children: list[int] | None = None, bounce: bool = False) -> None:
         routes: list[Route] = []
         scripts: dict[int, tuple[tuple[str, float | None], ...]] | None = None
         for dest_name, nrcpt, script in spread:
@@ -361,7 +399,10 @@ class Engine:
                         scripts = {}
                     scripts[i] = parse_script(script)
         msg = _SimMessage(Message(qid, self.now, rcpt_unread=len(routes)), routes,
-                          spread[0][0], self.now, scripts, measured)
+                          spread[0][0], self.now if born is None else born, scripts,
+                          measured)
+        msg.children = children
+        msg.bounce = bounce
         msg.sched.owner = msg
         self._let_in(msg)
 
@@ -451,6 +492,10 @@ class Engine:
                     self.active -= 1
                     if msg.retry:
                         self._defer(msg)
+                    elif msg.children:
+                        # Its content filter re-injects the message as it is done.
+                        for i in msg.children:
+                            self.at(self.now + self.sc.trace[i].gap, self._trace_arrival(i))
             self._feed()
         while (name := sched.allocate()) is not None:
             limit = self.sc.process_limits.get(name, self.cfg.default_process_limit)
@@ -608,6 +653,23 @@ class Engine:
         dest = self.sc.destinations[entry.queue.nexthop]
         self.in_flight[dest.name] = self.in_flight.get(dest.name, 0) + 1
         self._sample(entry.queue)
+        failure = msg.whole_failure(entry.recipients)
+        if failure is not None:
+            # A replayed try that failed as a whole (before or outside RCPT): as the
+            # log had it, whatever the schedule; a 4xx throttles the site as stock's
+            # agent reports a site failure, a 5xx bounces without one.
+            code, secs = failure
+            took = secs if secs is not None else 0.0
+            if code == "D":
+                hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] failed "
+                                   "(replayed from the log)")
+                self.at(self.now + took, self._finish(entry, start, window, dest.name,
+                                                      "deferred", hop, False))
+            else:
+                self.at(self.now + took, self._finish(
+                    entry, start, window, dest.name, "sent", None, False,
+                    ["5xx"] * len(entry.recipients)))
+            return
         if dest.is_dead(self.now):
             if dest.dead and dest.dead_mode == "timeout":
                 hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
@@ -779,11 +841,17 @@ class Engine:
         msg.retry.append(msg.route_of(rcpt))
 
     def _defer(self, msg: _SimMessage) -> None:
-        """To the deferred queue with stock's retry time, plus the jitter."""
+        """To the deferred queue with stock's retry time, plus the jitter; or, past its
+        lifetime, returned to sender (qmgr_active_done: whole seconds since the queue
+        file's creation)."""
         cfg = self.cfg
+        lifetime = cfg.bounce_queue_lifetime if msg.bounce else cfg.maximal_queue_lifetime
+        if int(self.now) >= math.floor(msg.arrival) + lifetime:
+            self.result.expired += 1
+            return
         # Stock counts in whole seconds of the clock (event_time() less the queue
         # file's create_time) and stamps the file with their sum.
-        delay = min(max(int(self.now) - int(msg.arrival), cfg.minimal_backoff_time),
+        delay = min(max(int(self.now) - math.floor(msg.arrival), cfg.minimal_backoff_time),
                     cfg.maximal_backoff_time)
         when: float = int(self.now) + int(delay)
         if self.retry is not None:
@@ -822,6 +890,8 @@ class Engine:
         again = _SimMessage(Message(qid, self.now, rcpt_unread=len(msg.retry)), msg.retry,
                             msg.destination, msg.arrival, msg.scripts, msg.measured)
         again.tries = msg.tries
+        again.children = msg.children
+        again.bounce = msg.bounce
         again.sched.owner = again
         self.result.retries.append((self.now, qid, how))
         self._let_in(again, feed=False)

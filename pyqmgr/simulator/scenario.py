@@ -70,7 +70,10 @@ arrivals = "arrivals.csv"  # (top level) more messages, one a line, as pyqmgr re
                            # writes them: at,size,class,sender,recipients,measured with
                            # recipients "DOMAIN[*COUNT][=SCRIPT] ..." (SCRIPT: the
                            # recipients' RCPT answers try by try, d 4xx, b 5xx, s 2xx,
-                           # each with the try's seconds if known: d1.5s2.1)
+                           # D and B the whole delivery failed (4xx: the site is
+                           # throttled; 5xx: bounced), each with the try's seconds if
+                           # known: d1.5s2.1), then optionally born,follows,gap (mail
+                           # older than its arrival; a content filter's re-injection)
 
 [compare]                  # pyqmgr compare only
 time_scale = 0.1           # default --time-scale: arrival times, latencies, timeouts,
@@ -351,6 +354,15 @@ class TraceMessage(NamedTuple):
     #: False for mail queued before the log began: its delay is not the log's to
     #: compare, so the delay figures leave it out.
     measured: bool = True
+    #: When the message really arrived, if before ``at`` (seconds, may be below 0):
+    #: mail queued before the log began, or waiting before the active queue took it
+    #: (``delays=`` a). Delays and stock's backoff count from it; None: ``at``.
+    born: float | None = None
+    #: The index (in the trace) of the message whose delivery to a content filter
+    #: re-injected this one; it then arrives ``gap`` seconds after that message is
+    #: done, not at ``at``. -1: it arrives by itself.
+    follows: int = -1
+    gap: float = 0.0
 
 
 @dataclass
@@ -701,17 +713,21 @@ def _compare(c: dict[str, Any]) -> CompareSettings:
 
 # -- arrivals files: one message a line -------------------------------------------------
 
-ARRIVALS_HEADER = "# pyqmgr arrivals: at,size,class,sender,recipients,measured"
+ARRIVALS_HEADER = ("# pyqmgr arrivals: at,size,class,sender,recipients,measured"
+                   "[,born[,follows,gap]]")
 #: An arrivals line is at most this long (a message to thousands of domains fits).
 MAX_ARRIVAL_LINE = 1 << 20
 _ITEM = re.compile(r"^(?P<dest>[^*=\s]+)(?:\*(?P<n>\d{1,7}))?"
-                   r"(?:=(?P<script>(?:[dbs](?:\d{1,6}(?:\.\d{1,6})?(?:e-?\d\d)?)?){1,1000}))?$")
-_TOKEN = re.compile(r"([dbs])(\d{1,6}(?:\.\d{1,6})?(?:e-?\d\d)?)?")
+                   r"(?:=(?P<script>(?:[dbsDB](?:\d{1,6}(?:\.\d{1,6})?(?:e-?\d\d)?)?){1,1000}))?$")
+_TOKEN = re.compile(r"([dbsDB])(\d{1,6}(?:\.\d{1,6})?(?:e-?\d\d)?)?")
 
 
 def parse_script(script: str) -> tuple[tuple[str, float | None], ...]:
     """A recipient's script as (answer, seconds or None) per try: ``d1.5s2`` is a 4xx
-    after 1.5 s, then accepted after 2 s."""
+    after 1.5 s, then accepted after 2 s. ``D`` and ``B`` are tries that failed as a
+    whole delivery, not at RCPT: ``D`` a temporary failure of the site (a lost
+    connection, a timeout, a TLS or DNS failure: stock throttles the destination),
+    ``B`` a permanent one (``5.4.4`` host not found, a 5xx greeting, error(8))."""
     return tuple((code, float(secs) if secs else None)
                  for code, secs in _TOKEN.findall(script))
 
@@ -722,7 +738,10 @@ def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
     ``at,size,class,sender,recipients,measured``: seconds, bytes, the message class,
     the envelope sender, recipients as space-separated ``DOMAIN[*COUNT][=SCRIPT]``
     (a destination of the scenario, how many, their RCPT answers try by try), and 1
-    or 0. Lines starting with ``#`` are comments. Errors name the file and line.
+    or 0; optionally then ``born`` (when it really arrived, if before ``at``; empty:
+    ``at``), ``follows`` (the data line, from 0, of the message whose content filter
+    re-injected it; -1: none) and ``gap`` (seconds after that one is done). Lines
+    starting with ``#`` are comments. Errors name the file and line.
     """
     out: list[TraceMessage] = []
     classes: dict[str, str] = {}
@@ -742,8 +761,9 @@ def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
                 if not line or line.startswith("#"):
                     continue
                 fields = line.split(",")
-                if len(fields) not in (5, 6):
-                    raise ValueError("want at,size,class,sender,recipients[,measured]")
+                if len(fields) not in (5, 6, 7, 9):
+                    raise ValueError("want at,size,class,sender,recipients[,measured"
+                                     "[,born[,follows,gap]]]")
                 at, size = float(fields[0]), int(fields[1])
                 if not math.isfinite(at) or at < 0 or size < 1:
                     raise ValueError("at must be 0 or more and size 1 or more")
@@ -761,8 +781,8 @@ def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
                     m = _ITEM.match(item)
                     if m is None:
                         raise ValueError(f"recipients item {item[:60]!r}: write "
-                                         "DOMAIN[*COUNT][=SCRIPT] (script: d, b, s, each "
-                                         "with optional seconds)")
+                                         "DOMAIN[*COUNT][=SCRIPT] (script: d, b, s, D, B, "
+                                         "each with optional seconds)")
                     if m["dest"] not in sc.destinations:
                         raise ValueError(f"unknown destination {m['dest']!r}")
                     count = int(m["n"] or 1)
@@ -772,7 +792,18 @@ def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
                 if not rcpts:
                     raise ValueError("no recipients")
                 measured = len(fields) < 6 or fields[5].strip() != "0"
-                out.append(TraceMessage(at, size, klass, fields[3], tuple(rcpts), measured))
+                born = float(fields[6]) if len(fields) > 6 and fields[6].strip() else None
+                if born is not None and (not math.isfinite(born) or born > at):
+                    raise ValueError(f"born {born:g} must be a number at or before at")
+                follows, gap = -1, 0.0
+                if len(fields) > 7:
+                    follows, gap = int(fields[7]), float(fields[8])
+                    if follows >= len(out) or follows < -1:
+                        raise ValueError(f"follows {follows}: a data line above, or -1")
+                    if not math.isfinite(gap) or gap < 0:
+                        raise ValueError("gap must be 0 or more")
+                out.append(TraceMessage(at, size, klass, fields[3], tuple(rcpts), measured,
+                                        born, follows, gap))
         except UnicodeDecodeError:
             raise ScenarioError(f"arrivals: {path}, line {n + 1}: not UTF-8 text",
                                 ("arrivals",)) from None
@@ -787,8 +818,13 @@ def write_arrivals(path: str, trace: Sequence[TraceMessage]) -> None:
         for m in trace:
             items = " ".join(dest + (f"*{n}" if n != 1 else "") + (f"={s}" if s else "")
                              for dest, n, s in m.recipients)
+            extra = ""
+            if m.born is not None or m.follows >= 0:
+                extra = "," + ("" if m.born is None else f"{m.born:.3f}")
+                if m.follows >= 0:
+                    extra += f",{m.follows},{m.gap:.3f}"
             f.write(f"{m.at:.3f},{m.size},{m.klass},{m.sender},{items},"
-                    f"{1 if m.measured else 0}\n")
+                    f"{1 if m.measured else 0}{extra}\n")
 
 
 # -- files, and where in them -----------------------------------------------------------
