@@ -89,7 +89,13 @@ def _uninstall(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from pyqmgr.demo import run_demo
+    from pyqmgr import extras
+
+    lacking = extras.missing("testbed")  # the demo's remote site is a sink SMTP server
+    if lacking is not None:
+        print(f"pyqmgr demo: {lacking}", file=sys.stderr)
+        return 1
+    from pyqmgr.demo import run_demo  # after the check: it imports the sink
 
     return run_demo(messages=args.messages, keep=args.keep)
 
@@ -101,7 +107,10 @@ def _simulate(args: argparse.Namespace) -> int:
     what is read; the thousand-line delivery sequence and the window dump are for
     debugging a scenario and come only with --trace. --json is the same content for
     scripts. Errors in the scenario go to stderr with the file and line, exit 1.
+    --plot without matplotlib is said once the scenario has loaded and before it runs,
+    so that a long simulation is not waited for only to fail at the end.
     """
+    from pyqmgr import extras
     from pyqmgr.simulator import load, simulate
     from pyqmgr.simulator.plot import PlotError, plot
     from pyqmgr.simulator.report import as_json, sequence, summary, windows
@@ -111,6 +120,10 @@ def _simulate(args: argparse.Namespace) -> int:
         scenario = load(args.scenario)
         if args.policy:
             scenario.pyqmgr_cf["scheduler_policy"] = args.policy
+        lacking = extras.missing("plot") if args.plot else None
+        if lacking is not None:
+            print(f"pyqmgr simulate: --plot {lacking}", file=sys.stderr)
+            return 1
         result = simulate(scenario, seed=args.seed)
     except (ScenarioError, ValueError) as exc:
         print(f"pyqmgr simulate: {exc}", file=sys.stderr)
@@ -146,6 +159,7 @@ COMPARE_INTERRUPTED = 130
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from pyqmgr import extras
     from pyqmgr.compare import (
         ContenderError,
         ScenarioError,
@@ -163,6 +177,12 @@ def _compare(args: argparse.Namespace) -> int:
     except (ScenarioError, ContenderError) as exc:
         print(f"pyqmgr compare: {exc}", file=sys.stderr)
         return COMPARE_BAD_INPUT
+    # The sinks' aiosmtpd before root and Postfix: on a base install, what to install
+    # is the one thing to say, whoever runs it.
+    lacking = extras.missing("testbed")
+    if lacking is not None:
+        print(f"pyqmgr compare: {lacking}", file=sys.stderr)
+        return COMPARE_RUN_FAILED
     if not _can_run_postfix("pyqmgr compare: runs"):
         return COMPARE_RUN_FAILED
     stem = os.path.splitext(os.path.basename(args.workload))[0]
@@ -205,6 +225,14 @@ def _replay(args: argparse.Namespace) -> int:
         main_cf, limits = _replay_config(args.config_dir, args.settings)
     except (ContenderError, ConfigError, ValueError) as exc:
         return fail(str(exc))
+    if args.compare:
+        # Before the simulation, which can take minutes on a busy day's log.
+        from pyqmgr import extras
+
+        lacking = extras.missing("testbed")
+        if lacking is not None:
+            print(f"pyqmgr replay: --compare {lacking}", file=sys.stderr)
+            return COMPARE_RUN_FAILED
     opts = Options(contenders, main_cf, limits, not args.no_hash,
                    args.hash_key.encode() if args.hash_key else None, args.year,
                    args.instance or [], args.seed, args.runs)
@@ -390,7 +418,8 @@ _COMPARE_DESCRIPTION = (
     "qmgr's CPU time and peak memory; latency percentiles per message class; per\n"
     "destination deliveries in flight and delivered per second over time; how similar\n"
     "the delivery orders are. Progress goes to stderr when it is a terminal.\n\n"
-    "Needs root (it runs Postfix instances) and Debian's postfix package.")
+    "Needs root (it runs Postfix instances), Debian's postfix package and the testbed\n"
+    "extra (the sinks' aiosmtpd: pip install 'pyqmgr[testbed]').")
 
 
 #: Exit statuses of status and explain, sysexits(3) as postqueue(1) uses them.
@@ -689,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
             "  pyqmgr simulate scenarios/limiter-421-feedback-1-over-n.toml\n"
             "  pyqmgr simulate scenarios/preemption.toml --policy oqmgr --trace | less\n\n"
             "exit status: 0 done, 1 a bad scenario file or --policy (the message names the\n"
-            "file and line), or --plot without matplotlib"))
+            "file and line), or --plot without the plot extra (matplotlib)"))
     p.add_argument("scenario", help="a scenario TOML file (see scenarios/)")
     p.add_argument("--trace", action="store_true",
                    help="also print every delivery and every change of each destination's "
@@ -702,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
                         "deliveries and windows)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw each destination's window and deliveries in flight over "
-                        "time (needs matplotlib: pip install 'pyqmgr[plot]')")
+                        "time (needs the plot extra, matplotlib: pip install 'pyqmgr[plot]')")
     p.add_argument("--seed", type=int, help="override the scenario's random seed")
     p.add_argument("--policy", metavar="NAME",
                    help="scheduler_policy for every transport, overriding the scenario's: "
@@ -724,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--time-scale 0.1\n"
                 "      # and on real Postfix, each run against the log\n\n"
                 "exit status: 0 replayed, 1 bad arguments, 2 no Postfix mail in the log,\n"
-                "4 --compare could not make a run (not root, no Postfix)"))
+                "4 --compare could not make a run (not root, no Postfix, no testbed\n"
+                "extra)"))
     p.add_argument("maillog", nargs="+", help="maillog files (plain or .gz)")
     p.add_argument("--with", dest="contenders", action="append", metavar="CONTENDER",
                    help="a scheduler to simulate (repeat): stock, oqmgr or "
@@ -781,8 +811,8 @@ def main(argv: list[str] | None = None) -> int:
         epilog=("exit status: 0 every contender drained the workload, 1 a bad workload\n"
                 "file or --with (the message names the line or the value), 3 the report is\n"
                 "written but a contender did not drain within the timeout, 4 a run could\n"
-                "not be made (not root, no Postfix, an instance did not start), 130\n"
-                "interrupted (every instance and sink is stopped first)"))
+                "not be made (not root, no Postfix, no testbed extra, an instance did not\n"
+                "start), 130 interrupted (every instance and sink is stopped first)"))
     p.add_argument("workload", help="a workload (scenario) TOML file")
     p.add_argument("--with", dest="contenders", action="append", metavar="CONTENDER",
                    help="a contender: stock, oqmgr, pyqmgr or pyqmgr:POLICY[,name=value...]"

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from pyqmgr import extras
 from pyqmgr.compare.contender import Contender, ContenderError, parse_contenders
 from pyqmgr.compare.figures import run_figures
 from pyqmgr.compare.plan import Plan, make_plan
@@ -101,7 +102,8 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
     """Run every contender in turn and write the report; return report.json's content.
 
     Bad input raises ScenarioError or ContenderError before anything starts; a run that
-    cannot be made raises RunError after its clean-up.
+    cannot be made (the testbed extra missing, Postfix not starting...) raises RunError
+    after its clean-up.
     """
     plan = load_plan(path, scale)
     sc = plan.scenario
@@ -110,6 +112,11 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
     else:
         chosen = parse_contenders(sc.compare.contenders or DEFAULT_CONTENDERS, sc.base_dir)
     limit = sc.compare.timeout if timeout is None else timeout
+    # A run that cannot be made, said as such: else the first sink's import of aiosmtpd
+    # would end the run with a bare ModuleNotFoundError.
+    lacking = extras.missing("testbed")
+    if lacking is not None:
+        raise RunError(lacking)
     os.makedirs(out_dir, exist_ok=True)
     runs = []
     for i, c in enumerate(chosen):

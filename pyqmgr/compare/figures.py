@@ -39,7 +39,7 @@ from typing import Any
 
 from pyqmgr.compare.plan import parse_address
 from pyqmgr.postfix import maillog
-from pyqmgr.testbed.sink import RATE_LIMITED, TOO_MANY
+from pyqmgr.testbed.replies import RATE_LIMITED, TOO_MANY
 
 #: A remote server's reply quoted in a delivery line's detail.
 _REPLY = re.compile(r"(?:said|refused to talk to me): (?P<code>[2-5]\d\d)"

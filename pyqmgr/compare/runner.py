@@ -33,14 +33,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyqmgr.compare.contender import Contender
 from pyqmgr.compare.figures import DeliveryLine, parse_delivery
 from pyqmgr.compare.plan import Arrival, Plan, parse_address
 from pyqmgr.simulator.scenario import Destination, parse_script
 from pyqmgr.testbed.instance import PostfixInstance, TestbedError
-from pyqmgr.testbed.sink import SinkServer
+
+if TYPE_CHECKING:
+    # Imported where a sink is made: the sink needs aiosmtpd (the testbed extra), and
+    # this module is imported with the compare package, which replay uses on a base
+    # install.
+    from pyqmgr.testbed.sink import SinkServer
 
 #: SMTP sessions that submit the workload at once.
 SUBMITTERS = 4
@@ -108,6 +113,8 @@ class _Host:
             if dest.rcpt_4xx and _unit(seed, "4xx", addr, n) < dest.rcpt_4xx:
                 return dest.rcpt_4xx_reply
             return None
+
+        from pyqmgr.testbed.sink import SinkServer
 
         self.sink = SinkServer(latency=latency, replies=reply,
                                client_limit=dest.server_limit, rate_limit=dest.rate_limit,

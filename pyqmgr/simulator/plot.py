@@ -20,7 +20,7 @@ def plot(res: Result, path: str, title: str = "") -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotError("--plot needs matplotlib: pip install 'pyqmgr[plot]'") from None
+        raise PlotError("--plot needs the plot extra: pip install 'pyqmgr[plot]'") from None
     fig, ax = plt.subplots(figsize=(10, 5))
     for dest, points in sorted(res.windows.items()):
         times = [t for t, _, _ in points] + [res.end_time]

@@ -28,6 +28,8 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from pyqmgr.testbed.replies import ACCEPT_DATA, ACCEPT_RCPT, RATE_LIMITED, TOO_MANY
+
 #: A reply rule: a mapping from recipient address, domain or glob pattern to an SMTP
 #: reply line ("450 4.2.0 try later"), or a callable returning the reply or None.
 ReplyRule = Mapping[str, str] | Callable[[str], str | None]
@@ -35,11 +37,6 @@ ReplyRule = Mapping[str, str] | Callable[[str], str | None]
 LatencyRule = float | Mapping[str, float] | Callable[[str], float]
 
 HOST = "127.0.0.1"
-ACCEPT_RCPT = "250 2.1.5 OK"
-ACCEPT_DATA = "250 2.0.0 queued"
-TOO_MANY = "421 4.7.0 too many connections from your host"
-RATE_LIMITED = ("421 4.7.28 Our system has detected an unusual rate of mail from your "
-                "IP address; try again later")
 
 
 @dataclass(frozen=True)
