@@ -208,7 +208,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     from pyqmgr.compare.contender import ContenderError, parse_contenders
     from pyqmgr.postfix.config import ConfigError
-    from pyqmgr.replay import Options, replay
+    from pyqmgr.replay import GAP, Options, replay
     from pyqmgr.replay import report as replay_report
     from pyqmgr.replay.workload import write
     from pyqmgr.simulator.scenario import Scenario
@@ -217,7 +217,7 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"pyqmgr replay: {text}", file=sys.stderr)
         return 1
 
-    for path in args.maillog:
+    for path in args.maillog + (args.fit_on or []):
         if not os.path.isfile(path):
             return fail(f"{path}: no such file")
     try:
@@ -235,7 +235,8 @@ def _replay(args: argparse.Namespace) -> int:
             return COMPARE_RUN_FAILED
     opts = Options(contenders, main_cf, limits, not args.no_hash,
                    args.hash_key.encode() if args.hash_key else None, args.year,
-                   args.instance or [], args.seed, args.runs)
+                   args.instance or [], args.seed, args.runs,
+                   args.gap if args.gap is not None else GAP, args.fit_on or [])
     progress = None
     if sys.stderr.isatty() and not args.json:
         def progress(text: str) -> None:
@@ -785,6 +786,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulation runs per contender, seeds SEED, SEED+1...: counts "
                         "are their mean, delays pooled (default: up to 5 while the runs "
                         "stay under 200,000 recipients; one for a busy day's log)")
+    p.add_argument("--fit-on", action="append", metavar="MAILLOG",
+                   help="fit the destinations' session and rate limits on this log "
+                        "(another day's or another run's; repeat for rotated files) "
+                        "instead of on the log replayed, so that its figures are held "
+                        "against a model fitted without them; the report says which")
+    p.add_argument("--gap", type=parse_duration, metavar="DURATION",
+                   help="a silence this long cuts the log into stretches, each replayed "
+                        "on its own with a warning (default 6h; 90s, 15m, 2h, 1d)")
     p.add_argument("--compare", action="store_true",
                    help="also run the derived workload on real Postfix, each contender "
                         "in turn as 'pyqmgr compare' does, and set each run's figures, "

@@ -312,3 +312,35 @@ def test_runs_pool_several_seeds(tmp_path):
                      ("many", "not a whole number: 'many'")):
         proc = run("replay", log, "--year", "2026", "--runs", bad, check=False)
         assert proc.returncode == 2 and f"argument --runs: {why}" in proc.stderr, proc.stderr
+
+
+def test_limits_fitted_on_another_log(tmp_path):
+    """--fit-on: a destination's session limit comes from another log (where it
+    refused sessions) and is used on the replayed log unchanged; the report says where
+    each limit was fitted, and warns when it is the replayed log itself."""
+    fit_lines: list[str] = []
+    for i in range(6):
+        outcome = "limit" if i % 2 else "sent"
+        fit_lines += message(f"Nov 24 10:00:0{i}", f"F{i}AAAAAAAA",
+                             [(f"Nov 24 10:00:0{i + 1}", f"u{i}@lim.example", outcome),
+                              (f"Nov 24 10:05:0{i + 1}", f"u{i}@lim.example", "sent")]
+                             if outcome == "limit" else
+                             [(f"Nov 24 10:00:0{i + 1}", f"u{i}@lim.example", "sent")])
+    fit_log = write(str(tmp_path / "fit.log"), fit_lines)
+    replayed = write(str(tmp_path / "day2.log"), message(
+        "Nov 25 10:00:00", "D1AAAAAAAA", [("Nov 25 10:00:01", "v@lim.example", "sent")]))
+    alone = run("replay", fit_log, "--year", "2026").stdout
+    assert "server_limit" in alone and "limits fitted on this log itself" in alone
+    out = str(tmp_path / "wl")
+    rep = json.loads(run("replay", replayed, "--year", "2026", "--json", "--fit-on", fit_log,
+                         "--write-workload", out).stdout)
+    inst = rep["instances"][0]
+    assert inst["fitted_on"] == fit_log
+    [model] = inst["model"]
+    assert any(f"fitted on {fit_log}, not on this log" in n for n in model["notes"])
+    limit = int(next(n for n in model["notes"] if "server_limit" in n).split()[1].rstrip(":"))
+    assert f"server_limit = {limit}\n" in open(os.path.join(out, "workload.toml")).read()
+    text = run("replay", replayed, "--year", "2026", "--fit-on", fit_log).stdout
+    assert f"(limits fitted on {fit_log}, not on this log)" in text
+    proc = run("replay", replayed, "--fit-on", str(tmp_path / "none.log"), check=False)
+    assert proc.returncode == 1 and "none.log: no such file" in proc.stderr

@@ -21,7 +21,7 @@ from pyqmgr.replay.derive import GAP, Derived, Deriver
 from pyqmgr.replay.report import as_dict, log_figures, sim_figures, sim_ranges
 from pyqmgr.replay.workload import build
 from pyqmgr.simulator.engine import simulate
-from pyqmgr.simulator.scenario import Scenario
+from pyqmgr.simulator.scenario import Destination, Scenario
 
 
 @dataclass
@@ -40,6 +40,9 @@ class Options:
     runs: int | None = None
     #: A silence this long (seconds) cuts the log into stretches replayed apart.
     gap: float = GAP
+    #: Fit destinations' limits on these logs (another day's, another run's) rather
+    #: than on the log replayed, whose figures they are then held against.
+    fit_on: list[str] = field(default_factory=list)
 
 
 #: One simulation is one draw of the replayed system's chance (agent hand-offs,
@@ -97,12 +100,17 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
     ``workloads`` (if given) receives each instance's scenario, for writing out.
     """
     reader, instances = derive(paths, opts, progress)
+    fits: dict[str, Destination] | None = None
+    fitted_on = "this log"
+    if opts.fit_on:
+        fits, fitted_on = fit(opts, progress), ", ".join(opts.fit_on)
     report: dict[str, Any] = {
         "input": {"files": reader.files, "lines": reader.lines,
                   "skipped": dict(reader.skipped), "paths": reader.paths},
         "instances": []}
     for name, derived in sorted(instances.items()):
-        sc, models, names = build(derived, opts.main_cf, opts.process_limits, opts.seed)
+        sc, models, names = build(derived, opts.main_cf, opts.process_limits, opts.seed,
+                                  fits, fitted_on)
         if workloads is not None:
             workloads[name] = sc
         inst: dict[str, Any] = {
@@ -110,6 +118,7 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
             "messages": dict(derived.messages), "lines": dict(derived.lines),
             "read": derived.read, "unused": dict(derived.unused),
             "warnings": list(derived.warnings), "notes": derived.notes,
+            "fitted_on": fitted_on,
             "model": [{"destination": m.destination, "transport": m.transport,
                        "notes": m.notes} for m in models],
             "figures": {"log": as_dict(log_figures(derived, names))}, "runs": {},
@@ -137,6 +146,22 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
             sc.pyqmgr_cf = {}
         report["instances"].append(inst)
     return report
+
+
+def fit(opts: Options, progress: Progress | None = None) -> dict[str, Destination]:
+    """Each destination's limits as fitted on ``opts.fit_on`` (by log domain; where
+    instances disagree, the one that saw the destination most)."""
+    fit_opts = dataclasses.replace(opts, fit_on=[])
+    _, instances = derive(opts.fit_on, fit_opts, progress)
+    best: dict[str, tuple[int, Destination]] = {}
+    for derived in instances.values():
+        sc, _, names = build(derived, opts.main_cf, opts.process_limits, opts.seed)
+        for name, dom in names.items():
+            obs = derived.destinations[dom]
+            tries = obs.sent + obs.deferred + obs.bounced
+            if dom not in best or tries > best[dom][0]:
+                best[dom] = (tries, sc.destinations[name])
+    return {dom: dest for dom, (_, dest) in best.items()}
 
 
 def on_postfix(inst: dict[str, Any], sc: Scenario, contenders: list[str], out_dir: str,

@@ -18,7 +18,10 @@ queue id until qmgr's ``removed`` (or the end of the log), then turned into:
   DATA) ``d`` a 4xx, ``b`` a 5xx, ``s`` accepted; a try that failed as a whole
   (connect or greeting outside a server's limits, a lost connection, a timeout in
   the conversation, TLS, DNS: ``4.4.3`` deferred, ``5.4.4`` bounced, error(8)) ``D``
-  for a 4xx and ``B`` for a 5xx. The simulator gives the nth try of that recipient
+  for a 4xx and ``B`` for a 5xx; a refused session (a 421 at greeting, a connection
+  refused or timed out) ``C``, which the workload leaves to the destination's model
+  (its session or rate limit, its down time) where it has one and makes a ``D``
+  where it has none. The simulator gives the nth try of that recipient
   the nth answer, so greylisting, full mailboxes and flaky links come back as they
   were, whatever the schedule;
 * content filters: a delivery whose reply says ``queued as ID`` where ID is a message
@@ -202,7 +205,7 @@ class _Msg:
 class _Stretch:
     """One instance's state while reading: its messages in the queue and its clock."""
 
-    __slots__ = ("key", "pending", "start", "last", "number")
+    __slots__ = ("key", "pending", "start", "last", "number", "host", "instance", "derived")
 
     def __init__(self, key: str, start: float, number: int) -> None:
         self.key = key
@@ -210,6 +213,9 @@ class _Stretch:
         self.start = start
         self.last = start
         self.number = number
+        self.host = ""
+        self.instance = ""
+        self.derived: Derived
 
 
 def refusal_kind(detail: str) -> str:
@@ -317,17 +323,27 @@ class Deriver:
         self.gap = gap
         self.instances: dict[str, Derived] = {}
         self._stretches: dict[str, _Stretch] = {}
+        self._last: _Stretch | None = None
         self._rng = random.Random(seed)
         self._handoffs_seen: Counter[str] = Counter()
 
     # -- lines ------------------------------------------------------------------------
 
     def _stretch(self, line: Line) -> _Stretch:
+        """The line's instance's current stretch, a new one after a gap. Every line
+        comes through here: the common case (same instance, no gap) is kept short."""
+        st = self._last
+        if st is not None and line.host == st.host and line.instance == st.instance and \
+                line.time - st.last <= self.gap:
+            if line.time > st.last:
+                st.last = line.time
+            return st
         inst = f"{line.host}/{line.instance}"
         st = self._stretches.get(inst)
         if st is None:
             st = self._stretches[inst] = _Stretch(inst, line.time, 1)
-            self.instances[inst] = Derived(inst)
+            st.host, st.instance = line.host, line.instance
+            st.derived = self.instances[inst] = Derived(inst)
         elif line.time - st.last > self.gap:
             # A silence: what was queued stays as it stands, and the log goes on as
             # another stretch (its queued mail is mail queued before it).
@@ -336,7 +352,8 @@ class Deriver:
             number = st.number + 1
             key = f"{inst}#{number}"
             st = self._stretches[inst] = _Stretch(key, line.time, number)
-            new = self.instances[key] = Derived(key)
+            st.host, st.instance = line.host, line.instance
+            new = st.derived = self.instances[key] = Derived(key)
             hours = (line.time - old.end) / 3600
             warning = (f"no line for {hours:.1f} hours: the log is cut there and each "
                        "stretch replayed on its own")
@@ -344,14 +361,16 @@ class Deriver:
             new.warnings.append(warning + f" (it follows {old.instance})")
         if line.time > st.last:
             st.last = line.time
+        self._last = st
         return st
 
     def feed(self, lines: Iterable[Line]) -> None:
         for line in lines:
             st = self._stretch(line)
-            derived = self.instances[st.key]
+            derived = st.derived
             derived.read += 1
-            derived.end = max(derived.end, line.time)
+            if line.time > derived.end:
+                derived.end = line.time
             text = line.text
             head = queue_id(text)
             if head is None:
@@ -531,7 +550,7 @@ class Deriver:
                 obs.deferred += 1
             else:
                 obs.bounced += 1
-            key_to = f"{to}\0{hop}"
+            key_to = f"{to}\0{hop}" if hop else to
             code = try_code(program, status, detail)
             agent = program not in NOT_AGENTS and service not in NOT_AGENTS
             if not agent:
@@ -568,6 +587,9 @@ class Deriver:
                 script.append((code, c + d))
                 obs.failures[failure_kind(detail, dsn)] += 1
             else:
+                # A refused session: the destination's model plays it (a limit, a
+                # down time) where it has one, else the script does (``C``).
+                script.append(("C", c + d))
                 kind = refusal_kind(detail)
                 obs.refusals[kind] += 1
                 obs.refusal_times.append(end - c - d)

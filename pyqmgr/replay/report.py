@@ -181,7 +181,14 @@ def _instance(inst: dict[str, Any], rows: int) -> list[str]:
     if len(shown) < len(log):
         out.append(f"... and {len(log) - len(shown)} more destinations (--all or --json "
                    "for every one)")
+    fitted = any(("server_limit" in n or "rate_limit" in n) for m in inst["model"]
+                 for n in m["notes"])
     out += ["", "what the log shows of each destination (the simulation plays it):"]
+    if fitted and inst.get("fitted_on", "this log") == "this log":
+        out.append("  (limits fitted on this log itself, whose figures they are held against: "
+                   "--fit-on another day's log to hold them apart)")
+    elif inst.get("fitted_on", "this log") != "this log":
+        out.append(f"  (limits fitted on {inst['fitted_on']}, not on this log)")
     for m in inst["model"]:
         if m["destination"] not in shown:
             continue

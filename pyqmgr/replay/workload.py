@@ -106,6 +106,9 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
         latency = Latency("fixed", lat[0] if lat else 0.0)
     kw: dict[str, object] = {}
     limit_refusals = obs.refusals.get("session limit", 0)
+    if limit_refusals and not obs.sessions_seen:
+        model.notes.append(f"refused all its {limit_refusals} sessions at greeting: "
+                           "replayed try by try as logged")
     if limit_refusals and obs.sessions_seen:
         kw["server_limit"] = session_limit(obs.starts, obs.ends)
         kw["overload"] = "421"
@@ -150,7 +153,7 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
                                    f"failed before it first accepted one{also})")
             else:
                 model.notes.append(f"{down} connections failed between accepted sessions: "
-                                   "not modelled (the destination is up throughout)")
+                                   "replayed try by try as logged")
     other = obs.refusals.get("other", 0)
     if other:
         model.notes.append(f"{other} tries failed otherwise: not modelled")
@@ -269,9 +272,26 @@ def calibrate(sc: Scenario, name: str, key: str, estimate: int, obs: Observed) -
     return min(range(max(1, lo - 2), lo + 3), key=lambda limit: (miss(limit), limit))
 
 
+#: What a destination's limits are: fitted on one log, carried to another.
+LIMITS = ("server_limit", "overload", "reject_time", "rate_limit", "rate_reply")
+
+
+_REFUSED = re.compile(r"C[0-9.e-]*")
+
+
+def _plays_refusals(dest: Destination) -> bool:
+    return bool(dest.server_limit or dest.rate_limit or dest.dead or dest.dead_until)
+
+
 def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, int],
-          seed: int = 1) -> tuple[Scenario, list[Model], dict[str, str]]:
-    """The scenario; what was inferred per destination; workload name -> log domain."""
+          seed: int = 1, fits: dict[str, Destination] | None = None,
+          fitted_on: str = "") -> tuple[Scenario, list[Model], dict[str, str]]:
+    """The scenario; what was inferred per destination; workload name -> log domain.
+
+    ``fits`` (log domain -> destination) are limits fitted on another log
+    (``fitted_on``): they are taken as they are, so that this log's figures are held
+    against a model that never saw them; a destination they lack is fitted here.
+    """
     names = {dom: scenario_name(dom) for dom in derived.destinations}
     sc = Scenario(seed=seed, title=f"replay of {derived.instance}",
                   main_cf=dict(main_cf), process_limits=dict(process_limits),
@@ -294,8 +314,18 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
         sc.destinations[names[dom]] = dest
         models.append(model)
     origin = derived.origin
+    # Refused sessions (C in a script): the destination's model plays them where it
+    # has one (a limit, a down time), else each is replayed as the failed try it was.
+    modelled = {dom for dom in derived.destinations if _plays_refusals(
+        sc.destinations[names[dom]])}
+
+    def script(dom: str, text: str) -> str:
+        if "C" not in text:
+            return text
+        return _REFUSED.sub("", text) if dom in modelled else text.replace("C", "D")
+
     sc.trace = [TraceMessage(round(m.at - origin, 3), m.size, m.klass, m.sender,
-                             tuple((names[d], n, s) for d, n, s in m.recipients),
+                             tuple((names[d], n, script(d, s)) for d, n, s in m.recipients),
                              m.measured, None if m.born is None else round(m.born - origin, 3),
                              m.follows, m.gap) for m in derived.trace]
     for transport, sample in derived.handoffs.items():
@@ -314,6 +344,15 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     for model in models:
         dest = sc.destinations[model.destination]
         obs = derived.destinations[domains[model.destination]]
+        fit = (fits or {}).get(domains[model.destination])
+        if fit is not None:
+            carried: dict[str, Any] = {key: getattr(fit, key) for key in LIMITS}
+            sc.destinations[dest.name] = dataclasses.replace(dest, **carried)
+            if fit.server_limit or fit.rate_limit:
+                what = " and ".join(f"{key} {getattr(fit, key):g}" for key in (
+                    "server_limit", "rate_limit") if getattr(fit, key))
+                model.notes.append(f"{what}: fitted on {fitted_on}, not on this log")
+            continue
         for key in ("server_limit", "rate_limit"):
             first = int(getattr(dest, key))
             if first:
@@ -322,7 +361,9 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                 sc.destinations[dest.name] = dest = dataclasses.replace(dest, **change)
                 model.notes.append(f"{key} {fitted}: the one under which stock's scheduler "
                                    f"defers and delays as the log shows ({obs.deferred} "
-                                   "deferred tries)")
+                                   "deferred tries)" + (
+                                       f"; fitted on this log ({fitted_on} had none)"
+                                       if fits is not None else ""))
     return sc, models, domains
 
 
