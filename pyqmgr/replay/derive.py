@@ -278,6 +278,9 @@ def unused_kind(line: Line, rest: str | None) -> str:
     if text.startswith("NOQUEUE:"):
         return f"{prog}: rejected before queueing (NOQUEUE)"
     if rest is None:
+        if text.startswith(("connect to ", "SSL_connect error")):
+            # One MX host's failure within a try: the try's status line counts it.
+            return f"{prog}: notes on one MX host within a try"
         if text.startswith(("connect from", "disconnect from", "lost connection after",
                             "timeout after", "too many errors after", "improper command")):
             return f"{prog}: SMTP sessions (no message)"
