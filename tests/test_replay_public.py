@@ -107,3 +107,25 @@ def test_the_backlogged_server_keeps_its_backlog():
     sim = inst["figures"]["stock"]["dmnesisparty.co.uk"]
     assert log["sent"] == sim["sent"] == 1314
     assert sim["p95"] > 0.4 * log["p95"] > 500
+
+
+def test_a_relayhost_is_one_destination():
+    """teliten 2022 sends everything remote through Gmail's relay on port 587: with
+    its relayhost given (as --config-dir's main.cf would give it), that mail is one
+    destination, as stock queues it, and the log's counts stay the grep's."""
+    name, year = CLEAN[2]
+    path = os.path.join(DATA, name)
+    rep = json.loads(run("replay", path, "--year", str(year), "--json", "--runs", "1",
+                         "-o", "relayhost=[smtp-relay.gmail.com]:587").stdout)
+    [inst] = rep["instances"]
+    log = inst["figures"]["log"]
+    relay = log["relay-smtp-relay-gmail-com-587.invalid"]
+    smtp_lines = 0
+    with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if " postfix/smtp[" in line and " to=<" in line and " status=" in line:
+                smtp_lines += 1
+    assert relay["sent"] + relay["deferred"] + relay["bounced"] == smtp_lines == 700
+    totals = {k: sum(f[k] for f in log.values()) for k in ("sent", "deferred", "bounced")}
+    assert totals == grep_counts(path)
+    assert inst["figures"]["stock"]["relay-smtp-relay-gmail-com-587.invalid"]["sent"] == 696

@@ -17,7 +17,7 @@ from typing import Any
 
 from pyqmgr.compare.contender import Contender
 from pyqmgr.postfix.maillog import Reader
-from pyqmgr.replay.derive import GAP, Derived, Deriver
+from pyqmgr.replay.derive import GAP, Derived, Deriver, relay_nexthop
 from pyqmgr.replay.report import as_dict, log_figures, sim_figures, sim_ranges
 from pyqmgr.replay.workload import build
 from pyqmgr.simulator.engine import simulate
@@ -66,7 +66,8 @@ Progress = Callable[[str], None]
 def derive(paths: list[str], opts: Options,
            progress: Progress | None = None) -> tuple[Reader, dict[str, Derived]]:
     reader = Reader(paths, opts.year)
-    deriver = Deriver(opts.hash_addresses, opts.hash_key, opts.seed, opts.gap)
+    deriver = Deriver(opts.hash_addresses, opts.hash_key, opts.seed, opts.gap,
+                      relay_nexthop(opts.main_cf.get("relayhost", "")))
     if progress is None:
         deriver.feed(reader)
     else:

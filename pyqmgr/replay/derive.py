@@ -308,6 +308,19 @@ def unused_kind(line: Line, rest: str | None) -> str:
     return f"{prog}: other lines about a message"
 
 
+def relay_nexthop(relayhost: str) -> str:
+    """main.cf's relayhost as the replay's destination name: ``[host]:port`` (a host
+    without brackets is looked up by MX, but is still one destination); "" when it is
+    unset or not plain (``$name`` expansions, several hosts)."""
+    value = relayhost.strip()
+    if not value or "$" in value or "," in value or " " in value:
+        return ""
+    if value.startswith("["):
+        return value
+    host, _, port = value.partition(":")
+    return f"[{host}]" + (f":{port}" if port else "")
+
+
 def filter_name(relay: str) -> str:
     """A content filter's destination name: Postfix's nexthop form ``[addr]:port``."""
     m = _RELAY.match(relay)
@@ -320,8 +333,11 @@ class Deriver:
     """Feed it lines (any instances, in order); ``finish`` gives each instance's."""
 
     def __init__(self, hash_addresses: bool = True, key: bytes | None = None,
-                 seed: int = 1, gap: float = GAP) -> None:
+                 seed: int = 1, gap: float = GAP, relayhost: str = "") -> None:
         self.hash = hash_addresses
+        #: main.cf's relayhost, as a nexthop (``[host]:port``): the smtp transport's
+        #: mail is one destination there, as stock queues it, not one per domain.
+        self.relayhost = relayhost
         self.key = key if key is not None else os.urandom(16)
         self.gap = gap
         self.instances: dict[str, Derived] = {}
@@ -540,6 +556,9 @@ class Deriver:
         for (_t, pid, service, program, to, delay, c, d, status, detail, _a, b, dsn,
              hop) in lines:
             domain = hop or to.rpartition("@")[2].lower() or "localhost"
+            if self.relayhost and not hop and service == "smtp" and (
+                    program == "smtp" or "delivery temporarily suspended" in detail):
+                domain = self.relayhost
             obs = derived.destinations.get(domain)
             if obs is None:
                 obs = derived.destinations[domain] = Observed(domain)

@@ -182,16 +182,17 @@ def quantiles(values: Sequence[float]) -> tuple[float, ...]:
                  for k in range(QUANTILES))
 
 
-def scenario_name(domain: str) -> str:
+def scenario_name(domain: str, kind: str = "filter") -> str:
     """The destination's name in the workload: the domain, or a stand-in for one the
     scenario format cannot hold (``localhost``; a content filter ``[127.0.0.1]:10024``
-    reads ``filter-127-0-0-1-10024.invalid``)."""
+    reads ``filter-127-0-0-1-10024.invalid``, a relayhost ``[smtp.example]:587``
+    ``relay-smtp-example-587.invalid``)."""
     if is_domain(domain):
         return domain
     m = _NEXTHOP.match(domain)
     if m is not None:
         name = re.sub(r"[^A-Za-z0-9]+", "-", m["addr"]).strip("-")
-        name = f"filter-{name}" + (f"-{m['port']}" if m["port"] else "") + ".invalid"
+        name = f"{kind}-{name}" + (f"-{m['port']}" if m["port"] else "") + ".invalid"
         if is_domain(name):
             return name
     return f"d{hashlib.sha256(domain.encode()).hexdigest()[:10]}.invalid"
@@ -292,7 +293,8 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     (``fitted_on``): they are taken as they are, so that this log's figures are held
     against a model that never saw them; a destination they lack is fitted here.
     """
-    names = {dom: scenario_name(dom) for dom in derived.destinations}
+    names = {dom: scenario_name(dom, "filter" if obs.content_filter else "relay")
+             for dom, obs in derived.destinations.items()}
     sc = Scenario(seed=seed, title=f"replay of {derived.instance}",
                   main_cf=dict(main_cf), process_limits=dict(process_limits),
                   retry_deferred=True)
