@@ -105,9 +105,12 @@ class _Host:
             script = parse_script(scripts[addr]) if scripts and addr in scripts else None
             if script is not None:
                 # A replayed recipient answers its nth try as the log shows it did.
+                # A try that failed as a whole (D, B: a lost connection, a DNS
+                # answer) is played as that recipient's 4xx or 5xx at RCPT: the sink
+                # keeps its sessions whole, so on real Postfix it throttles nothing.
                 code = script[n - 1][0] if n <= len(script) else "s"
-                return dest.rcpt_4xx_reply if code == "d" else \
-                    dest.rcpt_5xx_reply if code == "b" else None
+                return dest.rcpt_4xx_reply if code in "dD" else \
+                    dest.rcpt_5xx_reply if code in "bB" else None
             if dest.rcpt_5xx and _unit(seed, "5xx", addr) < dest.rcpt_5xx:
                 return dest.rcpt_5xx_reply
             if dest.rcpt_4xx and _unit(seed, "4xx", addr, n) < dest.rcpt_4xx:
