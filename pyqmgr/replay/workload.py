@@ -123,11 +123,15 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
         kw["rate_reply"] = _reply(dict(obs.refusal_texts), Destination.rate_reply, "4")
         model.notes.append(f"refused {rate_refusals} sessions with a rate reply: "
                            f"{kw['rate_limit']:g} sessions a second at most")
-    # A site held dead for what failed its sessions otherwise (a DNS failure, a lost
-    # greeting) fails at once, as a refused connection does.
     refused = obs.refusals.get("connection refused", 0) + obs.suspended.get(
-        "connection refused", 0) + obs.suspended.get("other", 0) + obs.suspended.get(
-        "session limit", 0) + obs.suspended.get("rate limit", 0)
+        "connection refused", 0)
+    if not obs.sessions_seen:
+        # A site held dead all along for what failed its sessions otherwise (a DNS
+        # failure, a lost greeting, a 421) fails at once, as a refused connection
+        # does. Where it accepted sessions, such holds follow its limits or scripted
+        # failures, which play them.
+        refused += sum(obs.suspended.get(k, 0) for k in ("other", "session limit",
+                                                         "rate limit"))
     timed = obs.refusals.get("connection timed out", 0) + obs.suspended.get(
         "connection timed out", 0)
     down = refused + timed
