@@ -205,10 +205,9 @@ class _Msg:
 class _Stretch:
     """One instance's state while reading: its messages in the queue and its clock."""
 
-    __slots__ = ("key", "pending", "start", "last", "number", "host", "instance", "derived")
+    __slots__ = ("pending", "start", "last", "number", "host", "instance", "derived")
 
-    def __init__(self, key: str, start: float, number: int) -> None:
-        self.key = key
+    def __init__(self, start: float, number: int) -> None:
         self.pending: dict[str, _Msg] = {}
         self.start = start
         self.last = start
@@ -290,8 +289,6 @@ def unused_kind(line: Line, rest: str | None) -> str:
                 or "Trusted TLS" in text or "Verified TLS" in text or "Untrusted TLS" in text:
             return f"{prog}: TLS connections"
         return f"{prog}: lines about no message"
-    if "status=expired" in rest:
-        return "qmgr: messages expired (returned to sender)"
     if rest.startswith("sender non-delivery notification") or rest.startswith(
             "sender delivery status notification") or rest.startswith("postmaster "):
         return f"{prog}: notices sent (the notice is a message of its own)"
@@ -360,17 +357,17 @@ class Deriver:
         inst = f"{line.host}/{line.instance}"
         st = self._stretches.get(inst)
         if st is None:
-            st = self._stretches[inst] = _Stretch(inst, line.time, 1)
+            st = self._stretches[inst] = _Stretch(line.time, 1)
             st.host, st.instance = line.host, line.instance
             st.derived = self.instances[inst] = Derived(inst)
         elif line.time - st.last > self.gap:
             # A silence: what was queued stays as it stands, and the log goes on as
             # another stretch (its queued mail is mail queued before it).
             self._close(st)
-            old = self.instances[st.key]
+            old = st.derived
             number = st.number + 1
             key = f"{inst}#{number}"
-            st = self._stretches[inst] = _Stretch(key, line.time, number)
+            st = self._stretches[inst] = _Stretch(line.time, number)
             st.host, st.instance = line.host, line.instance
             new = st.derived = self.instances[key] = Derived(key)
             hours = (line.time - old.end) / 3600
@@ -467,52 +464,12 @@ class Deriver:
     # -- one message --------------------------------------------------------------------
 
     def _finish(self, st: _Stretch, qid: str, msg: _Msg) -> None:
-        derived = self.instances[st.key]
+        derived = st.derived
         if not msg.queued and not msg.lines:
             derived.messages["never queued"] += 1
             return
         lines = sorted(msg.lines)
-        # Where the arrival can be: for each delivery line between its time less its
-        # delay (each up to its resolution), and within a second of the first line
-        # when the log saw the message come in.
-        lo, hi = -math.inf, math.inf
-        if msg.submitted:
-            lo, hi = msg.first - 1.0, msg.first + 1.0
-        for line in lines:
-            t, delay = line[0], line[5]
-            q = delay_quantum(delay)
-            lo = max(lo, t - delay - q)
-            hi = min(hi, t + 1.0 - delay + q)
-        if lo <= hi and math.isfinite(lo) and math.isfinite(hi):
-            arrival: float | None = (lo + hi) / 2
-        elif msg.submitted:
-            arrival = msg.first + 0.5
-        elif lines:
-            arrival = min(x[0] - x[5] for x in lines)
-        else:
-            arrival = None  # queued before the log and never delivered in it
-        # When it entered the active queue: ``delays=`` a after it arrived (the first
-        # try's), the first qmgr line, or the log's start.
-        if msg.submitted:
-            assert arrival is not None
-            enter = arrival + (lines[0][10] if lines else 0.0)
-            if msg.first_qmgr is not None:
-                enter = min(max(enter, msg.first_qmgr), msg.first_qmgr + 1.0)
-        elif msg.first_qmgr is not None:
-            enter = msg.first_qmgr
-            if lines:
-                t0, delay0, a0 = lines[0][0], lines[0][5], lines[0][10]
-                guess = t0 - delay0 + a0
-                if msg.first_qmgr <= guess <= msg.first_qmgr + 1.0:
-                    enter = guess
-        else:
-            # In the active queue as the log began: since then, or since its first
-            # logged delivery started if that was earlier.
-            enter = st.start
-            if lines:
-                enter = min(enter, lines[0][0] - lines[0][6] - lines[0][7])
-        if arrival is not None and arrival > enter:
-            arrival = enter
+        arrival, enter = _placed(msg, lines, st.start)
         if arrival is not None:
             # Its re-injected messages, still queued: their first arrival and the
             # filter hop's end, to the hundredth where the hop's line has seconds.
@@ -684,6 +641,53 @@ class Deriver:
                 # the log's, as stock's retry times (whole seconds) need.
                 derived.origin = float(math.floor(derived.trace[0].at))
         return self.instances
+
+
+def _placed(msg: _Msg, lines: list[_DLine], start: float) -> tuple[float | None, float]:
+    """When the message arrived (None: the log cannot tell) and when it entered the
+    active queue, from its lines; ``start`` is its stretch's first line."""
+    # Where the arrival can be: for each delivery line between its time less its
+    # delay (each up to its resolution), and within a second of the first line
+    # when the log saw the message come in.
+    lo, hi = -math.inf, math.inf
+    if msg.submitted:
+        lo, hi = msg.first - 1.0, msg.first + 1.0
+    for line in lines:
+        t, delay = line[0], line[5]
+        q = delay_quantum(delay)
+        lo = max(lo, t - delay - q)
+        hi = min(hi, t + 1.0 - delay + q)
+    if lo <= hi and math.isfinite(lo) and math.isfinite(hi):
+        arrival: float | None = (lo + hi) / 2
+    elif msg.submitted:
+        arrival = msg.first + 0.5
+    elif lines:
+        arrival = min(x[0] - x[5] for x in lines)
+    else:
+        arrival = None  # queued before the log and never delivered in it
+    # When it entered the active queue: ``delays=`` a after it arrived (the first
+    # try's), the first qmgr line, or the log's start.
+    if msg.submitted:
+        assert arrival is not None
+        enter = arrival + (lines[0][10] if lines else 0.0)
+        if msg.first_qmgr is not None:
+            enter = min(max(enter, msg.first_qmgr), msg.first_qmgr + 1.0)
+    elif msg.first_qmgr is not None:
+        enter = msg.first_qmgr
+        if lines:
+            t0, delay0, a0 = lines[0][0], lines[0][5], lines[0][10]
+            guess = t0 - delay0 + a0
+            if msg.first_qmgr <= guess <= msg.first_qmgr + 1.0:
+                enter = guess
+    else:
+        # In the active queue as the log began: since then, or since its first
+        # logged delivery started if that was earlier.
+        enter = start
+        if lines:
+            enter = min(enter, lines[0][0] - lines[0][6] - lines[0][7])
+    if arrival is not None and arrival > enter:
+        arrival = enter
+    return arrival, enter
 
 
 def _sample(kept: list[T], value: T, seen: int, rng: random.Random) -> None:

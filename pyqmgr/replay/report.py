@@ -116,10 +116,11 @@ def text(report: dict[str, Any], rows: int = ROWS) -> list[str]:
     return out
 
 
-def _instance(inst: dict[str, Any], rows: int) -> list[str]:
+def _accounts(inst: dict[str, Any]) -> list[str]:
+    """What became of the instance's messages and lines: warnings, messages by what
+    became of them, what was fitted instance-wide, lines skipped or not used."""
     msgs = inst["messages"]
-    out = [f"{inst['instance']}: {msgs.get('replayed', 0)} messages replayed over "
-           f"{inst['span']:.0f} s of log"]
+    out: list[str] = []
     for warning in inst.get("warnings", []):
         out.append(f"  warning: {warning}")
     replayed_as = ("queued before the log", "in the active queue as the log began",
@@ -142,6 +143,14 @@ def _instance(inst: dict[str, Any], rows: int) -> list[str]:
                    "by kind:")
         for what, n in sorted(unused.items(), key=lambda kv: (-kv[1], kv[0])):
             out.append(f"    {n} {what}")
+    return out
+
+
+def _instance(inst: dict[str, Any], rows: int) -> list[str]:
+    msgs = inst["messages"]
+    out = [f"{inst['instance']}: {msgs.get('replayed', 0)} messages replayed over "
+           f"{inst['span']:.0f} s of log"]
+    out += _accounts(inst)
     runs = inst["runs"]
     if not inst["figures"]["log"]:
         out.append("  nothing to replay")

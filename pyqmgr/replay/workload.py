@@ -286,6 +286,21 @@ LIMITS = ("server_limit", "overload", "reject_time", "rate_limit", "rate_reply")
 _REFUSED = re.compile(r"C[0-9.e-]*")
 
 
+def _lifetimes(derived: Derived, main_cf: dict[str, str]) -> None:
+    """The log's own queue lifetimes, where it returned mail to sender and the admin
+    gave none: the youngest message it expired (stock expires a message at the first
+    retry past the lifetime, so that is the lifetime or a little over)."""
+    for key, bounce in (("maximal_queue_lifetime", False), ("bounce_queue_lifetime", True)):
+        ages = [age for age, null in derived.expiry_ages if null == bounce]
+        if ages and key not in main_cf:
+            value = max(1, int(min(ages)))
+            main_cf[key] = f"{value}s"
+            derived.notes.append(
+                f"{key} = {value}s, read off the youngest of the {len(ages)} "
+                f"{'bounces' if bounce else 'messages'} the log returned to sender as "
+                "expired (-o or --config-dir to set it)")
+
+
 def _plays_refusals(dest: Destination) -> bool:
     return bool(dest.server_limit or dest.rate_limit or dest.dead or dest.dead_until)
 
@@ -304,18 +319,7 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     sc = Scenario(seed=seed, title=f"replay of {derived.instance}",
                   main_cf=dict(main_cf), process_limits=dict(process_limits),
                   retry_deferred=True)
-    for key, bounce in (("maximal_queue_lifetime", False), ("bounce_queue_lifetime", True)):
-        # The log's own queue lifetime, where it returned mail to sender and the admin
-        # gave none: the youngest message it expired (stock expires a message at the
-        # first retry past the lifetime, so that is the lifetime or a little over).
-        ages = [age for age, null in derived.expiry_ages if null == bounce]
-        if ages and key not in main_cf:
-            value = max(1, int(min(ages)))
-            sc.main_cf[key] = f"{value}s"
-            derived.notes.append(
-                f"{key} = {value}s, read off the youngest of the {len(ages)} "
-                f"{'bounces' if bounce else 'messages'} the log returned to sender as "
-                "expired (-o or --config-dir to set it)")
+    _lifetimes(derived, sc.main_cf)
     models = []
     for dom, obs in sorted(derived.destinations.items()):
         dest, model = destination(obs, derived.origin, names[dom])

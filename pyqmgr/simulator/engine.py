@@ -655,20 +655,7 @@ class Engine:
         self._sample(entry.queue)
         failure = msg.whole_failure(entry.recipients)
         if failure is not None:
-            # A replayed try that failed as a whole (before or outside RCPT): as the
-            # log had it, whatever the schedule; a 4xx throttles the site as stock's
-            # agent reports a site failure, a 5xx bounces without one.
-            code, secs = failure
-            took = secs if secs is not None else 0.0
-            if code == "D":
-                hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] failed "
-                                   "(replayed from the log)")
-                self.at(self.now + took, self._finish(entry, start, window, dest.name,
-                                                      "deferred", hop, False))
-            else:
-                self.at(self.now + took, self._finish(
-                    entry, start, window, dest.name, "sent", None, False,
-                    ["5xx"] * len(entry.recipients)))
+            self._fail_whole(entry, start, window, dest, failure)
             return
         if dest.is_dead(self.now):
             if dest.dead and dest.dead_mode == "timeout":
@@ -718,6 +705,22 @@ class Engine:
                                "while receiving the initial server greeting")
         self.at(self.now + dest.timeout, self._finish(entry, start, window, dest.name,
                                                       "deferred", hop, False))
+
+    def _fail_whole(self, entry: Entry, start: float, window: int, dest: Destination,
+                    failure: tuple[str, float | None]) -> None:
+        """A replayed try that failed as a whole (before or outside RCPT): as the log
+        had it, whatever the schedule; a 4xx throttles the site as stock's agent
+        reports a site failure, a 5xx bounces without one."""
+        code, secs = failure
+        took = secs if secs is not None else 0.0
+        if code == "D":
+            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] failed "
+                               "(replayed from the log)")
+            self.at(self.now + took, self._finish(entry, start, window, dest.name,
+                                                  "deferred", hop, False))
+        else:
+            self.at(self.now + took, self._finish(entry, start, window, dest.name, "sent",
+                                                  None, False, ["5xx"] * len(entry.recipients)))
 
     def _serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
         self.servers[dest.name].sessions += 1
