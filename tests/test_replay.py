@@ -344,3 +344,23 @@ def test_limits_fitted_on_another_log(tmp_path):
     assert f"(limits fitted on {fit_log}, not on this log)" in text
     proc = run("replay", replayed, "--fit-on", str(tmp_path / "none.log"), check=False)
     assert proc.returncode == 1 and "none.log: no such file" in proc.stderr
+
+
+def test_a_bad_gap_or_arrivals_gap_is_refused(tmp_path):
+    """--gap takes a duration; a word, a negative or an absurd one is an argparse error
+    naming --gap. An arrivals line with a negative or non-numeric follower gap names its
+    line."""
+    log = write(str(tmp_path / "mail.log"), message(
+        "Nov 24 10:00:00", "G1AAAAAAAA", [("Nov 24 10:00:01", "u@a.example", "sent")]))
+    for bad in ("soon", "-5m", "99999999999"):
+        proc = run("replay", log, "--gap", bad, check=False)
+        assert proc.returncode == 2 and "--gap" in proc.stderr, (bad, proc.stderr)
+    assert run("replay", log, "--year", "2026", "--gap", "90m").returncode == 0
+    for bad in ("-1", "x"):
+        (tmp_path / "arrivals.csv").write_text(
+            "0.0,100,mail,a@s.example,d.example\n"
+            f"1.0,100,mail,a@s.example,d.example,1,0.5,0,{bad}\n")
+        (tmp_path / "w.toml").write_text('arrivals = "arrivals.csv"\n'
+                                         '[destinations."d.example"]\nlatency = 1\n')
+        proc = run("simulate", str(tmp_path / "w.toml"), check=False)
+        assert proc.returncode == 1 and "line 2" in proc.stderr, (bad, proc.stderr)
