@@ -42,6 +42,7 @@ from pyqmgr.postfix import maillog
 from pyqmgr.testbed.replies import RATE_LIMITED, TOO_MANY
 
 #: A remote server's reply quoted in a delivery line's detail.
+_QUEUED_AS = re.compile(r"queued as ([0-9A-Za-z]+)")
 _REPLY = re.compile(r"(?:said|refused to talk to me): (?P<code>[2-5]\d\d)"
                     r"(?: (?P<ext>[2-5]\.\d{1,3}\.\d{1,3}))?")
 #: Bins of the deliveries-per-second series: the first that gives at most this many.
@@ -158,6 +159,33 @@ def sink_replies(sink: dict[str, Any], cfg: dict[str, Any]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def _through_filter(record: dict[str, Any], lines: list[DeliveryLine],
+                    submitted: dict[str, float]) -> dict[str, float]:
+    """Follow a content filter's hops: the figures are the mail's, end to end.
+
+    A delivery to the filter (its port in run.json) is a hop, not the recipient's
+    delivery: it is dropped from the lines' messages, and the copy it re-injected
+    ("queued as ID") stands for the message, submitted when the original was, its
+    delays counted from then. Returns, per copy, the seconds before it arrived.
+    """
+    port = (record.get("content_filter") or {}).get("port")
+    if not port:
+        return {}
+    hop = f"]:{port}"
+    since: dict[str, float] = {}
+    for d in lines:
+        if hop not in d.relay:
+            continue
+        m = _QUEUED_AS.search(d.detail) if d.status == "sent" else None
+        if m is not None and d.qid in submitted:
+            since[m.group(1)] = since.get(d.qid, 0.0) + d.delay
+            submitted[m.group(1)] = submitted[d.qid]
+    for d in lines:
+        if hop in d.relay:
+            submitted.pop(d.qid, None)
+    return since
+
+
 def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
     """Everything the report shows about one run."""
     submitted = {m["qid"]: m["submitted"] for m in record["messages"]
@@ -171,9 +199,10 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
                 expected[parsed[0]] += 1
                 per_dest_expected[parsed[3]] += 1
     lines = []
-    for raw in maillog.splitlines():
-        d = parse_delivery(raw)
-        if d is not None and d.qid in submitted and parse_address(d.to) is not None:
+    parsed_lines = [d for raw in maillog.splitlines() if (d := parse_delivery(raw)) is not None]
+    since = _through_filter(record, parsed_lines, submitted)
+    for d in parsed_lines:
+        if d.qid in submitted and parse_address(d.to) is not None:
             lines.append(d)
 
     latency: dict[str, list[float]] = defaultdict(list)
@@ -184,14 +213,14 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
     last_final: float | None = None
     for d in lines:
         klass, mid, _, domain = parse_address(d.to)  # type: ignore[misc]
-        end = submitted[d.qid] + d.delay
+        end = submitted[d.qid] + since.get(d.qid, 0.0) + d.delay
         fig = dests.setdefault(domain, {"sent": 0, "bounced": 0, "deferred": 0,
                                         "deferred_by_reply": Counter(),
                                         "replies_5xx": Counter()})
         reply = d.reply
         if d.status == "sent":
             fig["sent"] += 1
-            latency[klass].append(d.delay)
+            latency[klass].append(d.delay + since.get(d.qid, 0.0))
             order.append(mid)
         elif d.status == "bounced":
             fig["bounced"] += 1

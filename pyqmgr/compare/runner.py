@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     # Imported where a sink is made: the sink needs aiosmtpd (the testbed extra), and
     # this module is imported with the compare package, which replay uses on a base
     # install.
+    from pyqmgr.testbed.content_filter import ContentFilter
     from pyqmgr.testbed.sink import SinkServer
 
 #: SMTP sessions that submit the workload at once.
@@ -339,7 +340,9 @@ class QmgrMeter:
 class Tracker:
     """Follows the maillog: which workload recipients are done, for the drain check."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, filter_port: int | None = None) -> None:
+        #: A delivery to the content filter is a hop, not the recipient's end.
+        self.hop = f"]:{filter_port}" if filter_port else None
         self.expected = {r.lower() for a in plan.arrivals for r in a.recipients}
         self.never = plan.never_deliver()
         self.final: set[str] = set()
@@ -348,7 +351,7 @@ class Tracker:
     def feed(self, lines: list[DeliveryLine]) -> None:
         for d in lines:
             addr = d.to.lower()
-            if addr not in self.expected:
+            if addr not in self.expected or (self.hop and self.hop in d.relay):
                 continue
             if d.status in ("sent", "bounced", "expired"):
                 self.final.add(addr)
@@ -382,6 +385,7 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
     os.makedirs(run_dir, exist_ok=True)
     sc = plan.scenario
     hosts: dict[str, _Host] = {}
+    filt: ContentFilter | None = None
     pf: PostfixInstance | None = None
     submitter: Submitter | None = None
     record: dict[str, Any] = {"contender": contender.label, "qmgr": contender.qmgr,
@@ -399,6 +403,13 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
             main_cf["smtpd_recipient_limit"] = str(most)
         extra = [f"{t} unix - - n - {n or '-'} smtp"
                  for t, n in plan.process_limits.items() if t != "smtp"]
+        if sc.compare.content_filter is not None:
+            from pyqmgr.testbed.content_filter import ContentFilter
+
+            cf = sc.compare.content_filter
+            filt = ContentFilter(cf.latency.scaled(plan.scale), cf.process_limit, sc.seed)
+            main_cf.update(filt.main_cf())
+            extra += filt.master_cf()
         pyqmgr_cf = contender.pyqmgr_cf(sc)
         record["destinations"] = {
             name: {"rate_reply": d.rate_reply, "rcpt_4xx_reply": d.rcpt_4xx_reply,
@@ -414,9 +425,11 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         pf.start()
         meter = QmgrMeter(pf)
         meter.settle()
-        tracker = Tracker(plan)
+        tracker = Tracker(plan, filt.port if filt is not None else None)
         for h in hosts.values():
             h.start()
+        if filt is not None:
+            filt.start()
         t0 = time.monotonic()
         wall0 = record["started"] = time.time()
         submitter = Submitter(pf.smtpd_port, plan.arrivals, t0)
@@ -456,6 +469,9 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         submitter = None
         pf.stop()
         record["sinks"] = {name: h.record(t0, wall0) for name, h in hosts.items()}
+        if filt is not None:
+            record["content_filter"] = {"port": filt.port, "reinjected": filt.reinjected,
+                                        "errors": filt.errors[:20]}
         if submitter is None and record["submission_errors"]:
             record["error"] = (f"{len(record['submission_errors'])} message(s) not "
                                f"submitted: {record['submission_errors'][0]}")
@@ -468,6 +484,8 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
                 submitter.close()
             for h in hosts.values():
                 h.close()
+            if filt is not None:
+                filt.stop()
             if pf is not None:
                 if os.path.exists(pf.maillog_path):
                     shutil.copy(pf.maillog_path, os.path.join(run_dir, "maillog"))

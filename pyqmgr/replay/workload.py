@@ -343,8 +343,16 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                   retry_deferred=True)
     _lifetimes(derived, sc.main_cf)
     models = []
+    filter_transport, _, filter_hop = main_cf.get("content_filter", "").partition(":")
     for dom, obs in sorted(derived.destinations.items()):
         dest, model = destination(obs, derived.origin, names[dom])
+        if obs.content_filter and filter_hop.lower() == dom.lower() and filter_transport:
+            # Its agent logs as smtp (or lmtp); main.cf's content_filter names the
+            # transport, whose master.cf process limit is the filter's.
+            dest = dataclasses.replace(dest, transport=filter_transport)
+            model.transport = filter_transport
+            model.notes.append(f"the content_filter of main.cf: transport "
+                               f"{filter_transport}")
         sc.destinations[names[dom]] = dest
         models.append(model)
     origin = derived.origin

@@ -83,6 +83,12 @@ contenders = ["stock", "pyqmgr:nqmgr"]  # default --with list
 [compare.main_cf]          # main.cf for the real runs only, not scaled, over [main_cf]
 minimal_backoff_time = "2s"  # (e.g. short backoffs so that deferred mail comes back
 queue_run_delay = "1s"       #  within the run)
+[compare.content_filter]   # all mail through a content filter, as amavis is set up
+latency = 0.2              # (FILTER_README's advanced filter): the filter holds each
+process_limit = 10         # message this long (a number or a dist table), then
+                           # re-injects it into a second smtpd and answers "250 ...
+                           # queued as ID"; process_limit is the filter transport's
+                           # maxproc. Real runs only: simulate does not model it.
 
 [delegation]               # a delivery policy service, asked before each delivery
 rate = {"example.com" = "3/10s"}   # per destination, as postfwd's rate(): at most N
@@ -373,6 +379,18 @@ class CompareSettings:
     timeout: float = 300.0
     contenders: list[str] = field(default_factory=list)
     main_cf: dict[str, str] = field(default_factory=dict)
+    #: ``[compare.content_filter]``: every message goes through a re-injecting
+    #: content filter first (None: no filter).
+    content_filter: ContentFilter | None = None
+
+
+@dataclass(frozen=True)
+class ContentFilter:
+    """A content filter on the real runs: how long it holds a message, how many
+    messages the filter transport hands it at once."""
+
+    latency: Latency
+    process_limit: int = 10
 
 
 @dataclass
@@ -419,7 +437,8 @@ _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
 _MESSAGE = {"at", "count", "every", "recipients", "destination", "name", "class",
             "sender", "size"}
 _DEFERRED = {"retry", "scan_phase"}
-_COMPARE = {"time_scale", "timeout", "contenders", "main_cf"}
+_COMPARE = {"time_scale", "timeout", "contenders", "main_cf", "content_filter"}
+_CONTENT_FILTER = {"latency", "process_limit"}
 _DIST_KEYS = {"fixed": {"dist", "value"}, "uniform": {"dist", "low", "high"},
               "exponential": {"dist", "mean"}, "empirical": {"dist", "values"}}
 #: Quantiles an empirical distribution may have at most.
@@ -707,8 +726,17 @@ def _compare(c: dict[str, Any]) -> CompareSettings:
     if not isinstance(contenders, list) or not all(isinstance(x, str) for x in contenders):
         raise ScenarioError("compare.contenders must be a list of strings such as "
                             '["stock", "pyqmgr:finch"]', key + ("contenders",))
+    content_filter = None
+    if "content_filter" in c:
+        f = _table(c, "content_filter", key)
+        fkey = key + ("content_filter",)
+        _known(f, _CONTENT_FILTER, fkey)
+        content_filter = ContentFilter(
+            _dist(f.get("latency", 0.0), fkey + ("latency",), "latency"),
+            int(_number(f, "process_limit", fkey, 10, low=1, high=1000, integer=True)))
     return CompareSettings(scale, _number(c, "timeout", key, 300, low=1), list(contenders),
-                           _settings(_table(c, "main_cf", key), key + ("main_cf",)))
+                           _settings(_table(c, "main_cf", key), key + ("main_cf",)),
+                           content_filter)
 
 
 # -- arrivals files: one message a line -------------------------------------------------

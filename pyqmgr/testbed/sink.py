@@ -141,6 +141,10 @@ class _Handler:
             if delay > 0:
                 await asyncio.sleep(delay)
         reply = ACCEPT_DATA
+        if sink.forward is not None:
+            loop = asyncio.get_running_loop()
+            reply = await loop.run_in_executor(None, sink.forward, envelope.mail_from or "",
+                                               rcpts, envelope.original_content or b"")
         for rcpt in rcpts:
             chosen = sink.data_reply_for(rcpt)
             if chosen is not None:
@@ -208,14 +212,20 @@ class SinkServer:
       session beyond it is greeted with ``rate_reply`` (a provider's rate limiting,
       Gmail's ``421 4.7.28`` by default) and closed.
     * ``reject_delay``: seconds before a refused session gets its 421 and is closed.
+    * ``forward``: makes the sink a re-injecting content filter: after the latency,
+      each message's sender, accepted recipients and content go to this function
+      (in a worker thread, as it blocks on SMTP), whose reply line ("250 2.0.0 Ok:
+      queued as ID") is the DATA reply.
     """
 
     def __init__(self, port: int | None = None, latency: LatencyRule = 0,
                  replies: ReplyRule | None = None, client_limit: int = 0,
                  data_replies: ReplyRule | None = None, latency_at: str = "rcpt",
                  rate_limit: float = 0, rate_reply: str = RATE_LIMITED,
-                 reject_delay: float = 0) -> None:
+                 reject_delay: float = 0,
+                 forward: Callable[[str, list[str], bytes], str] | None = None) -> None:
         self.lock = threading.Lock()
+        self.forward = forward
         self.stats = SinkStats()
         #: Envelope sender of every accepted message, in arrival order.
         self.received_senders: list[str] = []

@@ -109,6 +109,14 @@ BAD = [
     ('title = "x"\n[destinations."a.example"]\nlatency = \n', 3, "not valid TOML"),
     ('[destinations."a.example"]\ndead = "maybe"\n[[messages]]\n'
      'destination = "a.example"\n', 2, 'must be true, false or "timeout"'),
+    ('[compare.content_filter]\nlatency = -1\n[destinations."a.example"]\n[[messages]]\n'
+     'destination = "a.example"\n', 2, "latency must be 0 or more"),
+    ('[compare.content_filter]\nprocess_limit = 0\n[destinations."a.example"]\n'
+     '[[messages]]\ndestination = "a.example"\n', 2, "process_limit must be at least 1"),
+    ('[compare.content_filter]\nprocess_limit = 100000\n[destinations."a.example"]\n'
+     '[[messages]]\ndestination = "a.example"\n', 2, "process_limit must be at most 1000"),
+    ('[compare.content_filter]\nport = 10024\n[destinations."a.example"]\n'
+     '[[messages]]\ndestination = "a.example"\n', 2, "unknown key"),
 ]
 
 
