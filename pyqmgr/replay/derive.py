@@ -470,6 +470,17 @@ class Deriver:
             return
         lines = sorted(msg.lines)
         arrival, enter = _placed(msg, lines, st.start)
+        if msg.parent:
+            # A content filter hands the copy back before it answers (amavis, a
+            # pipe's sendmail alike): the copy arrived as the filter's hop ended, to
+            # the hundredth where the hop's line has it, and waited its own delays=
+            # a for the active queue. Its own whole-second lines place it only to
+            # within a second either way, and a gap between two such estimates,
+            # kept at 0 or more, put the copies of a real filter run 0.085 s after
+            # the hop at the median and 0.35 s at p95: the replayed mail arrived
+            # 0.2 s late at its destination (p50 1.27 s against the log's 1.05).
+            arrival = msg.filter_end
+            enter = arrival + (lines[0][10] if lines else 0.0)
         if arrival is not None:
             # Its re-injected messages, still queued: their first arrival and the
             # filter hop's end, to the hundredth where the hop's line has seconds.

@@ -372,9 +372,12 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                              m.follows, m.gap) for m in derived.trace]
     for transport, sample in derived.handoffs.items():
         # A refusing destination's window was throttled: its b is a window wait. Where
-        # every destination of the transport refused, their b's are all there is.
-        waits = [b for b, dom in sample if not derived.destinations[dom].refusals] or [
-            b for b, _dom in sample]
+        # every destination of the transport refused, their b's are all there is. A
+        # content filter's b is a wait for its few processes (its agent logs as smtp,
+        # its transport is main.cf's), which the simulation makes itself.
+        waits = [b for b, dom in sample if not derived.destinations[dom].refusals
+                 and not derived.destinations[dom].content_filter] or [
+            b for b, dom in sample if not derived.destinations[dom].content_filter]
         if transport in sc.process_limits or any(
                 d.transport == transport for d in sc.destinations.values()):
             if len(waits) >= 2:
