@@ -18,6 +18,7 @@ from pyqmgr.postfix.mail_queue import (
     mail_queue_id_ok,
     mail_queue_path,
     mail_queue_rename,
+    queue_id_usec,
     queue_path,
     rename_path,
     save_removed,
@@ -101,6 +102,16 @@ def test_long_id_microseconds_decode_like_stock():
     assert hash_name("4jXQsYzzzzzJDK5") == "6F90FF"
     assert mail_queue_path("defer", "4jXQsYzzzzzJDK5", HASHED, 2) == \
         "defer/6/F/4jXQsYzzzzzJDK5"
+
+
+def test_every_queue_id_holds_its_files_microseconds():
+    """Short ids start with them in 5 hex digits, long ids hold them in base 52; what
+    is neither (or holds more than a second's worth) gives None."""
+    assert queue_id_usec("3DBAF20E599") == 0x3DBAF == 252847
+    assert queue_id_usec("00000ABC") == 0
+    assert queue_id_usec("4jXQsY32GMzJDK5") == 427979
+    for bad in ("F424020E599", "3dbaf20e599", "3DBAF", "NOQUEUE", "", "B1F2G3H4I5J"):
+        assert queue_id_usec(bad) is None, bad
 
 
 def test_long_id_round_trips_through_the_alphabet():

@@ -387,3 +387,26 @@ def test_a_bad_gap_or_arrivals_gap_is_refused(tmp_path):
                                          '[destinations."d.example"]\nlatency = 1\n')
         proc = run("simulate", str(tmp_path / "w.toml"), check=False)
         assert proc.returncode == 1 and "line 2" in proc.stderr, (bad, proc.stderr)
+
+
+def test_arrivals_are_placed_by_the_queue_ids_microseconds(tmp_path):
+    """A queue id holds the microseconds of its file's making, which whole-second
+    lines leave open: the arrival is put there, within what the lines allow, and in
+    the middle of that where the id's fraction does not fit (or it is none)."""
+    def lines(qid: str, sec: int) -> list[str]:
+        t, t1 = f"Nov 24 10:00:{sec:02d}", f"Nov 24 10:00:{sec + 1:02d}"
+        return [f"{t} mx postfix/smtpd[100]: {qid}: client=c.example[192.0.2.1]",
+                f"{t} mx postfix/qmgr[102]: {qid}: from=<a@example.org>, size=900, "
+                "nrcpt=1 (queue active)",
+                f"{t1} mx postfix/smtp[200]: {qid}: to=<r{sec}@ok.example>, relay=mx.x"
+                "[198.51.100.1]:25, delay=0.8, delays=0/0/0.1/0.7, dsn=2.0.0, "
+                "status=sent (250 2.0.0 Ok)",
+                f"{t1} mx postfix/qmgr[102]: {qid}: removed"]
+    # The lines allow 10:00:05.19 to 10:00:06.00 for each (sent at :06 after 0.8 s,
+    # received at :05); 0x7A120 is .500000, 0x1E848 is .125000 (outside: the middle).
+    log = write(str(tmp_path / "mail.log"), lines("7A12000ABC", 5) + lines("1E84800ABD", 8))
+    out = str(tmp_path / "wl")
+    run("replay", log, "--year", "2026", "--write-workload", out)
+    rows = [ln.split(",") for ln in open(os.path.join(out, "arrivals.csv"))
+            if not ln.startswith("#")]
+    assert [r[0] for r in rows] == ["0.500", "3.595"], rows

@@ -91,6 +91,26 @@ def long_id_usec(qid: str) -> int | None:
     return usec if usec is not None else 0
 
 
+#: ``MQID_SH_USEC_PAD``: a short id starts with the microseconds as 5 hex digits.
+MQID_SH_USEC_PAD = 5
+_SHORT_ID = re.compile(r"[0-9A-F]{6,}\Z").match
+
+
+def queue_id_usec(qid: str) -> int | None:
+    """The microseconds of the time the queue file was made, which every queue id
+    holds (``mail_queue_enter``: gettimeofday, then the id); None for what is no queue
+    id of either form. With a log's whole-second time stamps it places a message's
+    arrival to the millisecond: smtpd takes the arrival time at MAIL FROM, and the
+    cleanup server it opens makes the file at once."""
+    usec = long_id_usec(qid)
+    if usec is not None:
+        return usec if usec < 1_000_000 else None
+    if _SHORT_ID(qid) is None:
+        return None
+    usec = int(qid[:MQID_SH_USEC_PAD], 16)
+    return usec if usec < 1_000_000 else None
+
+
 def hash_name(qid: str) -> str:
     """The string whose leading characters name the hash directories.
 
