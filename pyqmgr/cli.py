@@ -133,6 +133,9 @@ def _simulate(args: argparse.Namespace) -> int:
                                  seed=args.seed), indent=1))
     else:
         lines = summary(scenario, result)
+        if scenario.compare.content_filter is not None:
+            lines.append("note: [compare.content_filter] is played on real Postfix by "
+                         "'pyqmgr compare' only; this simulation has no content filter")
         if args.trace:
             lines += ["", "deliveries (start, end, transport/destination, message, "
                       "x recipients, outcome, window when chosen):"]

@@ -324,3 +324,16 @@ def test_the_report_files_from_a_synthetic_run(tmp_path):
     assert page.startswith("<!DOCTYPE html>") and "http" not in page.replace(
         "http-equiv", "")
     assert "<script" not in page and "data:image/png;base64," in page
+
+
+def test_simulate_says_it_has_no_content_filter(tmp_path, capsys):
+    """[compare.content_filter] is parsed (a filter of 2 processes holding mail 0.2 to
+    0.6 s) and played by compare alone: simulate says so rather than pass it over."""
+    path = tmp_path / "w.toml"
+    path.write_text('[compare.content_filter]\nlatency = {dist = "uniform", low = 0.2, '
+                    'high = 0.6}\nprocess_limit = 2\n[destinations."a.example"]\n'
+                    '[[messages]]\ndestination = "a.example"\n')
+    cf = load(str(path)).compare.content_filter
+    assert cf is not None and cf.process_limit == 2 and cf.latency.high == 0.6
+    assert main(["simulate", str(path)]) == 0
+    assert "this simulation has no content filter" in capsys.readouterr().out
