@@ -31,7 +31,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 OPTIONAL = ("aiosmtpd", "matplotlib", "prometheus_client")
 #: The modules that may fail to import without the extras: each is reached only by a
 #: command that checks for its extra first (demo, and the daemon with metrics_listen).
-NEEDS_AN_EXTRA = {"pyqmgr.demo", "pyqmgr.testbed.sink", "pyqmgr.daemon.metrics_exporter"}
+NEEDS_AN_EXTRA = {"pyqmgr.demo", "pyqmgr.testbed.sink", "pyqmgr.testbed.content_filter",
+                  "pyqmgr.daemon.metrics_exporter"}
 #: Every subprocess here is bounded; an install may build in an isolated environment.
 INSTALL_TIMEOUT = 180
 TIMEOUT = 60
