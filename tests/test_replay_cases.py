@@ -328,3 +328,19 @@ def test_rate_limiter_held_out_on_another_real_run():
 
 RATE_SETTINGS = ("-o", "minimal_backoff_time=10s", "-o", "maximal_backoff_time=20s",
                  "-o", "queue_run_delay=1s")
+
+
+def test_a_rate_fitted_below_what_the_log_shows_is_called_a_stand_in():
+    """In a busy queue manager (benchmarks/fidelity_shapes/field.toml, a real stock
+    run) stock met a 4.7.28 limiter of 2 sessions a second harder than the simulation
+    does at 2: the fit goes to 1 to defer as often, and the report says that 1 is a
+    stand-in rather than the server's rate. The 421 limiters' fits, whose whole-second
+    estimates smear sessions over each other (5 seen at once at a limit of 3), say
+    nothing of the kind."""
+    rep = json.loads(run("replay", os.path.join(DATA, "fidelity-field-run1.log.gz"),
+                         "--json", "--runs", "1", *RATE_SETTINGS).stdout)
+    notes = {m["destination"]: " ".join(m["notes"]) for m in rep["instances"][0]["model"]}
+    assert "rate_limit 1:" in notes["rate.example"], notes["rate.example"]
+    assert "so 1 is a stand-in" in notes["rate.example"]
+    assert "server_limit 3:" in notes["near.example"]
+    assert not any("stand-in" in notes[d] for d in notes if d != "rate.example")

@@ -411,7 +411,13 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                                    f"defers and delays as the log shows ({obs.deferred} "
                                    "deferred tries)" + (
                                        f"; fitted on this log ({fitted_on} had none)"
-                                       if fits is not None else ""))
+                                       if fits is not None else "") + (
+                                       f"; below the {first} a second the log shows it "
+                                       "took (whole seconds blur that by one): at that "
+                                       "rate the simulation defers less than stock did, "
+                                       f"so {fitted} is a stand-in"
+                                       if key == "rate_limit" and fitted < first - 1
+                                       else ""))
     return sc, models, domains
 
 
