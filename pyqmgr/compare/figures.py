@@ -42,7 +42,6 @@ from pyqmgr.postfix import maillog
 from pyqmgr.testbed.replies import RATE_LIMITED, TOO_MANY
 
 #: A remote server's reply quoted in a delivery line's detail.
-_QUEUED_AS = re.compile(r"queued as ([0-9A-Za-z]+)")
 _REPLY = re.compile(r"(?:said|refused to talk to me): (?P<code>[2-5]\d\d)"
                     r"(?: (?P<ext>[2-5]\.\d{1,3}\.\d{1,3}))?")
 #: Bins of the deliveries-per-second series: the first that gives at most this many.
@@ -176,7 +175,7 @@ def _through_filter(record: dict[str, Any], lines: list[DeliveryLine],
     for d in lines:
         if hop not in d.relay:
             continue
-        m = _QUEUED_AS.search(d.detail) if d.status == "sent" else None
+        m = maillog.QUEUED_AS.search(d.detail) if d.status == "sent" else None
         if m is not None and d.qid in submitted:
             since[m.group(1)] = since.get(d.qid, 0.0) + d.delay
             submitted[m.group(1)] = submitted[d.qid]

@@ -251,6 +251,9 @@ _DELIVERY = re.compile(
 _ACTIVE = re.compile(r"^(?P<qid>[0-9A-Za-z]{5,20}): from=<(?P<sender>[^>]*)>, "
                      r"size=(?P<size>\d+), nrcpt=(?P<nrcpt>\d+) \(queue active\)$")
 _QID = re.compile(r"^(?P<qid>[0-9A-Za-z]{5,20}): (?P<rest>.*)$")
+#: The queue id a receiving server gave the message, quoted in a delivery's detail
+#: (``250 2.0.0 Ok: queued as 4F2A1C0D3E``); a content filter's hop names its copy so.
+QUEUED_AS = re.compile(r"queued as ([0-9A-Za-z]{5,20})\b")
 STATUSES = ("sent", "deferred", "bounced", "expired", "undeliverable", "deliverable")
 
 

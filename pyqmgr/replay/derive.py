@@ -61,7 +61,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pyqmgr.postfix.mail_queue import queue_id_usec
-from pyqmgr.postfix.maillog import Line, active, delay_quantum, delivery, queue_id
+from pyqmgr.postfix.maillog import (
+    QUEUED_AS,
+    Line,
+    active,
+    delay_quantum,
+    delivery,
+    queue_id,
+)
 from pyqmgr.simulator.scenario import DEFAULT_SENDER_DOMAIN, TraceMessage, is_sender
 
 T = TypeVar("T")
@@ -83,7 +90,6 @@ BULK = 20
 HANDOFF_MAX = 1.0
 #: A silence this long (seconds) cuts the log into stretches replayed apart.
 GAP = 6 * 3600.0
-_QUEUED_AS = re.compile(r"queued as ([0-9A-Za-z]{5,20})\b")
 _RELAY = re.compile(r"^(?P<name>[^\[\s]*)\[(?P<addr>[^\]]*)\](?::(?P<port>\d+))?$")
 
 
@@ -412,7 +418,7 @@ class Deriver:
                     msg = pending[qid] = _Msg(line.time)
                 hop = ""
                 if d.status == "sent":
-                    m = _QUEUED_AS.search(d.detail)
+                    m = QUEUED_AS.search(d.detail)
                     child = pending.get(m.group(1)) if m is not None else None
                     if m is not None and child is not None and m.group(1) != qid:
                         # Re-injected into this instance: a content filter's hop.

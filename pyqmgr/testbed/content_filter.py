@@ -12,17 +12,16 @@ server's maillog shows and ``pyqmgr replay`` follows through ``queued as``.
 from __future__ import annotations
 
 import random
-import re
 import smtplib
 import threading
 
+from pyqmgr.postfix.maillog import QUEUED_AS
 from pyqmgr.simulator.scenario import Latency
 from pyqmgr.testbed.instance import free_port
 from pyqmgr.testbed.sink import SinkServer
 
 #: The filter's transport name in master.cf and content_filter.
 TRANSPORT = "scan"
-_QUEUED_AS = re.compile(r"queued as ([0-9A-Za-z]+)")
 
 
 class ContentFilter:
@@ -86,7 +85,7 @@ class ContentFilter:
         except (OSError, smtplib.SMTPException) as exc:
             return self._failed(str(exc))
         text = resp.decode(errors="replace")
-        match = _QUEUED_AS.search(text)
+        match = QUEUED_AS.search(text)
         if code != 250 or match is None:
             return self._failed(f"{code} {text}")
         with self._lock:
