@@ -21,6 +21,7 @@ from typing import Any
 
 from pyqmgr.compare.figures import percentile
 from pyqmgr.postfix.config import QmgrConfig
+from pyqmgr.postfix.maillog import delay_quantum
 from pyqmgr.replay.derive import Derived, Observed
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import (
@@ -295,7 +296,7 @@ def unrounded(logged: Sequence[float], seed: int) -> list[float]:
     rng = random.Random(f"unrounded {seed}")
     out = []
     for v in logged:
-        step = 0.01 if v < 1 else 0.1 if v < 10 else 1.0
+        step = delay_quantum(v)
         out.append(max(0.0, v + rng.uniform(-step / 2, step / 2)) if v else
                    rng.uniform(0.0, step / 2))
     return out
