@@ -489,3 +489,45 @@ def test_the_handoff_delays_mail_coming_in_not_each_delivery(tmp_path):
     # the scan due at 25 (run at 25.4, qmgr asleep since 13.4), in at 25.9.
     assert [(round(d.start, 3), round(d.end, 3)) for d in res.deliveries] == [
         (1.45, 13.4), (25.9, 26.0)]
+
+
+def test_tries_handed_off_together_fail_in_one_queue_life(tmp_path):
+    """delays= b is time in the active queue: three messages for a down host handed
+    off together keep its in-core queue alive until all three have failed, and stock
+    declares the site dead on the third (failed cohorts 1/5 + 1/3 + 1/2, the window
+    falling 5, 3, 2). A fourth message a second later is deferred as the dead site's
+    without a try; held back outside the active queue during its hand-off, each try
+    ended its queue before the next came and no site ever died (replays of real runs
+    of a down host and a rate limiter, benchmarks/README.md)."""
+    (tmp_path / "w.toml").write_text(
+        'seed = 1\n[transports.smtp]\nhandoff = 0.2\n'
+        '[destinations."down.example"]\nlatency = 0.1\ndead = true\n'
+        '[[messages]]\ncount = 3\nevery = 0\ndestination = "down.example"\n'
+        '[[messages]]\nat = 1.0\ncount = 1\ndestination = "down.example"\n')
+    res = simulate(load(str(tmp_path / "w.toml")))
+    tries = [(round(d.start, 3), d.outcome, d.window) for d in res.deliveries]
+    assert tries[:3] == [(0.2, "deferred", 5)] * 3, tries
+    assert [(at, outcome) for at, outcome, _ in tries[3:]] == [(1.0, "retry")], tries
+    assert res.deferred == {"down.example": 4}
+
+
+def test_a_server_coming_up_within_a_span_is_drawn_per_run(tmp_path):
+    """dead_until_low: a replayed log knows only that the server came up between its
+    last refused connection and its first session; each run draws the time, the same
+    seed the same time."""
+    def first_session(seed: int) -> float:
+        (tmp_path / "w.toml").write_text(
+            f'seed = {seed}\n[destinations."d.example"]\nlatency = 0.1\n'
+            'dead_until = 20\ndead_until_low = 10\n'
+            '[[messages]]\ncount = 40\nevery = 0.5\ndestination = "d.example"\n')
+        res = simulate(load(str(tmp_path / "w.toml")))
+        return min(d.start for d in res.deliveries if d.outcome == "sent")
+
+    firsts = [first_session(seed) for seed in range(1, 7)]
+    assert all(10 <= t <= 20.5 for t in firsts), firsts
+    assert len({round(t, 1) for t in firsts}) > 3, firsts
+    assert first_session(3) == firsts[2]
+    with pytest.raises(ScenarioError, match="dead_until_low must be below dead_until"):
+        parse(tomllib.loads('[destinations."d.example"]\ndead_until = 5\n'
+                            'dead_until_low = 5\n[[messages]]\ncount = 1\n'
+                            'destination = "d.example"\n'))

@@ -90,7 +90,7 @@ def _scaled(d: Destination, scale: float) -> Destination:
         d.timeout * scale, d.dead, d.backlog, d.reject_time * scale,
         d.rate_limit / scale if d.rate_limit else 0.0, d.rate_reply, d.dead_until * scale,
         d.dead_mode, d.rcpt_4xx, d.rcpt_4xx_reply, d.rcpt_5xx, d.rcpt_5xx_reply,
-        d.timeout_set)
+        d.timeout_set, d.dead_until_low * scale)
 
 
 def seconds(value: float) -> str:
@@ -132,6 +132,8 @@ def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
     main_cf.update(sc.compare.main_cf)
 
     rng = random.Random(f"compare sizes {sc.seed}")
+    #: A server's coming-up time, where the workload gives a span (dead_until_low).
+    returns = random.Random(f"coming up {sc.seed}")
     pending: list[tuple[float, int, int, MessageSpec | TraceMessage]] = []
     for index, ms in enumerate(sc.messages):
         for k, at in enumerate(ms.times(sc.seed, index)):
@@ -159,5 +161,6 @@ def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
     limits = {t: sc.process_limits.get(t, 0) for t in sorted(transports)}
     senders = sorted({a.sender.rpartition("@")[2].lower() for a in arrivals})
     return Plan(sc, scale, arrivals, main_cf, limits,
-                {name: _scaled(d, scale) for name, d in sc.destinations.items()}, senders,
+                {name: _scaled(d.drawn(returns), scale)
+                 for name, d in sc.destinations.items()}, senders,
                 scripts)

@@ -154,9 +154,24 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
             first = min(obs.starts)
             last_fail = max(obs.refusal_times + obs.suspended_times)
             if last_fail <= first:
-                kw["dead_until"] = max(first - origin, 0.0)
-                model.notes.append(f"down until {first - origin:.1f} s ({down} connections "
-                                   f"failed before it first accepted one{also})")
+                up = kw["dead_until"] = max(first - origin, 0.0)
+                # It came up after its last refused connection, which may be well
+                # before the first session: stock holds a site dead for
+                # minimal_backoff_time after failures, however soon it is back. Real
+                # runs of one workload, its server up at 40 s, logged first sessions
+                # at 40.7 and at 50.4 s. Each simulated run draws the time.
+                tried = [t for t in obs.refusal_times if t <= first]
+                low = max(max(tried, default=first) - origin, 0.0)
+                if low < up:
+                    kw["dead_until_low"] = low
+                    model.notes.append(
+                        f"down until between {low:.1f} and {first - origin:.1f} s (its "
+                        f"last refused connection and its first session; {down} "
+                        f"connections failed{also}): each simulated run draws the time")
+                else:
+                    model.notes.append(f"down until {first - origin:.1f} s ({down} "
+                                       f"connections failed before it first accepted "
+                                       f"one{also})")
             else:
                 model.notes.append(f"{down} connections failed between accepted sessions: "
                                    "replayed try by try as logged")
@@ -224,6 +239,28 @@ def scan_phase(rescans: Sequence[float], origin: float, period: float) -> float:
     return min(sample, key=lambda phi: sum((r - phi) % period for r in sample))
 
 
+#: Logs of up to this many messages fit a destination's limit among all their traffic;
+#: larger ones fit it on the destination's own mail (see _fitting).
+FIT_AMONG_ALL = 20_000
+
+
+def _fitting(sc: Scenario, name: str, **changes: object) -> Scenario:
+    """The scenario a limit is fitted in: the whole log's, under stock.
+
+    A destination's deferrals depend on the rest of the traffic: hand-offs that keep
+    its queue alive and the agents other mail holds decide whether stock declares the
+    site dead, and then every entry of it is deferred at once. Fitted alone, a real
+    4.7.28 rate limiter of 2 sessions a second read as 1 in a busy queue manager's
+    log (set 2 of benchmarks/fidelity_shapes/field.toml); fitted among the whole log,
+    2. A log too large to simulate a few times over fits on its own mail.
+    """
+    if len(sc.trace) > FIT_AMONG_ALL:
+        return _only(sc, name, **changes)
+    dest = dataclasses.replace(sc.destinations[name], **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(sc, destinations={**sc.destinations, name: dest},
+                               pyqmgr_cf={"scheduler_policy": "nqmgr"})
+
+
 def _only(sc: Scenario, name: str, **changes: object) -> Scenario:
     """The scenario with one destination and its recipients only."""
     trace = []
@@ -255,7 +292,7 @@ def calibrate(sc: Scenario, name: str, key: str, estimate: int, obs: Observed) -
 
     def at(limit: int) -> tuple[int, list[float]]:
         if limit not in cache:
-            res = simulate(_only(sc, name, **{key: limit}), record=False)
+            res = simulate(_fitting(sc, name, **{key: limit}), record=False)
             cache[limit] = (res.deferred.get(name, 0), res.delays.get(name, []))
         return cache[limit]
 
@@ -453,8 +490,8 @@ def write(sc: Scenario, directory: str) -> str:
                        + ", ".join(f"{v:g}" for v in lat.values) + "]}")
         else:
             out.append(f"latency = {lat.value:g}")
-        for key in ("server_limit", "reject_time", "rate_limit", "dead_until", "rcpt_4xx",
-                    "rcpt_5xx"):
+        for key in ("server_limit", "reject_time", "rate_limit", "dead_until",
+                    "dead_until_low", "rcpt_4xx", "rcpt_5xx"):
             value = getattr(d, key)
             if value:
                 out.append(f"{key} = {value:g}")

@@ -50,6 +50,8 @@ dead = false               # true: no server at all, every connection is refused
                            # "timeout": a host that never answers, every connect times
                            # out after `timeout` (a dead MX that swallows SYNs)
 dead_until = 0             # no server until this time, then a working one (0: always up)
+dead_until_low = 0         # if set (below dead_until): each run draws the time the
+                           # server comes up between the two
 rate_limit = 0             # sessions a second the server takes; beyond, it answers
 rate_reply = "421 4.7.28 ..."  # this (a provider's rate limiting) at reject_time
 rcpt_4xx = 0.0             # share of recipients answered rcpt_4xx_reply at RCPT
@@ -123,6 +125,7 @@ size = 2000                # compare: message size in bytes, a number or a dist 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -301,6 +304,18 @@ class Destination:
     rcpt_5xx_reply: str = "550 5.1.1 no such user"
     #: Whether the file set ``timeout`` (compare turns it into smtp timeouts).
     timeout_set: bool = False
+    #: The earliest the server may have come up, where that is before ``dead_until``
+    #: (a replayed log: its last refused connection): each run draws its time
+    #: between the two (0: exactly at dead_until).
+    dead_until_low: float = 0.0
+
+    def drawn(self, rng: random.Random) -> Destination:
+        """This destination with its coming-up time drawn (see dead_until_low)."""
+        if 0 < self.dead_until_low < self.dead_until:
+            return dataclasses.replace(
+                self, dead_until=rng.uniform(self.dead_until_low, self.dead_until),
+                dead_until_low=0.0)
+        return self
 
     def is_dead(self, now: float) -> bool:
         return self.dead or now < self.dead_until
@@ -432,7 +447,8 @@ _TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "trans
 _SCHEDULER = {"feedback_rounding", "policy"}
 _TRANSPORT = {"process_limit", "handoff"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
-                "reject_time", "timeout", "dead", "dead_until", "rate_limit", "rate_reply",
+                "reject_time", "timeout", "dead", "dead_until", "dead_until_low", "rate_limit",
+                "rate_reply",
                 "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx", "rcpt_5xx_reply"}
 _MESSAGE = {"at", "count", "every", "recipients", "destination", "name", "class",
             "sender", "size"}
@@ -656,14 +672,19 @@ def _destination(name: str, d: Any) -> Destination:
     if not re.fullmatch(r"[a-z][a-z0-9_-]{0,30}", transport):
         raise ScenarioError(f"{_dotted(key + ('transport',))}: {transport!r} is not a "
                             "master.cf service name", key + ("transport",))
+    dead_until = _number(d, "dead_until", key, 0, low=0)
+    dead_until_low = _number(d, "dead_until_low", key, 0, low=0)
+    if dead_until_low and dead_until_low >= dead_until:
+        raise ScenarioError(f"{_dotted(key + ('dead_until_low',))} must be below "
+                            f"dead_until ({dead_until:g})", key + ("dead_until_low",))
     return Destination(
         name, transport, _dist(d.get("latency", 0), key + ("latency",)),
         limit, overload, _number(d, "timeout", key, 30, low=0), dead,
         _number(d, "backlog", key, default_backlog[overload], low=-1, integer=True),
         _number(d, "reject_time", key, 0, low=0), _number(d, "rate_limit", key, 0, low=0),
-        replies["rate_reply"], _number(d, "dead_until", key, 0, low=0), dead_mode,
+        replies["rate_reply"], dead_until, dead_mode,
         shares["rcpt_4xx"], replies["rcpt_4xx_reply"], shares["rcpt_5xx"],
-        replies["rcpt_5xx_reply"], "timeout" in d)
+        replies["rcpt_5xx_reply"], "timeout" in d, dead_until_low)
 
 
 def _message(i: int, m: Any, sc: Scenario) -> MessageSpec:
