@@ -334,6 +334,21 @@ RATE_SETTINGS = ("-o", "minimal_backoff_time=10s", "-o", "maximal_backoff_time=2
                  "-o", "queue_run_delay=1s")
 
 
+def test_a_rate_limit_is_fitted_on_refused_sessions_where_the_site_was_held_dead():
+    """Nine real runs of one workload held a 4.7.28 limiter of 2 sessions a second dead
+    for 79 to 536 deferrals, while its refused sessions were 102 to 136. Fitted on all
+    deferrals and the delays, the run with 536 (134 refused) read as a rate of 1, a
+    stand-in; fitted on the refused sessions, as the other runs, 2, the sink's own."""
+    rep = json.loads(run("replay", os.path.join(DATA, "fidelity-field-set3-run1.log.gz"),
+                         "--json", "--runs", "1", *RATE_SETTINGS).stdout)
+    inst = rep["instances"][0]
+    assert inst["figures"]["log"]["rate.example"]["deferred"] == 670
+    notes = {m["destination"]: " ".join(m["notes"]) for m in inst["model"]}
+    assert "refused 134 sessions with a rate reply" in notes["rate.example"]
+    assert "rate_limit 2:" in notes["rate.example"], notes["rate.example"]
+    assert "server_limit 3:" in notes["near.example"], notes["near.example"]
+
+
 def test_a_busy_queue_managers_rate_limiter_fits_the_servers_own_rate():
     """In a busy queue manager (benchmarks/fidelity_shapes/field.toml, a real stock
     run) stock met a 4.7.28 limiter of 2 sessions a second with 102 refused sessions

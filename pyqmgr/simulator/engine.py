@@ -81,6 +81,9 @@ class Result:
     deferred: dict[str, int] = field(default_factory=dict)
     #: Recipients a destination answered with a 5xx (``rcpt_5xx``).
     bounced: dict[str, int] = field(default_factory=dict)
+    #: Of the deferred, those of a site held dead (qmgr's "delivery temporarily
+    #: suspended", deferred without a try).
+    held_dead: dict[str, int] = field(default_factory=dict)
     #: Per destination: each sent recipient's delay from its message's arrival (the
     #: maillog's ``delay``), for messages that count (an arrivals file's measured).
     delays: dict[str, list[float]] = field(default_factory=dict)
@@ -826,6 +829,8 @@ class Engine:
             queue = entry.queue
             if name not in (RETRY, ERROR):
                 self.in_flight[dest] -= 1
+            elif name == RETRY:
+                res.held_dead[dest] = res.held_dead.get(dest, 0) + n
             if outcome == "sent" and replies is not None:
                 ok = replies.count("2xx")
                 later = [r for r, how in zip(entry.recipients, replies, strict=True)
