@@ -50,7 +50,7 @@ DEFAULT = ("field", "filtered")
 FIGURES = ("deferred", "bounced", "p50", "p95")
 #: Figures whose miss is reported but does not fail the run (``--strict`` fails it):
 #: where stock holds a site dead, chance decides how often, and three real runs are
-#: too few to bound the replay's range (issue #20, blocked; benchmarks/README.md,
+#: too few to bound the replay's range (issue #20, open; benchmarks/README.md,
 #: "Replay fidelity held out", the nine runs' table).
 ALLOWED_MISSES = {
     ("field", "rate.example", figure): "stock holds this 4.7.28 limiter dead by chance: "
