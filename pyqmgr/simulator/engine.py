@@ -260,10 +260,10 @@ class Engine:
     def __init__(self, scenario: Scenario, seed: int | None = None,
                  record: bool = True) -> None:
         seed = scenario.seed if seed is None else seed
-        if any(d.dead_until_low for d in scenario.destinations.values()):
-            returns = random.Random(f"coming up {seed}")
-            scenario = dataclasses.replace(scenario, destinations={
-                name: d.drawn(returns) for name, d in scenario.destinations.items()})
+        # A server's coming-up time, where the scenario gives a span (dead_until_low).
+        returns = random.Random(f"coming up {seed}")
+        scenario = dataclasses.replace(scenario, destinations={
+            name: d.drawn(returns) for name, d in scenario.destinations.items()})
         self.sc = scenario
         #: Keep every delivery and window change (the trace, plots); a replay of
         #: millions of deliveries keeps only the counts and delays.

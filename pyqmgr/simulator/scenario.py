@@ -447,9 +447,9 @@ _TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "trans
 _SCHEDULER = {"feedback_rounding", "policy"}
 _TRANSPORT = {"process_limit", "handoff"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
-                "reject_time", "timeout", "dead", "dead_until", "dead_until_low", "rate_limit",
-                "rate_reply",
-                "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx", "rcpt_5xx_reply"}
+                "reject_time", "timeout", "dead", "dead_until", "dead_until_low",
+                "rate_limit", "rate_reply", "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx",
+                "rcpt_5xx_reply"}
 _MESSAGE = {"at", "count", "every", "recipients", "destination", "name", "class",
             "sender", "size"}
 _DEFERRED = {"retry", "scan_phase"}
