@@ -157,7 +157,7 @@ class FloorQmgr:
         now = time.time()
         request = RequestMessage(
             queue_id=qid, data_offset=env.size[1], cont_length=env.size[4], encoding="",
-            smtputf8=0, sender=env.sender, envelope_id="", ret_flags=0,
+            sendopts=0, sender=env.sender, envelope_id="", ret_flags=0,
             stats=msg_stats(env.arrival, (int(now), int(now % 1 * 1e6))),
             log_ident=qid,
             rewrite_context=env.attrs.get(b"rewrite_context", b"local").decode())

@@ -240,7 +240,7 @@ class ActiveQueue:
             data_offset=qf.data_offset,
             cont_length=qf.cont_length,
             encoding=qf.encoding,
-            smtputf8=qf.smtputf8,
+            sendopts=cfg.postfix_version.options(qf.smtputf8),
             sender=qf.sender or "",
             envelope_id=qf.envelope_id,
             ret_flags=qf.ret_flags,
@@ -472,16 +472,17 @@ class ActiveQueue:
     async def _notify(self, am: ActiveMessage, service: str, command: int, flags: int) -> int:
         qf = am.qf
         verp = qf.verp_delims if command == bounce.BOUNCE_CMD_VERP else None
+        release = self.cfg.postfix_version
         status = await bounce.notify(
-            service, command, flags, am.queue_id, qf.encoding, qf.smtputf8, qf.sender or "",
-            qf.envelope_id, qf.ret_flags, verp,
+            service, command, flags, am.queue_id, qf.encoding, am.request.sendopts,
+            qf.sender or "", qf.envelope_id, qf.ret_flags, verp, release.options_attribute,
         )
         if status != 0:
             what = {"bounce": "bounce failed", "trace": "trace failed"}.get(service)
             if command == bounce.BOUNCE_CMD_WARN:
                 what = "delay warning failed"
             elif command == bounce.BOUNCE_CMD_VERP:
-                what = "verp failed"
+                what = release.verp_failed
             elif what is None:
                 what = "bounce failed"
             self.log.info(f"{am.queue_id}: status=deferred ({what})")

@@ -477,9 +477,9 @@ class Qmgr:
         am: ActiveMessage = entry.message.owner
         recipients = entry.recipients
         verp = am.qf.verp_delims
-        smtputf8 = am.request.smtputf8
+        sendopts = am.request.sendopts
         if self.cfg.smtputf8_enable and any(_utf8_address(r.address) for r in recipients):
-            smtputf8 |= SMTPUTF8_FLAG_RECIPIENT | (SMTPUTF8_FLAG_SENDER if verp else 0)
+            sendopts |= SMTPUTF8_FLAG_RECIPIENT | (SMTPUTF8_FLAG_SENDER if verp else 0)
         sender = am.request.sender
         if verp:
             # One recipient per request with VERP (Message.single_rcpt).
@@ -487,7 +487,8 @@ class Qmgr:
             sender = verp_sender(verp, sender, first.address, first.orig_addr)
         return encode_request(request_flags(am, entry.queue.dflags), am.request,
                               entry.queue.nexthop,
-                              smtputf8, sender, recipients)
+                              sendopts, sender, recipients,
+                              self.cfg.postfix_version.options_attribute)
 
     def _agent_unavailable(self, call: AgentCall, why: str) -> None:
         """Connect or handshake failed: the transport is dead for transport_retry_time."""

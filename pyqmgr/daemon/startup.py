@@ -28,6 +28,7 @@ from pyqmgr import trust
 from pyqmgr.daemon import control, delegation, metrics, suspensions
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
+from pyqmgr.postfix import version
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import (
@@ -81,7 +82,8 @@ def main(argv: list[str], daemon: QueueManagerFactory = Qmgr) -> int:
         log.use_syslog()
     try:
         return _run(argv, log, daemon)
-    except (UsageError, ConfigError, PyqmgrCfError, trust.UntrustedError) as exc:
+    except (UsageError, ConfigError, PyqmgrCfError, trust.UntrustedError,
+            version.VersionError) as exc:
         for text in getattr(exc, "warnings", ()):
             log.warning(text)
         log.fatal(str(exc))
@@ -115,6 +117,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
         log.use_syslog(cfg.syslog_facility)
     for text in cfg.warnings:
         log.warning(text)
+    # The agents' dialect follows the installed release (pyqmgr.postfix.version); a
+    # release nobody read is fatal before any request goes out in the wrong one.
+    cfg.postfix_version = version.installed(cfg.get("command_directory"), config_dir)
     pyqmgr_cf = load_trusted_settings(cfg, log)
     # module: policies are files to import: settle them while the file system is whole.
     policies = policy_setup(pyqmgr_cf, cfg)

@@ -44,17 +44,23 @@ async def _request(path: str, attrs: list[tuple[str, AttrValue]]) -> int:
 
 
 async def notify(
-    service: str, command: int, flags: int, queue_id: str, encoding: str, smtputf8: int,
+    service: str, command: int, flags: int, queue_id: str, encoding: str, sendopts: int,
     sender: str, envelope_id: str, ret_flags: int, verp_delims: str | None = None,
+    attribute: str = "smtputf8",
 ) -> int:
-    """A FLUSH, WARN, TRACE or VERP request for the whole message; returns its status."""
+    """A FLUSH, WARN, TRACE or VERP request for the whole message; returns its status.
+
+    ``attribute`` names the option bits as the installed release's bounce and defer
+    servers read them (``smtputf8`` up to 3.9, ``sendopts`` from 3.10): a bounce server
+    of the other dialect logs "malformed request" and the notice is not sent.
+    """
     attrs: list[tuple[str, AttrValue]] = [
         ("nrequest", command),
         ("flags", flags),
         ("queue_name", "active"),
         ("queue_id", queue_id),
         ("encoding", encoding),
-        ("smtputf8", smtputf8),
+        (attribute, sendopts),
         ("sender", sender),
         ("envelope_id", envelope_id),
         ("ret_flags", ret_flags),

@@ -42,6 +42,8 @@ from pyqmgr.postfix.expand import (
     malformed_level,
     strtol,
 )
+from pyqmgr.postfix.version import DEFAULT as DEFAULT_VERSION
+from pyqmgr.postfix.version import PostfixVersion
 
 #: The dictionary name stock uses in ``macro processing error`` messages.
 CONFIG_DICT = "mail_dict"
@@ -615,6 +617,9 @@ class QmgrConfig:
         self._transports: dict[str, TransportConfig] = {}
         self._hostname = hostname
         self._warnings_mark = 0
+        #: The installed release, which the daemon asks Postfix at start-up
+        #: (:func:`pyqmgr.postfix.version.installed`); main.cf cannot say it.
+        self.postfix_version: PostfixVersion = DEFAULT_VERSION
 
         path = os.path.join(config_dir, MAIN_CF)
         initial = {"process_name": process_name, "config_directory": config_dir}

@@ -67,7 +67,9 @@ class RequestMessage:
     data_offset: int
     cont_length: int
     encoding: str
-    smtputf8: int
+    #: The queue file's option bits as qmgr passes them on (``smtputf8`` up to
+    #: Postfix 3.9, ``sendopts`` from 3.10: :mod:`pyqmgr.postfix.version`).
+    sendopts: int
     sender: str
     envelope_id: str
     ret_flags: int
@@ -87,12 +89,15 @@ class RequestMessage:
 # The request as two preformatted lists: about 70 attributes go out per delivery, so
 # this is one of the daemon's hot paths. Byte for byte what the general encoder makes
 # of the same lists (tests/unit/test_deliver_request.py holds it to that).
-_HEAD = (b"flags\0%d\0queue_name\0active\0queue_id\0%b\0offset\0%d\0size\0%d\0"
-         b"nexthop\0%b\0encoding\0%b\0smtputf8\0%d\0sender\0%b\0envelope_id\0%b\0"
+_HEAD_TEMPLATE = (b"flags\0%d\0queue_name\0active\0queue_id\0%b\0offset\0%d\0size\0%d\0"
+         b"nexthop\0%b\0encoding\0%b\0@OPTIONS@\0%d\0sender\0%b\0envelope_id\0%b\0"
          b"ret_flags\0%d\0time\0%b\0log_client_name\0%b\0log_client_address\0%b\0"
          b"log_client_port\0%b\0log_protocol_name\0%b\0log_helo_name\0%b\0"
          b"sasl_method\0%b\0sasl_username\0%b\0sasl_sender\0%b\0log_ident\0%b\0"
          b"rewrite_context\0%b\0recipient_count\0%d\0\0")
+#: One head per name of the option bits' attribute.
+_HEADS = {name: _HEAD_TEMPLATE.replace(b"@OPTIONS@", name.encode())
+          for name in ("smtputf8", "sendopts")}
 _HEAD_NULS = 2 * 23 + 1
 _RCPT = (b"original_recipient\0%b\0recipient\0%b\0offset\0%d\0dsn_orig_rcpt\0%b\0"
          b"notify_flags\0%d\0\0")
@@ -100,8 +105,8 @@ _RCPT_NULS = 2 * 5 + 1
 
 
 def encode_request(
-    flags: int, msg: RequestMessage, nexthop: str, smtputf8: int, sender: str,
-    recipients: Sequence[RequestRecipient],
+    flags: int, msg: RequestMessage, nexthop: str, sendopts: int, sender: str,
+    recipients: Sequence[RequestRecipient], attribute: str = "smtputf8",
 ) -> bytes:
     """The request's bytes: the common list, then one list per recipient.
 
@@ -110,9 +115,9 @@ def encode_request(
     the bytes and the errors are the same either way.
     """
     enc = "surrogateescape"
-    head = _HEAD % (
+    head = _HEADS[attribute] % (
         flags, msg.queue_id.encode("utf-8", enc), msg.data_offset, msg.cont_length,
-        nexthop.encode("utf-8", enc), msg.encoding.encode("utf-8", enc), smtputf8,
+        nexthop.encode("utf-8", enc), msg.encoding.encode("utf-8", enc), sendopts,
         sender.encode("utf-8", enc), msg.envelope_id.encode("utf-8", enc), msg.ret_flags,
         base64.b64encode(msg.stats), msg.client_name.encode("utf-8", enc),
         msg.client_address.encode("utf-8", enc), msg.client_port.encode("utf-8", enc),
@@ -122,8 +127,9 @@ def encode_request(
         msg.rewrite_context.encode("utf-8", enc), len(recipients),
     )
     if (head.count(b"\0") != _HEAD_NULS
-            or min(flags, msg.data_offset, msg.cont_length, smtputf8, msg.ret_flags) < 0):
-        return _encode_request_lists(flags, msg, nexthop, smtputf8, sender, recipients)
+            or min(flags, msg.data_offset, msg.cont_length, sendopts, msg.ret_flags) < 0):
+        return _encode_request_lists(flags, msg, nexthop, sendopts, sender, recipients,
+                                         attribute)
     parts = [head]
     for r in recipients:
         offset = r.offset
@@ -131,14 +137,15 @@ def encode_request(
         part = _RCPT % (r.orig_addr.encode("utf-8", enc), r.address.encode("utf-8", enc),
                         offset, r.dsn_orcpt.encode("utf-8", enc), notify)
         if offset < 0 or notify < 0 or part.count(b"\0") != _RCPT_NULS:
-            return _encode_request_lists(flags, msg, nexthop, smtputf8, sender, recipients)
+            return _encode_request_lists(flags, msg, nexthop, sendopts, sender, recipients,
+                                         attribute)
         parts.append(part)
     return b"".join(parts)
 
 
 def _encode_request_lists(
-    flags: int, msg: RequestMessage, nexthop: str, smtputf8: int, sender: str,
-    recipients: Sequence[RequestRecipient],
+    flags: int, msg: RequestMessage, nexthop: str, sendopts: int, sender: str,
+    recipients: Sequence[RequestRecipient], attribute: str,
 ) -> bytes:
     """The same request through the general encoder (odd values, and their errors)."""
     common: list[tuple[str, AttrValue]] = [
@@ -149,7 +156,7 @@ def _encode_request_lists(
         ("size", msg.cont_length),
         ("nexthop", nexthop),
         ("encoding", msg.encoding),
-        ("smtputf8", smtputf8),
+        (attribute, sendopts),
         ("sender", sender),
         ("envelope_id", msg.envelope_id),
         ("ret_flags", msg.ret_flags),

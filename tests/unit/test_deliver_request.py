@@ -20,12 +20,14 @@ class Rcpt:
     dsn_notify: int
 
 
-def reference(flags, msg, nexthop, smtputf8, sender, recipients) -> bytes:
-    """client_protocols.md section 3, attribute by attribute."""
+def reference(flags, msg, nexthop, sendopts, sender, recipients,
+              attribute="smtputf8") -> bytes:
+    """client_protocols.md section 3, attribute by attribute; the option bits' name is
+    the release's (``smtputf8`` up to 3.9, ``sendopts`` from 3.10)."""
     out = encode([
         ("flags", flags), ("queue_name", "active"), ("queue_id", msg.queue_id),
         ("offset", msg.data_offset), ("size", msg.cont_length), ("nexthop", nexthop),
-        ("encoding", msg.encoding), ("smtputf8", smtputf8), ("sender", sender),
+        ("encoding", msg.encoding), (attribute, sendopts), ("sender", sender),
         ("envelope_id", msg.envelope_id), ("ret_flags", msg.ret_flags),
         ("time", msg.stats), ("log_client_name", msg.client_name),
         ("log_client_address", msg.client_address),
@@ -51,7 +53,7 @@ def test_same_bytes_as_the_general_encoder():
         msg = RequestMessage(
             queue_id="4B5C61A2B3", data_offset=rnd.randrange(1 << 20),
             cont_length=rnd.randrange(1 << 20), encoding=rnd.choice(["", "8BIT", "7BIT"]),
-            smtputf8=rnd.randrange(4), sender=rnd.choice(TEXTS),
+            sendopts=rnd.randrange(64), sender=rnd.choice(TEXTS),
             envelope_id=rnd.choice(TEXTS), ret_flags=rnd.choice([0, 1, 2, -1]),
             stats=msg_stats((rnd.randrange(1 << 31), 5), (rnd.randrange(1 << 31), 9)),
             client_name=rnd.choice(TEXTS), helo_name=rnd.choice(TEXTS),
@@ -59,8 +61,8 @@ def test_same_bytes_as_the_general_encoder():
         )
         rcpts = [Rcpt(rnd.choice(TEXTS), rnd.choice(TEXTS), rnd.randrange(1 << 40),
                       rnd.choice(TEXTS), rnd.randrange(32)) for _ in range(rnd.randrange(4))]
-        args = (rnd.randrange(1 << 14), msg, rnd.choice(TEXTS), rnd.randrange(4),
-                rnd.choice(TEXTS), rcpts)
+        args = (rnd.randrange(1 << 14), msg, rnd.choice(TEXTS), rnd.randrange(64),
+                rnd.choice(TEXTS), rcpts, rnd.choice(["smtputf8", "sendopts"]))
         assert encode_request(*args) == reference(*args)
 
 
@@ -79,3 +81,12 @@ def test_odd_values_take_the_general_path():
                        "x", 0, "s@x", [])
     with pytest.raises(ValueError, match="recipient"):
         encode_request(1, msg, "x", 0, "s@x", [Rcpt("a@x", "a\0@x", 5, "", 0)])
+
+
+def test_the_option_bits_go_under_the_release_s_name():
+    """3.10 renamed the attribute; an agent of the other dialect rejects the request."""
+    msg = RequestMessage("Q1", 100, 200, "", 0x30, "s@x", "", 0, b"\x01" * 88)
+    old = encode_request(1, msg, "x", 0x31, "s@x", [])
+    new = encode_request(1, msg, "x", 0x31, "s@x", [], "sendopts")
+    assert b"\0smtputf8\x0049\0" in old and b"sendopts" not in old
+    assert b"\0sendopts\x0049\0" in new and b"smtputf8" not in new
