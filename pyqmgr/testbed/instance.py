@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from email.message import EmailMessage
 
 from pyqmgr.testbed.maillog import Maillog
+from pyqmgr.testbed.release import ReleaseRoot, selected
 
 LOCAL_USER = "pyqmgrtest"
 LOCAL_DOMAIN = "local.test.example"
@@ -165,9 +166,14 @@ class PostfixInstance:
         root: str | None = None,
         base_dir: str | None = None,
         pyqmgr_cf: dict[str, str] | None = None,
+        release: str | None = None,
     ) -> None:
         if qmgr not in QMGRS:
             raise ValueError(f"qmgr must be one of {', '.join(QMGRS)}, not {qmgr!r}")
+        #: Another Postfix release's root (pyqmgr.testbed.release), or None for the
+        #: machine's own Postfix. ``release`` defaults to $PYQMGR_POSTFIX_RELEASE.
+        name = release if release is not None else selected()
+        self.release_root = ReleaseRoot(name).ensure() if name else None
         base = base_dir or os.environ.get(BASE_ENV) or "/tmp"
         self.root = root or tempfile.mkdtemp(prefix="pyqmgr-tb-", dir=base)
         self.config_dir = os.path.join(self.root, "etc")
@@ -182,6 +188,7 @@ class PostfixInstance:
         #: What ``postfix start`` printed (warnings from ``postfix check`` land here).
         self.start_output = ""
         self.maillog = Maillog(self.maillog_path)
+        self._binds = [os.path.dirname(os.path.abspath(self.root))]
         self._start_attempted = False
         self._disabled_qmgr_line: str | None = None
         self._saved_in_flow_delay: str | None = None
@@ -215,9 +222,12 @@ class PostfixInstance:
         for d in (self.config_dir, self.queue_dir, self.data_dir, self.mail_dir):
             os.makedirs(d, exist_ok=True)
         os.chmod(self.mail_dir, 0o1777)
-        pf = pwd.getpwnam("postfix")
-        os.chown(self.data_dir, pf.pw_uid, pf.pw_gid)
-        ensure_local_user()
+        if self.release_root is not None:
+            os.chown(self.data_dir, *self.release_root.user("postfix"))
+        else:
+            pf = pwd.getpwnam("postfix")
+            os.chown(self.data_dir, pf.pw_uid, pf.pw_gid)
+            ensure_local_user()
         self._make_daemon_dir()
         params = {
             "compatibility_level": "3.6",
@@ -253,7 +263,7 @@ class PostfixInstance:
         with open(os.path.join(self.config_dir, "main.cf"), "w") as f:
             for name, value in params.items():
                 f.write(f"{name} = {value}\n")
-        shutil.copy(MASTER_CF_DIST, os.path.join(self.config_dir, "master.cf"))
+        shutil.copy(self._file(MASTER_CF_DIST), os.path.join(self.config_dir, "master.cf"))
         self._backdate()
         # The public smtp port becomes a loopback listener on a port of our own.
         self.postconf("-M#", "smtp/inet")
@@ -279,8 +289,9 @@ class PostfixInstance:
         ``postfix check`` inspects; a copy is the fallback across file systems.
         """
         os.makedirs(self.daemon_dir)
-        for name in os.listdir(SYSTEM_DAEMON_DIR):
-            src = os.path.join(SYSTEM_DAEMON_DIR, name)
+        system = self._file(SYSTEM_DAEMON_DIR)
+        for name in os.listdir(system):
+            src = os.path.join(system, name)
             if not os.path.isfile(src):
                 continue
             dst = os.path.join(self.daemon_dir, name)
@@ -301,6 +312,22 @@ class PostfixInstance:
                 return
             path = parent
 
+    def _file(self, path: str) -> str:
+        """Where one of Postfix's own files is: in the release's root, or the machine's."""
+        return path if self.release_root is None else self.release_root.host_path(path)
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        """``args`` as they run against this instance's Postfix release: as they are
+        for the machine's own, inside the release's root otherwise."""
+        if self.release_root is None:
+            return list(args)
+        return self.release_root.command(args, self._binds)
+
+    def run(self, args: Sequence[str], check: bool = True, timeout: float = 60,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a Postfix command (postkick, postcat...) of this instance's release."""
+        return _run(self.command(args), check=check, timeout=timeout, input=input)
+
     def _backdate(self) -> None:
         # Every Postfix program re-reads a main.cf younger than about a second, which
         # costs ~2 s per command; an hour-old mtime avoids that.
@@ -310,7 +337,7 @@ class PostfixInstance:
     def postconf(self, *args: str) -> str:
         """Run ``postconf -c DIR ARGS``; return its output. main.cf is backdated after."""
         try:
-            return _run(["postconf", "-c", self.config_dir, *args]).stdout
+            return self.run(["postconf", "-c", self.config_dir, *args]).stdout
         finally:
             self._backdate()
 
@@ -328,7 +355,14 @@ class PostfixInstance:
 
         if which not in QMGRS:
             raise ValueError(f"qmgr must be one of {', '.join(QMGRS)}, not {which!r}")
-        (install if which == "pyqmgr" else uninstall)(self.config_dir)
+        if self.release_root is not None:
+            # The launcher must name the root's python3 and edit master.cf with the
+            # release's postconf: install runs inside the root.
+            verb = "install" if which == "pyqmgr" else "uninstall"
+            self.run(["python3", "-I", "-c", f"import sys; from pyqmgr.install import {verb}; "
+                      f"{verb}(sys.argv[1])", self.config_dir])
+        else:
+            (install if which == "pyqmgr" else uninstall)(self.config_dir)
         if which == "oqmgr":
             # Under a directory of its own as "qmgr": the log tag is argv[0]'s
             # basename, so its lines read postfix/qmgr[pid] like stock's and pyqmgr's.
@@ -363,7 +397,7 @@ class PostfixInstance:
         ``prefix`` is prepended to the shell command (e.g. to start in a namespace).
         """
         self._start_attempted = True
-        command = f"{prefix}postfix -c {shlex.quote(self.config_dir)} start"
+        command = prefix + shlex.join(self.command(["postfix", "-c", self.config_dir, "start"]))
         proc = _run(["script", "-qec", command, "/dev/null"], check=False)
         self.start_output = proc.stdout.replace("\r\n", "\n").strip()
         if proc.returncode != 0:
@@ -379,11 +413,11 @@ class PostfixInstance:
 
     def running(self) -> bool:
         """Is this instance's master alive (``postfix status``)?"""
-        return _run(["postfix", "-c", self.config_dir, "status"], check=False).returncode == 0
+        return self.run(["postfix", "-c", self.config_dir, "status"], check=False).returncode == 0
 
     def reload(self) -> None:
         """``postfix reload``: master re-reads its config and restarts qmgr."""
-        _run(["postfix", "-c", self.config_dir, "reload"])
+        self.run(["postfix", "-c", self.config_dir, "reload"])
 
     def stop(self, grace: float = 3.0) -> None:
         """Stop the instance and make sure none of its processes survive.
@@ -394,7 +428,7 @@ class PostfixInstance:
         """
         # postfix stop on a stopped instance still costs a second; skip it then.
         if self.started or (self._start_attempted and self.pids("master")):
-            _run(["postfix", "-c", self.config_dir, "stop"], check=False, timeout=30)
+            self.run(["postfix", "-c", self.config_dir, "stop"], check=False, timeout=30)
         self.started = False
         self._kill_leftovers(grace)
 
@@ -528,11 +562,11 @@ class PostfixInstance:
                    detail=lambda: f" (missing: {sorted(missing())})")
 
     def postqueue(self, *args: str) -> str:
-        return _run(["postqueue", "-c", self.config_dir, *args]).stdout
+        return self.run(["postqueue", "-c", self.config_dir, *args]).stdout
 
     def postsuper(self, *args: str) -> str:
         """``postsuper`` prints its reports on stderr; both streams are returned."""
-        proc = _run(["postsuper", "-c", self.config_dir, *args])
+        proc = self.run(["postsuper", "-c", self.config_dir, *args])
         return proc.stdout + proc.stderr
 
     def queue_json(self) -> list[dict[str, object]]:
@@ -551,7 +585,7 @@ class PostfixInstance:
         """Submit through ``sendmail -C DIR`` (maildrop, then pickup); waits for it."""
         text = (f"From: {sender}\nTo: {', '.join(recipients)}\nSubject: {subject}\n\n"
                 f"{body}")
-        _run([SENDMAIL, "-C", self.config_dir, "-i", "-f", sender, *extra_args, "--",
+        self.run([SENDMAIL, "-C", self.config_dir, "-i", "-f", sender, *extra_args, "--",
               *recipients], input=text)
 
     def smtp_send(self, messages: Iterable[Message], subject: str = "test",
