@@ -96,8 +96,29 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"pyqmgr demo: {lacking}", file=sys.stderr)
         return 1
     from pyqmgr.demo import run_demo  # after the check: it imports the sink
+    from pyqmgr.install import InstallError
 
-    return run_demo(messages=args.messages, keep=args.keep)
+    try:
+        return run_demo(messages=args.messages, keep=args.keep)
+    except InstallError as exc:
+        print(f"pyqmgr demo: {exc}\n\n{_untrusted_advice()}", file=sys.stderr)
+        return 1
+
+
+def _untrusted_advice() -> str:
+    """What to do when the trust check refuses this checkout for the demo's sandbox."""
+    from pyqmgr import trust
+
+    here = os.path.dirname(trust.package_dir())
+    return (f"What to do: the demo's Postfix runs pyqmgr as root from {here}, so every "
+            "directory from / down to it must be root's and writable by root alone "
+            "(a checkout under /tmp or a home directory others can write to is not). "
+            + ("Clone it under such a directory and run the demo there, for example:\n"
+               f"  git clone {here} /opt/pyqmgr && cd /opt/pyqmgr && ./dev demo"
+               if os.path.isdir(os.path.join(here, ".git")) else
+               "Install pyqmgr into a venv under such a directory, for example:\n"
+               "  python3 -m venv /opt/pyqmgr && /opt/pyqmgr/bin/pip install 'pyqmgr[testbed]'"
+               " && /opt/pyqmgr/bin/pyqmgr demo"))
 
 
 def _simulate(args: argparse.Namespace) -> int:

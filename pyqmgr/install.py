@@ -1,14 +1,19 @@
 """Switch a Postfix instance's qmgr service to pyqmgr and back.
 
 master(8) runs ``$daemon_directory/<command>`` and Postfix's log tag is the basename of
-argv[0]; so the launcher is a file named ``qmgr`` in ``$daemon_directory/pyqmgr/`` and
-the master.cf command becomes ``pyqmgr/qmgr``: log lines keep reading
-``postfix/qmgr[pid]``. Only the command word of the ``qmgr unix`` line changes, through
-``postconf -F``, so every other column and ``-o`` option stays as the admin wrote it.
+argv[0]; so the launcher is a file named ``qmgr`` and the master.cf command becomes
+``pyqmgr/<venv>/qmgr``: log lines keep reading ``postfix/qmgr[pid]``. Only the command
+word of the ``qmgr unix`` line changes, through ``postconf -F``, so every other column
+and ``-o`` option stays as the admin wrote it.
 
-The launcher is shared by every instance that uses the same daemon_directory (the
-usual case: one Postfix installation), which is why uninstall leaves it in place; it
-is a two-line script that does nothing unless master.cf names it.
+Each installation (one interpreter, one venv) has a launcher of its own,
+``$daemon_directory/pyqmgr/<venv name>-<hash of its path>/qmgr``: a second checkout,
+a demo or a test run installing from another venv writes another file and never
+switches a production instance's qmgr to its interpreter. Releases up to 0.x wrote
+one shared ``pyqmgr/qmgr``; that command is still recognised (uninstall undoes it,
+install replaces it). Uninstall removes its launcher when no instance of this
+Postfix (the configuration directory and its ``multi_instance_directories``) names
+it any more.
 
 Before anything is written, install runs the same inspection as ``pyqmgr check``
 (:func:`check_installation`): master(8) will run the launcher as root, so install
@@ -20,7 +25,10 @@ an uninstall makes switching back a one-command affair.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +43,8 @@ from pyqmgr.pyqmgr_cf import load as load_pyqmgr_cf
 
 LAUNCHER_DIR = "pyqmgr"
 LAUNCHER_NAME = "qmgr"
-PYQMGR_COMMAND = f"{LAUNCHER_DIR}/{LAUNCHER_NAME}"
+#: The one launcher older installs shared; recognised, never written.
+SHARED_COMMAND = f"{LAUNCHER_DIR}/{LAUNCHER_NAME}"
 STOCK_COMMAND = "qmgr"
 BACKUP_SUFFIX = ".pyqmgr-backup"
 # Linux reads at most this much of a "#!" line (BINPRM_BUF_SIZE, 256 with the newline).
@@ -90,8 +99,33 @@ def launcher_text(python: str | None = None) -> str:
     )
 
 
-def launcher_path(daemon_dir: str) -> str:
-    return os.path.join(daemon_dir, LAUNCHER_DIR, LAUNCHER_NAME)
+def launcher_tag(python: str | None = None) -> str:
+    """This installation's name among launchers: its venv's name and a hash of its path.
+
+    The hash tells apart two venvs both called ``.venv``; the name is for the admin
+    reading master.cf.
+    """
+    python = python or sys.executable
+    home = trust.venv_root(python) or os.path.dirname(os.path.dirname(
+        os.path.realpath(python)))
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.basename(home.rstrip("/"))).strip(".-")
+    digest = hashlib.sha256(os.path.abspath(home).encode("utf-8", "surrogateescape"))
+    return f"{name[:32] or 'python'}-{digest.hexdigest()[:8]}"
+
+
+def pyqmgr_command(python: str | None = None) -> str:
+    """The master.cf command word of this installation's launcher."""
+    return f"{LAUNCHER_DIR}/{launcher_tag(python)}/{LAUNCHER_NAME}"
+
+
+def is_pyqmgr_command(word: str) -> bool:
+    """Is this qmgr command one of pyqmgr's launchers (any installation's)?"""
+    return word == SHARED_COMMAND or bool(
+        re.fullmatch(rf"{LAUNCHER_DIR}/[A-Za-z0-9_.-]+/{LAUNCHER_NAME}", word))
+
+
+def launcher_path(daemon_dir: str, python: str | None = None) -> str:
+    return os.path.join(daemon_dir, pyqmgr_command(python))
 
 
 def _check_interpreter(python: str) -> None:
@@ -268,7 +302,8 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
         files.insert(0, report.pyqmgr_cf)
 
     started = time.perf_counter()
-    ours = [p for p in (os.path.dirname(launcher), launcher) if os.path.lexists(p)]
+    ours = [p for p in (os.path.join(daemon_dir, LAUNCHER_DIR), os.path.dirname(launcher),
+                        launcher) if os.path.lexists(p)]
     report.problems += trust.untrusted_installation(
         sys.executable, report.package_dir, config_dir=config_dir, daemon_dir=daemon_dir,
         settings=files, launcher=ours)
@@ -368,7 +403,8 @@ def install(config_dir: str) -> list[str]:
     path, written = _write_launcher(daemon_dir)
     done.append(f"{'wrote' if written else 'kept'} launcher {path}")
     word = current.split()[0]
-    if word == PYQMGR_COMMAND:
+    ours = pyqmgr_command()
+    if word == ours:
         done.append("qmgr service already runs pyqmgr")
         return done
     master_cf = os.path.join(config_dir, "master.cf")
@@ -379,19 +415,74 @@ def install(config_dir: str) -> list[str]:
         except OSError as exc:
             raise InstallError(f"cannot save {backup}: {exc}") from exc
         done.append(f"saved {backup}")
-    if word != STOCK_COMMAND:
+    if is_pyqmgr_command(word):
+        done.append(f"note: the qmgr service ran another pyqmgr installation ({word}); "
+                    "it now runs this one")
+    elif word != STOCK_COMMAND:
         done.append(f"note: the qmgr service ran {word!r}, not stock qmgr; "
                     "uninstall will restore 'qmgr'")
-    _set_command(config_dir, current, PYQMGR_COMMAND)
-    done.append(f"qmgr service command: {PYQMGR_COMMAND}")
+    _set_command(config_dir, current, ours)
+    done.append(f"qmgr service command: {ours}")
     _reload(config_dir, done)
     return done
+
+
+def _instances(config_dir: str) -> list[str]:
+    """The configuration directories of this Postfix: this one, the default one if it
+    shares daemon_directory, and every ``multi_instance_directories`` of either."""
+    found = [config_dir]
+    default = "/etc/postfix"
+    try:
+        default = _postconf(config_dir, "-dh", "config_directory").strip() or default
+    except InstallError:
+        pass
+    candidates = [default]
+    for directory in (config_dir, default):
+        try:
+            listed = _postconf(directory, "-xh", "multi_instance_directories")
+        except InstallError:
+            continue
+        candidates += listed.replace(",", " ").split()
+    for directory in candidates:
+        if directory not in found and os.path.isfile(os.path.join(directory, "master.cf")):
+            found.append(directory)
+    return found
+
+
+def _remove_unused_launcher(config_dir: str, daemon_dir: str, word: str,
+                            done: list[str]) -> None:
+    """Remove the launcher ``word`` names unless an instance still runs it."""
+    for directory in _instances(config_dir):
+        try:
+            if directory != config_dir and _postconf(directory, "-xh", "daemon_directory"
+                                                     ).strip() != daemon_dir:
+                continue
+            command = _postconf(directory, "-F", "qmgr/unix/command").partition("=")[2]
+        except InstallError:
+            continue
+        if command.split()[:1] == [word]:
+            done.append(f"kept launcher {os.path.join(daemon_dir, word)}: "
+                        f"{directory}/master.cf runs it")
+            return
+    path = os.path.join(daemon_dir, word)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        done.append(f"could not remove launcher {path}: {exc}")
+        return
+    done.append(f"removed launcher {path}")
+    for directory in (os.path.dirname(path), os.path.join(daemon_dir, LAUNCHER_DIR)):
+        if directory != daemon_dir:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # only when empty
 
 
 def uninstall(config_dir: str) -> list[str]:
     """Give the qmgr service back to stock qmgr (arguments kept); idempotent.
 
-    The launcher stays: other instances sharing daemon_directory may use it.
+    The launcher goes too unless another instance of this Postfix still names it.
     """
     current = _check(config_dir)
     done: list[str] = []
@@ -399,12 +490,14 @@ def uninstall(config_dir: str) -> list[str]:
     if word == STOCK_COMMAND:
         done.append("qmgr service already runs stock qmgr")
         return done
-    if word != PYQMGR_COMMAND:
+    if not is_pyqmgr_command(word):
         # Not ours to undo: an admin's own choice (oqmgr, a wrapper...) stays.
         done.append(f"qmgr service runs {word!r}, not pyqmgr: nothing to undo")
         return done
+    daemon_dir = _postconf(config_dir, "-xh", "daemon_directory").strip()
     _set_command(config_dir, current, STOCK_COMMAND)
     done.append(f"qmgr service command: {STOCK_COMMAND}")
+    _remove_unused_launcher(config_dir, daemon_dir, word, done)
     settings = os.path.join(config_dir, PYQMGR_CF)
     if os.path.lexists(settings):
         done.append(f"kept {settings} (stock qmgr ignores it; install uses it again)")

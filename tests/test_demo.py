@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+from pyqmgr.install import pyqmgr_command
+
 
 def test_demo_runs_and_reports():
     exe = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
@@ -11,6 +13,6 @@ def test_demo_runs_and_reports():
                           timeout=180)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "qmgr service: pyqmgr/qmgr" in out
+    assert f"qmgr service: {pyqmgr_command()} (pid" in out
     assert "postfix/discard  sent" in out and "postfix/smtp     deferred" in out
     assert ", 0 warnings" in out

@@ -8,9 +8,20 @@ import sys
 
 import pytest
 
-from pyqmgr.install import InstallError, install, launcher_path, launcher_text, uninstall
+from pyqmgr.install import (
+    InstallError,
+    install,
+    is_pyqmgr_command,
+    launcher_path,
+    launcher_text,
+    pyqmgr_command,
+    uninstall,
+)
 
 CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
+
+#: This installation's launcher, as master.cf names it.
+OURS = pyqmgr_command()
 
 
 def qmgr_line(pf) -> str:
@@ -28,14 +39,14 @@ def test_install_uninstall_idempotent_on_a_running_instance(postfix):
     assert "reloaded" in out
     after = qmgr_line(pf)
     assert after.split()[:-1] == before.split()[:-1], "other columns untouched"
-    assert after.split()[-1] == "pyqmgr/qmgr"
+    assert after.split()[-1] == OURS
     assert os.path.exists(pf.config_dir + "/master.cf.pyqmgr-backup")
     # master now runs the launcher; its log tag still reads postfix/qmgr.
     (qid,) = pf.smtp_send([("s@test.example", ["r@test.example"])])
     new_pid = pf.qmgr_pid()
     assert new_pid != stock_pid
     with open(f"/proc/{new_pid}/cmdline", "rb") as f:
-        assert b"pyqmgr/qmgr" in f.read()
+        assert OURS.encode() in f.read()
     pf.maillog.wait_for(lambda ln: ln.queue_id == qid and ln.program == "postfix/qmgr"
                         and ln.pid == new_pid, timeout=20, what="pyqmgr logging as qmgr")
 
@@ -54,7 +65,7 @@ def test_install_keeps_qmgr_options(postfix):
                  qmgr_args=["-o", "smtp_destination_concurrency_limit=7"])
     install(pf.config_dir)
     line = qmgr_line(pf)
-    assert line.endswith("pyqmgr/qmgr -o smtp_destination_concurrency_limit=7")
+    assert line.endswith(f"{OURS} -o smtp_destination_concurrency_limit=7")
     uninstall(pf.config_dir)
     assert qmgr_line(pf).endswith(" qmgr -o smtp_destination_concurrency_limit=7")
 
@@ -96,7 +107,7 @@ def test_stopped_instance_launcher_backup_and_round_trip(postfix):
     lines = install(pf.config_dir)
     assert any("not running" in ln for ln in lines)
     assert not any("reloaded" in ln for ln in lines)
-    assert qmgr_line(pf).split(None, 7)[7] == "pyqmgr/qmgr -o {smtp_x=a b} -o y=2"
+    assert qmgr_line(pf).split(None, 7)[7] == f"{OURS} -o {{smtp_x=a b}} -o y=2"
     daemon_dir = pf.postconf("-xh", "daemon_directory").strip()
     launcher = launcher_path(daemon_dir)
     assert os.access(launcher, os.X_OK) and open(launcher).read() == launcher_text()
@@ -127,7 +138,7 @@ def test_uninstall_leaves_a_foreign_qmgr_alone(postfix):
     assert snapshot(pf.config_dir) == before
     lines = install(pf.config_dir)
     assert any("ran 'oqmgr'" in ln for ln in lines)
-    assert qmgr_line(pf).split()[-1] == "pyqmgr/qmgr"
+    assert qmgr_line(pf).split()[-1] == OURS
 
 
 def test_no_qmgr_service_is_refused_and_untouched(postfix):
@@ -158,4 +169,169 @@ def test_snippet_matches_what_install_writes(postfix):
     pf = postfix(qmgr="stock", start=False)
     install(pf.config_dir)
     got = qmgr_line(pf).split()
-    assert got == line.split()
+    # The same columns; the command is a launcher of its own (install names it after
+    # its venv, the snippet after an example directory).
+    assert got[:-1] == line.split()[:-1]
+    assert got[-1] == OURS and is_pyqmgr_command(line.split()[-1])
+
+
+# -- one launcher per installation (#21) ------------------------------------------------
+
+
+@pytest.fixture
+def other_venv():
+    """A second installation of this checkout: its own venv, in a root-only directory
+    (the trust check refuses /tmp), importing pyqmgr through a .pth file."""
+    import shutil
+    import tempfile
+
+    from pyqmgr import trust
+
+    home = tempfile.mkdtemp(prefix="pyqmgr-venv2-", dir="/opt")
+    os.chmod(home, 0o755)
+    try:
+        venv = os.path.join(home, "venv2")
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", venv], check=True,
+                       timeout=120)
+        site = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                               "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        with open(os.path.join(site, "pyqmgr-checkout.pth"), "w") as f:
+            f.write(os.path.dirname(trust.package_dir()) + "\n")
+        yield os.path.join(venv, "bin", "python")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _install_with(python: str, verb: str, config_dir: str) -> list[str]:
+    proc = subprocess.run([python, "-I", "-c", "import sys; from pyqmgr import install; "
+                           f"print('\\n'.join(install.{verb}(sys.argv[1])))", config_dir],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_each_installation_has_a_launcher_of_its_own(postfix, other_venv):
+    """A second venv installing on the same Postfix writes another launcher: it never
+    rewrites the one an instance runs, and uninstall removes only its own."""
+    pf = postfix(qmgr="stock", start=False)
+    theirs = pyqmgr_command(other_venv)
+    assert theirs != OURS and theirs.startswith("pyqmgr/venv2-")
+    _install_with(other_venv, "install", pf.config_dir)
+    assert qmgr_line(pf).split()[-1] == theirs
+    their_launcher = os.path.join(pf.daemon_dir, theirs)
+    assert open(their_launcher).readline() == f"#!{other_venv} -I\n"
+    before = (open(their_launcher, "rb").read(), os.stat(their_launcher).st_mtime_ns)
+
+    lines = install(pf.config_dir)
+    assert any("ran another pyqmgr installation" in ln for ln in lines), lines
+    assert qmgr_line(pf).split()[-1] == OURS
+    assert (open(their_launcher, "rb").read(), os.stat(their_launcher).st_mtime_ns) == before
+
+    ours = launcher_path(pf.daemon_dir)
+    lines = uninstall(pf.config_dir)
+    assert f"removed launcher {ours}" in lines, lines
+    assert not os.path.exists(ours) and os.path.exists(their_launcher)
+
+
+def test_uninstall_keeps_a_launcher_another_instance_runs(postfix):
+    """Two instances of one Postfix (multi_instance_directories, one daemon_directory):
+    the launcher stays until the last one is uninstalled."""
+    first = postfix(qmgr="stock", start=False)
+    second = postfix(qmgr="stock", start=False)
+    second.set_main(daemon_directory=first.daemon_dir)
+    first.set_main(multi_instance_directories=second.config_dir)
+    install(first.config_dir)
+    install(second.config_dir)
+    launcher = launcher_path(first.daemon_dir)
+    lines = uninstall(first.config_dir)
+    assert f"kept launcher {launcher}: {second.config_dir}/master.cf runs it" in lines, lines
+    assert os.path.exists(launcher)
+    lines = uninstall(second.config_dir)
+    assert not os.path.exists(launcher)
+
+
+def test_the_shared_launcher_of_older_installs_is_undone(postfix):
+    pf = postfix(qmgr="stock", start=False)
+    legacy = os.path.join(pf.daemon_dir, "pyqmgr", "qmgr")
+    os.makedirs(os.path.dirname(legacy))
+    with open(legacy, "w") as f:
+        f.write(launcher_text())
+    os.chmod(legacy, 0o755)
+    pf.postconf("-F", "qmgr/unix/command=pyqmgr/qmgr")
+    lines = uninstall(pf.config_dir)
+    assert qmgr_line(pf).split()[-1] == "qmgr"
+    assert f"removed launcher {legacy}" in lines and not os.path.exists(legacy)
+
+
+def _tree(directory: str) -> dict[str, tuple[bytes, int]]:
+    found = {}
+    for base, _dirs, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(base, name)
+            with open(path, "rb") as f:
+                found[path] = (f.read(), os.stat(path).st_mtime_ns)
+    return found
+
+
+TINY_WORKLOAD = """title = "tiny"
+seed = 1
+[compare]
+time_scale = 0.2
+timeout = 60
+contenders = ["pyqmgr"]
+[destinations."a.example"]
+latency = 0.05
+[[messages]]
+count = 5
+every = 0.1
+destination = "a.example"
+"""
+
+
+def test_demo_and_compare_leave_an_installed_instance_as_it_was(postfix, tmp_path):
+    """The sandboxes make daemon directories of their own: an installed, running
+    instance's launcher and master.cf stay byte for byte, and nothing is written into
+    the machine's daemon_directory."""
+    pf = postfix(qmgr="pyqmgr")
+    system_launchers = "/usr/lib/postfix/sbin/pyqmgr"
+    watched = [os.path.join(pf.config_dir, "master.cf"), *_tree(pf.daemon_dir)]
+    before = {p: (open(p, "rb").read(), os.stat(p).st_mtime_ns) for p in watched}
+    system_before = _tree(system_launchers) if os.path.isdir(system_launchers) else None
+    qmgr_before = pf.qmgr_pid()
+
+    demo = subprocess.run([CLI, "demo", "--messages", "4"], capture_output=True, text=True,
+                          timeout=180)
+    assert demo.returncode == 0, demo.stderr
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY_WORKLOAD)
+    cmp = subprocess.run([CLI, "compare", str(workload), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300)
+    assert cmp.returncode == 0, cmp.stderr[-2000:]
+
+    after = {p: (open(p, "rb").read(), os.stat(p).st_mtime_ns) for p in watched}
+    assert after == before
+    assert _tree(pf.daemon_dir).keys() == set(watched[1:]), "no new file in its daemon dir"
+    assert (_tree(system_launchers) if os.path.isdir(system_launchers)
+            else None) == system_before
+    assert pf.qmgr_pid() == qmgr_before, "its qmgr was not restarted"
+
+
+def test_demo_from_a_checkout_under_tmp_says_what_to_do(tmp_path):
+    """The trust check refuses a checkout others can write to; the refusal says how to
+    get a demo anyway."""
+    import shutil
+
+    from pyqmgr import trust
+
+    copy = tmp_path / "checkout"
+    shutil.copytree(trust.package_dir(), copy / "pyqmgr",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    os.makedirs(copy / ".git")
+    proc = subprocess.run([sys.executable, "-m", "pyqmgr.cli", "demo", "--messages", "1"],
+                          cwd=copy, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "refusing to install" in proc.stderr and "/tmp: writable by others" in proc.stderr
+    assert "What to do:" in proc.stderr
+    assert f"git clone {copy} /opt/pyqmgr && cd /opt/pyqmgr && ./dev demo" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyqmgr.install import launcher_path
+from pyqmgr.install import launcher_path, pyqmgr_command
 from tests.trust_helpers import throwaway_user, trusted_dir
 
 CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
@@ -26,6 +26,9 @@ CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
     reason="needs root and useradd (a real unprivileged user owns the bad files)")
+
+#: This installation's launcher, as master.cf names it.
+OURS = pyqmgr_command()
 
 
 @pytest.fixture
@@ -185,7 +188,7 @@ def test_install_and_uninstall_leave_pyqmgr_cf_alone(trusted_base, postfix):
     proc = run("install", "--config-dir", pf.config_dir)
     assert proc.returncode == 0, proc.stderr
     assert f"left {cf} as it is" in proc.stdout
-    assert pf.postconf("-F", "qmgr/unix/command").split()[-1] == "pyqmgr/qmgr"
+    assert pf.postconf("-F", "qmgr/unix/command").split()[-1] == OURS
     proc = run("uninstall", "--config-dir", pf.config_dir)
     assert proc.returncode == 0, proc.stderr
     assert f"kept {cf}" in proc.stdout
@@ -213,7 +216,7 @@ def test_daemon_refuses_a_strangers_pyqmgr_cf_and_mail_stays_queued(trusted_base
     assert fatal.text.startswith(
         f"fatal: {cf}: owned by uid {stranger.pw_uid}, not root (user {stranger.pw_name})")
     pf.maillog.wait_for(lambda ln: ln.program == "postfix/master"
-                        and "pyqmgr/qmgr" in ln.text and "exit status 1" in ln.text,
+                        and OURS in ln.text and "exit status 1" in ln.text,
                         timeout=10, what="master logging the exit")
     # master keeps retrying, each qmgr refuses again; the message stays in incoming/.
     qmgr_fatal(pf, "the retried qmgr refusing again", since=pf.maillog.mark())
