@@ -18,16 +18,23 @@ from typing import Any
 
 
 def _install(args: argparse.Namespace) -> int:
-    from pyqmgr.install import InstallError, install
+    from pyqmgr.install import InstallError, install, install_man_pages
 
     try:
         for line in install(args.config_dir):
             print(line)
+        if not args.no_man:
+            for line in install_man_pages(args.man_dir):
+                print(line)
     except InstallError as exc:
         print(f"pyqmgr install: {exc}", file=sys.stderr)
         return 1
     return 0
 
+
+#: Where ``pyqmgr install`` puts the manual pages: on man-db's default path, so that
+#: ``man pyqmgr`` works without MANPATH.
+DEFAULT_MAN_DIR = "/usr/local/share/man"
 
 #: ``pyqmgr check`` exit statuses: clean, problems found, could not check at all.
 CHECK_OK = 0
@@ -77,10 +84,13 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _uninstall(args: argparse.Namespace) -> int:
-    from pyqmgr.install import InstallError, uninstall
+    from pyqmgr.install import InstallError, remove_man_pages, uninstall
 
     try:
-        for line in uninstall(args.config_dir):
+        lines = uninstall(args.config_dir)
+        for line in lines:
+            print(line)
+        for line in remove_man_pages(args.man_dir, args.config_dir):
             print(line)
     except InstallError as exc:
         print(f"pyqmgr uninstall: {exc}", file=sys.stderr)
@@ -714,12 +724,33 @@ def main(argv: list[str] | None = None) -> int:
                         "venv, package_dir, pyqmgr_cf, policy_modules, ...)")
     p.set_defaults(func=_check)
 
-    p = sub.add_parser("install", help="make pyqmgr the qmgr service of a Postfix instance")
+    p = sub.add_parser(
+        "install", help="make pyqmgr the qmgr service of a Postfix instance",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Check the installation as 'pyqmgr check' does and refuse on any problem;\n"
+            "then write this installation's launcher\n"
+            "($daemon_directory/pyqmgr/<venv>-<hash>/qmgr: each venv has its own, so no\n"
+            "other installation's is rewritten), save master.cf as master.cf.pyqmgr-backup\n"
+            "the first time, make the qmgr service run the launcher (only its command\n"
+            "column changes), install the manual pages pyqmgr(8) and pyqmgr(1), and\n"
+            "'postfix reload' the instance if it runs. Idempotent."))
     p.add_argument("--config-dir", required=True, help="the instance's config_directory")
+    p.add_argument("--man-dir", default=DEFAULT_MAN_DIR, metavar="DIR",
+                   help=f"where man finds the pages (default {DEFAULT_MAN_DIR}: "
+                        "'man pyqmgr' then works)")
+    p.add_argument("--no-man", action="store_true", help="do not install the manual pages")
     p.set_defaults(func=_install)
 
-    p = sub.add_parser("uninstall", help="restore stock qmgr for a Postfix instance")
+    p = sub.add_parser(
+        "uninstall", help="restore stock qmgr for a Postfix instance",
+        description=("Give the qmgr service back to stock qmgr (its arguments kept) and "
+                     "reload a running instance; keep pyqmgr.cf. The launcher goes when no "
+                     "instance of this Postfix runs it any more, and the manual pages "
+                     "with the last launcher."))
     p.add_argument("--config-dir", required=True, help="the instance's config_directory")
+    p.add_argument("--man-dir", default=DEFAULT_MAN_DIR, metavar="DIR",
+                   help=f"where install put the manual pages (default {DEFAULT_MAN_DIR})")
     p.set_defaults(func=_uninstall)
 
     p = sub.add_parser(

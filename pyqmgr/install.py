@@ -503,3 +503,72 @@ def uninstall(config_dir: str) -> list[str]:
         done.append(f"kept {settings} (stock qmgr ignores it; install uses it again)")
     _reload(config_dir, done)
     return done
+
+
+# -- manual pages ---------------------------------------------------------------------------
+
+#: The pages shipped in the package (pyqmgr/man), by section.
+MAN_PAGES = {"pyqmgr.8": "man8", "pyqmgr.1": "man1"}
+
+
+def _shipped_page(name: str) -> bytes:
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "man", name)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InstallError(f"the manual page {path} is missing from this installation: "
+                           f"{exc}") from exc
+
+
+def install_man_pages(man_dir: str) -> list[str]:
+    """Put pyqmgr(8) and pyqmgr(1) where man finds them; unchanged pages are kept."""
+    done = []
+    for name, section in MAN_PAGES.items():
+        text = _shipped_page(name)
+        path = os.path.join(man_dir, section, name)
+        try:
+            with open(path, "rb") as f:
+                if f.read() == text:
+                    done.append(f"kept manual page {path}")
+                    continue
+        except OSError:
+            pass
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise InstallError(f"cannot write manual page {path}: {exc}") from exc
+        done.append(f"installed manual page {path}")
+    return done
+
+
+def remove_man_pages(man_dir: str, config_dir: str) -> list[str]:
+    """Remove the pages that install put there, once no launcher of any installation
+    is left in this Postfix's daemon_directory (they document every installation)."""
+    daemon_dir = _postconf(config_dir, "-xh", "daemon_directory").strip()
+    launchers = os.path.join(daemon_dir, LAUNCHER_DIR)
+    if os.path.isdir(launchers) and any(os.scandir(launchers)):
+        return []
+    done = []
+    for name, section in MAN_PAGES.items():
+        path = os.path.join(man_dir, section, name)
+        try:
+            with open(path, "rb") as f:
+                ours = f.read() == _shipped_page(name)
+        except OSError:
+            continue
+        if not ours:
+            done.append(f"kept manual page {path}: not the one this pyqmgr installs")
+            continue
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            done.append(f"could not remove manual page {path}: {exc}")
+            continue
+        done.append(f"removed manual page {path}")
+    return done

@@ -270,3 +270,15 @@ def test_extras_match_pyproject():
         names = {re.split(r"[<>=!~ \[;]", req, maxsplit=1)[0].lower().replace("-", "_")
                  for req in declared[extra]}
         assert names == set(modules), (extra, names, modules)
+
+
+def test_the_manual_pages_are_installed_with_the_package(venv):
+    """`pip install .` ships pyqmgr(8) and pyqmgr(1) inside the package, where `pyqmgr
+    install` takes them from (package data, not only files of the checkout)."""
+    proc = venv.run(venv.python, "-c", (
+        "import os, pyqmgr; d = os.path.join(os.path.dirname(pyqmgr.__file__), 'man'); "
+        "print(d); print(sorted(os.listdir(d)))"))
+    assert proc.returncode == 0, proc.stderr
+    where, names = proc.stdout.splitlines()
+    assert where.startswith(venv.root + os.sep)
+    assert names == "['pyqmgr.1', 'pyqmgr.8']"

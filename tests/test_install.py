@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from pyqmgr.cli import DEFAULT_MAN_DIR
 from pyqmgr.install import (
     InstallError,
     install,
@@ -34,8 +35,8 @@ def test_install_uninstall_idempotent_on_a_running_instance(postfix):
     before = qmgr_line(pf)
     assert before.split()[-1] == "qmgr"
 
-    out = subprocess.run([CLI, "install", "--config-dir", pf.config_dir], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run([CLI, "install", "--config-dir", pf.config_dir, "--no-man"],
+                         capture_output=True, text=True, check=True).stdout
     assert "reloaded" in out
     after = qmgr_line(pf)
     assert after.split()[:-1] == before.split()[:-1], "other columns untouched"
@@ -335,3 +336,37 @@ def test_demo_from_a_checkout_under_tmp_says_what_to_do(tmp_path):
     assert "What to do:" in proc.stderr
     assert f"git clone {copy} /opt/pyqmgr && cd /opt/pyqmgr && ./dev demo" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_man_pages_are_installed_and_read_with_man(postfix, tmp_path):
+    """`pyqmgr install` puts pyqmgr(8) and pyqmgr(1) where man finds them; man renders
+    them; uninstall takes them away with the last launcher."""
+    pf = postfix(qmgr="stock", start=False)
+    man_dir = tmp_path / "man"
+    proc = subprocess.run([CLI, "install", "--config-dir", pf.config_dir,
+                           "--man-dir", str(man_dir)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"installed manual page {man_dir}/man8/pyqmgr.8" in proc.stdout
+    env = dict(os.environ, MANPATH=str(man_dir), MANWIDTH="100", MAN_KEEP_FORMATTING="")
+    for section, title, words in (
+            ("8", "PYQMGR(8)", ["Postfix queue manager, in Python", "scheduler_policy",
+                                "sendopts", "pyqmgr.cf"]),
+            ("1", "PYQMGR(1)", ["pyqmgr install", "pyqmgr explain", "--man-dir"])):
+        page = subprocess.run(["man", "-P", "cat", section, "pyqmgr"], capture_output=True,
+                              text=True, env=env, timeout=60)
+        assert page.returncode == 0, page.stderr
+        text = page.stdout.replace("\u2010", "-").replace("\u2212", "-")
+        assert text.startswith(title), text[:200]
+        for word in words:
+            assert word in text, f"{word!r} not in pyqmgr({section})"
+        assert "warning" not in page.stderr.lower(), page.stderr
+    # `man pyqmgr` (no section): the default man dir is on man's own path.
+    assert DEFAULT_MAN_DIR in subprocess.run(["manpath"], capture_output=True, text=True,
+                                             env={"PATH": os.environ["PATH"]}).stdout
+    again = subprocess.run([CLI, "install", "--config-dir", pf.config_dir, "--man-dir",
+                            str(man_dir)], capture_output=True, text=True).stdout
+    assert f"kept manual page {man_dir}/man1/pyqmgr.1" in again
+    out = subprocess.run([CLI, "uninstall", "--config-dir", pf.config_dir, "--man-dir",
+                          str(man_dir)], capture_output=True, text=True, check=True).stdout
+    assert f"removed manual page {man_dir}/man8/pyqmgr.8" in out
+    assert not (man_dir / "man1" / "pyqmgr.1").exists()

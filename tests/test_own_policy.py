@@ -1,6 +1,6 @@
 """A scheduling policy of one's own (``scheduler_policy = module:PATH``), end to end.
 
-The README's tutorial promises three things, and real Postfix checks each: the example
+docs/policies.md's tutorial promises three things, and real Postfix checks each: the example
 in contrib/ delivers everything once; a policy that raises loses nothing (its
 transport's mail is deferred and goes out once the policy is fixed); and a bad
 pyqmgr.cf value stops the daemon with a fatal line naming the file and the parameter
@@ -180,8 +180,8 @@ def test_sender_classes_bookkeeping_under_random_traffic(seed):
 
 
 def test_the_readme_example_policy_runs(tmp_path):
-    """The 20-line example in README.md loads and serves the oldest message first."""
-    with open(os.path.join(os.path.dirname(CONTRIB), "README.md")) as f:
+    """The 20-line example in docs/policies.md loads and serves the oldest message first."""
+    with open(os.path.join(os.path.dirname(CONTRIB), "docs", "policies.md")) as f:
         readme = f.read()
     section = readme[readme.index("## Your own scheduling policy"):]
     code = section[section.index("```python\n") + 10:]

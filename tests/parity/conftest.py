@@ -20,11 +20,25 @@ _REPORT = Report()
 
 @pytest.fixture(scope="session")
 def parity_report() -> Iterator[Report]:
+    _REPORT.postfix = _postfix_release()
     yield _REPORT
     path = os.environ.get("PYQMGR_PARITY_REPORT")
     if path and _REPORT.results:
         with open(path, "w", encoding="utf-8") as f:
             f.write(_REPORT.render())
+
+
+def _postfix_release() -> str:
+    """The release the instances run: the selected root's, or the machine's own."""
+    import subprocess
+
+    from pyqmgr.testbed.release import ReleaseRoot, selected
+
+    name = selected()
+    if name is not None:
+        return ReleaseRoot(name).version()
+    return subprocess.run(["postconf", "-dh", "mail_version"], capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
