@@ -14,7 +14,7 @@ def _drop_in_incoming(pf, qid: str, data: bytes) -> None:
     path = os.path.join(pf.queue_dir, "incoming", qid)
     with open(path, "wb") as f:
         f.write(data)
-    os.chown(path, *(lambda p: (p.pw_uid, p.pw_gid))(__import__("pwd").getpwnam("postfix")))
+    os.chown(path, *pf.mail_owner_ids())
     os.chmod(path, 0o700)
 
 

@@ -222,11 +222,8 @@ class PostfixInstance:
         for d in (self.config_dir, self.queue_dir, self.data_dir, self.mail_dir):
             os.makedirs(d, exist_ok=True)
         os.chmod(self.mail_dir, 0o1777)
-        if self.release_root is not None:
-            os.chown(self.data_dir, *self.release_root.user("postfix"))
-        else:
-            pf = pwd.getpwnam("postfix")
-            os.chown(self.data_dir, pf.pw_uid, pf.pw_gid)
+        os.chown(self.data_dir, *self.mail_owner_ids())
+        if self.release_root is None:
             ensure_local_user()
         self._make_daemon_dir()
         params = {
@@ -311,6 +308,14 @@ class PostfixInstance:
             if parent == path:
                 return
             path = parent
+
+    def mail_owner_ids(self) -> tuple[int, int]:
+        """(uid, gid) of the postfix account as this instance's release knows it (a
+        release's root has a passwd file of its own)."""
+        if self.release_root is not None:
+            return self.release_root.user("postfix")
+        pf = pwd.getpwnam("postfix")
+        return pf.pw_uid, pf.pw_gid
 
     def _file(self, path: str) -> str:
         """Where one of Postfix's own files is: in the release's root, or the machine's."""

@@ -14,7 +14,8 @@ Paths therefore read the same inside and out: main.cf names /tmp/pyqmgr-tb-XXXX/
 and so does the test that reads a queue file. Postfix's daemons start inside that
 namespace and keep it while they run; stopping them ends it. Inside, the root's own
 python3 imports pyqmgr from the bound checkout (a ``.pth`` file in the root's
-dist-packages), so the daemon runs the code under test with the release's postconf.
+dist-packages, naming /pyqmgr-checkout, where each namespace binds its own checkout),
+so the daemon runs the code under test with the release's postconf.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ MIRROR = "http://deb.debian.org/debian"
 READY = ".pyqmgr-root"
 #: This checkout: bound into the root at the same path so its python3 imports it.
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: Where each namespace binds the checkout it runs for, inside the root: the root's
+#: .pth names this one path, so that two checkouts using one root never race on it.
+CHECKOUT_INSIDE = "/pyqmgr-checkout"
 #: The unprivileged user the test bed delivers local mail to (instance.LOCAL_USER).
 LOCAL_USER = "pyqmgrtest"
 
@@ -160,7 +164,7 @@ class ReleaseRoot:
         site = os.path.join(lib, pythons[-1], "dist-packages")
         os.makedirs(site, exist_ok=True)
         pth = os.path.join(site, "pyqmgr-checkout.pth")
-        text = CHECKOUT + "\n"
+        text = CHECKOUT_INSIDE + "\n"
         try:
             with open(pth) as f:
                 if f.read() == text:
@@ -180,8 +184,11 @@ class ReleaseRoot:
         """``args`` run inside the root, with ``binds`` (and this checkout) at their own
         paths, in a mount namespace of their own."""
         mounts = []
-        for directory in sorted({CHECKOUT, *binds}):
-            inside = shlex.quote(self.host_path(directory))
+        pairs = [(d, d) for d in sorted({CHECKOUT, *binds})]
+        # This checkout again where the root's .pth looks (see _link_checkout).
+        pairs.append((CHECKOUT, CHECKOUT_INSIDE))
+        for directory, at in pairs:
+            inside = shlex.quote(self.host_path(at))
             mounts.append(f"mkdir -p {inside} && mount --bind {shlex.quote(directory)} "
                           f"{inside}")
         proc = shlex.quote(self.host_path("/proc"))
