@@ -291,7 +291,8 @@ destination = "a.example"
 
 
 def test_demo_and_compare_leave_an_installed_instance_as_it_was(postfix, tmp_path):
-    """The sandboxes make daemon directories of their own: an installed, running
+    """`pyqmgr demo` reports real mail; its sandbox and compare's make daemon
+    directories of their own: an installed, running
     instance's launcher and master.cf stay byte for byte, and nothing is written into
     the machine's daemon_directory."""
     pf = postfix(qmgr="pyqmgr")
@@ -301,9 +302,14 @@ def test_demo_and_compare_leave_an_installed_instance_as_it_was(postfix, tmp_pat
     system_before = _tree(system_launchers) if os.path.isdir(system_launchers) else None
     qmgr_before = pf.qmgr_pid()
 
-    demo = subprocess.run([CLI, "demo", "--messages", "4"], capture_output=True, text=True,
+    # The README's main job runs and reports real mail (this was tests/test_demo.py).
+    demo = subprocess.run([CLI, "demo", "--messages", "8"], capture_output=True, text=True,
                           timeout=180)
     assert demo.returncode == 0, demo.stderr
+    assert f"qmgr service: {pyqmgr_command()} (pid" in demo.stdout
+    assert "postfix/discard  sent" in demo.stdout
+    assert "postfix/smtp     deferred" in demo.stdout
+    assert ", 0 warnings" in demo.stdout
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY_WORKLOAD)
     cmp = subprocess.run([CLI, "compare", str(workload), "--out", str(tmp_path / "out")],
