@@ -1,0 +1,179 @@
+"""The shape of pyqmgr/, read from its source: import circles and oversized code.
+
+Issue #22 asks for no import circle in pyqmgr/, no class over 400 lines and no function
+over 80. Until its redesign lands these are ratchets: the circles and oversized pieces
+that exist today are listed with sizes, a new one or a bigger one fails, and one that
+shrank or went away fails too until its entry is updated, so the lists only get shorter.
+Imports under ``if TYPE_CHECKING:`` and inside functions count: they are circles of
+knowledge even where Python never sees them at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from collections.abc import Iterator
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "pyqmgr")
+MAX_CLASS = 400
+MAX_FUNCTION = 80
+
+#: Import circles of today, each to be broken by #22's redesign.
+KNOWN_CIRCLES = {
+    # Message.jobs is typed with nqmgr's Job; policy loads nqmgr; the structures name
+    # each other's classes.
+    frozenset({"pyqmgr.scheduler.entry", "pyqmgr.scheduler.message",
+               "pyqmgr.scheduler.nqmgr", "pyqmgr.scheduler.nqmgr.job",
+               "pyqmgr.scheduler.nqmgr.peer", "pyqmgr.scheduler.policy",
+               "pyqmgr.scheduler.queue", "pyqmgr.scheduler.transport"}),
+    # The daemon's parts depend on Qmgr, which imports them.
+    frozenset({"pyqmgr.daemon.active", "pyqmgr.daemon.delegation", "pyqmgr.daemon.policies",
+               "pyqmgr.daemon.qmgr", "pyqmgr.daemon.retry"}),
+    # The exporter registers itself with metrics, which imports it on demand.
+    frozenset({"pyqmgr.daemon.metrics", "pyqmgr.daemon.metrics_exporter"}),
+}
+
+#: Classes and functions over the limits today, with their length in lines.
+KNOWN_OVERSIZE = {
+    "cli.py:main": 384,
+    "postfix/config.py:QmgrConfig": 512,
+    "postfix/expand.py:callback": 87,
+    "postfix/queue_file.py:read_batch": 256,
+    "daemon/active.py:ActiveQueue": 474,
+    "daemon/metrics_exporter.py:_gauges": 103,
+    "daemon/qmgr.py:Qmgr": 523,
+    "simulator/engine.py:Engine": 745,
+    "scheduler/core.py:Scheduler": 1027,
+    "scheduler/core.py:__init__": 93,
+    "compare/figures.py:run_figures": 128,
+    "compare/runner.py:run_contender": 124,
+    "replay/derive.py:_lines": 104,
+    "replay/workload.py:destination": 100,
+    "replay/workload.py:build": 92,
+    "testbed/instance.py:PostfixInstance": 569,
+}
+
+
+def _modules() -> dict[str, str]:
+    found = {}
+    for base, _dirs, files in os.walk(ROOT):
+        if "__pycache__" in base:
+            continue
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(base, name)
+                rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                found[rel.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(module: str, path: str, known: dict[str, str]) -> Iterator[str]:
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                target = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in known:
+                    yield sub
+                elif target in known:
+                    yield target
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known:
+                    yield alias.name
+
+
+def import_circles() -> set[frozenset[str]]:
+    """The strongly connected components of pyqmgr's import graph (Tarjan's)."""
+    known = _modules()
+    graph = {m: set(_imports(m, p, known)) - {m} for m, p in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: set[frozenset[str]] = set()
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def oversize() -> dict[str, int]:
+    found = {}
+    for path in _modules().values():
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        rel = os.path.relpath(path, ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                limit = MAX_CLASS if isinstance(node, ast.ClassDef) else MAX_FUNCTION
+                if length > limit:
+                    found[f"{rel}:{node.name}"] = length
+    return found
+
+
+def test_no_new_import_circle():
+    circles = import_circles()
+    new = [sorted(c) for c in circles if c not in KNOWN_CIRCLES]
+    assert not new, f"new import circles (or known ones that grew or changed): {new}"
+    gone = [sorted(c) for c in KNOWN_CIRCLES if c not in circles]
+    assert not gone, f"these circles are broken now: take them out of KNOWN_CIRCLES: {gone}"
+
+
+def test_no_new_oversized_class_or_function():
+    found = oversize()
+    new = {k: v for k, v in found.items() if k not in KNOWN_OVERSIZE}
+    assert not new, (f"over {MAX_CLASS} lines a class or {MAX_FUNCTION} a function: {new}; "
+                     "split it")
+    grown = {k: (KNOWN_OVERSIZE[k], v) for k, v in found.items()
+             if k in KNOWN_OVERSIZE and v > KNOWN_OVERSIZE[k]}
+    assert not grown, f"known oversized code grew (listed, now): {grown}"
+    shrunk = {k: (v, found.get(k)) for k, v in KNOWN_OVERSIZE.items()
+              if found.get(k, 0) < v}
+    assert not shrunk, f"smaller now: update KNOWN_OVERSIZE (listed, now): {shrunk}"
+
+
+def test_the_circle_finder_finds_a_circle(tmp_path, monkeypatch):
+    """The finder on a package of two modules that import each other."""
+    pkg = tmp_path / "pyqmgr"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pyqmgr.b import x\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from pyqmgr import a\nx = 1\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(pkg))
+    assert import_circles() == {frozenset({"pyqmgr.a", "pyqmgr.b"})}
