@@ -19,7 +19,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.deliver_request import (
@@ -44,7 +44,47 @@ from pyqmgr.scheduler.core import ERROR, RETRY, Route
 from pyqmgr.scheduler.message import Message, Recipient
 
 if TYPE_CHECKING:
-    from pyqmgr.daemon.qmgr import Qmgr
+    from pyqmgr.postfix.config import QmgrConfig
+    from pyqmgr.postfix.maillog_client import MailLog
+    from pyqmgr.postfix.resolve import ResolveClient
+    from pyqmgr.scheduler.core import Scheduler
+
+
+class RetryPort(Protocol):
+    """What the active queue asks of the deferred-retry controls (daemon/retry.py)."""
+
+    def fed(self, qid: str) -> None: ...
+
+    def retry_time(self, when: float, backoff: float) -> float: ...
+
+    def deferred(self, am: ActiveMessage) -> None: ...
+
+
+class ActiveHost(Protocol):
+    """What the active queue needs of the daemon that holds it (daemon/qmgr.py's Qmgr).
+
+    Declared here, by the part that needs it, so that this module does not import the
+    daemon that imports it.
+    """
+
+    @property
+    def cfg(self) -> QmgrConfig: ...
+
+    @property
+    def log(self) -> MailLog: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def resolver(self) -> ResolveClient: ...
+
+    @property
+    def retry(self) -> RetryPort | None: ...
+
+    def next_batch(self, am: ActiveMessage) -> None: ...
+
+    def message_left(self) -> None: ...
 
 # Scan and per-message flags (``qmgr.h``).
 SCAN_START = 1 << 0
@@ -104,7 +144,7 @@ def sort_key(route: Route) -> tuple[str, str, int, str, str]:
 class ActiveQueue:
     """Moves files in and out of ``active/`` and drives each message's life cycle."""
 
-    def __init__(self, qmgr: Qmgr) -> None:
+    def __init__(self, qmgr: ActiveHost) -> None:
         self.qmgr = qmgr
         self.cfg = qmgr.cfg
         self.log = qmgr.log

@@ -40,9 +40,9 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pyqmgr.postfix.policy_delegation import (
     MAX_DELAY,
@@ -64,8 +64,27 @@ from pyqmgr.scheduler.shaping import ShapingError, parse_duration
 if TYPE_CHECKING:
     from pyqmgr.daemon.active import ActiveMessage
     from pyqmgr.daemon.delivery import AgentCall
-    from pyqmgr.daemon.qmgr import Qmgr
+    from pyqmgr.postfix.maillog_client import MailLog
+    from pyqmgr.scheduler.core import Scheduler
     from pyqmgr.scheduler.entry import Entry
+
+
+class DelegationHost(Protocol):
+    """What delegation needs of the daemon (daemon/qmgr.py's Qmgr): its log and
+    scheduler, a task runner, and the two ways an asked-about delivery goes on. Declared
+    here so that this module does not import the daemon that imports it."""
+
+    @property
+    def log(self) -> MailLog: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    def agent_deliver(self, call: AgentCall, entry: Entry) -> None: ...
+
+    def agent_next(self, call: AgentCall, name: str) -> None: ...
 
 SERVICE = "delivery_policy_service"
 TIMEOUT = "delivery_policy_timeout"
@@ -231,7 +250,7 @@ class Service:
 class Delegation:
     """The daemon's delegation: services by transport, the questions under way."""
 
-    def __init__(self, qmgr: Qmgr, setup: DelegationSetup,
+    def __init__(self, qmgr: DelegationHost, setup: DelegationSetup,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.qmgr = qmgr
         self.setup = setup

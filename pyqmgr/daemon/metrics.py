@@ -188,7 +188,8 @@ def setup(settings: PyqmgrCf, cfg: QmgrConfig) -> MetricsSettings | None:
 
 
 def import_exporter(settings: PyqmgrCf) -> None:
-    """Import the exporter and prometheus_client now, while the daemon is still root.
+    """Import prometheus_client now, while the daemon is still root (start-up imports
+    the exporter right after: it depends on this module, not this module on it).
 
     Start-up calls this before the chroot and the privilege drop (the library's files
     may not be reachable after them). The library runs as root, so every file of it
@@ -232,7 +233,6 @@ def import_exporter(settings: PyqmgrCf) -> None:
         import prometheus_client  # noqa: F401
     except ImportError as exc:
         raise missing(exc) from None
-    import pyqmgr.daemon.metrics_exporter  # noqa: F401
 
 
 class Histogram:

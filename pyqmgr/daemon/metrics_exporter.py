@@ -1,7 +1,7 @@
 """The Prometheus exporter: the scheduler's own numbers, read when scraped.
 
 Imported only when pyqmgr.cf sets ``metrics_listen`` (start-up imports it before the
-chroot, see :func:`pyqmgr.daemon.metrics.import_exporter`); with metrics off,
+chroot, after :func:`pyqmgr.daemon.metrics.import_exporter`); with metrics off,
 neither this module nor prometheus_client is ever loaded.
 
 Nothing here runs on the delivery path. Counters come from plain ints that the core

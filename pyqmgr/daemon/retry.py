@@ -50,9 +50,9 @@ import random
 import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.postfix import mail_queue
 from pyqmgr.pyqmgr_cf import PyqmgrCf
@@ -60,8 +60,29 @@ from pyqmgr.scheduler.shaping import Rate, ShapingError, parse_duration, parse_r
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.active import ActiveMessage
-    from pyqmgr.daemon.qmgr import Qmgr
+    from pyqmgr.postfix.config import QmgrConfig
+    from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.scheduler.core import Scheduler
+
+
+class RetryHost(Protocol):
+    """What the retry controls need of the daemon (daemon/qmgr.py's Qmgr), declared
+    here so that this module does not import the daemon that imports it."""
+
+    @property
+    def cfg(self) -> QmgrConfig: ...
+
+    @property
+    def log(self) -> MailLog: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    def may_feed(self) -> bool: ...
+
+    def feed_deferred(self, qid: str) -> bool: ...
 
 JITTER = "deferred_retry_jitter"
 RECOVERY_RATE = "deferred_recovery_rate"
@@ -242,7 +263,7 @@ class Run:
 class RetryControl:
     """The daemon's jitter and recovery: settings, randomness, registry, the pacer."""
 
-    qmgr: Qmgr
+    qmgr: RetryHost
     settings: RetrySettings
     rng: random.Random = field(default_factory=random.Random)
 

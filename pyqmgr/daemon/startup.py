@@ -126,6 +126,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # Metrics are off unless pyqmgr.cf says where to serve them; then the exporter and
     # prometheus_client are imported now, before the chroot.
     metrics_cf = metrics.setup(pyqmgr_cf, cfg)
+    if metrics_cf is not None:
+        # Here, not in metrics.setup: the exporter imports metrics, not the other way.
+        from pyqmgr.daemon import metrics_exporter  # noqa: F401
     # Delivery policy delegation: every form of its settings checked now.
     delegation_cf = delegation.setup(pyqmgr_cf)
 
