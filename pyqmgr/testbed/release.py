@@ -140,9 +140,8 @@ class ReleaseRoot:
         _checked(["debootstrap", "--variant=minbase", "--include=postfix,python3",
                   self.release.suite, building, MIRROR, script], timeout=1800,
                  what=f"debootstrap of {self.release.suite}")
-        for cmd in (["useradd", "--system", "--no-create-home", "--shell",
-                     "/usr/sbin/nologin", LOCAL_USER],):
-            _checked(["chroot", building, *cmd], timeout=60, what=" ".join(cmd))
+        _checked(["chroot", building, "useradd", "--system", "--no-create-home", "--shell",
+                  "/usr/sbin/nologin", LOCAL_USER], timeout=60, what=f"useradd {LOCAL_USER}")
         version = _checked(["chroot", building, "postconf", "-dh", "mail_version"],
                            timeout=60, what="postconf -dh mail_version").strip()
         with open(os.path.join(building, READY), "w") as f:
