@@ -4,9 +4,10 @@ Issue #22 asks for no import circle in pyqmgr/, no class over 400 lines and no f
 over 80. Until its redesign lands these are ratchets: the circles and oversized pieces
 that exist today are listed with sizes, a new one or a bigger one fails, and one that
 shrank or went away fails too until its entry is updated, so the lists only get shorter.
-The daemon's circles are gone: its parts declare the Protocol of what they need of
-it (``ActiveHost``, ``RetryHost``, ``DelegationHost``). Imports under ``if TYPE_CHECKING:`` and inside functions count: they are circles of
-knowledge even where Python never sees them at run time.
+The daemon's circles are gone: its parts declare the Protocol of what they need of it
+(``ActiveHost``, ``RetryHost``, ``DelegationHost``). Imports under ``if TYPE_CHECKING:``
+and inside functions count: they are circles of knowledge even where Python never sees
+them at run time.
 """
 
 from __future__ import annotations
