@@ -71,13 +71,12 @@ def core_rate(jobs: int, decisions: int, policy: str = "nqmgr") -> float:
     made = 0
     start = time.perf_counter()
     while made < decisions:
-        entry = sched.select("smtp", 1.0)
+        entry = sched.select("smtp", 1.0).deliver
         if entry is not None:
             busy.append(entry)
             made += 1
         if len(busy) >= 50 or entry is None:
             sched.done(busy.pop(0), 0, None, False, 1.0)
-            sched.finished.clear()
     return made / (time.perf_counter() - start)
 
 

@@ -240,7 +240,7 @@ class ActiveQueue:
             limit = self.qmgr.scheduler.first_read_limit()
             batch = queue_file.read_batch(
                 data, qf, min(limit, MAX_BATCH), verp_filter=self.cfg.verp_delimiter_filter,
-                count_check=not self.qmgr.scheduler.oqmgr_reading)
+                count_check=not self.qmgr.scheduler.bounded_reading)
             # Stock logs as it reads: warnings before the sender record come first.
             split = batch.opened_after if batch.opened is not None else len(batch.warnings)
             for text in batch.warnings[:split]:

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from pyqmgr.daemon.delivery import AgentCall
     from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.scheduler.core import Scheduler
+    from pyqmgr.scheduler.decisions import Decisions
     from pyqmgr.scheduler.entry import Entry
 
 
@@ -85,6 +86,8 @@ class DelegationHost(Protocol):
     def agent_deliver(self, call: AgentCall, entry: Entry) -> None: ...
 
     def agent_next(self, call: AgentCall, name: str) -> None: ...
+
+    def apply(self, decisions: Decisions) -> Entry | None: ...
 
 SERVICE = "delivery_policy_service"
 TIMEOUT = "delivery_policy_timeout"
@@ -360,7 +363,7 @@ class Delegation:
         where = f"{queue.nexthop} ({transport})"
         if "hold" in am.extra:
             # An earlier answer put the message on hold: this entry waits no more.
-            qmgr.scheduler.drop_message(entry, now)
+            qmgr.apply(qmgr.scheduler.drop_message(entry, now))
             qmgr.agent_next(call, transport)
             return
         if decision is None:
@@ -399,12 +402,15 @@ class Delegation:
 
             log.info(f"{qid}: hold: {svc.name} replied {reply} for delivery to {where}; "
                      f"from=<{log_address(am.request.sender)}> to=<{log_address(rcpt)}>")
-            qmgr.scheduler.drop_message(entry, now)
+            qmgr.apply(qmgr.scheduler.drop_message(entry, now))
         elif verdict is Verdict.REJECT and svc.settings.reject == "bounce":
             svc.counters.reject += 1
             assert decision.dsn is not None
             n = len(entry.recipients)
-            if qmgr.scheduler.reject_to_error(entry, Dsn(decision.dsn, decision.text), now):
+            rejected = qmgr.scheduler.reject_to_error(entry, Dsn(decision.dsn, decision.text),
+                                                      now)
+            qmgr.apply(rejected)
+            if rejected.rejected:
                 log.info(f"{qid}: {svc.name} rejected delivery to {where}: {reply}; "
                          f"{n} recipient{'s' if n != 1 else ''} bounced through "
                          f"{ERROR}(8) ({REJECT} = bounce)")
@@ -432,8 +438,8 @@ class Delegation:
         self.qmgr.log.info(f"{am.queue_id}: delivery to {where} {text}")
         transport = entry.queue.transport.name
         setting = self.setup.settings.which(SERVICE, transport) or SERVICE
-        self.qmgr.scheduler.hold_back(entry, now + delay, setting,
-                                      f"{entry.queue.nexthop} {text}", now)
+        self.qmgr.apply(self.qmgr.scheduler.hold_back(entry, now + delay, setting,
+                                                      f"{entry.queue.nexthop} {text}", now))
 
     # -- status ----------------------------------------------------------------------
 

@@ -40,7 +40,8 @@ from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import FlowControl
 from pyqmgr.postfix.resolve import ResolveClient
 from pyqmgr.postfix.verp import verp_sender
-from pyqmgr.scheduler.core import DeferRecipient, Route, Scheduler
+from pyqmgr.scheduler.core import Route, Scheduler
+from pyqmgr.scheduler.decisions import NOTHING, Decisions, DeferRecipient
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
@@ -203,7 +204,7 @@ class Qmgr:
                 incoming |= FLUSH_ONCE | FLUSH_DFXP
                 deferred |= FLUSH_ONCE | FLUSH_DFXP
         if (incoming | deferred) & FLUSH_ONCE:
-            self.scheduler.enable_all()
+            self.apply(self.scheduler.enable_all())
         if incoming:
             self.scans[INCOMING].request(incoming)
         if deferred:
@@ -219,17 +220,14 @@ class Qmgr:
 
     def _on_timer(self) -> None:
         """A deadline the core asked for: revive or resume destinations, deliver."""
-        self.scheduler.tick(time.monotonic())
-        self._process_decisions()
+        self.apply(self.scheduler.tick(time.monotonic()))
         self.dispatch()
 
     async def _ticker(self) -> None:
         """Revive dead transports and destinations when their timers expire."""
         while True:
             await asyncio.sleep(1.0)
-            self.scheduler.tick(time.monotonic())
-            if self.scheduler.ended:
-                self._suspensions_ended()
+            self.apply(self.scheduler.tick(time.monotonic()))
             self.resolver.expire_idle()
             self.expire_calls()
             self.dispatch()
@@ -333,9 +331,9 @@ class Qmgr:
             self.active.abandon(am)
             return
         self.scheduler.message_count = self.message_count
-        self.scheduler.assign(am.sched, routes, flush_each=bool(am.scan_flags & FLUSH_EACH),
-                              now=time.monotonic())
-        self._process_decisions()
+        self.apply(self.scheduler.assign(am.sched, routes,
+                                         flush_each=bool(am.scan_flags & FLUSH_EACH),
+                                         now=time.monotonic()))
         if am.sched.refcount == 0:
             self._message_done(am)
         self.dispatch()
@@ -356,7 +354,7 @@ class Qmgr:
             return None
         batch = queue_file.read_batch(data, am.qf, min(limit, MAX_BATCH),
                                       verp_filter=self.cfg.verp_delimiter_filter,
-                                      count_check=not self.scheduler.oqmgr_reading)
+                                      count_check=not self.scheduler.bounded_reading)
         for text in batch.warnings:
             self.log.warning(text)
         if not batch.ok:
@@ -432,8 +430,7 @@ class Qmgr:
         name = call.entry
         assert isinstance(name, str)
         now = time.monotonic()
-        entry = self.scheduler.select(name, now)
-        self._process_decisions()
+        entry = self.apply(self.scheduler.select(name, now))
         if entry is None:
             self.calls.discard(call)
             return None
@@ -455,8 +452,7 @@ class Qmgr:
     def agent_next(self, call: AgentCall, name: str) -> None:
         """The policy service held the agent's entry back: give the agent another."""
         now = time.monotonic()
-        entry = self.scheduler.reselect(name, now)
-        self._process_decisions()
+        entry = self.apply(self.scheduler.reselect(name, now))
         if entry is None:
             self.calls.discard(call)
             call.resume(None)
@@ -496,10 +492,8 @@ class Qmgr:
         name = call.entry
         assert isinstance(name, str)
         self.log.warning(f"connect to transport {call.path}: {why}")
-        self.scheduler.allocation_failed(
-            name, Dsn("4.3.0", "mail transport unavailable"), time.monotonic()
-        )
-        self._process_decisions()
+        self.apply(self.scheduler.allocation_failed(
+            name, Dsn("4.3.0", "mail transport unavailable"), time.monotonic()))
         self.dispatch()
 
     def _agent_send_failed(self, call: AgentCall, why: str) -> None:
@@ -508,9 +502,8 @@ class Qmgr:
         entry = call.entry
         assert isinstance(entry, Entry)
         self.log.warning(f"write to process ({entry.transport}): {why}")
-        self.scheduler.send_failed(entry, Dsn("4.3.0", "mail transport unavailable"),
-                                   time.monotonic())
-        self._process_decisions()
+        self.apply(self.scheduler.send_failed(entry, Dsn("4.3.0", "mail transport unavailable"),
+                                              time.monotonic()))
         self.dispatch()
 
     def _agent_reply(self, call: AgentCall, reply: DeliveryReply | None,
@@ -529,12 +522,12 @@ class Qmgr:
                                  f"status from transport: {entry.transport}")
             else:
                 self.log.warning(f"{call.path} socket: malformed response")
-            self.scheduler.done(entry, -1, None, True, now)
+            decisions = self.scheduler.done(entry, -1, None, True, now)
         else:
             hop = reply.hop
             dsn = Dsn(hop.status, hop.reason) if hop.status else None
-            self.scheduler.done(entry, reply.status, dsn, False, now)
-        self._process_decisions()
+            decisions = self.scheduler.done(entry, reply.status, dsn, False, now)
+        self.apply(decisions)
         self.dispatch()
 
     def expire_calls(self) -> None:
@@ -560,27 +553,18 @@ class Qmgr:
         """Entries out with delivery agents now (the core keeps no list of them)."""
         return [call.entry for call in self.calls if isinstance(call.entry, Entry)]
 
-    def after_control(self) -> None:
+    def after_control(self, decisions: Decisions) -> None:
         """An operator control changed the scheduler: act on it now."""
-        self._process_decisions()
+        self.apply(decisions)
         self.dispatch()
-
-    def _suspensions_ended(self) -> None:
-        ended = list(self.scheduler.ended)
-        self.scheduler.ended.clear()
-        self.suspensions.ended(ended)
 
     def _on_gate_timer(self) -> None:
         """A shaping gate opens or a recovery step is due (rates, response rules)."""
         self._gate_timer = None
-        self.scheduler.open_gates(time.monotonic())
-        self._process_decisions()
+        self.apply(self.scheduler.open_gates(time.monotonic()))
         self.dispatch()
 
-    def _arm_gate_timers(self) -> None:
-        sched = self.scheduler
-        when = min(sched.gate_timers)
-        sched.gate_timers.clear()
+    def _arm_gate_timer(self, when: float) -> None:
         if self._gate_timer is not None:
             if self._gate_at <= when:
                 return
@@ -589,34 +573,34 @@ class Qmgr:
         self._gate_timer = self.loop.call_later(max(0.0, when - time.monotonic()),
                                                 self._on_gate_timer)
 
-    def _process_decisions(self) -> None:
-        sched = self.scheduler
-        if sched.ended:
-            self._suspensions_ended()
-        if sched.gate_timers:
-            self._arm_gate_timers()
-        if sched.timers:
+    def apply(self, d: Decisions) -> Entry | None:
+        """Carry out what the core decided in one event; the entry it chose, if any.
+
+        The one place the daemon acts on the core's decisions (the simulator's
+        ``Engine.apply`` is the other): log lines, timers, synchronous deferrals,
+        deferred-mail recovery, ended suspensions and finished messages, in that order.
+        """
+        if d is NOTHING:
+            return None
+        if d.ended:
+            self.suspensions.ended(list(d.ended))
+        if d.gate_timers:
+            self._arm_gate_timer(min(d.gate_timers))
+        if d.timers:
             now = time.monotonic()
-            for when in sched.timers:
+            for when in d.timers:
                 self.loop.call_later(max(0.0, when - now), self._on_timer)
-            sched.timers.clear()
-        for severity, text in sched.log:
+        for severity, text in d.log:
             self.log.log(severity, text)
-        sched.log.clear()
-        if sched.deferrals:
-            deferrals = list(sched.deferrals)
-            sched.deferrals.clear()
-            for d in deferrals:
-                self.spawn(self._defer_recipient(d))
-        if sched.waits or sched.recovered:
+        for deferral in d.deferrals:
+            self.spawn(self._defer_recipient(deferral))
+        if d.waits or d.recovered:
             assert self.retry is not None
-            self.retry.decisions(sched)
-        if sched.finished:
-            finished = list(sched.finished)
-            sched.finished.clear()
-            for message in finished:
-                if message.owner is not None:
-                    self._message_done(message.owner)
+            self.retry.decisions(d.waits, d.recovered)
+        for message in d.finished:
+            if message.owner is not None:
+                self._message_done(message.owner)
+        return d.deliver
 
     async def _defer_recipient(self, d: DeferRecipient) -> None:
         """The retry transport is dead too: append to the defer log ourselves."""

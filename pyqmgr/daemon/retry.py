@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from pyqmgr.postfix.config import QmgrConfig
     from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.scheduler.core import Scheduler
+    from pyqmgr.scheduler.message import Message
 
 
 class RetryHost(Protocol):
@@ -321,19 +322,15 @@ class RetryControl:
 
     # -- the core's decisions ---------------------------------------------------------
 
-    def decisions(self, sched: Scheduler) -> None:
-        """Drain the core's recovery decisions (:meth:`Scheduler.watch_recovery`)."""
-        if sched.waits:
-            for message, transport, name in sched.waits:
-                am = message.owner
-                if am is not None:
-                    am.extra.setdefault(WAITS, set()).add((transport, name))
-            sched.waits.clear()
-        if sched.recovered:
-            recovered = list(sched.recovered)
-            sched.recovered.clear()
-            for transport, name, nexthop, why in recovered:
-                self.recover(transport, name, nexthop, why)
+    def decisions(self, waits: Iterable[tuple[Message, str, str]],
+                  recovered: Iterable[tuple[str, str, str, str]]) -> None:
+        """Act on the core's recovery decisions (:meth:`Scheduler.watch_recovery`)."""
+        for message, transport, name in waits:
+            am = message.owner
+            if am is not None:
+                am.extra.setdefault(WAITS, set()).add((transport, name))
+        for transport, name, nexthop, why in recovered:
+            self.recover(transport, name, nexthop, why)
 
     def recover(self, transport: str, name: str, nexthop: str, why: str) -> None:
         """A watched destination delivered again: bring its deferred mail forward."""

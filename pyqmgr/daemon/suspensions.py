@@ -37,6 +37,7 @@ from pyqmgr.control.protocol import ProtocolError
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.scheduler.core import Scheduler
+from pyqmgr.scheduler.decisions import Decisions
 from pyqmgr.scheduler.suspension import (
     MAX_TARGET,
     Suspension,
@@ -52,7 +53,7 @@ class QmgrLike(Protocol):
     scheduler: Scheduler
     log: MailLog
 
-    def after_control(self) -> None: ...
+    def after_control(self, decisions: Decisions) -> None: ...
 
 STATE_DIR = "pyqmgr"
 STATE_FILE = "suspensions.json"
@@ -317,7 +318,7 @@ class Suspensions:
             return
         sched = self.qmgr.scheduler
         for s in self.state.load(self.log, time.monotonic(), time.time()):
-            sched.suspend(s)
+            self.qmgr.after_control(sched.suspend(s))
             self.log.info(f"control: {s.target} stays suspended (by {s.who}"
                           f"{_why(s.reason)}) until {format_time(s.wall_until)}")
 
@@ -348,19 +349,20 @@ class Suspensions:
         now, wall = time.monotonic(), time.time()
         s = Suspension(target, reason, who, now, now + ttl, wall + ttl)
         replaced = sched.suspensions.by_key.get(target.key)
-        queues = sched.suspend(s)
+        decisions = sched.suspend(s)
         saved = self._save()
         self.log.info(f"control: suspend {target} by {who} for {format_duration(ttl)}, "
                       f"until {format_time(s.wall_until)}{_why(reason)}")
-        self.qmgr.after_control()
-        return {"target": str(target), "in_core": queues, "ttl": ttl,
+        self.qmgr.after_control(decisions)
+        return {"target": str(target), "in_core": list(decisions.affected), "ttl": ttl,
                 "until": round(s.wall_until), "replaced": replaced is not None,
                 "saved": saved}
 
     def resume(self, target_text: str, who: str) -> dict[str, object]:
         target = self._target(target_text)
         sched = self.qmgr.scheduler
-        s = sched.resume(target)
+        decisions = sched.resume(target)
+        s = decisions.resumed
         if s is None:
             now = [str(x.target) for x in sched.suspensions]
             raise ProtocolError(f"{target} is not suspended (in force: "
@@ -368,15 +370,16 @@ class Suspensions:
         saved = self._save()
         self.log.info(f"control: resume {target} by {who} (suspended by {s.who}"
                       f"{_why(s.reason)})")
-        self.qmgr.after_control()
+        self.qmgr.after_control(decisions)
         return {"target": str(target), "saved": saved}
 
     def retry(self, target_text: str, who: str) -> dict[str, object]:
         target = self._target(target_text)
-        revived = self.qmgr.scheduler.retry(target)
+        decisions = self.qmgr.scheduler.retry(target)
+        revived = list(decisions.affected)
         self.log.info(f"control: retry {target} by {who}: "
                       + (f"revived {', '.join(revived)}" if revived else "nothing was dead"))
-        self.qmgr.after_control()
+        self.qmgr.after_control(decisions)
         return {"target": str(target), "revived": revived}
 
     def ended(self, done: list[Suspension]) -> None:

@@ -30,13 +30,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from pyqmgr.scheduler.decisions import Decisions, DeferRecipient, Outbox
 from pyqmgr.scheduler.entry import Entry, entry_unselect
 from pyqmgr.scheduler.feedback import parse_or_warn, rounding_rules
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.nqmgr import Nqmgr
-from pyqmgr.scheduler.policy import Policy, PolicyClass, PolicyTable
+from pyqmgr.scheduler.policy import PolicyClass, PolicyTable
 from pyqmgr.scheduler.qlist import QList
-from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.shaping import (
     Gate,
     Rule,
@@ -47,11 +46,16 @@ from pyqmgr.scheduler.shaping import (
     take_start,
     triggered,
 )
+from pyqmgr.scheduler.structures import (
+    ERROR,
+    RETRY,
+    Backend,
+    Dsn,
+    Queue,
+    Transport,
+    TransportParams,
+)
 from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
-from pyqmgr.scheduler.transport import Transport, TransportParams
-
-RETRY = "retry"
-ERROR = "error"
 
 SUSPENDED = "delivery temporarily suspended: "
 #: Why mail waits when a transport's policy raised (as for an unreachable agent).
@@ -106,15 +110,6 @@ class Route:
     queue_name: str
     nexthop: str
     recipient: Recipient
-
-
-@dataclass(frozen=True, slots=True)
-class DeferRecipient:
-    """Decision: write a defer-log record for this recipient now (retry is dead too)."""
-
-    message: Message
-    recipient: Recipient
-    dsn: Dsn
 
 
 def dsn_valid(status: str) -> bool:
@@ -172,7 +167,7 @@ class Scheduler:
         self.slotless = False
         #: oqmgr's reading as a whole (the default policy is oqmgr): no more files
         #: opened while the in-core recipient limit is reached, early refills.
-        self.oqmgr_reading = self.policies.oqmgr_reading
+        self.bounded_reading = self.policies.bounded_reading
         #: oqmgr's qmgr_fudge_factor (percent of the recipient limit per batch).
         self.fudge_factor = fudge_factor
         self.min_backoff_time = min_backoff_time
@@ -202,35 +197,19 @@ class Scheduler:
         self.transports: dict[str, Transport] = {}
         #: Transports in round-robin order for agent allocation (new ones go first).
         self.transport_list: QList[Transport] = QList()
-        #: (severity, text) lines for the daemon to log, in order.
-        self.log: list[tuple[str, str]] = []
-        #: Recipients the daemon must defer synchronously (decisions, drained by it).
-        self.deferrals: list[DeferRecipient] = []
-        #: Messages whose last entry finished (decisions, drained by the daemon).
-        self.finished: list[Message] = []
-        #: Times at which :meth:`tick` has work (decisions: arm a timer for each).
-        self.timers: list[float] = []
+        #: The decisions of the event under way (:mod:`.decisions`); each event's last
+        #: step hands them to the driver as one value.
+        self.out = Outbox()
         #: Operators' suspensions in force (:mod:`.suspension`).
         self.suspensions = SuspensionTable()
-        #: Suspensions whose time ran out in :meth:`tick` (drained by the daemon, which
-        #: logs them and rewrites its state file).
-        self.ended: list[Suspension] = []
         #: Shaping deadlines: (when, seq, transport, queue name, what). Popped by
         #: :meth:`open_gates` in O(log n), never by a walk over every queue.
         self.gate_heap: list[tuple[float, int, Transport, str, str]] = []
         self._gate_seq = itertools.count()
-        #: Times at which :meth:`open_gates` has work (decisions, like :attr:`timers`).
-        self.gate_timers: list[float] = []
         #: Deferred-mail recovery (pyqmgr.cf ``deferred_recovery_rate``), off (None)
         #: unless :meth:`watch_recovery`: the destinations, by (transport, queue name),
         #: that were dead or throttled and have not delivered since, with why.
         self.recovery_watch: dict[tuple[str, str], str] | None = None
-        #: Decisions while recovery is on: (message, transport, queue name) whose
-        #: recipients wait because that destination failed, was dead or throttled ...
-        self.waits: list[tuple[Message, str, str]] = []
-        #: ... and (transport, queue name, nexthop, why it was watched) of watched
-        #: destinations that delivered again. The daemon drains both.
-        self.recovered: list[tuple[str, str, str, str]] = []
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
@@ -277,7 +256,7 @@ class Scheduler:
                           rounding=self.feedback_rounding)
             for warn in (pos_warn, neg_warn):
                 if warn:
-                    self.log.append(("warning", warn))
+                    self.out.log.append(("warning", warn))
             if debug:
                 for fb, fb_name in ((pos, cfg.positive_feedback_name),
                                     (neg, cfg.negative_feedback_name)):
@@ -295,13 +274,10 @@ class Scheduler:
         return t
 
     def _attach_policy(self, t: Transport) -> None:
-        """Give a new transport its policy; the retry and error transports stay nqmgr."""
-        cls: PolicyClass = Nqmgr
-        if t.name not in (RETRY, ERROR):
-            cls = self.policies.policy_for(t.name)
-        policy = cls(t, self)
-        t.policy = policy
-        if cls is not Nqmgr:
+        """Give a new transport its policy (the retry and error transports run stock's)."""
+        cls = self.policies.policy_for(t.name)
+        t.policy = cls(t, self)
+        if not cls.holds_slots:
             self.slotless = True
         t.dest_cap = cls.dest_cap
         t.gated = cls.gates_allocation
@@ -320,7 +296,7 @@ class Scheduler:
             return 100
         return self.process_limit_for(transport)
 
-    def policy(self, name: str) -> Policy:
+    def policy(self, name: str) -> Backend:
         """The policy of transport ``name`` (created with the transport if need be)."""
         return self.transport(name).policy
 
@@ -359,7 +335,7 @@ class Scheduler:
                 self._push_gate(shape.tat, t, queue.name, "prune")
 
     def _info(self, text: str) -> None:
-        self.log.append(("info", text))
+        self.out.log.append(("info", text))
 
     def _error_queue(self, service: str, dsn: Dsn) -> Queue | None:
         """The retry/error queue for ``dsn``, or None when that is dead too."""
@@ -397,11 +373,11 @@ class Scheduler:
 
     def may_feed(self) -> bool:
         """May the driver open another queue file? (oqmgr: not at the recipient limit.)"""
-        return not self.oqmgr_reading or self.rcpt_count < self.rcpt_limit
+        return not self.bounded_reading or self.rcpt_count < self.rcpt_limit
 
     def first_read_limit(self) -> int:
         """:meth:`read_limit` for a message not created yet (the driver reads first)."""
-        if self.oqmgr_reading:
+        if self.bounded_reading:
             return min(self.fudge_limit, MAX_READ)
         return min(max(self.rcpt_limit - self.rcpt_count, self.msg_rcpt_limit), MAX_READ)
 
@@ -414,12 +390,12 @@ class Scheduler:
             return
         routes = self.refill(message, limit)
         if routes is not None:
-            self.assign(message, routes)
+            self._assign(message, routes, False)
 
     # -- events -------------------------------------------------------------------
 
     def assign(self, message: Message, routes: Iterable[Route], flush_each: bool = False,
-               now: float | None = None) -> None:
+               now: float | None = None) -> Decisions:
         """Bundle a batch of routed recipients into entries (``qmgr_message_assign``).
 
         The driver sets ``message.more`` and ``message.rcpt_unread`` for the batch
@@ -431,6 +407,10 @@ class Scheduler:
         """
         if now is not None:
             self.now = now
+        self._assign(message, routes, flush_each)
+        return self.out.take()
+
+    def _assign(self, message: Message, routes: Iterable[Route], flush_each: bool) -> None:
         self._admit(message)
         message.refill_time = self.clock
         last: Entry | None = None
@@ -461,7 +441,7 @@ class Scheduler:
             if queue is None:
                 assert dsn is not None
                 message.deferred = True
-                self.deferrals.append(DeferRecipient(message, route.recipient, dsn))
+                self.out.deferrals.append(DeferRecipient(message, route.recipient, dsn))
                 continue
             if queue is not last_queue:
                 last = None
@@ -472,7 +452,7 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
                 self._policy_failed(queue.transport, "add", exc)
                 message.deferred = True
-                self.deferrals.append(DeferRecipient(message, route.recipient, POLICY_DSN))
+                self.out.deferrals.append(DeferRecipient(message, route.recipient, POLICY_DSN))
                 last = last_queue = None
                 continue
             if message.refcount != refs and self.helpful_warnings and self.clog_warn_time > 0:
@@ -492,9 +472,9 @@ class Scheduler:
         if t.broken:
             return
         t.broken = True
-        self.log.append(("warning", f"transport {t.name}: scheduler policy {t.policy.name}: "
+        self.out.log.append(("warning", f"transport {t.name}: scheduler policy {t.policy.name}: "
                                     f"{where}: {type(exc).__name__}: {exc}"))
-        self.throttle_transport(t.name, POLICY_DSN, self.now)
+        self._throttle_transport(t.name, POLICY_DSN, self.now)
 
     def _clog_warning(self, queue: Queue) -> None:
         """One destination filling the active queue: stock's advice, at most so often."""
@@ -531,7 +511,7 @@ class Scheduler:
             "lots of deferred mail, that is bad for performance",
             "to turn off these warnings specify: qmgr_clog_warn_time = 0",
         ]
-        self.log.extend(("warning", w) for w in warn)
+        self.out.log.extend(("warning", w) for w in warn)
         queue.clog_time_to_warn = self.now + self.clog_warn_time
 
     def allocate(self) -> str | None:
@@ -562,10 +542,13 @@ class Scheduler:
         t = self.transports.get(name)
         return float(t.cfg.transport_rate_delay) if t is not None else 0.0
 
-    def select(self, name: str, now: float | None = None) -> Entry | None:
+    def select(self, name: str, now: float | None = None) -> Decisions:
         """An agent of transport ``name`` announced itself: the entry it delivers."""
         if now is not None:
             self.now = now
+        return self.out.take(self._select(name))
+
+    def _select(self, name: str) -> Entry | None:
         t = self.transports.get(name)
         if t is None:
             return None
@@ -585,14 +568,15 @@ class Scheduler:
             t.rate_lock = False
         return entry
 
-    def allocation_failed(self, name: str, dsn: Dsn, now: float) -> None:
+    def allocation_failed(self, name: str, dsn: Dsn, now: float) -> Decisions:
         """The agent could not be reached: the transport is dead for a while."""
         t = self.transport(name)
         if t.pending > 0:
             t.pending -= 1
-        self.throttle_transport(name, dsn, now)
+        self._throttle_transport(name, dsn, now)
+        return self.out.take()
 
-    def send_failed(self, entry: Entry, dsn: Dsn, now: float) -> None:
+    def send_failed(self, entry: Entry, dsn: Dsn, now: float) -> Decisions:
         """The request could not be written to the agent (``qmgr_deliver``).
 
         The entry never reached the agent: it goes back to todo, and the transport is
@@ -601,9 +585,11 @@ class Scheduler:
         ``transport_retry_time`` has passed.
         """
         entry_unselect(entry)
-        self.throttle_transport(entry.queue.transport.name, dsn, now)
+        self._throttle_transport(entry.queue.transport.name, dsn, now)
+        return self.out.take()
 
-    def done(self, entry: Entry, status: int, hop: Dsn | None, crashed: bool, now: float) -> None:
+    def done(self, entry: Entry, status: int, hop: Dsn | None, crashed: bool,
+             now: float) -> Decisions:
         """A delivery finished (``qmgr_deliver_update``).
 
         ``status`` is the agent's final status (0 all final, else retry needed);
@@ -639,7 +625,7 @@ class Scheduler:
                     self._wait(message, t.name, queue.name, None)
                 if queue.ready:
                     if queue.throttle(dsn, now, self.min_backoff_time):
-                        self.timers.append(now + self.min_backoff_time)
+                        self.out.timers.append(now + self.min_backoff_time)
                         self._defer_todo(queue, dsn)
                     t.sync(queue)
         if not crashed:
@@ -649,6 +635,7 @@ class Scheduler:
                 if status == 0 and self.recovery_watch:
                     self._delivered_again(queue)
         self._entry_done(entry, busy=True)
+        return self.out.take()
 
     def _entry_done(self, entry: Entry, busy: bool) -> None:
         """Finish an entry, busy (a delivery came back) or todo (``qmgr_entry_done``)."""
@@ -671,7 +658,7 @@ class Scheduler:
                 self._queue_unthrottle(queue)
             if queue.ready:
                 queue.suspend(self.now, delay)
-                self.timers.append(self.now + delay)
+                self.out.timers.append(self.now + delay)
         if not t.broken:
             try:
                 t.policy.done(entry, busy)
@@ -687,7 +674,7 @@ class Scheduler:
                 self._queue_done(queue)
         t.sync(queue)
         message.refcount -= 1
-        if (self.oqmgr_reading and message.more and not message.jobs
+        if (self.bounded_reading and message.more and not message.jobs
                 and self.rcpt_count < self.fudge_limit - 100):
             self.realloc(message)
         if message.refcount == 0:
@@ -695,7 +682,7 @@ class Scheduler:
 
     def _message_done(self, message: Message) -> None:
         """All in-core entries finished: tell the driver; policies drop their state."""
-        self.finished.append(message)
+        self.out.finished.append(message)
         for cls in self.policy_classes:
             cls.message_done(message)
 
@@ -712,7 +699,7 @@ class Scheduler:
                 continue
             entry.message.deferred = True
             for rcpt in entry.recipients:
-                self.deferrals.append(DeferRecipient(entry.message, rcpt, dsn))
+                self.out.deferrals.append(DeferRecipient(entry.message, rcpt, dsn))
             self._entry_done(entry, busy=False)
 
     def _entry_move_todo(self, dst: Queue, entry: Entry) -> None:
@@ -727,15 +714,19 @@ class Scheduler:
         dst_policy.moved(new, len(new.recipients))
         self._entry_done(entry, busy=False)
 
-    def throttle_transport(self, name: str, dsn: Dsn, now: float) -> None:
+    def throttle_transport(self, name: str, dsn: Dsn, now: float) -> Decisions:
         """The transport's agent is unreachable: dead for transport_retry_time."""
+        self._throttle_transport(name, dsn, now)
+        return self.out.take()
+
+    def _throttle_transport(self, name: str, dsn: Dsn, now: float) -> None:
         self.now = now
         t = self.transport(name)
         if not t.throttled:
             t.times_died += 1
             t.dsn = dsn
             t.revive_at = now + self.transport_retry_time
-            self.timers.append(t.revive_at)
+            self.out.timers.append(t.revive_at)
         for queue in list(t.queues.values()):
             self._defer_todo(queue, dsn)
 
@@ -744,7 +735,7 @@ class Scheduler:
             if any(q.busy_count for q in t.queues.values()):
                 # Deliveries chosen by the broken policy are still out: wait longer.
                 t.revive_at = self.now + self.transport_retry_time
-                self.timers.append(t.revive_at)
+                self.out.timers.append(t.revive_at)
                 return
             t.broken = False
             self._attach_policy(t)
@@ -756,14 +747,14 @@ class Scheduler:
         queue.unthrottle()
         queue.transport.sync(queue)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> Decisions:
         """Time passed: revive dead transports and sites, resume rate-delayed ones."""
         self.now = now
         if self.suspensions:
             for s in self.suspensions:
                 if now >= s.until:
-                    self.resume(s.target)
-                    self.ended.append(s)
+                    self._resume(s.target)
+                    self.out.ended.append(s)
         for t in list(self.transports.values()):
             if t.revive_at is not None and now >= t.revive_at:
                 self._transport_unthrottle(t)
@@ -779,8 +770,9 @@ class Scheduler:
                         self._queue_done(queue)
                     elif not t.broken:
                         t.policy.resumed(queue)
+        return self.out.take()
 
-    def enable_all(self) -> None:
+    def enable_all(self) -> Decisions:
         """``F`` trigger: forget dead transports and destinations now."""
         for t in list(self.transports.values()):
             if t.throttled:
@@ -790,6 +782,7 @@ class Scheduler:
                     self._queue_unthrottle(queue)
                 if queue.ready and queue.idle:
                     self._queue_done(queue)
+        return self.out.take()
 
     # -- operator controls (pyqmgr suspend, resume, retry) ---------------------------
 
@@ -806,18 +799,22 @@ class Scheduler:
         return [q for t in transports for q in t.queues.values()
                 if q.name.lower() == dest or q.nexthop.lower() == dest]
 
-    def suspend(self, s: Suspension) -> list[str]:
+    def suspend(self, s: Suspension) -> Decisions:
         """Put an operator's suspension in force; the in-core queues it now covers.
 
         The timer at ``s.until`` ends it (:meth:`tick`), whether or not anything is
         in core for it now: mail that comes later is held too.
         """
         self.suspensions.add(s)
-        self.timers.append(s.until)
-        return self._apply(s.target)
+        self.out.timers.append(s.until)
+        self.out.affected.extend(self._apply(s.target))
+        return self.out.take()
 
-    def resume(self, target: Target) -> Suspension | None:
+    def resume(self, target: Target) -> Decisions:
         """End the suspension of exactly ``target``; its queues deliver again at once."""
+        return self.out.take(resumed=self._resume(target))
+
+    def _resume(self, target: Target) -> Suspension | None:
         s = self.suspensions.remove(target)
         if s is not None:
             self._apply(target)
@@ -841,12 +838,16 @@ class Scheduler:
             self._regate(queue)
         return names
 
-    def retry(self, target: Target) -> list[str]:
+    def retry(self, target: Target) -> Decisions:
         """Revive dead destinations (or a dead transport) now, as a flush does for all.
 
         Only the in-core state: mail the dead site sent to the deferred queue waits
         for its retry time or a flush (``postqueue -f``, ``postqueue -s``).
         """
+        self.out.affected.extend(self._retry(target))
+        return self.out.take()
+
+    def _retry(self, target: Target) -> list[str]:
         revived: list[str] = []
         if target.destination is None:
             assert target.transport is not None
@@ -890,7 +891,7 @@ class Scheduler:
         """``message`` waits for destination (transport, name); ``why``: it is dead or
         throttled, so watch it too. A message's recipients come sorted by destination:
         only the first of a run is noted."""
-        waits = self.waits
+        waits = self.out.waits
         last = waits[-1] if waits else None
         if last is None or last[0] is not message or last[1] != transport or last[2] != name:
             waits.append((message, transport, name))
@@ -906,7 +907,7 @@ class Scheduler:
         assert watch is not None
         why = watch.pop((queue.transport.name, queue.name), None)
         if why is not None:
-            self.recovered.append((queue.transport.name, queue.name, queue.nexthop, why))
+            self.out.recovered.append((queue.transport.name, queue.name, queue.nexthop, why))
 
     # -- shaping: gates, rates, response rules (pyqmgr.cf; see shaping.py) -------------
 
@@ -933,7 +934,7 @@ class Scheduler:
 
     def _push_gate(self, when: float, t: Transport, name: str, what: str) -> None:
         if not self.gate_heap or when < self.gate_heap[0][0]:
-            self.gate_timers.append(when)
+            self.out.gate_timers.append(when)
         heapq.heappush(self.gate_heap, (when, next(self._gate_seq), t, name, what))
 
     def _close(self, queue: Queue, gate: Gate) -> None:
@@ -1010,7 +1011,7 @@ class Scheduler:
         shape.next_step = now + rule.quiet
         self._push_gate(shape.next_step, t, queue.name, "step")
         t.sync(queue)
-        self.log.append(("info", f"shaping: {queue.nexthop} ({t.name}): throttling reply "
+        self.out.log.append(("info", f"shaping: {queue.nexthop} ({t.name}): throttling reply "
                                  f"\"{hop.status} {hop.reason}\" matched {rule.where}: "
                                  f"{', '.join(done) or 'not counted as a failure'}"))
 
@@ -1045,9 +1046,9 @@ class Scheduler:
         if queue is not None:
             queue.cap = shape.cap
             t.sync(queue)
-        self.log.append(("info", f"shaping: {nexthop} ({t.name}): {what}"))
+        self.out.log.append(("info", f"shaping: {nexthop} ({t.name}): {what}"))
 
-    def open_gates(self, now: float) -> None:
+    def open_gates(self, now: float) -> Decisions:
         """Time passed: open the gates and take the recovery steps that are due."""
         self.now = now
         heap = self.gate_heap
@@ -1067,7 +1068,8 @@ class Scheduler:
             if name not in t.queues and shape.neutral(now):
                 t.shapes.pop(name, None)
         if heap:
-            self.gate_timers.append(heap[0][0])
+            self.out.gate_timers.append(heap[0][0])
+        return self.out.take()
 
     # -- delivery policy delegation (pyqmgr.cf delivery_policy_service) ----------------
     #
@@ -1076,7 +1078,7 @@ class Scheduler:
     # answer into scheduler state, synchronously and without I/O, so that the simulator
     # applies a scenario's policy function through the very same calls.
 
-    def reselect(self, name: str, now: float) -> Entry | None:
+    def reselect(self, name: str, now: float) -> Decisions:
         """Another entry for an agent that already announced itself (and was counted).
 
         :meth:`select` takes the announcement off the transport's pending count; an
@@ -1089,7 +1091,7 @@ class Scheduler:
         return self.select(name, now)
 
     def hold_back(self, entry: Entry, until: float, setting: str, text: str,
-                  now: float) -> None:
+                  now: float) -> Decisions:
         """The policy service said "not now": the entry waits, its destination too.
 
         The selected entry goes back to its queue's todo list (its request never left)
@@ -1104,7 +1106,7 @@ class Scheduler:
         queue = entry.queue
         t = queue.transport
         entry_unselect(entry)
-        if isinstance(t.policy, Nqmgr) and not t.broken:
+        if not t.broken:
             t.policy.requeued(entry)
         dsn = t.dsn if t.throttled else queue.dsn if queue.throttled else None
         if dsn is not None:
@@ -1121,8 +1123,9 @@ class Scheduler:
             self._close(queue, Gate("policy service", until, setting, text))
         else:
             t.sync(queue)
+        return self.out.take()
 
-    def reject_to_error(self, entry: Entry, dsn: Dsn, now: float) -> bool:
+    def reject_to_error(self, entry: Entry, dsn: Dsn, now: float) -> Decisions:
         """The policy service rejected the delivery: its recipients go to error(8).
 
         As stock routes an undeliverable recipient (``error`` transport, the DSN as
@@ -1133,12 +1136,12 @@ class Scheduler:
         self.now = now
         err = self._error_queue(ERROR, dsn)
         if err is None:
-            return False
+            return self.out.take()
         entry_unselect(entry)
         self._entry_move_todo(err, entry)
-        return True
+        return self.out.take(rejected=True)
 
-    def drop_message(self, entry: Entry, now: float) -> None:
+    def drop_message(self, entry: Entry, now: float) -> Decisions:
         """The message goes on hold: drop its waiting entries, none of them deferred.
 
         ``entry`` is the selected one the service answered about; every other entry
@@ -1155,12 +1158,11 @@ class Scheduler:
         entry_unselect(entry)
         waiting: list[Entry] = []
         for t in list(self.transports.values()):
-            job = message.jobs.get(t.name)
-            if type(t.policy) is Nqmgr:
-                if job is not None:
-                    waiting += [e for peer in list(job.peers)
-                                for e in peer.entries if not e.busy]
-                continue
-            waiting += [e for q in t.queues.values() for e in q.todo if e.message is message]
+            if t.broken:
+                waiting += [e for q in t.queues.values() for e in q.todo
+                            if e.message is message]
+            else:
+                waiting += t.policy.todo_entries(message)
         for e in waiting:
             self._entry_done(e, busy=False)
+        return self.out.take()

@@ -10,39 +10,15 @@ Finishing an entry touches the whole scheduler and lives in :mod:`.core`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pyqmgr.scheduler.structures import (
+    DEL_REQ_FLAG_CONN_LOAD,
+    DEL_REQ_FLAG_CONN_MASK,
+    DEL_REQ_FLAG_CONN_STORE,
+    Entry,
+)
 
-from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.qlist import Node
-
-if TYPE_CHECKING:
-    from pyqmgr.scheduler.queue import Queue
-
-#: Delivery request flags for opportunistic connection caching (deliver_request.h).
-DEL_REQ_FLAG_CONN_LOAD = 1 << 11
-DEL_REQ_FLAG_CONN_STORE = 1 << 12
-DEL_REQ_FLAG_CONN_MASK = DEL_REQ_FLAG_CONN_LOAD | DEL_REQ_FLAG_CONN_STORE
-
-
-class Entry:
-    __slots__ = ("message", "queue", "recipients", "busy", "queue_node", "started")
-
-    def __init__(self, message: Message, queue: Queue) -> None:
-        self.message = message
-        self.queue = queue
-        self.recipients: list[Recipient] = []
-        self.busy = False
-        self.queue_node: Node[Entry] = Node(self)
-        #: When its delivery started (scheduler clock); kept only under shaping.
-        self.started = 0.0
-
-    @property
-    def transport(self) -> str:
-        return self.queue.transport.name
-
-    def __repr__(self) -> str:
-        return (f"Entry({self.message.queue_id} {self.queue.transport.name}/"
-                f"{self.queue.name} x{len(self.recipients)}{' busy' if self.busy else ''})")
+__all__ = ["DEL_REQ_FLAG_CONN_LOAD", "DEL_REQ_FLAG_CONN_MASK", "DEL_REQ_FLAG_CONN_STORE",
+           "Entry", "entry_link", "entry_select", "entry_unselect"]
 
 
 def entry_link(entry: Entry) -> Entry:

@@ -16,7 +16,7 @@ the delivery path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pyqmgr.scheduler.policy import Policy, Reason, reason
 from pyqmgr.scheduler.suspension import Suspension
@@ -327,7 +327,7 @@ def jobs(sched: Scheduler, transport: str, now: float,
     if t is None:
         return None
     if t.broken:
-        report = Policy.jobs_report(t.policy, now, limit)
+        report = Policy.jobs_report(cast(Policy, t.policy), now, limit)
     else:
         report = t.policy.jobs_report(now, limit)
     return {"transport": t.name, **report, "policy": t.policy.name, "broken": t.broken}

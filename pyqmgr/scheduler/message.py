@@ -11,10 +11,7 @@ disposition belong to the daemon, which hangs them on ``owner``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pyqmgr.scheduler.nqmgr.job import Job
+from typing import Any
 
 
 @dataclass(eq=False, slots=True)
@@ -50,8 +47,10 @@ class Message:
     refill_time: float = 0.0
     #: Set when some recipient needs another attempt (agent deferral, crash, dead site).
     deferred: bool = False
-    #: nqmgr's jobs by transport name, in creation order (stock's message job list).
-    jobs: dict[str, Job] = field(default_factory=dict)
+    #: nqmgr's jobs by transport name, in creation order (stock's message job list):
+    #: the one per-message state a policy keeps on the message, typed loosely so that
+    #: the message knows no policy (nqmgr's ``job_obtain`` reads it as its ``Job``).
+    jobs: dict[str, Any] = field(default_factory=dict)
     #: The daemon's per-message state; the core never looks inside.
     owner: Any = None
 

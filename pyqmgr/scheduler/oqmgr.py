@@ -17,7 +17,7 @@ code and differs in what this module holds:
   ``qmgr_message_recipient_limit`` (times ``qmgr_fudge_factor``) at once, no more
   queue files opened while that many recipients are in core, and a message with more
   recipients on file reads its next batch as soon as the in-core count falls below
-  the limit less 100. That part is the scheduler core's (``oqmgr_reading``), since
+  the limit less 100. That part is the scheduler core's (``bounded_reading``), since
   reading happens before a recipient has a transport.
 
 This is the scheduler the seed's README describes as starving the busy destination of
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 class Oqmgr(Policy):
     name = "oqmgr"
+    bounded_reading = True
 
     def __init__(self, transport: Transport, ctx: Context) -> None:
         super().__init__(transport, ctx)

@@ -41,6 +41,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from pyqmgr.scheduler.entry import Entry, entry_link
+from pyqmgr.scheduler.structures import ERROR, RETRY
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message, Recipient
@@ -83,6 +84,12 @@ class Policy:
     dest_cap: ClassVar[int] = 0
     #: Set when :meth:`has_work` must be asked before an agent is connected.
     gates_allocation: ClassVar[bool] = False
+    #: Set when the policy gives each message recipient slots of its own (nqmgr's
+    #: jobs); a message none of whose transports does is read by oqmgr's limits.
+    holds_slots: ClassVar[bool] = False
+    #: Set when, as the default policy, recipients are read as oqmgr reads them: no
+    #: more files opened while the in-core recipient limit is reached, early refills.
+    bounded_reading: ClassVar[bool] = False
     #: The policy's own pyqmgr.cf parameters: name -> (default, kind, min, max), kind
     #: "int", "number" or "bool" (yes/no); checked at start-up in every
     #: ``<transport>_`` form the file gives.
@@ -145,6 +152,18 @@ class Policy:
 
     def unselect(self, entry: Entry) -> None:
         """The selected entry's request never reached the agent; it is todo again."""
+
+    def requeued(self, entry: Entry) -> None:
+        """An unselected entry stays todo for a while (a policy service said DEFER)."""
+
+    def todo_entries(self, message: Message) -> list[Entry]:
+        """The message's todo entries at this transport (its file goes on hold).
+
+        The default walks the transport's todo lists; a policy that keeps a message's
+        entries together (nqmgr's job peers) finds them without the walk.
+        """
+        return [e for q in self.transport.queues.values() for e in q.todo
+                if e.message is message]
 
     def done(self, entry: Entry, busy: bool) -> None:
         """``entry`` is finished: its delivery came back (busy) or it left todo.
@@ -232,6 +251,8 @@ BUILTIN = {
 }
 
 MODULE_PREFIX = "module:"
+#: Stock's scheduler: the default, and always the retry and error transports' policy.
+STOCK = "nqmgr"
 
 
 class PolicyError(Exception):
@@ -324,17 +345,15 @@ class PolicyTable:
     def __init__(self, default: PolicyClass | None = None,
                  by_transport: dict[str, PolicyClass] | None = None,
                  setting: Callable[[str, str, str], str] | None = None) -> None:
-        from pyqmgr.scheduler.nqmgr import Nqmgr  # nqmgr imports this module
-
         #: ``scheduler_policy``; stock's nqmgr when pyqmgr.cf names none.
-        self.default: PolicyClass = default or Nqmgr
+        self.default: PolicyClass = default or load(STOCK)
         self.by_transport = dict(by_transport or {})
         self.setting = setting
 
     @property
-    def oqmgr_reading(self) -> bool:
-        """Recipients are read by oqmgr's limits when the default policy is oqmgr."""
-        return self.default.name == "oqmgr"
+    def bounded_reading(self) -> bool:
+        """Recipients are read by oqmgr's limits when the default policy says so."""
+        return self.default.bounded_reading
 
     @property
     def stock(self) -> bool:
@@ -343,6 +362,9 @@ class PolicyTable:
             cls.name == "nqmgr" for cls in self.by_transport.values())
 
     def policy_for(self, transport: str) -> PolicyClass:
+        """The policy of ``transport``; the retry and error transports run stock's."""
+        if transport in (RETRY, ERROR):
+            return load(STOCK)
         return self.by_transport.get(transport, self.default)
 
     @classmethod

@@ -43,6 +43,7 @@ from pyqmgr.postfix.config import QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.postfix.policy_delegation import DeliveryRequest, Verdict, classify
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.core import ERROR, RETRY, Route, Scheduler
+from pyqmgr.scheduler.decisions import NOTHING, Decisions
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable
@@ -283,6 +284,8 @@ class Engine:
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
+        #: Decisions of the engine event under way, acted on after it (:meth:`_decisions`).
+        self._decided: list[Decisions] = []
         self.incoming: deque[_SimMessage] = deque()
         self.active = 0
         #: Per transport: processes delivering or announced, and agents waiting for one.
@@ -473,7 +476,7 @@ class Engine:
             sched.message_count = self.active
             msg.sched.enqueue_time = self.now
             routes = self._read(msg, sched.read_limit(msg.sched))
-            sched.assign(msg.sched, routes, now=self.now)
+            self.apply(sched.assign(msg.sched, routes, now=self.now))
 
     def _read(self, msg: _SimMessage, limit: int) -> list[Route]:
         batch = msg.routes[msg.pos:msg.pos + limit]
@@ -487,39 +490,50 @@ class Engine:
 
     # -- decisions ------------------------------------------------------------------
 
+    def apply(self, d: Decisions) -> Entry | None:
+        """Take one event's decisions (:mod:`pyqmgr.scheduler.decisions`); its entry.
+
+        They are acted on after the engine event that caused them, all of that event's
+        together (:meth:`_decisions`), as the daemon's event loop would see them.
+        """
+        if d is not NOTHING:
+            self._decided.append(d)
+        return d.deliver
+
     def _decisions(self) -> None:
+        """Act on the decisions of the engine event that just ran: the one place the
+        simulator applies them, in the daemon's order (logs, timers, deferrals,
+        recovery, finished messages), then connect agents for the work there is."""
         sched = self.sched
-        for severity, text in sched.log:
-            self.result.log.append((self.now, severity, text))
-        sched.log.clear()
-        for when in sched.timers:
-            self.at(when, self._tick)
-        sched.timers.clear()
-        for when in sched.gate_timers:
-            self.at(when, self._open_gates)
-        sched.gate_timers.clear()
-        for d in sched.deferrals:
-            dest = d.message.owner.route_of(d.recipient).nexthop
-            self.result.deferred[dest] = self.result.deferred.get(dest, 0) + 1
-            if self.sc.retry_deferred:
-                self._deferred_rcpt(d.message.owner, d.recipient)
-        sched.deferrals.clear()
-        if sched.waits:
-            for message, transport, qname in sched.waits:
+        batch, self._decided = self._decided, []
+        for d in batch:
+            for severity, text in d.log:
+                self.result.log.append((self.now, severity, text))
+        for d in batch:
+            for when in d.timers:
+                self.at(when, self._tick)
+        for d in batch:
+            for when in d.gate_timers:
+                self.at(when, self._open_gates)
+        for d in batch:
+            for deferral in d.deferrals:
+                dest = deferral.message.owner.route_of(deferral.recipient).nexthop
+                self.result.deferred[dest] = self.result.deferred.get(dest, 0) + 1
+                if self.sc.retry_deferred:
+                    self._deferred_rcpt(deferral.message.owner, deferral.recipient)
+        for d in batch:
+            for message, transport, qname in d.waits:
                 message.owner.waits.add((transport, qname))
-            sched.waits.clear()
-        if sched.recovered:
-            for transport, qname, nexthop, why in sched.recovered:
+        for d in batch:
+            for transport, qname, nexthop, why in d.recovered:
                 self._recover(transport, qname, nexthop, why)
-            sched.recovered.clear()
-        while sched.finished:
-            done = sched.finished
-            sched.finished = []
+        done = [message for d in batch for message in d.finished]
+        while done:
             for message in done:
                 msg: _SimMessage = message.owner
                 if message.more:
-                    sched.assign(message, self._read(msg, sched.read_limit(message)),
-                                 now=self.now)
+                    self.apply(sched.assign(message, self._read(msg, sched.read_limit(message)),
+                                            now=self.now))
                 else:
                     self.active -= 1
                     if msg.retry:
@@ -529,6 +543,11 @@ class Engine:
                         for i in msg.children:
                             self.at(self.now + self.sc.trace[i].gap, self._trace_arrival(i))
             self._feed()
+            # Messages these readings finished are handled now; the rest of their
+            # decisions wait for the next engine event, as they always have.
+            done = [message for d in self._decided for message in d.finished]
+            self._decided = [d._replace(finished=()) if d.finished else d
+                             for d in self._decided]
         while (name := sched.allocate()) is not None:
             limit = self.sc.process_limits.get(name, self.cfg.default_process_limit)
             if self.busy_procs.get(name, 0) < limit:
@@ -557,13 +576,13 @@ class Engine:
                 points.append(point)
 
     def _tick(self) -> None:
-        self.sched.tick(self.now)
+        self.apply(self.sched.tick(self.now))
         for t in list(self.sched.transports.values()):
             for queue in list(t.queues.values()):
                 self._sample(queue)
 
     def _open_gates(self) -> None:
-        self.sched.open_gates(self.now)
+        self.apply(self.sched.open_gates(self.now))
 
     def _release(self, name: str) -> None:
         if self.waiting.get(name, 0) > 0:
@@ -576,7 +595,7 @@ class Engine:
 
     def _agent(self, name: str) -> Callable[[], None]:
         def ready() -> None:
-            entry = self.sched.select(name, self.now)
+            entry = self.apply(self.sched.select(name, self.now))
             if entry is None:
                 self._release(name)
                 return
@@ -609,7 +628,7 @@ class Engine:
         while entry is not None:
             if self._apply(name, entry):
                 return
-            entry = self.sched.reselect(name, self.now)
+            entry = self.apply(self.sched.reselect(name, self.now))
             if entry is not None:
                 self.result.decisions += 1
                 if deleg.latency > 0:
@@ -657,20 +676,23 @@ class Engine:
             return True
         if verdict is Verdict.HOLD:
             res.held += 1
-            self.sched.drop_message(entry, self.now)
+            self.apply(self.sched.drop_message(entry, self.now))
             return False
         if verdict is Verdict.REJECT and deleg.reject == "bounce":
             n = len(entry.recipients)
             assert decision.dsn is not None
-            if self.sched.reject_to_error(entry, Dsn(decision.dsn, decision.text), self.now):
+            rejected = self.sched.reject_to_error(entry, Dsn(decision.dsn, decision.text),
+                                                  self.now)
+            self.apply(rejected)
+            if rejected.rejected:
                 res.rejected[dest] = res.rejected.get(dest, 0) + n
                 return False
         # DEFER, or REJECT without bounce (or with the error transport dead).
         delay = decision.delay if decision.delay is not None else deleg.defer_delay
         res.held_back[dest] = res.held_back.get(dest, 0) + 1
-        self.sched.hold_back(entry, self.now + delay, "delivery_policy_service",
-                             f"{dest}: policy service replied \"{decision.action}\"",
-                             self.now)
+        self.apply(self.sched.hold_back(entry, self.now + delay, "delivery_policy_service",
+                                        f"{dest}: policy service replied "
+                                        f"\"{decision.action}\"", self.now))
         return False
 
     def _attempt(self, name: str, entry: Entry) -> None:
@@ -845,17 +867,17 @@ class Engine:
                 if self.sc.retry_deferred:
                     for rcpt in later:
                         self._deferred_rcpt(entry.message.owner, rcpt)
-                self.sched.done(entry, 1 if later else 0, None, False, self.now)
+                self.apply(self.sched.done(entry, 1 if later else 0, None, False, self.now))
             elif outcome == "sent":
                 res.sent[dest] = res.sent.get(dest, 0) + n
                 self._delays(entry, dest, n)
-                self.sched.done(entry, 0, None, False, self.now)
+                self.apply(self.sched.done(entry, 0, None, False, self.now))
             else:
                 res.deferred[dest] = res.deferred.get(dest, 0) + n
                 if self.sc.retry_deferred and outcome != "bounced":
                     for rcpt in entry.recipients:
                         self._deferred_rcpt(entry.message.owner, rcpt)
-                self.sched.done(entry, 1, hop, False, self.now)
+                self.apply(self.sched.done(entry, 1, hop, False, self.now))
             self._last_end = self.now
             if self.record:
                 res.deliveries.append(Delivery(start, self.now, name, dest,

@@ -27,19 +27,19 @@ def test_window_limits_concurrency_and_grows_with_success():
     s = make(initial_destination_concurrency=2, destination_recipient_limit=1)
     m = Message("Q1", 0.0)
     s.assign(m, routes(10))
-    picked = [s.select("smtp") for _ in range(3)]
+    picked = [s.select("smtp").deliver for _ in range(3)]
     assert picked[2] is None, "window of 2 admits two deliveries"
     s.done(picked[0], 0, None, False, 1.0)
     assert s.transport("smtp").queues["example.com"].window == 3
-    assert s.select("smtp") is not None and s.select("smtp") is not None
-    assert s.select("smtp") is None
+    assert s.select("smtp").deliver is not None and s.select("smtp").deliver is not None
+    assert s.select("smtp").deliver is None
 
 
 def test_hop_failure_kills_site_and_reroutes_todo_to_retry():
     s = make(initial_destination_concurrency=1, destination_recipient_limit=1)
     m = Message("Q1", 0.0)
     s.assign(m, routes(3))
-    e = s.select("smtp")
+    e = s.select("smtp").deliver
     s.done(e, -1, Dsn("4.4.1", "connect refused"), False, 10.0)
     q = s.transport("smtp").queues["example.com"]
     assert q.throttled and q.revive_at == 310.0
@@ -61,8 +61,8 @@ def test_dead_transport_and_dead_retry_means_synchronous_defer():
     m = Message("Q1", 0.0)
     s.throttle_transport(RETRY, Dsn("4.3.0", "mail transport unavailable"), 0.0)
     s.throttle_transport("smtp", Dsn("4.3.0", "mail transport unavailable"), 0.0)
-    s.assign(m, routes(2))
-    assert [d.recipient.address for d in s.deferrals] == ["u0@example.com", "u1@example.com"]
+    d = s.assign(m, routes(2))
+    assert [d.recipient.address for d in d.deferrals] == ["u0@example.com", "u1@example.com"]
     assert m.deferred and m.refcount == 0
 
 
@@ -70,9 +70,9 @@ def test_finished_message_is_reported_once():
     s = make()
     m = Message("Q1", 0.0)
     s.assign(m, routes(2))
-    e = s.select("smtp")
-    s.done(e, 0, None, False, 0.0)
-    assert s.finished == [m]
+    e = s.select("smtp").deliver
+    d = s.done(e, 0, None, False, 0.0)
+    assert d.finished == (m,)
 
 
 def test_destination_rate_delay_suspends_between_deliveries():
@@ -80,16 +80,16 @@ def test_destination_rate_delay_suspends_between_deliveries():
              initial_destination_concurrency=1, destination_recipient_limit=1)
     m = Message("Q1", 0.0)
     s.assign(m, routes(3))
-    e = s.select("smtp")
-    assert s.select("smtp") is None
-    s.done(e, 0, None, False, 10.0)
+    e = s.select("smtp").deliver
+    assert s.select("smtp").deliver is None
+    d = s.done(e, 0, None, False, 10.0)
     q = s.transport("smtp").queues["example.com"]
-    assert q.suspended and q.resume_at == 12.0 and s.timers == [12.0]
-    assert s.select("smtp") is None and not s.has_work("smtp")
+    assert q.suspended and q.resume_at == 12.0 and d.timers == (12.0,)
+    assert s.select("smtp").deliver is None and not s.has_work("smtp")
     s.tick(11.9)
-    assert s.select("smtp") is None
+    assert s.select("smtp").deliver is None
     s.tick(12.0)
-    assert q.window == 1 and s.select("smtp") is not None
+    assert q.window == 1 and s.select("smtp").deliver is not None
 
 
 def test_send_failure_puts_the_entry_back_and_defers_the_transport():
@@ -101,11 +101,11 @@ def test_send_failure_puts_the_entry_back_and_defers_the_transport():
     s.assign(m, routes(3))
     t = s.transport("smtp")
     q = t.queues["example.com"]
-    e = s.select("smtp")
+    e = s.select("smtp").deliver
     assert q.busy_count == 1 and e.busy
-    s.send_failed(e, Dsn("4.3.0", "mail transport unavailable"), 5.0)
+    d = s.send_failed(e, Dsn("4.3.0", "mail transport unavailable"), 5.0)
     assert q.busy_count == 0 and not e.busy
-    assert t.revive_at == 65.0 and 65.0 in s.timers
+    assert t.revive_at == 65.0 and 65.0 in d.timers
     retry = s.transport(RETRY)
     assert retry.todo_count == 3, "the unselected entry is deferred with the others"
     (rq,) = retry.queues.values()

@@ -40,7 +40,7 @@ def routes(n: int, dest: str, start: int = 0) -> list[Route]:
 def take(s: Scheduler, now: float) -> list:
     got = []
     while s.allocate() is not None:
-        e = s.select("smtp", now)
+        e = s.select("smtp", now).deliver
         if e is not None:
             got.append(e)
     return got
@@ -52,19 +52,19 @@ def test_defer_gates_the_destination_and_the_agent_gets_another(policy):
     m = Message("Q1", 0.0)
     s.assign(m, routes(3, "slow.example") + routes(2, "free.example", 10), now=0.0)
     assert s.allocate() == "smtp"
-    first = s.select("smtp", 0.0)
+    first = s.select("smtp", 0.0).deliver
     assert first is not None
     held = first.queue
     other_name = "free.example" if held.name == "slow.example" else "slow.example"
-    s.hold_back(first, 60.0, SETTING, f"{held.nexthop}: policy service replied 450", 0.0)
+    d = s.hold_back(first, 60.0, SETTING, f"{held.nexthop}: policy service replied 450", 0.0)
     assert not first.busy and held.busy_count == 0
     assert held.gate is not None and held.gate.kind == "policy service"
     assert held.gate.until == 60.0 and held.gate.setting == SETTING
-    assert s.gate_timers == [60.0]
+    assert d.gate_timers == (60.0,)
     assert m.rcpt_count == 5 and m.refcount == 5, "nothing left core"
-    assert not s.deferrals and not s.finished
+    assert not d.deferrals and not d.finished
     # The same agent asks again: another destination, never the gated one.
-    again = s.reselect("smtp", 0.0)
+    again = s.reselect("smtp", 0.0).deliver
     assert again is not None and again.queue.name == other_name
     rest = take(s, 0.0)
     assert all(e.queue.name == other_name for e in rest)
@@ -83,7 +83,7 @@ def test_reselect_does_not_eat_another_agents_pending_count():
     assert s.allocate() == "smtp" and s.allocate() == "smtp"
     t = s.transports["smtp"]
     assert t.pending == 2
-    e = s.select("smtp", 0.0)
+    e = s.select("smtp", 0.0).deliver
     assert t.pending == 1
     s.hold_back(e, 10.0, SETTING, "x", 0.0)
     s.reselect("smtp", 0.0)
@@ -159,14 +159,14 @@ def test_reject_moves_the_recipients_to_the_error_transport(policy):
     s.assign(m, routes(2, "d.example"), now=0.0)
     e = take(s, 0.0)[0]
     rcpts = list(e.recipients)
-    assert s.reject_to_error(e, Dsn("5.7.1", "no mail for you"), 0.0)
+    assert s.reject_to_error(e, Dsn("5.7.1", "no mail for you"), 0.0).rejected
     err = s.transports[ERROR]
     (eq,) = err.queues.values()
     assert eq.nexthop == "5.7.1 no mail for you"
     assert eq.todo.first().recipients == rcpts
     assert m.refcount == 2 and m.rcpt_count == 2
     assert s.allocate() == ERROR
-    assert s.select(ERROR, 0.0).recipients == rcpts
+    assert s.select(ERROR, 0.0).deliver.recipients == rcpts
 
 
 def test_reject_with_the_error_transport_dead_leaves_the_entry_queued():
@@ -174,7 +174,7 @@ def test_reject_with_the_error_transport_dead_leaves_the_entry_queued():
     s.assign(Message("Q1", 0.0), routes(1, "d.example"), now=0.0)
     (e,) = take(s, 0.0)
     s.throttle_transport(ERROR, Dsn("4.3.0", "mail transport unavailable"), 0.0)
-    assert not s.reject_to_error(e, Dsn("5.7.1", "no"), 0.0)
+    assert not s.reject_to_error(e, Dsn("5.7.1", "no"), 0.0).rejected
     assert e.busy, "still selected: the caller holds it back"
     s.hold_back(e, 60.0, SETTING, "error transport unavailable", 0.0)
     assert e.queue.todo.first() is e and e.queue.gate is not None
@@ -187,21 +187,22 @@ def test_hold_drops_waiting_entries_and_finishes_after_the_one_under_way(policy)
     other = Message("Q2", 0.0)
     s.assign(m, routes(4, "a.example") + routes(3, "b.example", 10), now=0.0)
     s.assign(other, routes(2, "a.example", 20), now=0.0)
-    under_way = s.select("smtp", 0.0) if s.allocate() else None
-    asked = s.select("smtp", 0.0) if s.allocate() else None
+    under_way = s.select("smtp", 0.0).deliver if s.allocate() else None
+    asked = s.select("smtp", 0.0).deliver if s.allocate() else None
     assert under_way is not None and asked is not None
     if asked.message is not m:
         pytest.skip(f"{policy} chose another message second")
-    s.drop_message(asked, 1.0)
+    d = s.drop_message(asked, 1.0)
+    finished = list(d.finished)
     assert m.more is False, "no more recipients are read"
-    assert not s.deferrals and not m.deferred
+    assert not d.deferrals and not m.deferred
     left = [e for t in s.transports.values() for q in t.queues.values() for e in q.todo]
     assert all(e.message is other for e in left), left
     assert len(left) == 2 or (under_way.message is other and len(left) == 1)
     if under_way.message is m:
-        assert m.refcount == 1 and not s.finished
-        s.done(under_way, 0, None, False, 2.0)
-    assert s.finished == [m]
+        assert m.refcount == 1 and not finished
+        finished += s.done(under_way, 0, None, False, 2.0).finished
+    assert finished == [m]
     assert m.rcpt_count == 0
 
 
@@ -211,8 +212,7 @@ def test_hold_walks_only_the_messages_own_peers_under_nqmgr():
     s.assign(m, routes(3, "a.example"), now=0.0)
     for k in range(50):
         s.assign(Message(f"O{k}", 0.0), routes(1, f"d{k}.example", 100 + k), now=0.0)
-    e = s.select("smtp", 0.0) if s.allocate() else None
+    e = s.select("smtp", 0.0).deliver if s.allocate() else None
     assert e is not None and e.message is m
-    s.drop_message(e, 0.0)
-    assert s.finished == [m]
+    assert s.drop_message(e, 0.0).finished == (m,)
     assert sum(len(q.todo) for q in s.transports["smtp"].queues.values()) == 50

@@ -33,7 +33,7 @@ def test_a_full_window_names_the_concurrency_limit():
                                    initial_destination_concurrency=2,
                                    destination_recipient_limit=1))
     s.assign(Message("Q1", 0.0), routes(5), now=0.0)
-    assert s.select("smtp", 0.0) and s.select("smtp", 0.0)
+    assert s.select("smtp", 0.0).deliver and s.select("smtp", 0.0).deliver
     answer = explain(s, "d.example", 0.0)
     (full,) = [r for r in answer["reasons"] if r["constraint"] == "window full"]
     assert full["setting"] == "smtp_destination_concurrency_limit"
@@ -47,7 +47,7 @@ def test_a_window_below_its_limit_names_the_feedback():
                                    initial_destination_concurrency=1,
                                    destination_recipient_limit=1))
     s.assign(Message("Q1", 0.0), routes(3), now=0.0)
-    assert s.select("smtp", 0.0)
+    assert s.select("smtp", 0.0).deliver
     (full,) = explain(s, "d.example", 0.0)["reasons"]
     assert full["setting"] == "smtp_destination_concurrency_positive_feedback"
 
@@ -57,7 +57,7 @@ def test_a_dead_destination_names_its_cohorts_and_retry_time():
                                    destination_recipient_limit=1),
                   min_backoff_time=300)
     s.assign(Message("Q1", 0.0), routes(3), now=0.0)
-    e = s.select("smtp", 10.0)
+    e = s.select("smtp", 10.0).deliver
     assert e is not None
     s.done(e, 1, Dsn("4.4.1", "connect refused"), False, 10.0)
     answer = explain(s, "d.example", 20.0)
@@ -73,7 +73,7 @@ def test_a_transport_at_its_process_limit():
     s = Scheduler(lambda n: Params(destination_recipient_limit=1),
                   process_limit_for=lambda name: 2)
     s.assign(Message("Q1", 0.0), routes(2, "a.example") + routes(2, "b.example"), now=0.0)
-    assert s.select("smtp", 0.0) and s.select("smtp", 0.0)
+    assert s.select("smtp", 0.0).deliver and s.select("smtp", 0.0).deliver
     answer = explain(s, "b.example", 0.0)
     assert "process limit" in constraints(answer)
     (r,) = [r for r in answer["reasons"] if r["constraint"] == "process limit"]
@@ -86,8 +86,8 @@ def test_a_blocker_job_and_its_destination():
                                    destination_recipient_limit=1))
     s.assign(Message("Q1", 0.0), routes(3, "slow.example"), now=0.0)
     s.assign(Message("Q2", 1.0), routes(1, "fast.example"), now=1.0)
-    assert s.select("smtp", 1.0) is not None  # Q1 to slow, window now full
-    assert s.select("smtp", 1.0) is not None  # Q1 is a blocker, Q2 goes
+    assert s.select("smtp", 1.0).deliver is not None  # Q1 to slow, window now full
+    assert s.select("smtp", 1.0).deliver is not None  # Q1 is a blocker, Q2 goes
     assert "blocker job" in constraints(explain(s, "Q1", 1.0))
     assert "blocker job" in constraints(explain(s, "slow.example", 1.0))
 
@@ -102,12 +102,12 @@ def test_a_preempted_job_names_the_job_that_preempted_it():
     s.assign(big, routes(40, "big.example"), now=0.0)
     busy = []
     for _ in range(4):  # BIG earns slots
-        e = s.select("smtp", 0.0)
+        e = s.select("smtp", 0.0).deliver
         assert e is not None
         s.done(e, 0, None, False, 0.0)
     # Two recipients: after its first delivery SMALL still holds the stack.
     s.assign(Message("SMALL", 1.0), routes(2, "small.example"), now=1.0)
-    e = s.select("smtp", 2.0)
+    e = s.select("smtp", 2.0).deliver
     assert e is not None and e.message.queue_id == "SMALL", "preemption happened"
     busy.append(e)
     answer = explain(s, "BIG", 2.0)
@@ -122,7 +122,7 @@ def test_policies_explain_themselves():
                                    initial_destination_concurrency=100),
                   policies=PolicyTable(Finch), process_limit_for=lambda name: 12)
     s.assign(Message("BIG", 0.0), routes(30), now=0.0)
-    while s.select("smtp", 0.0) is not None:
+    while s.select("smtp", 0.0).deliver is not None:
         pass
     answer = explain(s, "BIG", 0.0)
     (r,) = [r for r in answer["reasons"] if r["constraint"] == "message concurrency"]
@@ -132,7 +132,7 @@ def test_policies_explain_themselves():
                   policies=PolicyTable(Zmailer), process_limit_for=lambda name: 1)
     z.assign(Message("A", 0.0), routes(2, "a.example"), now=0.0)
     z.assign(Message("B", 0.0), routes(2, "b.example"), now=0.0)
-    assert z.select("smtp", 0.0) is not None
+    assert z.select("smtp", 0.0).deliver is not None
     assert "thread waiting" in constraints(explain(z, "b.example", 0.0))
     assert "policy destination cap" in constraints(explain(z, "a.example", 0.0))
 
@@ -155,7 +155,7 @@ def test_a_blocker_with_two_destinations_is_one_reason():
                                    destination_recipient_limit=1))
     s.assign(Message("Q1", 0.0), routes(2, "a.example") + routes(2, "b.example"), now=0.0)
     s.assign(Message("Q2", 1.0), routes(1, "fast.example"), now=1.0)
-    picked = [s.select("smtp", 1.0) for _ in range(3)]
+    picked = [s.select("smtp", 1.0).deliver for _ in range(3)]
     assert [(e.message.queue_id, e.queue.name) for e in picked if e is not None] == [
         ("Q1", "a.example"), ("Q1", "b.example"), ("Q2", "fast.example")]
     answer = explain(s, "Q1", 1.0)

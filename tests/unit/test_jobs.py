@@ -49,7 +49,7 @@ def add(s: Scheduler, name: str, n: int, now: float = 0.0, dest: str = "d.exampl
 def deliver(s: Scheduler, count: int, now: float = 0.0) -> str:
     seq = ""
     for _ in range(count):
-        e = s.select("smtp", now)
+        e = s.select("smtp", now).deliver
         assert e is not None
         seq += e.message.queue_id
         s.done(e, 0, None, False, now)
@@ -79,7 +79,7 @@ def test_nqmgr_preemption_stack_slots_and_the_current_job():
     assert (big["slots_used"], big["slots_available"], big["loan"]) == (4, 4, 0)
     # 36 entries left + 4 slots fit 20 two-slot entries; 4 saved slots pay for 2.
     assert big["preempt_for"] == 2
-    e = s.select("smtp", 2.0)
+    e = s.select("smtp", 2.0).deliver
     assert e is not None and e.message.queue_id == "SMALL", "preemption happened"
     r = report(s, 2.0)
     assert r["policy"] == "nqmgr" and r["kind"] == "jobs" and r["total"] == 2
@@ -110,7 +110,7 @@ def test_nqmgr_preempt_for_is_the_largest_job_that_then_preempts():
     assert before["jobs"][0]["preempt_for"] == 10
     for n, preempts in ((10, True), (11, False)):
         s, _ = big_then(n)
-        e = s.select("smtp", 2.0)
+        e = s.select("smtp", 2.0).deliver
         assert e is not None and (e.message.queue_id == "SMALL") is preempts, n
         if preempts:
             (small, big) = report(s, 2.0)["jobs"]
@@ -123,8 +123,8 @@ def test_nqmgr_a_blocker_job_and_loans_off_without_slot_cost():
     s = Scheduler(lambda n: Params(**ONE_AT_A_TIME))  # type: ignore[arg-type]
     add(s, "Q1", 3, dest="slow.example")
     add(s, "Q2", 1, now=1.0, dest="fast.example")
-    assert s.select("smtp", 1.0) is not None  # Q1 to slow: its window is full
-    assert s.select("smtp", 1.0) is not None  # Q1 becomes a blocker, Q2 goes
+    assert s.select("smtp", 1.0).deliver is not None  # Q1 to slow: its window is full
+    assert s.select("smtp", 1.0).deliver is not None  # Q1 becomes a blocker, Q2 goes
     r = report(s, 5.0)
     (q1,) = [j for j in r["jobs"] if j["queue_id"] == "Q1"]
     assert q1["blocker"] and q1["age"] == 5.0
@@ -162,7 +162,7 @@ def test_oqmgr_round_robin_list_names_the_next_destination():
     for _ in range(6):
         r = report(s)
         (nxt,) = [q["destination"] for q in r["queues"] if q["next"]]
-        e = s.select("smtp", 0.0)
+        e = s.select("smtp", 0.0).deliver
         assert e is not None and e.queue.name == nxt
     assert not any(q["next"] for q in report(s)["queues"])
     assert report(s)["queues"][0]["in_flight"] >= 1
@@ -173,7 +173,7 @@ def test_finch_messages_with_their_workers():
              initial_destination_concurrency=100)
     add(s, "A", 30)
     add(s, "B", 2, now=1.0)
-    busy = [s.select("smtp", 1.0) for _ in range(4)]  # the four workers
+    busy = [s.select("smtp", 1.0).deliver for _ in range(4)]  # the four workers
     assert all(e is not None and e.message.queue_id == "A" for e in busy)
     r = report(s, 2.0)
     assert r["kind"] == "messages" and r["workers"] == 4 and r["busy"] == 4
@@ -194,13 +194,13 @@ def test_zmailer_threads_in_the_order_agents_go_to_them():
     assert [(t["destination"], t["state"], t["turn"]) for t in r["threads"]] == [
         ("a.example", "waiting", 1), ("b.example", "waiting", 2), ("c.example", "waiting", 3)]
     assert r["threads"][0]["oldest_age"] == 3.0
-    e = s.select("smtp", 3.0)
+    e = s.select("smtp", 3.0).deliver
     assert e is not None and e.queue.name == "a.example"
     s.done(e, 0, None, False, 3.0)  # its agent is back: the run of a goes on first
     r = report(s, 3.0)
     assert [(t["destination"], t["state"], t["run_left"]) for t in r["threads"]][:2] == [
         ("a.example", "continuing", 1), ("b.example", "waiting", 0)]
-    e = s.select("smtp", 3.0)
+    e = s.select("smtp", 3.0).deliver
     assert e is not None and e.queue.name == "a.example"
     states = {t["destination"]: t["state"] for t in report(s)["threads"]}
     assert states == {"b.example": "waiting", "c.example": "waiting", "a.example": "running"}
@@ -245,7 +245,7 @@ def test_a_policy_without_a_report_shows_its_destinations():
 def test_a_broken_policy_is_not_asked_and_unknown_transports_are_none():
     s = make(Breaks)
     add(s, "A", 2, dest="a.example")
-    assert s.select("smtp", 0.0) is None
+    assert s.select("smtp", 0.0).deliver is None
     r = report(s)
     assert r["broken"] and r["policy"] == "breaks" and r["kind"] == "queues"
     assert "the policy failed" in "\n".join(jobs_lines(r))
@@ -268,13 +268,13 @@ def test_asking_changes_no_decision(policy):
             for _ in range(2):
                 if ask:
                     report(s, float(k))
-                e = s.select("smtp", float(k))
+                e = s.select("smtp", float(k)).deliver
                 if e is not None:
                     out.append(f"{e.message.queue_id}/{e.queue.name}")
                     busy.append(e)
             if busy and k % 2:
                 s.done(busy.pop(0), 0, None, False, float(k))
-        while busy or (e := s.select("smtp", 9.0)) is not None:
+        while busy or (e := s.select("smtp", 9.0).deliver) is not None:
             if ask:
                 report(s, 9.0)
             if busy:

@@ -183,11 +183,11 @@ def test_feedback_steps_and_a_destination_declared_dead():
                                    destination_recipient_limit=1, failed_cohort_limit=2))
     s.assign(Message("Q1", 0.0), routes(10), now=0.0)
     t = s.transport("smtp")
-    e = s.select("smtp", 0.0)
+    e = s.select("smtp", 0.0).deliver
     assert e is not None
     s.done(e, 0, None, False, 0.0)  # feedback 1: the window grows by one
     assert (t.feedback_up, t.feedback_down) == (1, 0)
-    failing = [s.select("smtp", 1.0) for _ in range(3)]
+    failing = [s.select("smtp", 1.0).deliver for _ in range(3)]
     s.done(failing[0], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
     assert t.feedback_down >= 1 and t.destinations_died == 0
     for e in failing[1:]:
@@ -211,11 +211,11 @@ def test_preemptions_and_transport_deaths_are_counted():
                                    delivery_slot_discount=0))
     s.assign(Message("BIG", 0.0), routes(40, "big.example"), now=0.0)
     for _ in range(4):
-        e = s.select("smtp", 0.0)
+        e = s.select("smtp", 0.0).deliver
         assert e is not None
         s.done(e, 0, None, False, 0.0)
     s.assign(Message("SMALL", 1.0), routes(2, "small.example"), now=1.0)
-    e = s.select("smtp", 2.0)
+    e = s.select("smtp", 2.0).deliver
     assert e is not None and e.message.queue_id == "SMALL"
     assert s.transport("smtp").preemptions == 1
     s.allocation_failed("smtp", Dsn("4.3.0", "mail transport unavailable"), 3.0)
@@ -243,8 +243,8 @@ def test_outcomes_recipients_latency_and_age():
     s = Scheduler(lambda n: Params(destination_recipient_limit=2))
     s.assign(owned_message("Q1", now - 90), routes(4, "a.example"), now=0.0)
     s.assign(owned_message("Q2", now - 3600), routes(1, "b.example", "relay"), now=0.0)
-    a1, a2 = s.select("smtp", 0.0), s.select("smtp", 0.0)
-    b1 = s.select("relay", 0.0)
+    a1, a2 = s.select("smtp", 0.0).deliver, s.select("smtp", 0.0).deliver
+    b1 = s.select("relay", 0.0).deliver
     assert isinstance(a1, Entry) and isinstance(a2, Entry) and isinstance(b1, Entry)
     stats.delivery_done(a1, 0, 0.004)      # final, 2 recipients
     stats.delivery_done(a2, 1, 0.3)        # deferred, 2 recipients
@@ -299,7 +299,7 @@ def test_gauges_per_transport_and_destination():
                   process_limit_for=lambda name: 7)
     s.assign(Message("Q1", 0.0), routes(5, "a.example") + routes(2, "b.example"), now=0.0)
     for _ in range(2):
-        assert s.select("smtp", 0.0) is not None
+        assert s.select("smtp", 0.0).deliver is not None
     found = samples(s, messages=1)
     in_flight = {d: value(found, "pyqmgr_destination_in_flight", transport="smtp",
                           destination=d) for d in ("a.example", "b.example")}
@@ -343,7 +343,7 @@ def test_the_busiest_destinations_get_series_the_rest_one_aggregate():
 def test_idle_destinations_have_no_series():
     s = Scheduler(lambda n: Params(destination_recipient_limit=1))
     s.assign(Message("Q1", 0.0), routes(1, "a.example"), now=0.0)
-    e = s.select("smtp", 0.0)
+    e = s.select("smtp", 0.0).deliver
     assert e is not None
     assert ("pyqmgr_destination_in_flight", (("destination", "a.example"),
                                              ("transport", "smtp"))) in samples(s)

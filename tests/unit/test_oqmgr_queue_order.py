@@ -38,7 +38,7 @@ def batch(tag: str, per_dest: list[int], offset: int = 0) -> list[Route]:
 
 def domains(s: Scheduler) -> str:
     order = []
-    while (e := s.select("smtp", 1.0)) is not None:
+    while (e := s.select("smtp", 1.0).deliver) is not None:
         order.append(e.recipients[0].address.rsplit("@d", 1)[1][0])
     return "".join(order)
 
@@ -66,7 +66,7 @@ def test_a_queue_is_placed_by_its_first_recipient_in_domain_order():
                  Route("smtp", "qb", "qb", Recipient(3, "y@d0.example"))],
                 key=lambda r: r.queue_name)
     s.assign(Message("Q1", 0.0), rs, now=0.0)
-    first = s.select("smtp", 1.0)
-    second = s.select("smtp", 1.0)
+    first = s.select("smtp", 1.0).deliver
+    second = s.select("smtp", 1.0).deliver
     assert first is not None and second is not None
     assert (first.queue.name, second.queue.name) == ("qb", "qa")

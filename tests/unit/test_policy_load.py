@@ -165,14 +165,14 @@ def test_the_contrib_example_loads():
 
 def test_no_settings_is_stock():
     table = build("")
-    assert table.default is Nqmgr and table.stock and not table.oqmgr_reading
+    assert table.default is Nqmgr and table.stock and not table.bounded_reading
 
 
 def test_default_and_transport_forms():
     table = build("scheduler_policy = oqmgr\nsmtp_scheduler_policy = finch\n")
     assert table.policy_for("smtp") is Finch
     assert table.policy_for("local") is Oqmgr
-    assert table.oqmgr_reading and not table.stock
+    assert table.bounded_reading and not table.stock
 
 
 def test_unknown_name_names_the_file_and_parameter():

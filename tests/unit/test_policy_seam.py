@@ -82,11 +82,13 @@ def test_a_raising_select_defers_everything_waiting_and_names_the_policy():
     RaisesOnSelect.calls = 0
     s = make(RaisesOnSelect, destination_recipient_limit=1)
     m = Message("Q1", 0.0)
-    s.assign(m, sorted_routes(6, 2), now=0.0)
-    busy = [s.select("smtp", 1.0), s.select("smtp", 1.0)]
+    ds = [s.assign(m, sorted_routes(6, 2), now=0.0)]
+    ds += [s.select("smtp", 1.0), s.select("smtp", 1.0)]
+    busy = [ds[1].deliver, ds[2].deliver]
     assert all(busy)
-    assert s.select("smtp", 1.0) is None
-    warnings = [text for sev, text in s.log if sev == "warning"]
+    ds.append(s.select("smtp", 1.0))
+    assert ds[3].deliver is None
+    warnings = [text for d in ds for sev, text in d.log if sev == "warning"]
     assert warnings == ["transport smtp: scheduler policy raises-on-select: select: "
                         "RuntimeError: policy bug"]
     t = s.transport("smtp")
@@ -111,12 +113,12 @@ def test_a_raising_add_defers_that_recipient_and_routes_the_rest_to_retry():
     rs = [Route("smtp", "d0", "d0", Recipient(0, "good0@d0")),
           Route("smtp", "d0", "d0", Recipient(1, "bad1@d0")),
           Route("smtp", "d0", "d0", Recipient(2, "good2@d0"))]
-    s.assign(m, rs, now=0.0)
-    assert [d.recipient.address for d in s.deferrals] == ["bad1@d0"]
-    assert s.deferrals[0].dsn == POLICY_DSN and m.deferred
+    d = s.assign(m, rs, now=0.0)
+    assert [d.recipient.address for d in d.deferrals] == ["bad1@d0"]
+    assert d.deferrals[0].dsn == POLICY_DSN and m.deferred
     retry = [e for q in s.transport(RETRY).queues.values() for e in q.todo]
     assert sorted(r.address for e in retry for r in e.recipients) == ["good0@d0", "good2@d0"]
-    assert "scheduler policy raises-on-add: add: ValueError" in s.log[0][1]
+    assert "scheduler policy raises-on-add: add: ValueError" in d.log[0][1]
 
 
 def test_oqmgr_serves_destinations_round_robin_oldest_entry_first():
@@ -128,7 +130,7 @@ def test_oqmgr_serves_destinations_round_robin_oldest_entry_first():
           + [Route("smtp", "d2", "d2", Recipient(20 + i, f"c{i}@d2")) for i in range(2)])
     s.assign(m, rs, now=0.0)
     order = []
-    while (e := s.select("smtp", 1.0)) is not None:
+    while (e := s.select("smtp", 1.0).deliver) is not None:
         order.append(e.recipients[0].address)
     assert order == ["a0@d0", "b0@d1", "c0@d2", "a1@d0", "b1@d1", "c1@d2",
                      "a2@d0", "a3@d0", "a4@d0", "a5@d0"]
@@ -156,7 +158,7 @@ def test_oqmgr_fills_only_the_previous_recipients_entry():
 def test_oqmgr_reading_stops_feeding_at_the_in_core_recipient_limit():
     s = Scheduler(lambda name: Params(), rcpt_limit=100, active_limit=50,
                   policies=PolicyTable(Oqmgr), fudge_factor=50)
-    assert s.oqmgr_reading and s.fudge_limit == 50
+    assert s.bounded_reading and s.fudge_limit == 50
     assert s.first_read_limit() == 50
     m = Message("Q1", 0.0)
     m.more = True
@@ -174,11 +176,11 @@ def test_zmailer_caps_each_destination_at_one_delivery_for_allocation_too():
     s.assign(m, sorted_routes(9, 3), now=0.0)
     picked = []
     while s.allocate() is not None:
-        entry = s.select("smtp", 1.0)
+        entry = s.select("smtp", 1.0).deliver
         assert entry is not None
         picked.append(entry.queue.name)
     assert sorted(picked) == ["d0", "d1", "d2"], "one agent per destination"
-    assert s.select("smtp", 1.0) is None
+    assert s.select("smtp", 1.0).deliver is None
 
 
 def test_a_module_policy_loads_from_its_file(tmp_path):
@@ -189,7 +191,7 @@ def test_a_module_policy_loads_from_its_file(tmp_path):
     s = make(cls)
     s.assign(Message("Q1", 0.0), routes(3), now=0.0)
     assert s.policy("smtp").name == "mine"
-    entry = s.select("smtp", 1.0)
+    entry = s.select("smtp", 1.0).deliver
     assert entry is not None and len(entry.recipients) == 3
     assert in_core(s) == 0
 
@@ -222,16 +224,17 @@ def test_mixed_policies_in_one_message_keep_every_count():
     s.assign(m, rs, now=0.0)
     assert set(m.jobs) == {"smtp"}, "only nqmgr keeps jobs"
     delivered = []
+    finished = []
     for _ in range(100):
-        busy = [e for t in ("bulk", "relay", "smtp") if (e := s.select(t, 1.0)) is not None]
+        busy = [e for t in ("bulk", "relay", "smtp") if (e := s.select(t, 1.0).deliver) is not None]
         if not busy:
             break
         for e in busy:
             delivered += [r.address for r in e.recipients]
-            s.done(e, 0, None, False, 1.0)
+            finished += s.done(e, 0, None, False, 1.0).finished
     assert sorted(delivered) == sorted(r.recipient.address for r in rs)
     assert m.refcount == 0 and m.rcpt_count == 0 and s.rcpt_count == 0
-    assert s.finished == [m] and not m.jobs
+    assert finished == [m] and not m.jobs
 
 
 def test_a_bad_qmgr_fudge_factor_only_matters_to_the_policies_that_read_it(tmp_path):

@@ -33,7 +33,7 @@ def deliver(s: Scheduler, count: int | None = None, now: float = 0.0) -> str:
     """Select and finish deliveries one at a time; the message names, in order."""
     seq = ""
     while count is None or len(seq) < count:
-        entry = s.select("smtp", now)
+        entry = s.select("smtp", now).deliver
         if entry is None:
             break
         seq += entry.message.queue_id
@@ -133,10 +133,10 @@ def test_blocker_job_is_skipped_and_revived_when_its_destination_frees_up():
     s = scheduler(delivery_slot_cost=1)
     add(s, "1", 2, dest="slow")
     add(s, "2", 2, dest="fast")
-    first = s.select("smtp", 0)
+    first = s.select("smtp", 0).deliver
     assert first is not None and first.message.queue_id == "1"
     # slow is at its window of 1: job 1 blocks, job 2's destination is served.
-    second = s.select("smtp", 0)
+    second = s.select("smtp", 0).deliver
     assert second is not None and second.message.queue_id == "2"
     t = s.policy("smtp")
     job1 = s.policy("smtp").job_list.first()
@@ -145,7 +145,7 @@ def test_blocker_job_is_skipped_and_revived_when_its_destination_frees_up():
     # slow frees up: all blockers are released at once and job 1 comes first again.
     s.done(first, 0, None, False, 0)
     assert job1.blocker_tag != t.blocker_tag
-    third = s.select("smtp", 0)
+    third = s.select("smtp", 0).deliver
     assert third is not None and third.message.queue_id == "1"
 
 
@@ -169,7 +169,7 @@ def test_children_of_a_finished_job_are_adopted_by_its_parent():
     jobs = {"7": seven.jobs["smtp"], "8": eight.jobs["smtp"]}
     four = next(j for j in t.job_list if j.message.queue_id == "4")
     one = next(j for j in t.job_list if j.message.queue_id == "1")
-    while (entry := s.select("smtp", 0)) is not None:
+    while (entry := s.select("smtp", 0).deliver) is not None:
         seq += entry.message.queue_id
         if list(four.children) == [jobs["7"], jobs["8"]]:
             siblings_seen = True

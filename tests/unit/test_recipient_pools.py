@@ -93,22 +93,23 @@ def test_big_message_read_in_batches_delivers_every_recipient_once():
     seen: list[tuple[str, int]] = []
     peak = 0
     busy = []
+    finished = []
     while True:
-        entry = s.select("smtp", 0)
+        entry = s.select("smtp", 0).deliver
         if entry is None:
             if not busy:
                 break
-            s.done(busy.pop(0), 0, None, False, 0)
+            finished += s.done(busy.pop(0), 0, None, False, 0).finished
             continue
         seen += [(entry.message.queue_id, r.offset) for r in entry.recipients]
         busy.append(entry)
         if len(busy) >= 4:
-            s.done(busy.pop(0), 0, None, False, 0)
+            finished += s.done(busy.pop(0), 0, None, False, 0).finished
         peak = max(peak, s.rcpt_count)
-        for m in s.finished:
+        for m in finished:
             if m.more:
                 s.assign(m, file.read(m, s.read_limit(m)), now=0)
-        s.finished.clear()
+        finished.clear()
     assert sorted(seen) == sorted([("big", i) for i in range(500)]
                                   + [(f"s{i}", j) for i in range(5) for j in range(3)])
     assert len(seen) == len(set(seen)), "no recipient delivered twice"
@@ -134,7 +135,7 @@ def test_unread_job_preempting_gets_half_of_the_extra_pool():
     assert job.rcpt_limit == 0 and t.rcpt_unused == 0
     seq = ""
     while not seq.endswith("2"):
-        entry = s.select("smtp", 0)
+        entry = s.select("smtp", 0).deliver
         assert entry is not None
         seq += entry.message.queue_id
         s.done(entry, 0, None, False, 0)

@@ -54,13 +54,16 @@ def routes(n: int, dest: str = "d.example", start: int = 0) -> list[Route]:
             for i in range(start, start + n)]
 
 
-def starts(s: Scheduler, now: float) -> list:
-    """Every entry an agent would get now (agents are plentiful)."""
+def starts(s: Scheduler, now: float, gate_timers: list | None = None) -> list:
+    """Every entry an agent would get now (agents are plentiful); the gate timers the
+    selections asked for go to ``gate_timers``."""
     got = []
     while s.allocate() is not None:
-        e = s.select("smtp", now)
-        if e is not None:
-            got.append(e)
+        d = s.select("smtp", now)
+        if gate_timers is not None:
+            gate_timers += d.gate_timers
+        if d.deliver is not None:
+            got.append(d.deliver)
     return got
 
 
@@ -72,11 +75,12 @@ def rules() -> tuple:
 def test_a_rate_spaces_starts_while_several_run_at_once(policy):
     s = sched(Shaping(Rate(2, 1.0)), policy)
     s.assign(Message("Q1", 0.0), routes(10), now=0.0)
-    first = starts(s, 0.0)
+    timers: list[float] = []
+    first = starts(s, 0.0, timers)
     assert len(first) == 1, "one start, then the gate closes for 0.5 s"
     q = s.transports["smtp"].queues["d.example"]
     assert q.gate is not None and q.gate.kind == "rate" and q.gate.until == 0.5
-    assert s.gate_timers == [0.5]
+    assert timers == [0.5]
     assert starts(s, 0.4) == []
     s.open_gates(0.5)
     assert len(starts(s, 0.5)) == 1
@@ -125,11 +129,11 @@ def test_a_throttling_reply_caps_the_window_and_is_no_failed_cohort():
     out = starts(s, 0.0)
     assert len(out) == 5
     q = s.transports["smtp"].queues["d.example"]
-    s.done(out[0], 1, TOO_MANY, False, 1.0)
+    d = s.done(out[0], 1, TOO_MANY, False, 1.0)
     assert not q.throttled and q.fail_cohorts == 0, "alive, and no cohort counted"
     assert q.cap == 4 and q.window == 4, "0.8 x 5 in flight"
     assert any("matched rules, line 3: window capped at 4 (5 in flight)" in text
-               for _, text in s.log)
+               for _, text in d.log)
     (r,) = [r for r in explain(s, "d.example", 1.0)["reasons"]
             if r["constraint"] == "window capped by throttling"]
     assert r["setting"] == "rules, line 3" and r["cap"] == 4
@@ -237,9 +241,10 @@ def test_after_k_in_a_period_waits_for_the_kth_match():
 def test_no_shaping_means_no_gates_and_no_shapes():
     s = sched(None)
     s.assign(Message("Q1", 0.0), routes(10), now=0.0)
-    assert len(starts(s, 0.0)) == 5
+    timers: list[float] = []
+    assert len(starts(s, 0.0, timers)) == 5
     q = s.transports["smtp"].queues["d.example"]
-    assert q.shape is None and q.gate is None and not s.gate_heap and not s.gate_timers
+    assert q.shape is None and q.gate is None and not s.gate_heap and not timers
 
 
 # -- parsing ----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def drain(s: Scheduler, now: float = 0.0) -> list[str]:
     """
     got = []
     while (name := s.allocate()) is not None:
-        e = s.select(name, now)
+        e = s.select(name, now).deliver
         if e is None:
             continue
         got.append(e.queue.name if name == "smtp" else f"{name}:{e.queue.name}")
@@ -61,7 +61,7 @@ def test_a_suspended_destination_gets_no_agent_and_resumes_at_once(policy):
     a = s.transports["smtp"].queues["a.example"]
     assert len(a.todo) == 3 and a.busy_count == 0, "held mail stays in core"
     assert s.allocate() is None, "no agent is asked for on a held destination's account"
-    assert s.resume(Target(None, "a.example")) is not None
+    assert s.resume(Target(None, "a.example")).resumed is not None
     assert drain(s) == ["a.example"] * 3
     assert not s.transports["smtp"].queues
 
@@ -70,12 +70,12 @@ def test_a_suspended_destination_gets_no_agent_and_resumes_at_once(policy):
 def test_the_ttl_ends_a_suspension_in_tick(policy):
     s = sched(policy)
     s.assign(Message("Q1", 0.0), routes(2, "a.example"), now=0.0)
-    s.suspend(hold(Target(None, "a.example"), now=0.0, ttl=50.0))
-    assert 50.0 in s.timers
-    s.tick(49.9)
-    assert drain(s, 49.9) == [] and not s.ended
-    s.tick(50.0)
-    assert [str(e.target) for e in s.ended] == ["destination a.example"]
+    d = s.suspend(hold(Target(None, "a.example"), now=0.0, ttl=50.0))
+    assert 50.0 in d.timers
+    d = s.tick(49.9)
+    assert drain(s, 49.9) == [] and not d.ended
+    d = s.tick(50.0)
+    assert [str(e.target) for e in d.ended] == ["destination a.example"]
     assert not s.suspensions
     assert drain(s, 50.0) == ["a.example"] * 2
 
@@ -95,7 +95,7 @@ def test_a_queue_made_while_suspended_is_held_too():
 def test_a_delivery_in_flight_finishes_and_the_window_is_kept():
     s = sched(initial_destination_concurrency=3)
     s.assign(Message("Q1", 0.0), routes(5, "a.example"), now=0.0)
-    e = s.select("smtp", 0.0)
+    e = s.select("smtp", 0.0).deliver
     assert e is not None
     s.suspend(hold(Target(None, "a.example")))
     s.done(e, 0, None, False, 1.0)
@@ -112,7 +112,7 @@ def test_a_suspended_transport_gets_no_agents_and_a_pending_one_gets_nothing():
     s.assign(Message("Q1", 0.0), routes(2, "a.example"), now=0.0)
     assert s.allocate() == "smtp"  # an agent is on its way
     s.suspend(hold(Target("smtp", None)))
-    assert s.select("smtp", 0.0) is None, "the agent that comes gets nothing"
+    assert s.select("smtp", 0.0).deliver is None, "the agent that comes gets nothing"
     assert s.allocate() is None
     assert s.transports["smtp"].pending == 0
     s.resume(Target("smtp", None))
@@ -140,22 +140,22 @@ def test_nqmgr_jobs_held_only_by_suspended_destinations_resume_with_them():
 def test_resume_names_exactly_the_target_suspended():
     s = sched()
     s.suspend(hold(Target(None, "a.example")))
-    assert s.resume(Target("smtp", "a.example")) is None
-    assert s.resume(Target(None, "a.example")) is not None
-    assert s.resume(Target(None, "a.example")) is None
+    assert s.resume(Target("smtp", "a.example")).resumed is None
+    assert s.resume(Target(None, "a.example")).resumed is not None
+    assert s.resume(Target(None, "a.example")).resumed is None
 
 
 def test_retry_revives_a_dead_destination():
     s = sched(initial_destination_concurrency=1, failed_cohort_limit=1)
     s.assign(Message("Q1", 0.0), routes(1, "a.example"), now=0.0)
-    e = s.select("smtp", 0.0)
+    e = s.select("smtp", 0.0).deliver
     assert e is not None
     s.done(e, 1, Dsn("4.4.1", "connect refused"), False, 0.0)
     q = s.transports["smtp"].queues["a.example"]
     assert q.throttled
-    assert s.retry(Target(None, "a.example")) == ["smtp:a.example"]
+    assert list(s.retry(Target(None, "a.example")).affected) == ["smtp:a.example"]
     assert "a.example" not in s.transports["smtp"].queues, "revived and idle: discarded"
-    assert s.retry(Target(None, "a.example")) == []
+    assert list(s.retry(Target(None, "a.example")).affected) == []
 
 
 def test_explain_and_status_report_the_suspension():

@@ -23,9 +23,9 @@ from pyqmgr.scheduler.nqmgr.job import (
     job_obtain,
     move_limits,
 )
-from pyqmgr.scheduler.nqmgr.peer import Peer, peer_free, peer_obtain
+from pyqmgr.scheduler.nqmgr.peer import peer_free, peer_obtain
+from pyqmgr.scheduler.nqmgr.structures import NqEntry, NqState, Peer
 from pyqmgr.scheduler.policy import Context, Policy, Reason, reason
-from pyqmgr.scheduler.qlist import Node, QList
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message, Recipient
@@ -33,45 +33,15 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.transport import Transport
 
 
-class NqEntry(Entry):
-    """An entry that is also on its job peer's list."""
-
-    __slots__ = ("peer", "peer_node")
-
-    def __init__(self, message: Message, queue: Queue, peer: Peer) -> None:
-        super().__init__(message, queue)
-        self.peer = peer
-        self.peer_node: Node[NqEntry] = Node(self)
-
-
-class Nqmgr(Policy):
+class Nqmgr(Policy, NqState):
     """One transport's nqmgr state: its job lists, candidate cache and slot pools."""
 
     name = "nqmgr"
+    holds_slots = True
 
     def __init__(self, transport: Transport, ctx: Context) -> None:
-        super().__init__(transport, ctx)
-        cfg = transport.cfg
-        #: The scheduler's job list (preemption reorders it).
-        self.job_list: QList[Job] = QList()
-        #: The jobs in enqueue order, along which recipient slots are handed out.
-        self.job_bytime: QList[Job] = QList()
-        self.job_current: Job | None = None
-        self.job_next_unread: Job | None = None
-        self.candidate_cache: Job | None = None
-        self.candidate_cache_current: Job | None = None
-        self.candidate_cache_time = 0
-        #: Odd and bumped by 2, so a job's or queue's tag 0 never matches.
-        self.blocker_tag = 1
-        self.slot_cost = cfg.delivery_slot_cost
-        self.slot_loan = cfg.delivery_slot_loan
-        self.slot_loan_factor = 100 - cfg.delivery_slot_discount
-        self.min_slots = cfg.minimum_delivery_slots
-        #: The recipient slot pool (may go negative by the per-stack extra).
-        self.rcpt_unused = cfg.recipient_limit
-        self.rcpt_per_stack = cfg.extra_recipient_limit
-        self.refill_limit = cfg.recipient_refill_limit
-        self.refill_delay = cfg.recipient_refill_delay
+        Policy.__init__(self, transport, ctx)
+        NqState.__init__(self, transport)
 
     # -- recipients in ------------------------------------------------------------------
 
@@ -132,6 +102,13 @@ class Nqmgr(Policy):
         nq = cast(NqEntry, entry)
         nq.peer.entries.prepend(nq.peer_node)
         nq.peer.job.selected_entries -= 1
+
+    def todo_entries(self, message: Message) -> list[Entry]:
+        """The message's todo entries here, through its job's peers (no walk)."""
+        job = message.jobs.get(self.tname)
+        if job is None:
+            return []
+        return [e for peer in list(job.peers) for e in peer.entries if not e.busy]
 
     def requeued(self, entry: Entry) -> None:
         """An unselected entry stays todo for a while (a policy service's DEFER).

@@ -19,57 +19,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.entry import Entry, entry_select
-from pyqmgr.scheduler.nqmgr.peer import Peer, peer_select
-from pyqmgr.scheduler.qlist import Node, QList
+from pyqmgr.scheduler.nqmgr.peer import peer_select
+from pyqmgr.scheduler.nqmgr.structures import Job, Peer
+from pyqmgr.scheduler.nqmgr.structures import NqState as Transport
+from pyqmgr.scheduler.qlist import Node
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
-    from pyqmgr.scheduler.nqmgr import Nqmgr as Transport
     from pyqmgr.scheduler.policy import Context as Refiller
     from pyqmgr.scheduler.queue import Queue
-
-
-class Job:
-    __slots__ = (
-        "message", "transport", "list_node", "time_node", "sibling_node",
-        "stack_parent", "children", "stack_level", "blocker_tag", "peer_byname",
-        "peers", "slots_used", "slots_available", "selected_entries", "read_entries",
-        "rcpt_count", "rcpt_limit",
-    )
-
-    def __init__(self, message: Message, transport: Transport) -> None:
-        self.message = message
-        self.transport = transport
-        self.list_node: Node[Job] = Node(self)
-        self.time_node: Node[Job] = Node(self)
-        self.sibling_node: Node[Job] = Node(self)
-        self.stack_parent: Job | None = None
-        self.children: QList[Job] = QList()
-        #: -1: off the job lists (new or retired); 0: on them; > 0: preempting.
-        self.stack_level = -1
-        self.blocker_tag = 0
-        self.peer_byname: dict[str, Peer] = {}
-        self.peers: QList[Peer] = QList()
-        self.slots_used = 0
-        self.slots_available = 0
-        self.selected_entries = 0
-        self.read_entries = 0
-        self.rcpt_count = 0
-        self.rcpt_limit = 0
-
-    def __repr__(self) -> str:
-        return (f"Job({self.message.queue_id}/{self.transport.tname} lvl {self.stack_level} "
-                f"sel {self.selected_entries}/{self.read_entries} "
-                f"slots {self.slots_available})")
-
-    @property
-    def has_entries(self) -> bool:
-        return self.selected_entries < self.read_entries
-
-    @property
-    def max_entries(self) -> int:
-        """At most this many entries in all: the read ones plus every unread recipient."""
-        return self.read_entries + self.message.rcpt_unread
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -9,25 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.qlist import Node, QList
+from pyqmgr.scheduler.nqmgr.structures import Job, Peer
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.nqmgr import NqEntry as Entry
-    from pyqmgr.scheduler.nqmgr.job import Job
     from pyqmgr.scheduler.queue import Queue
-
-
-class Peer:
-    __slots__ = ("job", "queue", "entries", "refcount", "node")
-
-    def __init__(self, job: Job, queue: Queue) -> None:
-        self.job = job
-        self.queue = queue
-        #: Todo entries of this job for this queue, oldest first.
-        self.entries: QList[Entry] = QList()
-        #: Entries (todo and busy) that still refer to this peer.
-        self.refcount = 0
-        self.node: Node[Peer] = Node(self)
 
 
 def peer_obtain(job: Job, queue: Queue) -> Peer:

@@ -1,0 +1,101 @@
+"""What the core decided in answer to one event: one immutable value (in the manner of h11).
+
+Every event into the core (:class:`~pyqmgr.scheduler.core.Scheduler`'s ``assign``,
+``select``, ``done``, ``tick`` ...) returns one :class:`Decisions`. The driver applies it
+in one place (the daemon's ``Qmgr.apply``, the simulator's ``Engine.apply``) and the core
+keeps nothing for it to collect later, so a decision can neither be forgotten nor be
+applied twice, and a test reads the outcome of exactly the event it sent.
+
+While an event runs, the verbs append to an :class:`Outbox`; the event's last step is
+:meth:`Outbox.take`, which hands the lists over as tuples and starts afresh. Most events
+decide nothing beyond their entry, so the empty value is shared (:data:`NOTHING`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.scheduler.message import Message, Recipient
+    from pyqmgr.scheduler.queue import Dsn
+    from pyqmgr.scheduler.suspension import Suspension
+
+
+@dataclass(frozen=True, slots=True)
+class DeferRecipient:
+    """Write a defer-log record for this recipient now (the retry transport is dead too)."""
+
+    message: Message
+    recipient: Recipient
+    dsn: Dsn
+
+
+class Decisions(NamedTuple):
+    """One event's decisions, each a tuple the driver acts on in order."""
+
+    #: The entry an agent delivers now (``select``, ``reselect``); None: nothing to do.
+    deliver: Entry | None = None
+    #: (severity, text) lines to log, in order.
+    log: tuple[tuple[str, str], ...] = ()
+    #: Recipients to append to the defer log synchronously.
+    deferrals: tuple[DeferRecipient, ...] = ()
+    #: Messages whose last in-core entry finished: defer, remove or hold their files.
+    finished: tuple[Message, ...] = ()
+    #: Times at which ``tick`` has work: arm a timer for each.
+    timers: tuple[float, ...] = ()
+    #: Times at which ``open_gates`` has work (shaping gates, recovery steps).
+    gate_timers: tuple[float, ...] = ()
+    #: Operators' suspensions whose time ran out (log them, rewrite the state file).
+    ended: tuple[Suspension, ...] = ()
+    #: (message, transport, queue name) whose mail waits for a failed destination.
+    waits: tuple[tuple[Message, str, str], ...] = ()
+    #: (transport, queue name, nexthop, why watched): watched destinations delivered again.
+    recovered: tuple[tuple[str, str, str, str], ...] = ()
+    #: The in-core queues or transports an operator's control now covers or revived.
+    affected: tuple[str, ...] = ()
+    #: The suspension ``resume`` ended (None: there was none for that target).
+    resumed: Suspension | None = None
+    #: ``reject_to_error``: the recipients went to the error transport.
+    rejected: bool = False
+
+
+NOTHING = Decisions()
+
+
+class Outbox:
+    """The decisions of the event under way; :meth:`take` ends the event."""
+
+    __slots__ = ("log", "deferrals", "finished", "timers", "gate_timers", "ended", "waits",
+                 "recovered", "affected")
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.deferrals: list[DeferRecipient] = []
+        self.finished: list[Message] = []
+        self.timers: list[float] = []
+        self.gate_timers: list[float] = []
+        self.ended: list[Suspension] = []
+        self.waits: list[tuple[Message, str, str]] = []
+        self.recovered: list[tuple[str, str, str, str]] = []
+        self.affected: list[str] = []
+
+    def take(self, deliver: Entry | None = None, resumed: Suspension | None = None,
+             rejected: bool = False) -> Decisions:
+        """The event is over: its decisions as one value; the outbox starts empty."""
+        if not (self.log or self.deferrals or self.finished or self.timers
+                or self.gate_timers or self.ended or self.waits or self.recovered
+                or self.affected):
+            if deliver is None and resumed is None and not rejected:
+                return NOTHING
+            return Decisions(deliver, resumed=resumed, rejected=rejected)
+        decisions = Decisions(deliver, tuple(self.log), tuple(self.deferrals),
+                              tuple(self.finished), tuple(self.timers),
+                              tuple(self.gate_timers), tuple(self.ended), tuple(self.waits),
+                              tuple(self.recovered), tuple(self.affected), resumed, rejected)
+        for pending in (self.log, self.deferrals, self.finished, self.timers,
+                        self.gate_timers, self.ended, self.waits, self.recovered,
+                        self.affected):
+            pending.clear()
+        return decisions

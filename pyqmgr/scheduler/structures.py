@@ -1,0 +1,399 @@
+"""The scheduler's structures, declared together as Postfix's ``qmgr.h`` declares them.
+
+A destination queue holds its entries, an entry points back at its queue, a transport
+holds its queues and its policy, and the policy works on entries: the structures name
+each other, so they live in one module that imports no other part of the scheduler, and
+the modules with the verbs that change them (:mod:`.entry`, :mod:`.queue`,
+:mod:`.transport`, :mod:`.policy`, :mod:`.core` ...) import it, as each ``qmgr_*.c``
+file includes ``qmgr.h``. What each structure is for is said at its class.
+
+:class:`Backend` is what the shared machinery asks of a transport's scheduling policy
+(OpenSMTPD's scheduler backend): :class:`~pyqmgr.scheduler.policy.Policy` implements
+it, and so must any other scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pyqmgr.scheduler.feedback import Feedback, rounding_rules
+from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.qlist import Node, QList
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.shaping import Gate, Shape, Shaping
+    from pyqmgr.scheduler.suspension import Suspension
+
+#: The transports stock routes to when a destination or transport is dead (retry) or
+#: a recipient is undeliverable (error); they always run stock's policy.
+RETRY = "retry"
+ERROR = "error"
+
+#: Delivery request flags for opportunistic connection caching (deliver_request.h).
+DEL_REQ_FLAG_CONN_LOAD = 1 << 11
+DEL_REQ_FLAG_CONN_STORE = 1 << 12
+DEL_REQ_FLAG_CONN_MASK = DEL_REQ_FLAG_CONN_LOAD | DEL_REQ_FLAG_CONN_STORE
+
+
+class Entry:
+    __slots__ = ("message", "queue", "recipients", "busy", "queue_node", "started")
+
+    def __init__(self, message: Message, queue: Queue) -> None:
+        self.message = message
+        self.queue = queue
+        self.recipients: list[Recipient] = []
+        self.busy = False
+        self.queue_node: Node[Entry] = Node(self)
+        #: When its delivery started (scheduler clock); kept only under shaping.
+        self.started = 0.0
+
+    @property
+    def transport(self) -> str:
+        return self.queue.transport.name
+
+    def __repr__(self) -> str:
+        return (f"Entry({self.message.queue_id} {self.queue.transport.name}/"
+                f"{self.queue.name} x{len(self.recipients)}{' busy' if self.busy else ''})")
+
+
+THROTTLED = 0
+SUSPENDED = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Dsn:
+    """A delivery status: ``4.4.1`` plus the text that explains it."""
+
+    status: str
+    reason: str
+
+    @property
+    def nexthop(self) -> str:
+        """How the retry/error transports receive a DSN: as their next hop."""
+        return f"{self.status} {self.reason}"
+
+
+@dataclass(eq=False)
+class Queue:
+    transport: Transport
+    name: str
+    nexthop: str
+    window: int = 0
+    success: float = 0.0
+    failure: float = 0.0
+    fail_cohorts: float = 0.0
+    busy_count: int = 0
+    #: Entries waiting for an agent, in the order they were created.
+    todo: QList[Entry] = field(default_factory=QList)
+    #: Equal to the transport's blocker tag while this queue blocks the job list.
+    blocker_tag: int = 0
+    #: When a delivery to this destination last finished (whole seconds).
+    last_done: int = 0
+    #: Connection-caching request flags (DEL_REQ_FLAG_CONN_*) for its deliveries.
+    dflags: int = 0
+    #: Why the destination is dead; None while it is alive.
+    dsn: Dsn | None = None
+    #: When a dead destination comes back (scheduler clock).
+    revive_at: float | None = None
+    #: When a rate-delayed destination may deliver again (scheduler clock).
+    resume_at: float | None = None
+    #: Earliest time for the next "is using up N of M active queue entries" warning.
+    clog_time_to_warn: float = 0.0
+    #: Why no delivery starts now though the destination is alive: an operator's
+    #: suspension (``pyqmgr suspend``), a rate's spacing, a backoff rule, a policy
+    #: service's DEFER (:mod:`.shaping`). None: open. The one attribute every policy
+    #: tests, so that each new reason to wait costs the delivery path nothing more.
+    gate: Suspension | Gate | None = None
+    #: A response rule's cap on the window (0: none), below the concurrency limit.
+    cap: int = 0
+    #: Shaping state (:class:`.shaping.Shape`) when the transport has shaping.
+    shape: Shape | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.window > 0
+
+    @property
+    def throttled(self) -> bool:
+        return self.window == THROTTLED
+
+    @property
+    def suspended(self) -> bool:
+        return self.window == SUSPENDED
+
+    def suspend(self, now: float, delay: float) -> None:
+        """destination_rate_delay: emulate a slow channel by pausing this destination."""
+        self.window = SUSPENDED
+        self.resume_at = now + delay
+
+    def resume(self) -> None:
+        self.window = 1
+        self.resume_at = None
+
+    @property
+    def idle(self) -> bool:
+        """No entries at all: a live queue like this is discarded (``qmgr_queue_done``)."""
+        return self.busy_count == 0 and not self.todo
+
+    # -- feedback -----------------------------------------------------------------
+
+    def _log_window(self, func: str) -> None:
+        t = self.transport
+        if t.feedback_debug:
+            t.log(
+                f"{func}: queue {self.name}: limit {t.cfg.destination_concurrency_limit} "
+                f"window {self.window} success {self.success:g} failure {self.failure:g} "
+                f"fail_cohorts {self.fail_cohorts:g}"
+            )
+
+    def _log_feedback(self, feedback: float) -> None:
+        if self.transport.feedback_debug:
+            self.transport.log(f"qmgr_queue_feedback: feedback {feedback:g}")
+
+    def unthrottle(self) -> None:
+        """Positive feedback after a delivery without hop failure; revive a dead site."""
+        t = self.transport
+        self.fail_cohorts = 0.0
+        if self.throttled:
+            self.dsn = None
+            self.revive_at = None
+            # Back from the almost grave, best concurrency is anyone's guess.
+            self.window = self.busy_count if self.busy_count > 0 else t.initial_concurrency
+            if self.cap and self.window > self.cap:
+                self.window = self.cap
+            self.success = self.failure = 0.0
+            self._log_window("qmgr_queue_unthrottle")
+            return
+        limit = t.cfg.destination_concurrency_limit
+        if self.cap and (limit == 0 or self.cap < limit):
+            limit = self.cap
+        if (limit == 0 or limit > self.window) and (
+            self.window < self.busy_count + t.initial_concurrency
+        ):
+            feedback = t.pos_feedback.value(self.window)
+            self._log_feedback(feedback)
+            self.success += feedback
+            hysteresis = t.pos_feedback.hysteresis
+            while self.success + feedback * t.feedback_slack >= hysteresis:
+                t.feedback_up += 1
+                self.window += hysteresis
+                self.success -= hysteresis
+                self.failure = 0.0
+            if limit > 0 and self.window > limit:
+                self.window = limit
+        self._log_window("qmgr_queue_unthrottle")
+
+    def throttle(self, dsn: Dsn, now: float, min_backoff_time: float) -> bool:
+        """Negative feedback after a hop failure; True when the site is now dead."""
+        t = self.transport
+        if self.ready:
+            self.fail_cohorts += 1.0 / self.window
+            limit = t.cfg.failed_cohort_limit
+            if limit > 0 and (self.fail_cohorts > limit if t.cohort_beyond_limit
+                              else self.fail_cohorts >= limit):
+                self.window = THROTTLED
+                t.destinations_died += 1
+        if self.ready:
+            feedback = t.neg_feedback.value(self.window)
+            self._log_feedback(feedback)
+            self.failure -= feedback
+            hysteresis = t.neg_feedback.hysteresis
+            while self.failure - feedback * t.feedback_slack < 0:
+                t.feedback_down += 1
+                self.window -= hysteresis
+                self.success = 0.0
+                self.failure += hysteresis
+            if self.window < 1:
+                self.window = 1
+        dead = self.throttled
+        if dead:
+            self.dsn = dsn
+            self.revive_at = now + min_backoff_time
+        self._log_window("qmgr_queue_throttle")
+        return dead
+
+
+#: Stock keeps at most this many agent connections per transport waiting for an agent.
+MAX_PENDING = 2
+
+
+class TransportParams(Protocol):
+    """What the core needs of a transport's configuration (config.TransportConfig).
+
+    Read-only properties, so that a frozen config fits.
+    """
+
+    @property
+    def destination_concurrency_limit(self) -> int: ...
+    @property
+    def destination_recipient_limit(self) -> int: ...
+    @property
+    def initial_destination_concurrency(self) -> int: ...
+    @property
+    def failed_cohort_limit(self) -> int: ...
+    @property
+    def destination_rate_delay(self) -> int: ...
+    @property
+    def transport_rate_delay(self) -> int: ...
+    @property
+    def delivery_slot_cost(self) -> int: ...
+    @property
+    def delivery_slot_loan(self) -> int: ...
+    @property
+    def delivery_slot_discount(self) -> int: ...
+    @property
+    def minimum_delivery_slots(self) -> int: ...
+    @property
+    def recipient_limit(self) -> int: ...
+    @property
+    def extra_recipient_limit(self) -> int: ...
+    @property
+    def recipient_refill_limit(self) -> int: ...
+    @property
+    def recipient_refill_delay(self) -> int: ...
+
+
+class Transport:
+    def __init__(self, name: str, cfg: TransportParams, pos: Feedback, neg: Feedback,
+                 log: Callable[[str], None], feedback_debug: bool = False,
+                 rounding: str = "stock") -> None:
+        self.name = name
+        self.cfg = cfg
+        self.pos_feedback = pos
+        self.neg_feedback = neg
+        #: Feedback rounding (see feedback.ROUNDINGS): the fraction of a feedback step
+        #: that counts as reaching the hysteresis boundary, and whether a destination
+        #: dies at (stock) or only beyond (pseudocode) the failed cohort limit.
+        self.feedback_slack, self.cohort_beyond_limit = rounding_rules(rounding)
+        self.log = log
+        self.feedback_debug = feedback_debug
+        self.node: Node[Transport] = Node(self)
+        self.queues: dict[str, Queue] = {}
+        #: Queues that could take a delivery now (ready, room, todo): allocation test.
+        self.ready_queues: dict[Queue, None] = {}
+        self.dsn: Dsn | None = None
+        self.revive_at: float | None = None
+        #: transport_rate_delay: no new agent until the current delivery is over.
+        self.rate_lock = False
+        #: Agent connections asked for and not yet announced.
+        self.pending = 0
+        #: The transport's scheduling policy (set by the core right after creation).
+        self.policy: Backend = None  # type: ignore[assignment]
+        #: The policy's cap on deliveries in flight per destination (0: none).
+        self.dest_cap = 0
+        #: Ask the policy before connecting an agent (Policy.gates_allocation).
+        self.gated = False
+        #: The policy raised: its hooks are not called again, the transport is dead
+        #: until transport_retry_time passes, then it gets a fresh policy.
+        self.broken = False
+        #: An operator's suspension of the whole transport: no agents while set.
+        self.suspension: Suspension | None = None
+        #: pyqmgr.cf's shaping for this transport (:mod:`.shaping`); None: stock.
+        self.shaping: Shaping | None = None
+        #: Shaping state by queue name, kept while it matters after a queue is gone.
+        self.shapes: dict[str, Shape] = {}
+        # Event counters for the metrics exporter (pyqmgr/daemon/metrics_exporter.py):
+        # plain ints raised in O(1) where the event happens, because the core does no
+        # I/O and knows nothing of Prometheus; the daemon reads them when scraped.
+        # Transports are never discarded, so the counts only grow.
+        #: Concurrency window steps up (positive feedback) and down (negative).
+        self.feedback_up = 0
+        self.feedback_down = 0
+        #: Destinations declared dead (failed cohorts reached their limit).
+        self.destinations_died = 0
+        #: Times the transport itself was declared dead (agent unreachable, policy bug).
+        self.times_died = 0
+        #: nqmgr preemptions: a job jumped ahead of the current one.
+        self.preemptions = 0
+
+    @property
+    def throttled(self) -> bool:
+        return self.dsn is not None
+
+    @property
+    def initial_concurrency(self) -> int:
+        return self.cfg.initial_destination_concurrency
+
+    @property
+    def recipient_limit(self) -> int:
+        """Recipients per delivery request (``<transport>_destination_recipient_limit``)."""
+        return self.cfg.destination_recipient_limit
+
+    @property
+    def todo_count(self) -> int:
+        return sum(len(q.todo) for q in self.queues.values())
+
+    def queue(self, name: str, nexthop: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = Queue(self, name, nexthop, window=self.initial_concurrency)
+            self.queues[name] = queue
+        return queue
+
+    def room(self, queue: Queue) -> int:
+        """Deliveries ``queue`` may start now: its window, capped by the policy's cap.
+
+        Zero while the destination is gated (suspended, rate-spaced, backing off).
+        """
+        if queue.gate is not None:
+            return 0
+        window = queue.window
+        cap = self.dest_cap
+        if cap and window > cap:
+            window = cap
+        return window - queue.busy_count
+
+    def sync(self, queue: Queue) -> None:
+        """Keep :attr:`ready_queues` true for ``queue`` after any change to it."""
+        if queue.window > queue.busy_count and queue.todo and queue.window > 0 and (
+                not self.dest_cap or queue.busy_count < self.dest_cap) and (
+                queue.gate is None):
+            self.ready_queues[queue] = None
+        else:
+            self.ready_queues.pop(queue, None)
+
+    def wants_agent(self) -> bool:
+        """``qmgr_transport_select``'s test: enough deliverable work for one more agent.
+
+        Stock walks the queue list summing min(room, todo) over ready queues until it
+        covers pending + 1; queues outside :attr:`ready_queues` add nothing, and each
+        queue inside adds at least one, so at most MAX_PENDING + 1 are looked at.
+        """
+        if (self.dsn is not None or self.rate_lock or self.pending >= MAX_PENDING
+                or self.suspension is not None):
+            return False
+        need = self.pending + 1
+        for queue in self.ready_queues:
+            need -= min(self.room(queue), len(queue.todo))
+            if need <= 0:
+                return not self.gated or self.policy.has_work()
+        return False
+
+
+class Backend(Protocol):
+    """A transport's scheduling policy as the shared machinery sees it.
+
+    :class:`pyqmgr.scheduler.policy.Policy` is the base every built-in and ``module:``
+    policy derives from; this is the whole of what the core, the entry verbs and the
+    reports call on it, so that these modules need not import the policies.
+    """
+
+    name: ClassVar[str]
+
+    def add(self, message: Message, queue: Queue, recipient: Recipient,
+            last: Entry | None) -> Entry: ...
+    def new_entry(self, message: Message, queue: Queue) -> Entry: ...
+    def moved(self, entry: Entry, count: int) -> None: ...
+    def select(self) -> Entry | None: ...
+    def unselect(self, entry: Entry) -> None: ...
+    def requeued(self, entry: Entry) -> None: ...
+    def done(self, entry: Entry, busy: bool) -> None: ...
+    def resumed(self, queue: Queue) -> None: ...
+    def queue_done(self, queue: Queue) -> None: ...
+    def todo_entries(self, message: Message) -> list[Entry]: ...
+    def has_work(self) -> bool: ...
+    def describe(self) -> dict[str, object]: ...
+    def jobs_report(self, now: float, limit: int | None = None) -> dict[str, object]: ...
+    def explain(self, queue: Queue | None, message: Message | None) -> list[Any]: ...
