@@ -3,49 +3,60 @@
 Events are method calls: a message's recipients were read and routed
 (:meth:`Scheduler.assign`), an agent of a transport announced itself (:meth:`select`),
 a delivery finished (:meth:`done`), an agent could not be reached
-(:meth:`allocation_failed`), time passed (:meth:`tick`), the admin asked for a flush
-(:meth:`enable_all`). Decisions come back as values: which transport deserves one more
-agent (:meth:`allocate`), the entry to deliver, and lists the driver drains: messages
-that are finished, recipients to defer through the defer service because even the
-retry transport is dead, deadlines at which to call :meth:`tick`, and log lines.
-Reading more recipients of a message is the one request the core makes synchronously
-(the ``refill`` callback), because stock's selection reads them in the middle of
-choosing and uses them at once.
+(:meth:`allocation_failed`), time passed (:meth:`tick`, :meth:`open_gates`), the admin
+asked for a flush (:meth:`enable_all`), an operator or a policy service acted. Each
+event returns one :class:`~.decisions.Decisions` value: the entry to deliver, log
+lines, recipients to defer, finished messages, timers to arm. Which transport
+deserves one more agent is a query (:meth:`allocate`). Reading more recipients of a
+message is the one request the core makes synchronously, through the port the driver
+gives it (``refill``, :data:`~.state.Refill`), because stock's selection reads them in
+the middle of choosing and uses them at once.
 
-What every scheduler shares lives here and beside it: transports and agent allocation
-(:mod:`.transport`), the Postfix 2.5 concurrency window per destination and dead sites
-(:mod:`.queue`), entries (:mod:`.entry`) and messages (:mod:`.message`). Which entry an
-agent delivers, and the bookkeeping that decision needs, is each transport's policy
-(:mod:`.policy`): stock's nqmgr (:mod:`.nqmgr`) unless the scheduler's
-:class:`~.policy.PolicyTable` says otherwise.
+The :class:`Scheduler` holds the state stock keeps in ``qmgr.h``'s globals and routes
+each event to the verbs, which live beside what they change, as in stock's
+``src/qmgr/``:
+
+========================  ================================================================
+:mod:`.structures`        entries, queues, transports, the policy Backend (``qmgr.h``)
+:mod:`.message`           a message's scheduling state and its recipients
+:mod:`.entry`             select, unselect, finish and move entries (``qmgr_entry.c``)
+:mod:`.queue`             destination queues into and out of core (``qmgr_queue.c``)
+:mod:`.reading`           how many recipients to read, filing them (``qmgr_message.c``)
+:mod:`.defer`             dead destinations and transports (``qmgr_defer.c``)
+:mod:`.gates`             suspensions' and shaping's gates, rates, response rules
+:mod:`.controls`          operators' suspend, resume and retry
+:mod:`.recovery`          which deferred mail waits for which destination
+:mod:`.delegation`        a delivery policy service's answers
+:mod:`.decisions`         one event's decisions as one value
+:mod:`.state`             the core's state as the verb modules see it
+:mod:`.policy`            the policy seam; :mod:`.nqmgr` (stock), :mod:`.oqmgr`,
+                          :mod:`.finch`, :mod:`.zmailer` implement it
+========================  ================================================================
+
+Which entry an agent delivers, and the bookkeeping that decision needs, is each
+transport's policy: stock's nqmgr unless the scheduler's
+:class:`~.policy.PolicyTable` says otherwise. The core names no policy.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
-from pyqmgr.scheduler.decisions import Decisions, DeferRecipient, Outbox
-from pyqmgr.scheduler.entry import Entry, entry_unselect
+from pyqmgr.scheduler import controls, defer, delegation, gates, reading, recovery
+from pyqmgr.scheduler.decisions import Decisions, Outbox
+from pyqmgr.scheduler.entry import Entry, entry_done, entry_unselect
 from pyqmgr.scheduler.feedback import parse_or_warn, rounding_rules
-from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.message import Message, Route
 from pyqmgr.scheduler.policy import PolicyClass, PolicyTable
 from pyqmgr.scheduler.qlist import QList
-from pyqmgr.scheduler.shaping import (
-    Gate,
-    Rule,
-    Shape,
-    Shaping,
-    effective_interval,
-    observed_rate,
-    take_start,
-    triggered,
-)
+from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
+from pyqmgr.scheduler.reading import MAX_READ, POLICY_DSN
+from pyqmgr.scheduler.recovery import RECOVERY_WATCH_LIMIT, SUSPENDED
+from pyqmgr.scheduler.shaping import Shaping
+from pyqmgr.scheduler.state import Refill
 from pyqmgr.scheduler.structures import (
     ERROR,
     RETRY,
@@ -57,17 +68,10 @@ from pyqmgr.scheduler.structures import (
 )
 from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
 
-SUSPENDED = "delivery temporarily suspended: "
-#: Why mail waits when a transport's policy raised (as for an unreachable agent).
-POLICY_DSN = Dsn("4.3.0", "mail transport unavailable: scheduler policy error")
-_DSN_RE = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
+__all__ = ["ERROR", "MAX_READ", "POLICY_DSN", "RECOVERY_WATCH_LIMIT", "RETRY", "SUSPENDED",
+           "Refill", "Route", "Scheduler", "Settings", "dsn_valid"]
 
-#: Stock reads at most this many recipients at once, to keep event latency in check.
-MAX_READ = 5000
-#: Destinations watched for deferred-mail recovery at most (:meth:`Scheduler.watch_recovery`).
-#: Beyond this many dead or throttled at once, the others' deferred mail simply waits
-#: for its retry time, as in stock: recovery is an optimisation, never a duty.
-RECOVERY_WATCH_LIMIT = 10_000
+_DSN_RE = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
 
 
 class FullTransportParams(TransportParams, Protocol):
@@ -102,34 +106,8 @@ class Settings(Protocol):
     def transport(self, name: str) -> FullTransportParams: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where trivial-rewrite (and qmgr's own rules) sent one recipient."""
-
-    transport: str
-    queue_name: str
-    nexthop: str
-    recipient: Recipient
-
-
 def dsn_valid(status: str) -> bool:
     return bool(_DSN_RE.match(status))
-
-
-def _why(dsn: Dsn, rule: str | None = None) -> str:
-    """Why a destination is watched for recovery, as its log line will say."""
-    text = f"{dsn.status} {dsn.reason.removeprefix(SUSPENDED)}"
-    if len(text) > 200:
-        text = text[:197] + "..."
-    if rule is not None:
-        return f'a throttling reply "{text}" matched {rule}'
-    return f"it was dead ({text})"
-
-
-#: refill(message, limit): read up to ``limit`` more recipients of the message, set
-#: ``message.more`` and ``message.rcpt_unread``, and return their routes sorted by
-#: transport and queue (None: the file could not be read; ``more`` must be False then).
-Refill = Callable[[Message, int], "list[Route] | None"]
 
 
 class Scheduler:
@@ -202,10 +180,9 @@ class Scheduler:
         self.out = Outbox()
         #: Operators' suspensions in force (:mod:`.suspension`).
         self.suspensions = SuspensionTable()
-        #: Shaping deadlines: (when, seq, transport, queue name, what). Popped by
-        #: :meth:`open_gates` in O(log n), never by a walk over every queue.
+        #: Shaping deadlines: (when, seq, transport, queue name, what), see gates.py.
         self.gate_heap: list[tuple[float, int, Transport, str, str]] = []
-        self._gate_seq = itertools.count()
+        self.gate_seq = itertools.count()
         #: Deferred-mail recovery (pyqmgr.cf ``deferred_recovery_rate``), off (None)
         #: unless :meth:`watch_recovery`: the destinations, by (transport, queue name),
         #: that were dead or throttled and have not delivered since, with why.
@@ -252,7 +229,7 @@ class Scheduler:
             pos, pos_warn = parse_or_warn(cfg.positive_feedback, cfg.positive_feedback_name)
             neg, neg_warn = parse_or_warn(cfg.negative_feedback, cfg.negative_feedback_name)
             debug = self.feedback_debug and name not in (RETRY, ERROR)
-            t = Transport(name, cfg, pos, neg, self._info, feedback_debug=debug,
+            t = Transport(name, cfg, pos, neg, self.info, feedback_debug=debug,
                           rounding=self.feedback_rounding)
             for warn in (pos_warn, neg_warn):
                 if warn:
@@ -260,7 +237,7 @@ class Scheduler:
             if debug:
                 for fb, fb_name in ((pos, cfg.positive_feedback_name),
                                     (neg, cfg.negative_feedback_name)):
-                    self._info(
+                    self.info(
                         f"{name}: {fb_name} feedback type {fb.index} value at "
                         f"{self.initial_concurrency}: {fb.value(self.initial_concurrency):g}"
                     )
@@ -300,99 +277,39 @@ class Scheduler:
         """The policy of transport ``name`` (created with the transport if need be)."""
         return self.transport(name).policy
 
-    def _queue(self, t: Transport, name: str, nexthop: str) -> Queue:
-        queue = t.queues.get(name)
-        if queue is None:
-            queue = t.queue(name, nexthop)
-            self.queue_count += 1
-            if t.shaping is not None:
-                shape = t.shapes.get(name)
-                if shape is None:
-                    shape = t.shapes[name] = Shape()
-                queue.shape = shape
-                queue.cap = shape.cap
-                if queue.cap and queue.window > queue.cap:
-                    queue.window = queue.cap
-            if self.suspensions or (queue.shape is not None and queue.shape.gate is not None):
-                queue.gate = self._gate_for(queue)
-        return queue
-
-    def _queue_done(self, queue: Queue) -> None:
-        """Discard an idle, live in-core queue."""
-        t = queue.transport
-        if t.queues.get(queue.name) is queue:
-            del t.queues[queue.name]
-            self.queue_count -= 1
-        t.ready_queues.pop(queue, None)
-        if not t.broken:
-            t.policy.queue_done(queue)
-        shape = queue.shape
-        if shape is not None:
-            if shape.neutral(self.now):
-                t.shapes.pop(queue.name, None)
-            elif shape.gate is None and shape.rule is None:
-                # Only the rate's spacing remains: forget it once it has passed.
-                self._push_gate(shape.tat, t, queue.name, "prune")
-
-    def _info(self, text: str) -> None:
+    def info(self, text: str) -> None:
         self.out.log.append(("info", text))
-
-    def _error_queue(self, service: str, dsn: Dsn) -> Queue | None:
-        """The retry/error queue for ``dsn``, or None when that is dead too."""
-        t = self.transport(service)
-        if t.throttled:
-            return None
-        q = self._queue(t, dsn.nexthop, dsn.nexthop)
-        return None if q.throttled else q
 
     # -- messages -------------------------------------------------------------------
 
-    def _admit(self, message: Message) -> None:
-        if message.rcpt_limit <= 0 and not message.jobs and message.refcount == 0:
-            message.rcpt_limit = self.msg_rcpt_limit
+    # -- events -------------------------------------------------------------------
+
+    # -- what the driver and the policies ask (reading.py has the rules) -------------
 
     def read_limit(self, message: Message) -> int:
-        """How many recipients to read into core for this message now.
-
-        The first batch may fill the global pool (qmgr_message_recipient_limit) but
-        gets at least the message's own reserve; later batches get exactly the slots
-        the message's jobs were given. Never more than 5000 at once.
-        """
-        self._admit(message)
-        if self.slotless and not message.jobs:
-            # No nqmgr job holds slots for this message: oqmgr's per-batch limit.
-            return min(self.fudge_limit, MAX_READ)
-        if message.more:
-            return min(message.rcpt_limit - message.rcpt_count, MAX_READ)
-        return min(max(self.rcpt_limit - self.rcpt_count, message.rcpt_limit), MAX_READ)
+        """How many recipients to read into core for this message now."""
+        return reading.read_limit(self, message)
 
     @property
     def fudge_limit(self) -> int:
         """oqmgr's batch size: FUDGE(qmgr_message_recipient_limit)."""
-        return max(1, self.rcpt_limit * self.fudge_factor // 100)
+        return reading.fudge_limit(self)
 
     def may_feed(self) -> bool:
         """May the driver open another queue file? (oqmgr: not at the recipient limit.)"""
-        return not self.bounded_reading or self.rcpt_count < self.rcpt_limit
+        return reading.may_feed(self)
 
     def first_read_limit(self) -> int:
         """:meth:`read_limit` for a message not created yet (the driver reads first)."""
-        if self.bounded_reading:
-            return min(self.fudge_limit, MAX_READ)
-        return min(max(self.rcpt_limit - self.rcpt_count, self.msg_rcpt_limit), MAX_READ)
+        return reading.first_read_limit(self)
 
     def realloc(self, message: Message) -> None:
         """Read the message's next recipient batch now (``qmgr_message_realloc``)."""
-        if self.refill is None or not message.more:
-            return
-        limit = self.read_limit(message)
-        if limit <= 0:
-            return
-        routes = self.refill(message, limit)
-        if routes is not None:
-            self._assign(message, routes, False)
+        reading.realloc(self, message)
 
-    # -- events -------------------------------------------------------------------
+    def queue_done(self, queue: Queue) -> None:
+        """Discard an idle, live in-core queue (for the verbs that cannot import it)."""
+        queue_done(self, queue)
 
     def assign(self, message: Message, routes: Iterable[Route], flush_each: bool = False,
                now: float | None = None) -> Decisions:
@@ -407,62 +324,10 @@ class Scheduler:
         """
         if now is not None:
             self.now = now
-        self._assign(message, routes, flush_each)
+        reading.assign(self, message, routes, flush_each)
         return self.out.take()
 
-    def _assign(self, message: Message, routes: Iterable[Route], flush_each: bool) -> None:
-        self._admit(message)
-        message.refill_time = self.clock
-        last: Entry | None = None
-        last_queue: Queue | None = None
-        for route in routes:
-            t = self.transport(route.transport)
-            queue: Queue | None
-            dsn: Dsn | None
-            if flush_each and t.throttled:
-                self._transport_unthrottle(t)
-            if flush_each and not t.throttled:
-                named = t.queues.get(route.queue_name)
-                if named is not None and named.throttled:
-                    self._queue_unthrottle(named)
-            if t.throttled:
-                assert t.dsn is not None
-                queue = self._error_queue(RETRY, t.dsn)
-                dsn = t.dsn
-                if self.recovery_watch is not None:
-                    self._wait(message, t.name, route.queue_name, _why(dsn))
-            else:
-                queue = self._queue(t, route.queue_name, route.nexthop)
-                dsn = queue.dsn if queue.throttled else None
-                if dsn is not None:
-                    queue = self._error_queue(RETRY, dsn)
-                    if self.recovery_watch is not None:
-                        self._wait(message, t.name, route.queue_name, _why(dsn))
-            if queue is None:
-                assert dsn is not None
-                message.deferred = True
-                self.out.deferrals.append(DeferRecipient(message, route.recipient, dsn))
-                continue
-            if queue is not last_queue:
-                last = None
-                last_queue = queue
-            refs = message.refcount
-            try:
-                last = queue.transport.policy.add(message, queue, route.recipient, last)
-            except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
-                self._policy_failed(queue.transport, "add", exc)
-                message.deferred = True
-                self.out.deferrals.append(DeferRecipient(message, route.recipient, POLICY_DSN))
-                last = last_queue = None
-                continue
-            if message.refcount != refs and self.helpful_warnings and self.clog_warn_time > 0:
-                self._clog_warning(queue)
-            message.rcpt_count += 1
-            self.rcpt_count += 1
-        for cls in self.policy_classes:
-            cls.message_assigned(message)
-
-    def _policy_failed(self, t: Transport, where: str, exc: Exception) -> None:
+    def policy_failed(self, t: Transport, where: str, exc: Exception) -> None:
         """A policy raised: log it with its name, and treat it as a failed agent.
 
         The transport is dead for transport_retry_time, so its waiting mail goes to
@@ -474,45 +339,7 @@ class Scheduler:
         t.broken = True
         self.out.log.append(("warning", f"transport {t.name}: scheduler policy {t.policy.name}: "
                                     f"{where}: {type(exc).__name__}: {exc}"))
-        self._throttle_transport(t.name, POLICY_DSN, self.now)
-
-    def _clog_warning(self, queue: Queue) -> None:
-        """One destination filling the active queue: stock's advice, at most so often."""
-        length = len(queue.todo) + queue.busy_count
-        if length <= self.active_limit // 5 or self.now < queue.clog_time_to_warn:
-            return
-        count = max(self.message_count, 1)
-        share = length / count
-        t = queue.transport
-        warn = [f"mail for {queue.nexthop} is using up {length} of {count} active queue "
-                "entries"]
-        if share < 0.9:
-            warn.append("this may slow down other mail deliveries")
-        limit = t.cfg.destination_concurrency_limit
-        if 0 < limit <= queue.busy_count + 1:
-            warn.append(f"you may need to increase the main.cf {t.name}"
-                        f"_destination_concurrency_limit from {limit}")
-        elif queue.window > self.active_limit * share:
-            warn.append("you may need to increase the main.cf qmgr_message_active_limit "
-                        f"from {self.active_limit}")
-        elif len(t.queues) > 1:
-            warn.append(f"you may need a separate master.cf transport for {queue.nexthop}")
-        else:
-            warn += [
-                f"you may need to reduce {t.name} connect and helo timeouts",
-                "so that Postfix quickly skips unavailable hosts",
-                "you may need to increase the main.cf minimal_backoff_time and "
-                "maximal_backoff_time",
-                "so that Postfix wastes less time on undeliverable mail",
-                f"you may need to increase the master.cf {t.name} process limit",
-            ]
-        warn += [
-            "please avoid flushing the whole queue when you have",
-            "lots of deferred mail, that is bad for performance",
-            "to turn off these warnings specify: qmgr_clog_warn_time = 0",
-        ]
-        self.out.log.extend(("warning", w) for w in warn)
-        queue.clog_time_to_warn = self.now + self.clog_warn_time
+        defer.defer_transport(self, t.name, POLICY_DSN, self.now)
 
     def allocate(self) -> str | None:
         """A transport that deserves one more agent connection, counted as pending.
@@ -557,11 +384,11 @@ class Scheduler:
         try:
             entry = None if t.broken or t.suspension is not None else t.policy.select()
         except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
-            self._policy_failed(t, "select", exc)
+            self.policy_failed(t, "select", exc)
             entry = None
         if entry is not None and t.shaping is not None:
             entry.started = self.now
-            self._started(entry.queue)
+            gates.started(self, entry.queue)
         if entry is None:
             # Stock would keep the rate lock until some delivery ends; with none under
             # way the transport would never be chosen again.
@@ -573,7 +400,7 @@ class Scheduler:
         t = self.transport(name)
         if t.pending > 0:
             t.pending -= 1
-        self._throttle_transport(name, dsn, now)
+        defer.defer_transport(self, name, dsn, now)
         return self.out.take()
 
     def send_failed(self, entry: Entry, dsn: Dsn, now: float) -> Decisions:
@@ -585,7 +412,7 @@ class Scheduler:
         ``transport_retry_time`` has passed.
         """
         entry_unselect(entry)
-        self._throttle_transport(entry.queue.transport.name, dsn, now)
+        defer.defer_transport(self, entry.queue.transport.name, dsn, now)
         return self.out.take()
 
     def done(self, entry: Entry, status: int, hop: Dsn | None, crashed: bool,
@@ -611,9 +438,9 @@ class Scheduler:
             if rule is not None and rule.throttle and hop is not None:
                 # Throttling, not failure: the rule's action instead of negative
                 # feedback, and never a failed cohort (the site is alive).
-                self._throttled(queue, rule, hop, now, entry.started)
+                gates.throttled(self, queue, rule, hop, now, entry.started)
                 if self.recovery_watch is not None:
-                    self._wait(message, t.name, queue.name, _why(hop, rule.where))
+                    recovery.wait(self, message, t.name, queue.name, recovery.why(hop, rule.where))
             elif hop is not None and hop.status:
                 dsn = Dsn(
                     hop.status if dsn_valid(hop.status) else "4.0.0",
@@ -622,115 +449,28 @@ class Scheduler:
                 if self.recovery_watch is not None:
                     # A site failure: this mail waits for the site, which is watched
                     # once it is dead (_defer_todo).
-                    self._wait(message, t.name, queue.name, None)
+                    recovery.wait(self, message, t.name, queue.name, None)
                 if queue.ready:
                     if queue.throttle(dsn, now, self.min_backoff_time):
                         self.out.timers.append(now + self.min_backoff_time)
-                        self._defer_todo(queue, dsn)
+                        defer.defer_todo(self, queue, dsn)
                     t.sync(queue)
         if not crashed:
-            self._transport_unthrottle(t)
+            self.transport_unthrottle(t)
             if hop is None or not hop.reason:
-                self._queue_unthrottle(queue)
+                queue_unthrottle(queue)
                 if status == 0 and self.recovery_watch:
-                    self._delivered_again(queue)
-        self._entry_done(entry, busy=True)
+                    recovery.delivered_again(self, queue)
+        entry_done(self, entry, busy=True)
         return self.out.take()
-
-    def _entry_done(self, entry: Entry, busy: bool) -> None:
-        """Finish an entry, busy (a delivery came back) or todo (``qmgr_entry_done``)."""
-        queue = entry.queue
-        message = entry.message
-        t = queue.transport
-        if busy:
-            entry.busy = False
-            queue.busy_count -= 1
-        else:
-            queue.todo.unlink(entry.queue_node)
-        n = len(entry.recipients)
-        message.rcpt_count -= n
-        self.rcpt_count -= n
-        # destination_rate_delay emulates a slow channel: pause the destination after
-        # each delivery; scheduling decisions wait for it to resume.
-        delay = t.cfg.destination_rate_delay
-        if busy and delay > 0:
-            if queue.throttled:
-                self._queue_unthrottle(queue)
-            if queue.ready:
-                queue.suspend(self.now, delay)
-                self.out.timers.append(self.now + delay)
-        if not t.broken:
-            try:
-                t.policy.done(entry, busy)
-            except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
-                self._policy_failed(t, "done", exc)
-        if busy:
-            queue.last_done = self.clock
-        if queue.idle:
-            # A dead site's empty queue goes too once queues crowd memory.
-            if queue.throttled and self.queue_count > 2 * self.rcpt_limit:
-                self._queue_unthrottle(queue)
-            if queue.ready:
-                self._queue_done(queue)
-        t.sync(queue)
-        message.refcount -= 1
-        if (self.bounded_reading and message.more and not message.jobs
-                and self.rcpt_count < self.fudge_limit - 100):
-            self.realloc(message)
-        if message.refcount == 0:
-            self._message_done(message)
-
-    def _message_done(self, message: Message) -> None:
-        """All in-core entries finished: tell the driver; policies drop their state."""
-        self.out.finished.append(message)
-        for cls in self.policy_classes:
-            cls.message_done(message)
-
-    def _defer_todo(self, queue: Queue, dsn: Dsn) -> None:
-        """A dead destination: move its waiting entries to retry, or defer them."""
-        if self.recovery_watch is not None:
-            self._watch(queue.transport.name, queue.name, _why(dsn))
-            for entry in queue.todo:
-                self._wait(entry.message, queue.transport.name, queue.name, None)
-        retry = self._error_queue(RETRY, dsn)
-        for entry in list(queue.todo):
-            if retry is not None:
-                self._entry_move_todo(retry, entry)
-                continue
-            entry.message.deferred = True
-            for rcpt in entry.recipients:
-                self.out.deferrals.append(DeferRecipient(entry.message, rcpt, dsn))
-            self._entry_done(entry, busy=False)
-
-    def _entry_move_todo(self, dst: Queue, entry: Entry) -> None:
-        """Hand a todo entry's recipients to another queue (the retry transport)."""
-        message = entry.message
-        dst_policy = dst.transport.policy
-        new = dst_policy.new_entry(message, dst)
-        new.recipients, entry.recipients = entry.recipients, []
-        src = entry.queue.transport
-        if not src.broken:
-            src.policy.moved(entry, -len(new.recipients))
-        dst_policy.moved(new, len(new.recipients))
-        self._entry_done(entry, busy=False)
 
     def throttle_transport(self, name: str, dsn: Dsn, now: float) -> Decisions:
         """The transport's agent is unreachable: dead for transport_retry_time."""
-        self._throttle_transport(name, dsn, now)
+        defer.defer_transport(self, name, dsn, now)
         return self.out.take()
 
-    def _throttle_transport(self, name: str, dsn: Dsn, now: float) -> None:
-        self.now = now
-        t = self.transport(name)
-        if not t.throttled:
-            t.times_died += 1
-            t.dsn = dsn
-            t.revive_at = now + self.transport_retry_time
-            self.out.timers.append(t.revive_at)
-        for queue in list(t.queues.values()):
-            self._defer_todo(queue, dsn)
-
-    def _transport_unthrottle(self, t: Transport) -> None:
+    def transport_unthrottle(self, t: Transport) -> None:
+        """A dead transport lives again (and a broken policy is replaced by a fresh one)."""
         if t.broken:
             if any(q.busy_count for q in t.queues.values()):
                 # Deliveries chosen by the broken policy are still out: wait longer.
@@ -743,31 +483,27 @@ class Scheduler:
         t.revive_at = None
         t.rate_lock = False
 
-    def _queue_unthrottle(self, queue: Queue) -> None:
-        queue.unthrottle()
-        queue.transport.sync(queue)
-
     def tick(self, now: float) -> Decisions:
         """Time passed: revive dead transports and sites, resume rate-delayed ones."""
         self.now = now
         if self.suspensions:
             for s in self.suspensions:
                 if now >= s.until:
-                    self._resume(s.target)
+                    controls.resume(self, s.target)
                     self.out.ended.append(s)
         for t in list(self.transports.values()):
             if t.revive_at is not None and now >= t.revive_at:
-                self._transport_unthrottle(t)
+                self.transport_unthrottle(t)
             for queue in list(t.queues.values()):
                 if queue.revive_at is not None and now >= queue.revive_at:
-                    self._queue_unthrottle(queue)
+                    queue_unthrottle(queue)
                     if queue.ready and queue.idle:
-                        self._queue_done(queue)
+                        queue_done(self, queue)
                 elif queue.resume_at is not None and now >= queue.resume_at:
                     queue.resume()
                     t.sync(queue)
                     if queue.ready and queue.idle:
-                        self._queue_done(queue)
+                        queue_done(self, queue)
                     elif not t.broken:
                         t.policy.resumed(queue)
         return self.out.take()
@@ -776,67 +512,25 @@ class Scheduler:
         """``F`` trigger: forget dead transports and destinations now."""
         for t in list(self.transports.values()):
             if t.throttled:
-                self._transport_unthrottle(t)
+                self.transport_unthrottle(t)
             for queue in list(t.queues.values()):
                 if queue.throttled:
-                    self._queue_unthrottle(queue)
+                    queue_unthrottle(queue)
                 if queue.ready and queue.idle:
-                    self._queue_done(queue)
+                    queue_done(self, queue)
         return self.out.take()
 
     # -- operator controls (pyqmgr suspend, resume, retry) ---------------------------
 
-    def _matching_queues(self, target: Target) -> list[Queue]:
-        """The in-core destination queues a destination target covers."""
-        dest = target.destination
-        if dest is None:
-            return []
-        if target.transport is not None:
-            t = self.transports.get(target.transport)
-            transports = [t] if t is not None else []
-        else:
-            transports = list(self.transports.values())
-        return [q for t in transports for q in t.queues.values()
-                if q.name.lower() == dest or q.nexthop.lower() == dest]
-
     def suspend(self, s: Suspension) -> Decisions:
-        """Put an operator's suspension in force; the in-core queues it now covers.
-
-        The timer at ``s.until`` ends it (:meth:`tick`), whether or not anything is
-        in core for it now: mail that comes later is held too.
-        """
-        self.suspensions.add(s)
-        self.out.timers.append(s.until)
-        self.out.affected.extend(self._apply(s.target))
+        """Put an operator's suspension in force (``affected``: the in-core queues it
+        now covers); the timer at ``s.until`` ends it in :meth:`tick`."""
+        controls.suspend(self, s)
         return self.out.take()
 
     def resume(self, target: Target) -> Decisions:
         """End the suspension of exactly ``target``; its queues deliver again at once."""
-        return self.out.take(resumed=self._resume(target))
-
-    def _resume(self, target: Target) -> Suspension | None:
-        s = self.suspensions.remove(target)
-        if s is not None:
-            self._apply(target)
-        return s
-
-    def _apply(self, target: Target) -> list[str]:
-        """Bring the queues and transport of ``target`` in line with the table."""
-        names: list[str] = []
-        if target.destination is None:
-            assert target.transport is not None
-            t = self.transports.get(target.transport)
-            if t is not None:
-                was = t.suspension
-                t.suspension = self.suspensions.for_transport(t.name)
-                names.append(t.name)
-                if was is not None and t.suspension is None:
-                    t.rate_lock = False
-            return names
-        for queue in self._matching_queues(target):
-            names.append(f"{queue.transport.name}:{queue.name}")
-            self._regate(queue)
-        return names
+        return self.out.take(resumed=controls.resume(self, target))
 
     def retry(self, target: Target) -> Decisions:
         """Revive dead destinations (or a dead transport) now, as a flush does for all.
@@ -844,26 +538,8 @@ class Scheduler:
         Only the in-core state: mail the dead site sent to the deferred queue waits
         for its retry time or a flush (``postqueue -f``, ``postqueue -s``).
         """
-        self.out.affected.extend(self._retry(target))
+        self.out.affected.extend(controls.retry(self, target))
         return self.out.take()
-
-    def _retry(self, target: Target) -> list[str]:
-        revived: list[str] = []
-        if target.destination is None:
-            assert target.transport is not None
-            t = self.transports.get(target.transport)
-            if t is not None and t.throttled:
-                self._transport_unthrottle(t)
-                if not t.throttled:
-                    revived.append(t.name)
-            return revived
-        for queue in self._matching_queues(target):
-            if queue.throttled:
-                self._queue_unthrottle(queue)
-                revived.append(f"{queue.transport.name}:{queue.name}")
-                if queue.ready and queue.idle:
-                    self._queue_done(queue)
-        return revived
 
     # -- deferred-mail recovery (pyqmgr.cf deferred_recovery_rate; daemon/retry.py) ---
 
@@ -881,194 +557,11 @@ class Scheduler:
         if self.recovery_watch is None:
             self.recovery_watch = {}
 
-    def _watch(self, transport: str, name: str, why: str) -> None:
-        watch = self.recovery_watch
-        assert watch is not None
-        if (transport, name) not in watch and len(watch) < RECOVERY_WATCH_LIMIT:
-            watch[(transport, name)] = why
-
-    def _wait(self, message: Message, transport: str, name: str, why: str | None) -> None:
-        """``message`` waits for destination (transport, name); ``why``: it is dead or
-        throttled, so watch it too. A message's recipients come sorted by destination:
-        only the first of a run is noted."""
-        waits = self.out.waits
-        last = waits[-1] if waits else None
-        if last is None or last[0] is not message or last[1] != transport or last[2] != name:
-            waits.append((message, transport, name))
-        if why is not None:
-            self._watch(transport, name, why)
-
-    def _delivered_again(self, queue: Queue) -> None:
-        """A delivery succeeded: a watched destination is back, unless a throttling
-        rule still holds it down (then its mail would only wait in core for the rate)."""
-        if queue.shape is not None and queue.shape.rule is not None:
-            return
-        watch = self.recovery_watch
-        assert watch is not None
-        why = watch.pop((queue.transport.name, queue.name), None)
-        if why is not None:
-            self.out.recovered.append((queue.transport.name, queue.name, queue.nexthop, why))
-
     # -- shaping: gates, rates, response rules (pyqmgr.cf; see shaping.py) -------------
-
-    def _gate_for(self, queue: Queue) -> Suspension | Gate | None:
-        """The gate a queue should have now: an operator's suspension, else shaping's."""
-        if self.suspensions:
-            s = self.suspensions.for_queue(queue.transport.name, queue.name, queue.nexthop)
-            if s is not None:
-                return s
-        shape = queue.shape
-        return shape.gate if shape is not None else None
-
-    def _regate(self, queue: Queue) -> None:
-        """Bring a queue's gate in line; an opened queue delivers (or goes, if idle)."""
-        t = queue.transport
-        was = queue.gate
-        queue.gate = self._gate_for(queue)
-        t.sync(queue)
-        if was is not None and queue.gate is None and not t.broken:
-            if queue.ready and queue.idle:
-                self._queue_done(queue)
-            else:
-                t.policy.resumed(queue)
-
-    def _push_gate(self, when: float, t: Transport, name: str, what: str) -> None:
-        if not self.gate_heap or when < self.gate_heap[0][0]:
-            self.out.gate_timers.append(when)
-        heapq.heappush(self.gate_heap, (when, next(self._gate_seq), t, name, what))
-
-    def _close(self, queue: Queue, gate: Gate) -> None:
-        assert queue.shape is not None
-        queue.shape.gate = gate
-        self._push_gate(gate.until, queue.transport, queue.name, "gate")
-        self._regate(queue)
-
-    def _started(self, queue: Queue) -> None:
-        """A delivery to a shaped destination starts: space the next by the rate."""
-        t = queue.transport
-        shaping, shape = t.shaping, queue.shape
-        assert shaping is not None and shape is not None
-        nxt = take_start(shaping, shape, self.now)
-        if nxt is not None and (shape.gate is None or shape.gate.until < nxt):
-            rate = shaping.rate
-            setting = f"{t.name}_{shaping.rate_setting}"
-            if shape.rate_factor < 1.0 and shape.rule is not None:
-                setting = shape.rule.where
-            every = effective_interval(shaping, shape)
-            text = (f"{queue.nexthop} starts a delivery at most every {every:.3g} s"
-                    + (f" ({t.name}_{shaping.rate_setting} = {rate}"
-                       + (f", burst {shaping.burst})" if shaping.burst > 1 else ")")
-                       if rate and shape.rate_factor >= 1.0 else
-                       f" ({shape.rule.describe()})" if shape.rule is not None else ""))
-            self._close(queue, Gate("rate", nxt, setting, text))
-
-    def _throttled(self, queue: Queue, rule: Rule, hop: Dsn, now: float,
-                   started: float) -> None:
-        """A reply a rule calls throttling: cap, slow or gate the destination.
-
-        One reduction per round trip, as TCP cuts once per window: replies to
-        deliveries that started before the last reduction were sent at the old pace
-        and say nothing about the new one, so they are counted but cut nothing (a
-        burst of 421s to one burst of starts is one signal, not five).
-        """
-        t = queue.transport
-        shape = queue.shape
-        assert shape is not None and t.shaping is not None
-        if not triggered(rule, shape, now) or started < shape.last_cut:
-            return
-        shape.last_cut = now
-        # The matches that led here are spent: the next reduction needs new ones.
-        shape.matches.clear()
-        first = shape.rule is None
-        shape.rule = rule
-        shape.last_match = now
-        done = []
-        if rule.window is not None:
-            in_flight = queue.busy_count
-            cap = max(rule.window_floor, math.floor(in_flight * rule.window))
-            if shape.cap:
-                cap = min(cap, shape.cap)
-            shape.cap = queue.cap = cap
-            if queue.window > cap:
-                queue.window = cap
-            done.append(f"window capped at {cap} ({in_flight} in flight)")
-        if rule.rate is not None:
-            if first and t.shaping.rate is None:
-                shape.learnt_rate = observed_rate(shape, now)
-            if t.shaping.rate is not None or shape.learnt_rate > 0:
-                shape.rate_factor *= rule.rate
-                base = t.shaping.rate.count / t.shaping.rate.period if t.shaping.rate else (
-                    shape.learnt_rate)
-                per_s = base * shape.rate_factor
-                if rule.rate_floor is not None:
-                    per_s = max(per_s, rule.rate_floor.count / rule.rate_floor.period)
-                done.append(f"rate lowered to {per_s:.3g}/s")
-        if rule.suspend is not None:
-            self._close(queue, Gate("backoff", now + rule.suspend, rule.where,
-                                    f"{queue.nexthop} is held back {rule.suspend:g} s after "
-                                    f"a throttling reply ({rule.describe()})"))
-            done.append(f"held back {rule.suspend:g}s")
-        shape.next_step = now + rule.quiet
-        self._push_gate(shape.next_step, t, queue.name, "step")
-        t.sync(queue)
-        self.out.log.append(("info", f"shaping: {queue.nexthop} ({t.name}): throttling reply "
-                                 f"\"{hop.status} {hop.reason}\" matched {rule.where}: "
-                                 f"{', '.join(done) or 'not counted as a failure'}"))
-
-    def _step_up(self, t: Transport, name: str, shape: Shape, now: float) -> None:
-        """A quiet interval passed with no throttling reply: give back one step."""
-        rule = shape.rule
-        if rule is None or now < shape.next_step:
-            return
-        nexthop = t.queues[name].nexthop if name in t.queues else name
-        if now - shape.last_match >= rule.ttl:
-            shape.cap, shape.rate_factor, shape.rule = 0, 1.0, None
-            shape.learnt_rate = 0.0
-            what = "throttling over: cap and rate back to normal"
-        else:
-            if shape.cap:
-                shape.cap += rule.step
-                limit = t.cfg.destination_concurrency_limit
-                if limit and shape.cap >= limit:
-                    shape.cap = 0
-            if rule.rate is not None and shape.rate_factor < 1.0:
-                shape.rate_factor = min(1.0, shape.rate_factor / rule.rate)
-            if not shape.cap and shape.rate_factor >= 1.0:
-                shape.rule = None
-                what = "throttling over: cap and rate back to normal"
-            else:
-                shape.next_step = now + rule.quiet
-                self._push_gate(shape.next_step, t, name, "step")
-                what = (f"quiet for {rule.quiet:g}s: "
-                        + (f"window cap {shape.cap}" if shape.cap else "no window cap")
-                        + (f", rate x{shape.rate_factor:.3g}" if shape.rate_factor < 1 else ""))
-        queue = t.queues.get(name)
-        if queue is not None:
-            queue.cap = shape.cap
-            t.sync(queue)
-        self.out.log.append(("info", f"shaping: {nexthop} ({t.name}): {what}"))
 
     def open_gates(self, now: float) -> Decisions:
         """Time passed: open the gates and take the recovery steps that are due."""
-        self.now = now
-        heap = self.gate_heap
-        while heap and heap[0][0] <= now:
-            _, _, t, name, what = heapq.heappop(heap)
-            shape = t.shapes.get(name)
-            if shape is None:
-                continue
-            if what == "gate":
-                if shape.gate is not None and shape.gate.until <= now:
-                    shape.gate = None
-                    queue = t.queues.get(name)
-                    if queue is not None:
-                        self._regate(queue)
-            elif what == "step":
-                self._step_up(t, name, shape, now)
-            if name not in t.queues and shape.neutral(now):
-                t.shapes.pop(name, None)
-        if heap:
-            self.out.gate_timers.append(heap[0][0])
+        gates.open_gates(self, now)
         return self.out.take()
 
     # -- delivery policy delegation (pyqmgr.cf delivery_policy_service) ----------------
@@ -1092,77 +585,15 @@ class Scheduler:
 
     def hold_back(self, entry: Entry, until: float, setting: str, text: str,
                   now: float) -> Decisions:
-        """The policy service said "not now": the entry waits, its destination too.
-
-        The selected entry goes back to its queue's todo list (its request never left)
-        and the queue is gated until ``until`` with a ``policy service`` gate, so no
-        agent is asked for it meanwhile; the gate heap reopens it. The recipients stay
-        in core: nothing is deferred to disk and nothing is logged per recipient. A
-        later gate already in force (a rate's spacing, a backoff) is kept. If the
-        destination or its transport died while the service was asked, the entry
-        follows the others of that queue to the retry transport.
-        """
-        self.now = now
-        queue = entry.queue
-        t = queue.transport
-        entry_unselect(entry)
-        if not t.broken:
-            t.policy.requeued(entry)
-        dsn = t.dsn if t.throttled else queue.dsn if queue.throttled else None
-        if dsn is not None:
-            self._defer_todo(queue, dsn)
-        shape = queue.shape
-        if shape is None:
-            # A transport without shaping gets the destination's shape on demand; it
-            # is kept by name like any shape, so a gate outlives an idle queue.
-            shape = t.shapes.get(queue.name)
-            if shape is None:
-                shape = t.shapes[queue.name] = Shape()
-            queue.shape = shape
-        if shape.gate is None or shape.gate.until < until:
-            self._close(queue, Gate("policy service", until, setting, text))
-        else:
-            t.sync(queue)
+        """The policy service said "not now": the entry and its destination wait."""
+        delegation.hold_back(self, entry, until, setting, text, now)
         return self.out.take()
 
     def reject_to_error(self, entry: Entry, dsn: Dsn, now: float) -> Decisions:
-        """The policy service rejected the delivery: its recipients go to error(8).
-
-        As stock routes an undeliverable recipient (``error`` transport, the DSN as
-        nexthop), so the error agent bounces them with the reply's status and text and
-        the usual ``status=bounced`` lines. False when the error transport is dead too:
-        the entry is then still selected and the caller holds it back instead.
-        """
-        self.now = now
-        err = self._error_queue(ERROR, dsn)
-        if err is None:
-            return self.out.take()
-        entry_unselect(entry)
-        self._entry_move_todo(err, entry)
-        return self.out.take(rejected=True)
+        """The policy service rejected the delivery: its recipients go to error(8)."""
+        return self.out.take(rejected=delegation.reject_to_error(self, entry, dsn, now))
 
     def drop_message(self, entry: Entry, now: float) -> Decisions:
-        """The message goes on hold: drop its waiting entries, none of them deferred.
-
-        ``entry`` is the selected one the service answered about; every other entry
-        of the message still waiting in core goes too, and no more recipients are
-        read from its file. Deliveries already under way finish as usual; when the
-        last one is back the message is finished (:attr:`finished`) and the daemon
-        moves the file to hold/ instead of deferring or removing it. Entries are found
-        through nqmgr's job peers where the transport runs nqmgr, else by a walk over
-        the transport's todo lists.
-        """
-        self.now = now
-        message = entry.message
-        message.more = False
-        entry_unselect(entry)
-        waiting: list[Entry] = []
-        for t in list(self.transports.values()):
-            if t.broken:
-                waiting += [e for q in t.queues.values() for e in q.todo
-                            if e.message is message]
-            else:
-                waiting += t.policy.todo_entries(message)
-        for e in waiting:
-            self._entry_done(e, busy=False)
+        """The message goes on hold: its waiting entries go, none deferred."""
+        delegation.drop_message(self, entry, now)
         return self.out.take()

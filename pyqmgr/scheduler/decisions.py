@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.entry import Entry
     from pyqmgr.scheduler.message import Message, Recipient
-    from pyqmgr.scheduler.queue import Dsn
+    from pyqmgr.scheduler.structures import Dsn, Entry
     from pyqmgr.scheduler.suspension import Suspension
 
 

@@ -10,6 +10,9 @@ Finishing an entry touches the whole scheduler and lives in :mod:`.core`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
 from pyqmgr.scheduler.structures import (
     DEL_REQ_FLAG_CONN_LOAD,
     DEL_REQ_FLAG_CONN_MASK,
@@ -17,8 +20,14 @@ from pyqmgr.scheduler.structures import (
     Entry,
 )
 
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.message import Message
+    from pyqmgr.scheduler.state import Core
+    from pyqmgr.scheduler.structures import Queue
+
 __all__ = ["DEL_REQ_FLAG_CONN_LOAD", "DEL_REQ_FLAG_CONN_MASK", "DEL_REQ_FLAG_CONN_STORE",
-           "Entry", "entry_link", "entry_select", "entry_unselect"]
+           "Entry", "entry_done", "entry_link", "entry_move_todo", "entry_select", "entry_unselect",
+           "message_done"]
 
 
 def entry_link(entry: Entry) -> Entry:
@@ -64,3 +73,67 @@ def entry_unselect(entry: Entry) -> None:
     if not queue.transport.broken:
         queue.transport.policy.unselect(entry)
     queue.transport.sync(queue)
+
+
+def entry_done(core: Core, entry: Entry, busy: bool) -> None:
+    """Finish an entry, busy (a delivery came back) or todo (``qmgr_entry_done``)."""
+    queue = entry.queue
+    message = entry.message
+    t = queue.transport
+    if busy:
+        entry.busy = False
+        queue.busy_count -= 1
+    else:
+        queue.todo.unlink(entry.queue_node)
+    n = len(entry.recipients)
+    message.rcpt_count -= n
+    core.rcpt_count -= n
+    # destination_rate_delay emulates a slow channel: pause the destination after
+    # each delivery; scheduling decisions wait for it to resume.
+    delay = t.cfg.destination_rate_delay
+    if busy and delay > 0:
+        if queue.throttled:
+            queue_unthrottle(queue)
+        if queue.ready:
+            queue.suspend(core.now, delay)
+            core.out.timers.append(core.now + delay)
+    if not t.broken:
+        try:
+            t.policy.done(entry, busy)
+        except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
+            core.policy_failed(t, "done", exc)
+    if busy:
+        queue.last_done = core.clock
+    if queue.idle:
+        # A dead site's empty queue goes too once queues crowd memory.
+        if queue.throttled and core.queue_count > 2 * core.rcpt_limit:
+            queue_unthrottle(queue)
+        if queue.ready:
+            queue_done(core, queue)
+    t.sync(queue)
+    message.refcount -= 1
+    if (core.bounded_reading and message.more and not message.jobs
+            and core.rcpt_count < core.fudge_limit - 100):
+        core.realloc(message)
+    if message.refcount == 0:
+        message_done(core, message)
+
+
+def message_done(core: Core, message: Message) -> None:
+    """All in-core entries finished: tell the driver; policies drop their state."""
+    core.out.finished.append(message)
+    for cls in core.policy_classes:
+        cls.message_done(message)
+
+
+def entry_move_todo(core: Core, dst: Queue, entry: Entry) -> None:
+    """Hand a todo entry's recipients to another queue (the retry transport)."""
+    message = entry.message
+    dst_policy = dst.transport.policy
+    new = dst_policy.new_entry(message, dst)
+    new.recipients, entry.recipients = entry.recipients, []
+    src = entry.queue.transport
+    if not src.broken:
+        src.policy.moved(entry, -len(new.recipients))
+    dst_policy.moved(new, len(new.recipients))
+    entry_done(core, entry, busy=False)

@@ -57,3 +57,13 @@ class Message:
     @property
     def queued_time(self) -> int:
         return int(self.enqueue_time)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where trivial-rewrite (and qmgr's own rules) sent one recipient."""
+
+    transport: str
+    queue_name: str
+    nexthop: str
+    recipient: Recipient

@@ -1,0 +1,89 @@
+"""Operators' controls on the core: ``pyqmgr suspend``, ``resume`` and ``retry``.
+
+A suspension holds a destination or a whole transport: mail stays in core and no agent
+is asked for it until its time runs out (``Scheduler.tick``) or it is resumed. Retry
+revives dead destinations now, as a flush does for all. The daemon's
+:mod:`pyqmgr.daemon.suspensions` checks who asks and keeps the state file.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.gates import regate
+from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.state import Core
+    from pyqmgr.scheduler.structures import Queue
+    from pyqmgr.scheduler.suspension import Suspension, Target
+
+
+def matching_queues(core: Core, target: Target) -> list[Queue]:
+    """The in-core destination queues a destination target covers."""
+    dest = target.destination
+    if dest is None:
+        return []
+    if target.transport is not None:
+        t = core.transports.get(target.transport)
+        transports = [t] if t is not None else []
+    else:
+        transports = list(core.transports.values())
+    return [q for t in transports for q in t.queues.values()
+            if q.name.lower() == dest or q.nexthop.lower() == dest]
+
+
+def resume(core: Core, target: Target) -> Suspension | None:
+    s = core.suspensions.remove(target)
+    if s is not None:
+        apply_target(core, target)
+    return s
+
+
+def apply_target(core: Core, target: Target) -> list[str]:
+    """Bring the queues and transport of ``target`` in line with the table."""
+    names: list[str] = []
+    if target.destination is None:
+        assert target.transport is not None
+        t = core.transports.get(target.transport)
+        if t is not None:
+            was = t.suspension
+            t.suspension = core.suspensions.for_transport(t.name)
+            names.append(t.name)
+            if was is not None and t.suspension is None:
+                t.rate_lock = False
+        return names
+    for queue in matching_queues(core, target):
+        names.append(f"{queue.transport.name}:{queue.name}")
+        regate(core, queue)
+    return names
+
+
+def retry(core: Core, target: Target) -> list[str]:
+    revived: list[str] = []
+    if target.destination is None:
+        assert target.transport is not None
+        t = core.transports.get(target.transport)
+        if t is not None and t.throttled:
+            core.transport_unthrottle(t)
+            if not t.throttled:
+                revived.append(t.name)
+        return revived
+    for queue in matching_queues(core, target):
+        if queue.throttled:
+            queue_unthrottle(queue)
+            revived.append(f"{queue.transport.name}:{queue.name}")
+            if queue.ready and queue.idle:
+                queue_done(core, queue)
+    return revived
+
+
+def suspend(core: Core, s: Suspension) -> None:
+    """Put an operator's suspension in force; the in-core queues it now covers.
+
+    The timer at ``s.until`` ends it (:meth:`tick`), whether or not anything is
+    in core for it now: mail that comes later is held too.
+    """
+    core.suspensions.add(s)
+    core.out.timers.append(s.until)
+    core.out.affected.extend(apply_target(core, s.target))
