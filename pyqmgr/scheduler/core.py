@@ -41,19 +41,20 @@ transport's policy: stock's nqmgr unless the scheduler's
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from pyqmgr.scheduler import controls, defer, delegation, gates, reading, recovery
+from pyqmgr.scheduler import controls, defer, delegation, deliver, enable, gates, reading
 from pyqmgr.scheduler.decisions import Decisions, Outbox
-from pyqmgr.scheduler.entry import Entry, entry_done, entry_unselect
+from pyqmgr.scheduler.defer import POLICY_DSN
+from pyqmgr.scheduler.deliver import dsn_valid
+from pyqmgr.scheduler.entry import Entry, entry_unselect
 from pyqmgr.scheduler.feedback import parse_or_warn, rounding_rules
 from pyqmgr.scheduler.message import Message, Route
 from pyqmgr.scheduler.policy import PolicyClass, PolicyTable
 from pyqmgr.scheduler.qlist import QList
-from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
-from pyqmgr.scheduler.reading import MAX_READ, POLICY_DSN
+from pyqmgr.scheduler.queue import queue_done
+from pyqmgr.scheduler.reading import MAX_READ
 from pyqmgr.scheduler.recovery import RECOVERY_WATCH_LIMIT, SUSPENDED
 from pyqmgr.scheduler.shaping import Shaping
 from pyqmgr.scheduler.state import Refill
@@ -67,11 +68,11 @@ from pyqmgr.scheduler.structures import (
     TransportParams,
 )
 from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
+from pyqmgr.scheduler.transport import transport_select
 
 __all__ = ["ERROR", "MAX_READ", "POLICY_DSN", "RECOVERY_WATCH_LIMIT", "RETRY", "SUSPENDED",
            "Refill", "Route", "Scheduler", "Settings", "dsn_valid"]
 
-_DSN_RE = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
 
 
 class FullTransportParams(TransportParams, Protocol):
@@ -104,10 +105,6 @@ class Settings(Protocol):
     qmgr_message_recipient_minimum: int
 
     def transport(self, name: str) -> FullTransportParams: ...
-
-
-def dsn_valid(status: str) -> bool:
-    return bool(_DSN_RE.match(status))
 
 
 class Scheduler:
@@ -328,36 +325,12 @@ class Scheduler:
         return self.out.take()
 
     def policy_failed(self, t: Transport, where: str, exc: Exception) -> None:
-        """A policy raised: log it with its name, and treat it as a failed agent.
-
-        The transport is dead for transport_retry_time, so its waiting mail goes to
-        the retry transport and is deferred, never lost; its policy is not asked again
-        until the transport revives with a fresh one.
-        """
-        if t.broken:
-            return
-        t.broken = True
-        self.out.log.append(("warning", f"transport {t.name}: scheduler policy {t.policy.name}: "
-                                    f"{where}: {type(exc).__name__}: {exc}"))
-        defer.defer_transport(self, t.name, POLICY_DSN, self.now)
+        """A policy raised: the transport is dead, its mail deferred, never lost."""
+        defer.defer_broken_policy(self, t, where, exc)
 
     def allocate(self) -> str | None:
-        """A transport that deserves one more agent connection, counted as pending.
-
-        Stock's ``qmgr_transport_select``: round robin over live transports with fewer
-        than two pending connections whose queues hold enough deliverable work.
-        """
-        node = self.transport_list.head
-        while node is not None:
-            t = node.item
-            if t.wants_agent():
-                self.transport_list.rotate(node)
-                t.pending += 1
-                if t.cfg.transport_rate_delay > 0:
-                    t.rate_lock = True
-                return t.name
-            node = node.next
-        return None
+        """A transport that deserves one more agent connection, counted as pending."""
+        return transport_select(self)
 
     def has_work(self, name: str) -> bool:
         """Would an agent of this transport get an entry now? (Worth connecting one.)"""
@@ -373,27 +346,7 @@ class Scheduler:
         """An agent of transport ``name`` announced itself: the entry it delivers."""
         if now is not None:
             self.now = now
-        return self.out.take(self._select(name))
-
-    def _select(self, name: str) -> Entry | None:
-        t = self.transports.get(name)
-        if t is None:
-            return None
-        if t.pending > 0:
-            t.pending -= 1
-        try:
-            entry = None if t.broken or t.suspension is not None else t.policy.select()
-        except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
-            self.policy_failed(t, "select", exc)
-            entry = None
-        if entry is not None and t.shaping is not None:
-            entry.started = self.now
-            gates.started(self, entry.queue)
-        if entry is None:
-            # Stock would keep the rate lock until some delivery ends; with none under
-            # way the transport would never be chosen again.
-            t.rate_lock = False
-        return entry
+        return self.out.take(deliver.deliver_select(self, name))
 
     def allocation_failed(self, name: str, dsn: Dsn, now: float) -> Decisions:
         """The agent could not be reached: the transport is dead for a while."""
@@ -417,51 +370,8 @@ class Scheduler:
 
     def done(self, entry: Entry, status: int, hop: Dsn | None, crashed: bool,
              now: float) -> Decisions:
-        """A delivery finished (``qmgr_deliver_update``).
-
-        ``status`` is the agent's final status (0 all final, else retry needed);
-        ``hop`` is the agent's hop-level DSN when it reported one; ``crashed`` means
-        no usable reply at all (3.7.11 behaviour: defer the message, leave the
-        transport's state alone).
-        """
-        self.now = now
-        queue = entry.queue
-        t = queue.transport
-        message = entry.message
-        if queue.shape is not None and t.shaping is not None and t.shaping.rules:
-            queue.shape.dones.append(now)
-        if crashed or status != 0:
-            message.deferred = True
-            rule = None
-            if hop is not None and hop.status and t.shaping is not None and t.shaping.rules:
-                rule = t.shaping.match(hop.status, hop.reason)
-            if rule is not None and rule.throttle and hop is not None:
-                # Throttling, not failure: the rule's action instead of negative
-                # feedback, and never a failed cohort (the site is alive).
-                gates.throttled(self, queue, rule, hop, now, entry.started)
-                if self.recovery_watch is not None:
-                    recovery.wait(self, message, t.name, queue.name, recovery.why(hop, rule.where))
-            elif hop is not None and hop.status:
-                dsn = Dsn(
-                    hop.status if dsn_valid(hop.status) else "4.0.0",
-                    SUSPENDED + (hop.reason or "unknown error"),
-                )
-                if self.recovery_watch is not None:
-                    # A site failure: this mail waits for the site, which is watched
-                    # once it is dead (_defer_todo).
-                    recovery.wait(self, message, t.name, queue.name, None)
-                if queue.ready:
-                    if queue.throttle(dsn, now, self.min_backoff_time):
-                        self.out.timers.append(now + self.min_backoff_time)
-                        defer.defer_todo(self, queue, dsn)
-                    t.sync(queue)
-        if not crashed:
-            self.transport_unthrottle(t)
-            if hop is None or not hop.reason:
-                queue_unthrottle(queue)
-                if status == 0 and self.recovery_watch:
-                    recovery.delivered_again(self, queue)
-        entry_done(self, entry, busy=True)
+        """A delivery finished (``qmgr_deliver_update``); see :func:`.deliver.deliver_update`."""
+        deliver.deliver_update(self, entry, status, hop, crashed, now)
         return self.out.take()
 
     def throttle_transport(self, name: str, dsn: Dsn, now: float) -> Decisions:
@@ -485,39 +395,12 @@ class Scheduler:
 
     def tick(self, now: float) -> Decisions:
         """Time passed: revive dead transports and sites, resume rate-delayed ones."""
-        self.now = now
-        if self.suspensions:
-            for s in self.suspensions:
-                if now >= s.until:
-                    controls.resume(self, s.target)
-                    self.out.ended.append(s)
-        for t in list(self.transports.values()):
-            if t.revive_at is not None and now >= t.revive_at:
-                self.transport_unthrottle(t)
-            for queue in list(t.queues.values()):
-                if queue.revive_at is not None and now >= queue.revive_at:
-                    queue_unthrottle(queue)
-                    if queue.ready and queue.idle:
-                        queue_done(self, queue)
-                elif queue.resume_at is not None and now >= queue.resume_at:
-                    queue.resume()
-                    t.sync(queue)
-                    if queue.ready and queue.idle:
-                        queue_done(self, queue)
-                    elif not t.broken:
-                        t.policy.resumed(queue)
+        enable.enable_due(self, now)
         return self.out.take()
 
     def enable_all(self) -> Decisions:
         """``F`` trigger: forget dead transports and destinations now."""
-        for t in list(self.transports.values()):
-            if t.throttled:
-                self.transport_unthrottle(t)
-            for queue in list(t.queues.values()):
-                if queue.throttled:
-                    queue_unthrottle(queue)
-                if queue.ready and queue.idle:
-                    queue_done(self, queue)
+        enable.enable_all(self)
         return self.out.take()
 
     # -- operator controls (pyqmgr suspend, resume, retry) ---------------------------
@@ -530,7 +413,7 @@ class Scheduler:
 
     def resume(self, target: Target) -> Decisions:
         """End the suspension of exactly ``target``; its queues deliver again at once."""
-        return self.out.take(resumed=controls.resume(self, target))
+        return self.out.take_control(resumed=controls.resume(self, target))
 
     def retry(self, target: Target) -> Decisions:
         """Revive dead destinations (or a dead transport) now, as a flush does for all.
@@ -591,7 +474,7 @@ class Scheduler:
 
     def reject_to_error(self, entry: Entry, dsn: Dsn, now: float) -> Decisions:
         """The policy service rejected the delivery: its recipients go to error(8)."""
-        return self.out.take(rejected=delegation.reject_to_error(self, entry, dsn, now))
+        return self.out.take_control(rejected=delegation.reject_to_error(self, entry, dsn, now))
 
     def drop_message(self, entry: Entry, now: float) -> Decisions:
         """The message goes on hold: its waiting entries go, none deferred."""

@@ -14,7 +14,7 @@ decide nothing beyond their entry, so the empty value is shared (:data:`NOTHING`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message, Recipient
@@ -67,7 +67,7 @@ class Outbox:
     """The decisions of the event under way; :meth:`take` ends the event."""
 
     __slots__ = ("log", "deferrals", "finished", "timers", "gate_timers", "ended", "waits",
-                 "recovered", "affected")
+                 "recovered", "affected", "_lists")
 
     def __init__(self) -> None:
         self.log: list[tuple[str, str]] = []
@@ -79,22 +79,27 @@ class Outbox:
         self.waits: list[tuple[Message, str, str]] = []
         self.recovered: list[tuple[str, str, str, str]] = []
         self.affected: list[str] = []
+        # In the order of Decisions' fields after ``deliver``.
+        self._lists: tuple[list[Any], ...] = (
+            self.log, self.deferrals, self.finished, self.timers, self.gate_timers,
+            self.ended, self.waits, self.recovered, self.affected)
 
-    def take(self, deliver: Entry | None = None, resumed: Suspension | None = None,
-             rejected: bool = False) -> Decisions:
-        """The event is over: its decisions as one value; the outbox starts empty."""
-        if not (self.log or self.deferrals or self.finished or self.timers
-                or self.gate_timers or self.ended or self.waits or self.recovered
-                or self.affected):
-            if deliver is None and resumed is None and not rejected:
-                return NOTHING
-            return Decisions(deliver, resumed=resumed, rejected=rejected)
-        decisions = Decisions(deliver, tuple(self.log), tuple(self.deferrals),
-                              tuple(self.finished), tuple(self.timers),
-                              tuple(self.gate_timers), tuple(self.ended), tuple(self.waits),
-                              tuple(self.recovered), tuple(self.affected), resumed, rejected)
-        for pending in (self.log, self.deferrals, self.finished, self.timers,
-                        self.gate_timers, self.ended, self.waits, self.recovered,
-                        self.affected):
+    def take(self, deliver: Entry | None = None) -> Decisions:
+        """The event is over: its decisions as one value; the outbox starts empty.
+
+        On the hot path (every select and every finished delivery), so the common
+        cases cost little: nothing decided but the entry, or a few lists to copy.
+        """
+        lists = self._lists
+        if not any(lists):
+            return NOTHING if deliver is None else Decisions(deliver)
+        decisions = Decisions._make((deliver, *map(tuple, lists), None, False))
+        for pending in lists:
             pending.clear()
         return decisions
+
+    def take_control(self, resumed: Suspension | None = None,
+                     rejected: bool = False) -> Decisions:
+        """:meth:`take` for the events whose answer says more: ``resume`` and
+        ``reject_to_error``."""
+        return self.take()._replace(resumed=resumed, rejected=rejected)

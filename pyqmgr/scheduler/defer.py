@@ -13,11 +13,14 @@ from pyqmgr.scheduler import recovery
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.entry import entry_done, entry_move_todo
 from pyqmgr.scheduler.queue import error_queue
-from pyqmgr.scheduler.structures import RETRY
+from pyqmgr.scheduler.structures import RETRY, Dsn
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
-    from pyqmgr.scheduler.structures import Dsn, Queue
+    from pyqmgr.scheduler.structures import Queue, Transport
+
+#: Why mail waits when a transport's policy raised (as for an unreachable agent).
+POLICY_DSN = Dsn("4.3.0", "mail transport unavailable: scheduler policy error")
 
 
 def defer_todo(core: Core, queue: Queue, dsn: Dsn) -> None:
@@ -49,3 +52,18 @@ def defer_transport(core: Core, name: str, dsn: Dsn, now: float) -> None:
         core.out.timers.append(t.revive_at)
     for queue in list(t.queues.values()):
         defer_todo(core, queue, dsn)
+
+
+def defer_broken_policy(core: Core, t: Transport, where: str, exc: Exception) -> None:
+    """A policy raised: log it with its name, and treat it as a failed agent.
+
+    The transport is dead for transport_retry_time, so its waiting mail goes to
+    the retry transport and is deferred, never lost; its policy is not asked again
+    until the transport revives with a fresh one.
+    """
+    if t.broken:
+        return
+    t.broken = True
+    core.out.log.append(("warning", f"transport {t.name}: scheduler policy {t.policy.name}: "
+                                f"{where}: {type(exc).__name__}: {exc}"))
+    defer_transport(core, t.name, POLICY_DSN, core.now)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import recovery
 from pyqmgr.scheduler.decisions import DeferRecipient
+from pyqmgr.scheduler.defer import POLICY_DSN
 from pyqmgr.scheduler.message import Message, Route
 from pyqmgr.scheduler.queue import clog_warning, error_queue, queue_obtain, queue_unthrottle
 from pyqmgr.scheduler.structures import RETRY, Dsn
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 
 #: Stock reads at most this many recipients at once, to keep event latency in check.
 MAX_READ = 5000
-#: Why mail waits when a transport's policy raised (as for an unreachable agent).
-POLICY_DSN = Dsn("4.3.0", "mail transport unavailable: scheduler policy error")
 
 
 def admit(core: Core, message: Message) -> None:

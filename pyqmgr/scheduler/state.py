@@ -4,10 +4,11 @@ Stock's ``qmgr.h`` declares the queue manager's globals (recipient counts, the
 transport list, limits) beside its structures, and each ``qmgr_*.c`` file works on
 them. Here :class:`~pyqmgr.scheduler.core.Scheduler` holds that state and the verbs
 live in modules named after what they change (:mod:`.queue`, :mod:`.entry`,
-:mod:`.defer`, :mod:`.reading`, :mod:`.gates`, :mod:`.controls`, :mod:`.recovery`,
-:mod:`.delegation`); each takes the core as :class:`Core`, so none imports the class
-that imports them all. The few verbs a lower module needs of a higher one (a gate that
-opens discards an idle queue) are Core's methods.
+:mod:`.defer`, :mod:`.reading`, :mod:`.deliver`, :mod:`.enable`, :mod:`.transport`,
+:mod:`.gates`, :mod:`.controls`, :mod:`.recovery`, :mod:`.delegation`); each takes
+the core as :class:`Core`, so none imports the class that imports them all. The few
+verbs a lower module needs of a higher one (a gate that opens discards an idle queue)
+are Core's methods.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from pyqmgr.scheduler.decisions import Outbox
     from pyqmgr.scheduler.message import Message, Route
+    from pyqmgr.scheduler.qlist import QList
     from pyqmgr.scheduler.structures import Queue, Transport
     from pyqmgr.scheduler.suspension import SuspensionTable
 
@@ -47,6 +49,8 @@ class Core(Protocol):
     #: The scheduler clock as of the latest event that carried a time.
     now: float
     transports: dict[str, Transport]
+    #: Transports in round-robin order for agent allocation (new ones go first).
+    transport_list: QList[Transport]
     suspensions: SuspensionTable
     #: Recipients in core (stock's qmgr_recipient_count), queues in core, messages.
     rcpt_count: int
@@ -64,6 +68,7 @@ class Core(Protocol):
     clog_warn_time: float
     helpful_warnings: bool
     transport_retry_time: float
+    min_backoff_time: float
     refill: Refill | None
     #: Destinations watched for deferred-mail recovery (None: recovery is off).
     recovery_watch: dict[tuple[str, str], str] | None

@@ -34,7 +34,6 @@ KNOWN_OVERSIZE = {
     "daemon/metrics_exporter.py:_gauges": 103,
     "daemon/qmgr.py:Qmgr": 506,
     "simulator/engine.py:Engine": 766,
-    "scheduler/core.py:Scheduler": 487,
     "compare/figures.py:run_figures": 128,
     "compare/runner.py:run_contender": 124,
     "replay/derive.py:_lines": 104,

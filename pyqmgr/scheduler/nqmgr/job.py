@@ -227,11 +227,14 @@ def _candidate(current: Job, now: int) -> Job | None:
         while node is not None:
             job = node.item
             node = node.next
-            if job.children or job.blocker_tag == t.blocker_tag:
+            # The hottest loop of the scheduler: Job.max_entries, Message.queued_time
+            # and QList.__bool__ are spelt out here to save their calls.
+            if job.children.head is not None or job.blocker_tag == t.blocker_tag:
                 continue
-            max_total = job.max_entries
+            message = job.message
+            max_total = job.read_entries + message.rcpt_unread
             max_needed = max_total - job.selected_entries
-            delay = now - job.message.queued_time + 1
+            delay = now - int(message.enqueue_time) + 1
             if 0 < max_needed <= max_slots:
                 score = delay / max_total
                 if score > best_score:

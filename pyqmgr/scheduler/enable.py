@@ -1,0 +1,54 @@
+"""Dead and paused transports and destinations deliver again (``qmgr_enable.c``).
+
+As time passes (:func:`enable_due`), operators' suspensions run out, dead transports
+and sites reach their retry time and rate-delayed destinations resume; a flush
+(``postqueue -f``, the ``F`` trigger) revives all of them at once (:func:`enable_all`).
+An idle queue that is live again leaves the core.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler import controls
+from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.state import Core
+
+
+def enable_due(core: Core, now: float) -> None:
+    """Time passed: revive dead transports and sites, resume rate-delayed ones."""
+    core.now = now
+    if core.suspensions:
+        for s in core.suspensions:
+            if now >= s.until:
+                controls.resume(core, s.target)
+                core.out.ended.append(s)
+    for t in list(core.transports.values()):
+        if t.revive_at is not None and now >= t.revive_at:
+            core.transport_unthrottle(t)
+        for queue in list(t.queues.values()):
+            if queue.revive_at is not None and now >= queue.revive_at:
+                queue_unthrottle(queue)
+                if queue.ready and queue.idle:
+                    queue_done(core, queue)
+            elif queue.resume_at is not None and now >= queue.resume_at:
+                queue.resume()
+                t.sync(queue)
+                if queue.ready and queue.idle:
+                    queue_done(core, queue)
+                elif not t.broken:
+                    t.policy.resumed(queue)
+
+
+def enable_all(core: Core) -> None:
+    """``F`` trigger: forget dead transports and destinations now."""
+    for t in list(core.transports.values()):
+        if t.throttled:
+            core.transport_unthrottle(t)
+        for queue in list(t.queues.values()):
+            if queue.throttled:
+                queue_unthrottle(queue)
+            if queue.ready and queue.idle:
+                queue_done(core, queue)
