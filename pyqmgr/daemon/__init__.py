@@ -1,4 +1,21 @@
-"""The qmgr daemon that master(8) starts; ``main`` is the launcher's entry point."""
+"""The qmgr daemon that master(8) starts; ``main`` is the launcher's entry point.
+
+What lives where (no module here imports one that imports it back; each part declares,
+as a Protocol, what it needs of the daemon):
+
+- ``startup``: the trigger-server start-up order (``main``), settings read before the
+  privilege drop and chroot; ``policies``: pyqmgr.cf's policies, shaping and retry
+  settings, settled then;
+- ``qmgr``: ``Qmgr``, the event loop: scans, feeding, agent dispatch, and ``apply``, the
+  one place the core's decisions are acted on;
+- ``active``: the active queue (a message in, its recipients routed, its file finished);
+  ``delivery``: one delivery agent connection;
+- ``retry``: deferred mail's retry jitter and recovery; ``delegation``: asking a delivery
+  policy service; ``suspensions``: the operators' controls and their state file;
+  ``control``: the control socket;
+- ``metrics``, ``metrics_exporter``, ``metrics_http``: counts and the Prometheus
+  exporter (imported only when on).
+"""
 
 from __future__ import annotations
 
