@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 
 from pyqmgr.daemon.retry import Registry, RetrySettings, retry_settings
 from pyqmgr.postfix.config import QmgrConfig, oqmgr_fudge_factor
-from pyqmgr.postfix.policy_delegation import DeliveryRequest, Verdict, classify
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.core import ERROR, RETRY, Route, Scheduler
 from pyqmgr.scheduler.decisions import NOTHING, Decisions
@@ -49,6 +48,7 @@ from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.shaping import RULES, ShapingError, ShapingTable
+from pyqmgr.simulator.delegation import PolicyService
 from pyqmgr.simulator.scenario import (
     Destination,
     MessageSpec,
@@ -319,9 +319,9 @@ class Engine:
         if self.retry is not None and self.retry.recovery_rate is not None:
             self.sched.watch_recovery()
             self.registry = Registry(self.retry.recovery_limit)
-        #: The policy service's rate windows per destination: (opened at, requests).
-        self._rate_windows: dict[str, tuple[float, int]] = {}
-        self._instance = itertools.count(1)
+        #: The scenario's delivery policy service, when it has one.
+        self.policy_service = (PolicyService(self, scenario.delegation)
+                               if scenario.delegation is not None else None)
         #: Replayed content-filter loops: trace index -> the messages it re-injects.
         self._children: dict[int, list[int]] = {}
         for i, m in enumerate(scenario.trace):
@@ -600,100 +600,11 @@ class Engine:
                 self._release(name)
                 return
             self.result.decisions += 1
-            if self.sc.delegation is not None and name not in (RETRY, ERROR):
-                self._ask(name, entry)
+            if self.policy_service is not None and name not in (RETRY, ERROR):
+                self.policy_service.ask(name, entry)
             else:
                 self._attempt(name, entry)
         return ready
-
-    # -- delivery policy delegation ------------------------------------------------------
-
-    def _ask(self, name: str, entry: Entry) -> None:
-        """Ask the scenario's policy service, after its latency, as the daemon does."""
-        deleg = self.sc.delegation
-        assert deleg is not None
-        if deleg.latency > 0:
-            self.at(self.now + deleg.latency, lambda: self._answer(name, entry))
-        else:
-            self._answer(name, entry)
-
-    def _answer(self, name: str, entry: Entry | None) -> None:
-        """Apply answers until one lets a delivery start or nothing is left to ask about.
-
-        Every answer but DELIVER gates a queue or takes the entry out of it, so the
-        loop ends; with a latency, the next question waits for it.
-        """
-        deleg = self.sc.delegation
-        assert deleg is not None
-        while entry is not None:
-            if self._apply(name, entry):
-                return
-            entry = self.apply(self.sched.reselect(name, self.now))
-            if entry is not None:
-                self.result.decisions += 1
-                if deleg.latency > 0:
-                    self._ask(name, entry)
-                    return
-        self._release(name)
-
-    def _policy_action(self, entry: Entry) -> str:
-        deleg = self.sc.delegation
-        assert deleg is not None
-        self.result.asked += 1
-        dest = entry.queue.nexthop
-        if deleg.function is not None:
-            queue = entry.queue
-            request = DeliveryRequest(
-                queue_id=entry.message.queue_id, sender="",
-                recipient=entry.recipients[0].address if entry.recipients else "",
-                recipient_count=len(entry.recipients), size=0,
-                instance=f"{entry.message.queue_id}.{next(self._instance)}",
-                transport=queue.transport.name, nexthop=dest,
-                destination_window=max(queue.window, 0),
-                destination_in_flight=max(queue.busy_count - 1, 0), attempt=1)
-            return deleg.function(dict(request.attrs()), self.now)
-        rate = deleg.rates.get(dest)
-        if rate is None:
-            return "DUNNO"
-        limit, period = rate
-        opened, count = self._rate_windows.get(dest, (-period, 0))
-        if self.now >= opened + period:
-            opened, count = self.now, 0
-        count += 1
-        self._rate_windows[dest] = (opened, count)
-        return deleg.reply if count > limit else "DUNNO"
-
-    def _apply(self, name: str, entry: Entry) -> bool:
-        """One answer through the core's delegation API; True when delivery starts."""
-        deleg = self.sc.delegation
-        assert deleg is not None
-        decision = classify(self._policy_action(entry))
-        dest = entry.queue.nexthop
-        res = self.result
-        verdict = decision.verdict
-        if verdict in (Verdict.DELIVER, Verdict.UNKNOWN):
-            self._attempt(name, entry)
-            return True
-        if verdict is Verdict.HOLD:
-            res.held += 1
-            self.apply(self.sched.drop_message(entry, self.now))
-            return False
-        if verdict is Verdict.REJECT and deleg.reject == "bounce":
-            n = len(entry.recipients)
-            assert decision.dsn is not None
-            rejected = self.sched.reject_to_error(entry, Dsn(decision.dsn, decision.text),
-                                                  self.now)
-            self.apply(rejected)
-            if rejected.rejected:
-                res.rejected[dest] = res.rejected.get(dest, 0) + n
-                return False
-        # DEFER, or REJECT without bounce (or with the error transport dead).
-        delay = decision.delay if decision.delay is not None else deleg.defer_delay
-        res.held_back[dest] = res.held_back.get(dest, 0) + 1
-        self.apply(self.sched.hold_back(entry, self.now + delay, "delivery_policy_service",
-                                        f"{dest}: policy service replied "
-                                        f"\"{decision.action}\"", self.now))
-        return False
 
     def _attempt(self, name: str, entry: Entry) -> None:
         msg: _SimMessage = entry.message.owner
