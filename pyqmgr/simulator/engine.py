@@ -31,14 +31,13 @@ import dataclasses
 import functools
 import heapq
 import itertools
-import math
 import os
 import random
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from pyqmgr.daemon.retry import Registry, RetrySettings, retry_settings
+from pyqmgr.daemon.retry import RetrySettings, retry_settings
 from pyqmgr.postfix.config import QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.core import ERROR, RETRY, Route, Scheduler
@@ -48,7 +47,9 @@ from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.shaping import RULES, ShapingError, ShapingTable
+from pyqmgr.simulator.deferred import DeferredQueue
 from pyqmgr.simulator.delegation import PolicyService
+from pyqmgr.simulator.message import _Server, _SimMessage, _Waiter
 from pyqmgr.simulator.scenario import (
     Destination,
     MessageSpec,
@@ -123,98 +124,6 @@ class Result:
                 total += busy * (t1 - t0)
                 weight += t1 - t0
         return total / weight if weight else 0.0
-
-
-class _Waiter:
-    __slots__ = ("entry", "start", "window", "served")
-
-    def __init__(self, entry: Entry, start: float, window: int) -> None:
-        self.entry = entry
-        self.start = start
-        self.window = window
-        self.served = False
-
-
-class _Server:
-    __slots__ = ("sessions", "queue", "starts")
-
-    def __init__(self) -> None:
-        self.sessions = 0
-        self.queue: deque[_Waiter] = deque()
-        #: Session start times in the last second (a rate-limiting server).
-        self.starts: deque[float] = deque()
-
-
-class _SimMessage:
-    __slots__ = ("sched", "routes", "pos", "destination", "arrival", "retry", "waits",
-                 "_by_rcpt", "scripts", "tries", "measured", "children", "bounce",
-                 "ready_at")
-
-    scripts: dict[int, tuple[tuple[str, float | None], ...]] | None
-
-    def __init__(self, sched: Message, routes: list[Route], destination: str,
-                 arrival: float = 0.0,
-                 scripts: dict[int, tuple[tuple[str, float | None], ...]] | None = None,
-                 measured: bool = True) -> None:
-        self.sched = sched
-        self.routes = routes
-        self.pos = 0
-        self.destination = destination
-        #: When the message first arrived (its backoff is its age, as in stock).
-        self.arrival = arrival
-        #: The deferred-queue model: this attempt's deferred recipients, and the
-        #: destinations the core says they waited for.
-        self.retry: list[Route] = []
-        self.waits: set[tuple[str, str]] = set()
-        self._by_rcpt: dict[int, Route] | None = None
-        #: Recipients (by offset) that answer as a replayed log's did, try by try.
-        self.scripts = scripts
-        self.tries: dict[int, int] = {}
-        self.measured = measured
-        #: When its transport's hand-off ends (see Engine._let_in).
-        self.ready_at = 0.0
-        #: Messages a content filter re-injects once this one is done (replay).
-        self.children: list[int] | None = None
-        #: A bounce (null sender): it expires after bounce_queue_lifetime.
-        self.bounce = False
-
-    def answer(self, rcpt: Recipient) -> tuple[str, float | None] | None:
-        """This try of a scripted recipient: 2xx, 4xx or 5xx, and its seconds if the
-        script has them; None for a recipient without a script."""
-        if self.scripts is None or rcpt.offset not in self.scripts:
-            return None
-        script = self.scripts[rcpt.offset]
-        n = self.tries.get(rcpt.offset, 0)
-        self.tries[rcpt.offset] = n + 1
-        code, secs = script[n] if n < len(script) else ("s", None)
-        return ("4xx" if code == "d" else "5xx" if code == "b" else "2xx"), secs
-
-    def whole_failure(self, rcpts: Sequence[Recipient]) -> tuple[str, float | None] | None:
-        """The delivery's failure as a whole (``D`` or ``B`` in a replayed recipient's
-        script for this try: a lost connection, a DNS answer, error(8)), if any.
-
-        Only the recipients whose script says so spend their try on it: the others
-        are deferred with the delivery, as stock defers every recipient of a failed
-        session, and answer their own next try later.
-        """
-        if self.scripts is None:
-            return None
-        found: tuple[str, float | None] | None = None
-        for rcpt in rcpts:
-            script = self.scripts.get(rcpt.offset)
-            if script is None:
-                continue
-            n = self.tries.get(rcpt.offset, 0)
-            if n < len(script) and script[n][0] in "DB":
-                self.tries[rcpt.offset] = n + 1
-                if found is None or script[n][0] == "D":
-                    found = script[n]
-        return found
-
-    def route_of(self, rcpt: Recipient) -> Route:
-        if self._by_rcpt is None:
-            self._by_rcpt = {id(r.recipient): r for r in self.routes}
-        return self._by_rcpt[id(rcpt)]
 
 
 def policy_table(values: dict[str, str]) -> PolicyTable:
@@ -298,27 +207,13 @@ class Engine:
         self.result = Result()
         self._last_end: float | None = None
         self._serial = itertools.count(1)
-        #: The deferred-queue model (``[deferred] retry``): queue id -> (retry time,
-        #: message), the next scan, the jitter's own random numbers (so that turning it
-        #: on changes no latency), recovery's registry and its pacing.
+        #: The deferred-queue model (``[deferred] retry``): simulator/deferred.py.
         self.retry = retry_table(scenario)
-        self.deferred: dict[str, tuple[float, _SimMessage]] = {}
-        self._scan_due = False
-        #: The deferred scan's whole-second deadline once it has passed with the queue
-        #: manager asleep (None: not waiting); see _scan_deadline.
-        self._scan_late: float | None = None
-        #: When the queue manager last woke (its event loop's last pass).
-        self._last_wake = 0.0
-        #: Set by an event that is no wake-up of the queue manager's loop.
-        self._asleep = False
-        self.retry_rng = random.Random(f"deferred retry {seed}")
-        #: The agents' hand-off times have their own random numbers too.
+        self.deferred_queue = DeferredQueue(self, self.retry, seed)
+        #: The agents' hand-off times have their own random numbers.
         self.handoff_rng = random.Random(f"handoff {seed}")
-        self.registry: Registry | None = None
-        self._recovery_next = 0.0
-        if self.retry is not None and self.retry.recovery_rate is not None:
+        if self.deferred_queue.registry is not None:
             self.sched.watch_recovery()
-            self.registry = Registry(self.retry.recovery_limit)
         #: The scenario's delivery policy service, when it has one.
         self.policy_service = (PolicyService(self, scenario.delegation)
                                if scenario.delegation is not None else None)
@@ -380,18 +275,19 @@ class Engine:
                 break
             self.now = when
             action()
-            if self._asleep:
-                self._asleep = False
+            dq = self.deferred_queue
+            if dq.asleep:
+                dq.asleep = False
                 continue
-            self._last_wake = when
-            if self._scan_late is not None:
-                self._scan_late = None
-                self._scan()
+            dq.last_wake = when
+            if dq.scan_late is not None:
+                dq.scan_late = None
+                dq.scan()
             self._decisions()
         # The last delivery's end, not the clock's: shaping's recovery timers run on
         # after the mail is gone and would stretch the figure with idle time.
         self.result.end_time = self._last_end if self._last_end is not None else self.now
-        self.result.still_deferred = len(self.deferred)
+        self.result.still_deferred = len(self.deferred_queue.deferred)
         return self.result
 
     # -- messages -------------------------------------------------------------------
@@ -526,7 +422,7 @@ class Engine:
                 message.owner.waits.add((transport, qname))
         for d in batch:
             for transport, qname, nexthop, why in d.recovered:
-                self._recover(transport, qname, nexthop, why)
+                self.deferred_queue.recover(transport, qname, nexthop, why)
         done = [message for d in batch for message in d.finished]
         while done:
             for message in done:
@@ -537,7 +433,7 @@ class Engine:
                 else:
                     self.active -= 1
                     if msg.retry:
-                        self._defer(msg)
+                        self.deferred_queue.defer(msg)
                     elif msg.children:
                         # Its content filter re-injects the message as it is done.
                         for i in msg.children:
@@ -809,131 +705,11 @@ class Engine:
                 delays.append(delay)
 
 
-    # -- the deferred queue (``[deferred] retry = true``) ----------------------------------
+    # -- the deferred queue (``[deferred] retry = true``; simulator/deferred.py) -----
 
     def _deferred_rcpt(self, msg: _SimMessage, rcpt: Recipient) -> None:
         """This attempt's recipient must be tried again."""
         msg.retry.append(msg.route_of(rcpt))
-
-    def _defer(self, msg: _SimMessage) -> None:
-        """To the deferred queue with stock's retry time, plus the jitter; or, past its
-        lifetime, returned to sender (qmgr_active_done: whole seconds since the queue
-        file's creation)."""
-        cfg = self.cfg
-        lifetime = cfg.bounce_queue_lifetime if msg.bounce else cfg.maximal_queue_lifetime
-        if int(self.now) >= math.floor(msg.arrival) + lifetime:
-            self.result.expired += 1
-            return
-        # Stock counts in whole seconds of the clock (event_time() less the queue
-        # file's create_time) and stamps the file with their sum.
-        delay = min(max(int(self.now) - math.floor(msg.arrival), cfg.minimal_backoff_time),
-                    cfg.maximal_backoff_time)
-        when: float = int(self.now) + int(delay)
-        if self.retry is not None:
-            when += self.retry.jitter_for(int(delay), self.retry_rng)
-        qid = msg.sched.queue_id
-        self.deferred[qid] = (when, msg)
-        if self.registry is not None and msg.waits:
-            self.registry.remember(qid, sorted(msg.waits))
-        if not self._scan_due:
-            # The deferred scan runs every queue_run_delay since start, as stock's timer
-            # (since the scenario's scan_phase: a replayed log's scans' times).
-            self._scan_due = True
-            self.at(self._next_scan(), self._scan_deadline)
-
-    def _next_scan(self) -> float:
-        period = self.cfg.queue_run_delay
-        phase = self.sc.scan_phase % period
-        return phase + (int((self.now - phase) // period) + 1) * period
-
-    def _scan_deadline(self) -> None:
-        """The deferred scan's timer is due; it runs when the queue manager wakes.
-
-        Postfix's timers have whole-second deadlines (event_request_timer: time() plus
-        the delay), and its event loop sleeps in select() for whole seconds up to the
-        next deadline. So a deadline that passes while it sleeps fires at the first
-        event after it (new mail, an agent's report) or, if none comes, as many whole
-        seconds after the loop went to sleep: the deadline plus the fraction of a
-        second at which it last woke. On a real run of a quiet qmgr meeting a 4.7.28
-        rate limiter (2 sessions a second), the sessions of retried mail began at
-        every fraction of the second, and the first retries came 0.25 s after the
-        second began. Run on the deadline, every retry met the server at the second's
-        start, right after the previous second's sessions had left its count: with the
-        arrivals placed to the millisecond, the replay fitted a limit of 1 and still
-        delivered only 45 of 80 recipients by the log's end, with 388 deferred tries
-        (the log: 226); run late as here, it fits 2 and defers 196 times (held out on
-        a second run: 210 against 231).
-        """
-        self._asleep = True
-        late = self._last_wake % 1.0
-        if late <= 0.0:
-            self._asleep = False
-            self._scan()
-            return
-        deadline = self.now
-        self._scan_late = deadline
-
-        def timeout() -> None:
-            if self._scan_late == deadline:
-                self._scan_late = None
-                self._scan()
-            else:
-                self._asleep = True  # an event ran the scan before: nothing wakes here
-
-        self.at(deadline + late, timeout)
-
-    def _scan(self) -> None:
-        """A deferred-queue scan: everything whose retry time has come, at once."""
-        self._scan_due = False
-        # Stock takes a file whose retry time is at most a second away (qmgr_active.c:
-        # "st_mtime > time + 1" is not yet ripe, time in whole seconds), as the daemon
-        # does.
-        ripe = int(self.now) + 1
-        due = [qid for qid, (when, _) in self.deferred.items() if when <= ripe]
-        for qid in due:
-            self._come_back(qid, "scan")
-        if due:
-            self.result.scans.append((self.now, len(due)))
-        if self.deferred:
-            self._scan_due = True
-            self.at(self._next_scan(), self._scan_deadline)
-        self._feed()
-
-    def _come_back(self, qid: str, how: str) -> None:
-        _, msg = self.deferred.pop(qid)
-        if self.registry is not None:
-            self.registry.forget(qid)
-        again = _SimMessage(Message(qid, self.now, rcpt_unread=len(msg.retry)), msg.retry,
-                            msg.destination, msg.arrival, msg.scripts, msg.measured)
-        again.tries = msg.tries
-        again.children = msg.children
-        again.bounce = msg.bounce
-        again.sched.owner = again
-        self.result.retries.append((self.now, qid, how))
-        self._let_in(again, feed=False)
-
-    def _recover(self, transport: str, name: str, nexthop: str, why: str) -> None:
-        """A destination delivers again: its deferred mail comes back at the rate."""
-        assert self.registry is not None and self.retry is not None
-        rate = self.retry.recovery_rate
-        assert rate is not None
-        qids = self.registry.take((transport, name))
-        if not qids:
-            return
-        self.result.log.append((self.now, "info", (
-            f"deferred recovery: {nexthop} ({transport}) delivers again after {why}: "
-            f"bringing {len(qids)} deferred messages forward at {rate}")))
-        start = max(self.now, self._recovery_next)
-        for i, qid in enumerate(qids):
-            self.at(start + i * rate.interval, self._bring_forward(qid))
-        self._recovery_next = start + len(qids) * rate.interval
-
-    def _bring_forward(self, qid: str) -> Callable[[], None]:
-        def forward() -> None:
-            if qid in self.deferred:
-                self._come_back(qid, "recovery")
-                self._feed()
-        return forward
 
 
 def simulate(scenario: Scenario, seed: int | None = None, record: bool = True) -> Result:
