@@ -25,6 +25,7 @@ from collections import deque
 from typing import cast
 
 from pyqmgr.daemon.delivery import AgentCall
+from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import (
     DEL_REQ_FLAG_DEFLT,
@@ -105,7 +106,8 @@ Delivery = tuple[RequestMessage, Resolved, Recipient]
 class FloorQmgr:
     """Scan incoming/, read, resolve, deliver, unlink: one fixed window, nothing else."""
 
-    def __init__(self, cfg: QmgrConfig, log: MailLog, flow: FlowControl | None) -> None:
+    def __init__(self, cfg: QmgrConfig, log: MailLog, flow: FlowControl | None,
+                 setup: DaemonSetup) -> None:
         self.loop = asyncio.get_running_loop()
         self.log = log
         self.window = cfg.default_destination_concurrency_limit

@@ -15,7 +15,7 @@ import asyncio
 import os
 import time
 from collections.abc import Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyqmgr.daemon.active import (
     FLUSH_DFXP,
@@ -28,9 +28,11 @@ from pyqmgr.daemon.active import (
     ActiveQueue,
     request_flags,
 )
+from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending
-from pyqmgr.daemon.policies import PolicySetup
+from pyqmgr.daemon.metrics import DeliveryStats
 from pyqmgr.daemon.retry import RetryControl
+from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.daemon.suspensions import Suspensions
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.config import QmgrConfig
@@ -45,10 +47,6 @@ from pyqmgr.scheduler.decisions import NOTHING, Decisions, DeferRecipient
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
-
-if TYPE_CHECKING:
-    from pyqmgr.daemon.delegation import Delegation
-    from pyqmgr.daemon.metrics import DeliveryStats
 
 #: Messages fed per event-loop pass. Stock feeds one; a few amortise the loop's own
 #: cost, and agent replies are still served between passes.
@@ -112,11 +110,21 @@ class QueueScan:
 
 
 class Qmgr:
-    def __init__(self, cfg: QmgrConfig, log: MailLog, flow: FlowControl | None) -> None:
+    def __init__(self, cfg: QmgrConfig, log: MailLog, flow: FlowControl | None,
+                 setup: DaemonSetup) -> None:
         self.cfg = cfg
         self.log = log
         self.flow = flow
-        self.scheduler = Scheduler.from_settings(cfg, refill=self._refill)
+        pol = setup.policies
+        if pol.table.stock and pol.shaping is None:
+            # Stock scheduling; the process limits only inform explain.
+            self.scheduler = Scheduler.from_settings(cfg, refill=self._refill,
+                                                     process_limit_for=pol.process_limit)
+        else:
+            self.scheduler = Scheduler.from_settings(
+                cfg, refill=self._refill, policies=pol.table,
+                process_limit_for=pol.process_limit, fudge_factor=pol.fudge_factor,
+                shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None)
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}",
             ipc_timeout=cfg.qmgr_ipc_timeout,
@@ -133,32 +141,23 @@ class Qmgr:
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: set[AgentCall] = set()
         self.loop = asyncio.get_running_loop()
-        #: Operator controls (suspend, resume, retry); start-up gives it its state file.
-        self.suspensions = Suspensions(self, None)
+        #: Operator controls (suspend, resume, retry) and their state file.
+        self.suspensions = Suspensions(self, setup.state, pol.process_limits)
         #: The armed shaping timer (at most one: the core asks for its earliest).
         self._gate_timer: asyncio.TimerHandle | None = None
         self._gate_at = 0.0
         #: Delivery counts for the metrics exporter; None (not counted) unless
         #: pyqmgr.cf sets metrics_listen.
-        self.metrics: DeliveryStats | None = None
+        self.metrics: DeliveryStats | None = (
+            DeliveryStats(transports=setup.metrics.transports)
+            if setup.metrics is not None else None)
         #: Retry jitter and recovery of deferred mail; None (stock) unless pyqmgr.cf.
-        self.retry: RetryControl | None = None
+        #: Its core half is switched on in start().
+        self.retry: RetryControl | None = (
+            RetryControl(self, pol.retry) if pol.retry is not None else None)
         #: Delivery policy delegation (pyqmgr.cf delivery_policy_service); None: off.
-        self.delegation: Delegation | None = None
-
-    def use_policies(self, setup: PolicySetup) -> None:
-        """Schedule with pyqmgr.cf's policies (start-up, before :meth:`start`)."""
-        if setup.retry is not None:
-            # Its core half is switched on in start(), on the scheduler made here.
-            self.retry = RetryControl(self, setup.retry)
-        if setup.table.stock and setup.shaping is None:
-            # Stock scheduling; the process limits only inform explain.
-            self.scheduler.process_limit_for = setup.process_limit
-            return
-        self.scheduler = Scheduler.from_settings(
-            self.cfg, refill=self._refill, policies=setup.table,
-            process_limit_for=setup.process_limit, fudge_factor=setup.fudge_factor,
-            shaping_for=setup.shaping.shaping_for if setup.shaping is not None else None)
+        self.delegation: Delegation | None = (
+            Delegation(self, setup.delegation) if setup.delegation is not None else None)
 
     # -- life cycle ---------------------------------------------------------------------
 

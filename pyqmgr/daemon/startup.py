@@ -28,6 +28,7 @@ from pyqmgr import trust
 from pyqmgr.daemon import control, delegation, metrics, suspensions
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
+from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.postfix import version
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
@@ -55,7 +56,8 @@ class QueueManager(Protocol):
 
 
 #: Builds the queue manager once logging, configuration and privileges are settled.
-QueueManagerFactory = Callable[[QmgrConfig, MailLog, FlowControl | None], QueueManager]
+QueueManagerFactory = Callable[[QmgrConfig, MailLog, FlowControl | None, DaemonSetup],
+                               QueueManager]
 
 #: Exit status for start-up failures: non-zero so master throttles instead of re-forking.
 EXIT_FATAL = 1
@@ -250,17 +252,10 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
 
         profiler = cProfile.Profile()
         profiler.enable()
-    qmgr = daemon(cfg, log, flow)
+    qmgr = daemon(cfg, log, flow, DaemonSetup(policies, state, metrics_cf, delegation_cf))
     if isinstance(qmgr, Qmgr):
-        qmgr.use_policies(policies)
         # Before start(): recovered mail for a suspended destination must be held.
-        qmgr.suspensions = suspensions.Suspensions(qmgr, state, policies.process_limits)
         qmgr.suspensions.restore()
-        if metrics_cf is not None:
-            # Counting from the first delivery.
-            qmgr.metrics = metrics.DeliveryStats(transports=metrics_cf.transports)
-        if delegation_cf is not None:
-            qmgr.delegation = delegation.Delegation(qmgr, delegation_cf)
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)

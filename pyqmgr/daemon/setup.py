@@ -1,0 +1,29 @@
+"""Everything the daemon is assembled from, settled at start-up before the chroot.
+
+Start-up reads main.cf, master.cf and pyqmgr.cf, opens the suspensions' state file
+and checks every setting while it still can; what comes out is one
+:class:`DaemonSetup`, and :class:`~pyqmgr.daemon.qmgr.Qmgr` is built from it in one
+step, so no part of the daemon is made first and replaced later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyqmgr.daemon.delegation import DelegationSetup
+from pyqmgr.daemon.metrics import MetricsSettings
+from pyqmgr.daemon.policies import PolicySetup
+from pyqmgr.daemon.suspensions import StateFile
+
+
+@dataclass(frozen=True)
+class DaemonSetup:
+    """pyqmgr.cf's policies, shaping and retries, and the optional parts' settings."""
+
+    policies: PolicySetup
+    #: The operators' suspensions' state file (None: not kept across restarts).
+    state: StateFile | None = None
+    #: metrics_listen and its labels (None: no metrics).
+    metrics: MetricsSettings | None = None
+    #: delivery_policy_service and its settings (None: no delegation).
+    delegation: DelegationSetup | None = None
