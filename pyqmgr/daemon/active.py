@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.deliver_request import (
     DEL_REQ_FLAG_BOUNCE,
@@ -44,10 +45,7 @@ from pyqmgr.scheduler.core import ERROR, RETRY, Route
 from pyqmgr.scheduler.message import Message, Recipient
 
 if TYPE_CHECKING:
-    from pyqmgr.postfix.config import QmgrConfig
-    from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.postfix.resolve import ResolveClient
-    from pyqmgr.scheduler.core import Scheduler
 
 
 class RetryPort(Protocol):
@@ -60,21 +58,12 @@ class RetryPort(Protocol):
     def deferred(self, am: ActiveMessage) -> None: ...
 
 
-class ActiveHost(Protocol):
+class ActiveHost(QmgrCore, Protocol):
     """What the active queue needs of the daemon that holds it (daemon/qmgr.py's Qmgr).
 
     Declared here, by the part that needs it, so that this module does not import the
     daemon that imports it.
     """
-
-    @property
-    def cfg(self) -> QmgrConfig: ...
-
-    @property
-    def log(self) -> MailLog: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
 
     @property
     def resolver(self) -> ResolveClient: ...
@@ -563,16 +552,23 @@ class ActiveQueue:
         # Stock ignores a vanished file here and lets the rename report it.
         with contextlib.suppress(FileNotFoundError):
             os.utime(am.path, (when, when))
-        dst = mail_queue.queue_path("deferred", am.queue_id, cfg.hash_queue_names,
-                                    cfg.hash_queue_depth)
-        try:
-            mail_queue.rename_path(am.path, dst)
-        except FileNotFoundError:
-            self.log.warning(f"qmgr_active_defer: rename {am.queue_id} from active to "
-                             "deferred: No such file or directory")
+        if not self._file_to(am, "deferred", f"qmgr_active_defer: rename {am.queue_id} from "
+                                          "active to deferred"):
             return
         if retry is not None:
             retry.deferred(am)
+
+    def _file_to(self, am: ActiveMessage, queue: str, what: str) -> bool:
+        """Rename the message's file into ``queue``; a vanished file is logged as
+        ``what`` (stock's words differ by caller) and False is returned."""
+        dst = mail_queue.queue_path(queue, am.queue_id, self.cfg.hash_queue_names,
+                                    self.cfg.hash_queue_depth)
+        try:
+            mail_queue.rename_path(am.path, dst)
+        except FileNotFoundError:
+            self.log.warning(what.replace("{dst}", dst) + ": No such file or directory")
+            return False
+        return True
 
     def hold(self, am: ActiveMessage) -> None:
         """To hold/, as ``postsuper -h`` leaves a message (a policy service said HOLD).
@@ -582,15 +578,8 @@ class ActiveQueue:
         to deferred/ and the next queue run delivers it as usual.
         """
         self._forget(am)
-        dst = mail_queue.queue_path("hold", am.queue_id, self.cfg.hash_queue_names,
-                                    self.cfg.hash_queue_depth)
-        try:
-            mail_queue.rename_path(am.path, dst)
-        except FileNotFoundError:
-            self.log.warning(f"{am.queue_id}: rename {am.path} to {dst}: "
-                             "No such file or directory")
-            return
-        self.log.info(f"{am.queue_id}: placed on hold")
+        if self._file_to(am, "hold", f"{am.queue_id}: rename {am.path} to {{dst}}"):
+            self.log.info(f"{am.queue_id}: placed on hold")
 
     def remove(self, qid: str) -> None:
         path = f"active/{qid}"

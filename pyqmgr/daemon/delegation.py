@@ -113,12 +113,19 @@ EXPIRE_INTERVAL = 10.0
 class ServiceSettings:
     """One transport's delegation settings (the ``<transport>_`` forms resolved)."""
 
+    #: delivery_policy_service: where the service listens.
     endpoint: Endpoint
+    #: delivery_policy_timeout: how long an answer may take.
     timeout: float = 5.0
+    #: delivery_policy_default_action: what no answer means (DUNNO or DEFER).
     default_action: str = "DUNNO"
+    #: delivery_policy_defer_delay: how long a DEFER holds a destination back.
     defer_delay: float = 60.0
+    #: delivery_policy_reject: a REJECT defers or bounces.
     reject: str = "defer"
+    #: delivery_policy_connections: pooled connections to the service.
     connections: int = 4
+    #: delivery_policy_context: sent as the request's ``policy_context``.
     context: str = ""
 
     @property

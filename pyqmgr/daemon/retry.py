@@ -54,30 +54,19 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.postfix import mail_queue
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Rate, ShapingError, parse_duration, parse_rate
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.active import ActiveMessage
-    from pyqmgr.postfix.config import QmgrConfig
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
     from pyqmgr.scheduler.message import Message
 
 
-class RetryHost(Protocol):
+class RetryHost(QmgrCore, Protocol):
     """What the retry controls need of the daemon (daemon/qmgr.py's Qmgr), declared
     here so that this module does not import the daemon that imports it."""
-
-    @property
-    def cfg(self) -> QmgrConfig: ...
-
-    @property
-    def log(self) -> MailLog: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
@@ -247,8 +236,10 @@ class Run:
     transport: str
     queue: str
     nexthop: str
+    #: Why the destination was watched (dead, or a throttling reply), for the log.
     why: str
     started: float
+    #: Messages brought forward in all.
     total: int = 0
     #: Fed into the active queue so far; no longer in deferred/ (delivered or retried
     #: meanwhile, or a file the feed refused).

@@ -15,7 +15,7 @@ from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
-    from pyqmgr.scheduler.structures import Queue
+    from pyqmgr.scheduler.structures import Queue, Transport
     from pyqmgr.scheduler.suspension import Suspension, Target
 
 
@@ -40,12 +40,17 @@ def resume(core: Core, target: Target) -> Suspension | None:
     return s
 
 
+def _whole_transport(core: Core, target: Target) -> Transport | None:
+    """The in-core transport a whole-transport target (``TRANSPORT:``) names."""
+    assert target.transport is not None
+    return core.transports.get(target.transport)
+
+
 def apply_target(core: Core, target: Target) -> list[str]:
     """Bring the queues and transport of ``target`` in line with the table."""
     names: list[str] = []
     if target.destination is None:
-        assert target.transport is not None
-        t = core.transports.get(target.transport)
+        t = _whole_transport(core, target)
         if t is not None:
             was = t.suspension
             t.suspension = core.suspensions.for_transport(t.name)
@@ -62,8 +67,7 @@ def apply_target(core: Core, target: Target) -> list[str]:
 def retry(core: Core, target: Target) -> list[str]:
     revived: list[str] = []
     if target.destination is None:
-        assert target.transport is not None
-        t = core.transports.get(target.transport)
+        t = _whole_transport(core, target)
         if t is not None and t.throttled:
             core.transport_unthrottle(t)
             if not t.throttled:

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 
 class FinchEntry(Entry):
+    """An entry that is also on its message's job list, in the order of its recipients."""
+
     __slots__ = ("job", "job_node")
 
     def __init__(self, message: Message, queue: Queue, job: FinchJob) -> None:

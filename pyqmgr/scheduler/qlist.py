@@ -80,14 +80,15 @@ class QList(Generic[T]):
     def unlink(self, node: Node[T]) -> None:
         assert node.owner is self, "node not on this list"
         prev, nxt = node.prev, node.next
-        if prev is None:
-            self.head = nxt
-        else:
+        # The mirror of link(): a missing neighbour means the list's end moves.
+        if prev is not None:
             prev.next = nxt
-        if nxt is None:
-            self.tail = prev
         else:
+            self.head = nxt
+        if nxt is not None:
             nxt.prev = prev
+        else:
+            self.tail = prev
         node.prev = node.next = None
         node.owner = None
         self.size -= 1
