@@ -49,9 +49,9 @@ from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.shaping import RULES, ShapingError, ShapingTable
 from pyqmgr.simulator.deferred import DeferredQueue
 from pyqmgr.simulator.delegation import PolicyService
-from pyqmgr.simulator.message import _Server, _SimMessage, _Waiter
+from pyqmgr.simulator.message import _SimMessage
+from pyqmgr.simulator.remote import Remote
 from pyqmgr.simulator.scenario import (
-    Destination,
     MessageSpec,
     Scenario,
     ScenarioError,
@@ -108,6 +108,32 @@ class Result:
     held_back: dict[str, int] = field(default_factory=dict)
     held: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+
+    def sample(self, now: float, queue: Queue, in_flight: int) -> None:
+        """Record a destination's window and busy count if either changed.
+
+        Only the queue an event touched is looked at, so sampling stays O(1) per
+        event; busy counts are the engine's own per destination (with per-recipient
+        queues one destination has many queues).
+        """
+        dest = queue.nexthop
+        points = self.windows.setdefault(dest, [])
+        point = (now, queue.window, in_flight)
+        if not points or points[-1][1:] != point[1:]:
+            if points and points[-1][0] == now:
+                points[-1] = point
+            else:
+                points.append(point)
+
+    def add_delays(self, now: float, msg: _SimMessage, dest: str, n: int) -> None:
+        """``n`` recipients of ``msg`` delivered to ``dest`` now: their delays."""
+        if msg.measured:
+            delays = self.delays.get(dest)
+            if delays is None:
+                delays = self.delays[dest] = []
+            delay = now - msg.arrival
+            for _ in range(n):
+                delays.append(delay)
 
     def deferral_rate(self, destination: str) -> float:
         """Deferred recipients / recipients tried, over the first delivery pass."""
@@ -203,7 +229,8 @@ class Engine:
         #: Deliveries under way per destination (busy, across its queues).
         self.in_flight: dict[str, int] = {}
         #: Each destination's server: sessions open and connections waiting.
-        self.servers: dict[str, _Server] = {}
+        #: The destinations' servers: sessions, listen queues, rate limits.
+        self.remote = Remote(self, self.rng)
         self.result = Result()
         self._last_end: float | None = None
         self._serial = itertools.count(1)
@@ -453,23 +480,8 @@ class Engine:
                 self.waiting[name] = self.waiting.get(name, 0) + 1
 
     def _sample(self, queue: Queue) -> None:
-        """Record a destination's window and busy count if either changed.
-
-        Only the queue an event touched is looked at, so sampling stays O(1) per
-        event; busy counts are the engine's own per destination (with per-recipient
-        queues one destination has many queues).
-        """
-        t = queue.transport
-        if t.name in (RETRY, ERROR) or not self.record:
-            return
-        dest = queue.nexthop
-        points = self.result.windows.setdefault(dest, [])
-        point = (self.now, queue.window, self.in_flight.get(dest, 0))
-        if not points or points[-1][1:] != point[1:]:
-            if points and points[-1][0] == self.now:
-                points[-1] = point
-            else:
-                points.append(point)
+        if self.record and queue.transport.name not in (RETRY, ERROR):
+            self.result.sample(self.now, queue, self.in_flight.get(queue.nexthop, 0))
 
     def _tick(self) -> None:
         self.apply(self.sched.tick(self.now))
@@ -519,132 +531,7 @@ class Engine:
         dest = self.sc.destinations[entry.queue.nexthop]
         self.in_flight[dest.name] = self.in_flight.get(dest.name, 0) + 1
         self._sample(entry.queue)
-        failure = msg.whole_failure(entry.recipients)
-        if failure is not None:
-            self._fail_whole(entry, start, window, dest, failure)
-            return
-        if dest.is_dead(self.now):
-            if dest.dead and dest.dead_mode == "timeout":
-                hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
-                self.at(self.now + dest.timeout, self._finish(entry, start, window, dest.name,
-                                                              "deferred", hop, False))
-                return
-            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
-            self.at(self.now, self._finish(entry, start, window, dest.name, "deferred", hop, False))
-            return
-        server = self.servers.setdefault(dest.name, _Server())
-        if dest.rate_limit > 0:
-            # A provider's rate limiting: more than rate_limit sessions in the last
-            # second are answered rate_reply at once.
-            starts = server.starts
-            while starts and starts[0] <= self.now - 1.0:
-                starts.popleft()
-            if len(starts) >= dest.rate_limit:
-                text = dest.rate_reply
-                status = text.split()[1] if len(text.split()) > 1 else "4.7.0"
-                hop = Dsn(status, f"host {dest.name}[192.0.2.1] said: {text}")
-                self.at(self.now + dest.reject_time, self._finish(
-                    entry, start, window, dest.name, "deferred", hop, False))
-                return
-            starts.append(self.now)
-        if not dest.server_limit or server.sessions < dest.server_limit:
-            self._serve(entry, start, window, dest)
-            return
-        if dest.overload == "421":
-            hop = Dsn("4.7.0", f"host {dest.name}[192.0.2.1] refused to talk to me: "
-                               "421 4.7.0 too many connections")
-            self.at(self.now + dest.reject_time, self._finish(entry, start, window, dest.name,
-                                                              "deferred", hop, False))
-            return
-        backlog = dest.backlog
-        if backlog < 0 or len(server.queue) < backlog:
-            # In the listen queue: served when a server process frees up, unless the
-            # client's greeting timeout comes first.
-            waiter = _Waiter(entry, start, window)
-            server.queue.append(waiter)
-            self.at(self.now + dest.timeout, self._greeting_timeout(waiter, dest))
-            return
-        if dest.overload == "connect-timeout":
-            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
-        else:
-            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
-                               "while receiving the initial server greeting")
-        self.at(self.now + dest.timeout, self._finish(entry, start, window, dest.name,
-                                                      "deferred", hop, False))
-
-    def _fail_whole(self, entry: Entry, start: float, window: int, dest: Destination,
-                    failure: tuple[str, float | None]) -> None:
-        """A replayed try that failed as a whole (before or outside RCPT): as the log
-        had it, whatever the schedule; a 4xx throttles the site as stock's agent
-        reports a site failure, a 5xx bounces without one."""
-        code, secs = failure
-        took = secs if secs is not None else 0.0
-        if code == "D":
-            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] failed "
-                               "(replayed from the log)")
-            self.at(self.now + took, self._finish(entry, start, window, dest.name,
-                                                  "deferred", hop, False))
-        else:
-            self.at(self.now + took, self._finish(entry, start, window, dest.name, "sent",
-                                                  None, False, ["5xx"] * len(entry.recipients)))
-
-    def _serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
-        self.servers[dest.name].sessions += 1
-        msg: _SimMessage = entry.message.owner
-        if msg.scripts is not None:
-            self._serve_scripted(entry, start, window, dest, msg)
-            return
-        duration = sum(dest.latency.draw(self.rng) for _ in range(len(entry.recipients)))
-        replies: list[str] | None = None
-        if dest.rcpt_4xx or dest.rcpt_5xx:
-            # The server's answer to each RCPT: a recipient-level 4xx defers only that
-            # recipient and a 5xx bounces it; neither is a failure of the site.
-            replies = [self._reply(dest) for _ in entry.recipients]
-        self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
-                                                  None, True, replies))
-
-    def _serve_scripted(self, entry: Entry, start: float, window: int, dest: Destination,
-                        msg: _SimMessage) -> None:
-        """A replayed message: each recipient answers and takes as its script says
-        (others as the destination's shares and latency would have them)."""
-        duration = 0.0
-        replies = []
-        for rcpt in entry.recipients:
-            scripted = msg.answer(rcpt)
-            if scripted is not None:
-                reply, secs = scripted
-                duration += secs if secs is not None else dest.latency.draw(self.rng)
-                replies.append(reply)
-                continue
-            duration += dest.latency.draw(self.rng)
-            replies.append(self._reply(dest))
-        self.at(self.now + duration, self._finish(entry, start, window, dest.name, "sent",
-                                                  None, True, replies))
-
-    def _reply(self, dest: Destination) -> str:
-        """A drawn answer at RCPT, by the destination's 4xx and 5xx shares."""
-        draw = self.rng.random()
-        return ("4xx" if draw < dest.rcpt_4xx else
-                "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
-
-    def _session_end(self, dest: str) -> None:
-        server = self.servers[dest]
-        server.sessions -= 1
-        if server.queue:
-            waiter = server.queue.popleft()
-            waiter.served = True
-            self._serve(waiter.entry, waiter.start, waiter.window, self.sc.destinations[dest])
-
-    def _greeting_timeout(self, waiter: _Waiter, dest: Destination) -> Callable[[], None]:
-        def expire() -> None:
-            if waiter.served:
-                return
-            self.servers[dest.name].queue.remove(waiter)
-            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
-                               "while receiving the initial server greeting")
-            self._finish(waiter.entry, waiter.start, waiter.window, dest.name, "deferred",
-                         hop, False)()
-        return expire
+        self.remote.connect(entry, start, window, dest, msg)
 
     def _finish(self, entry: Entry, start: float, window: int, dest: str, outcome: str,
                 hop: Dsn | None, session: bool,
@@ -653,7 +540,7 @@ class Engine:
             n = len(entry.recipients)
             name = entry.queue.transport.name
             if session:
-                self._session_end(dest)
+                self.remote.session_end(dest)
             res = self.result
             queue = entry.queue
             if name not in (RETRY, ERROR):
@@ -666,7 +553,7 @@ class Engine:
                          if how == "4xx"]
                 res.sent[dest] = res.sent.get(dest, 0) + ok
                 if ok:
-                    self._delays(entry, dest, ok)
+                    self.result.add_delays(self.now, entry.message.owner, dest, ok)
                 if later:
                     res.deferred[dest] = res.deferred.get(dest, 0) + len(later)
                 if n - ok - len(later):
@@ -677,7 +564,7 @@ class Engine:
                 self.apply(self.sched.done(entry, 1 if later else 0, None, False, self.now))
             elif outcome == "sent":
                 res.sent[dest] = res.sent.get(dest, 0) + n
-                self._delays(entry, dest, n)
+                self.result.add_delays(self.now, entry.message.owner, dest, n)
                 self.apply(self.sched.done(entry, 0, None, False, self.now))
             else:
                 res.deferred[dest] = res.deferred.get(dest, 0) + n
@@ -693,17 +580,6 @@ class Engine:
                 self._sample(queue)
             self._release(name)
         return finish
-
-    def _delays(self, entry: Entry, dest: str, n: int) -> None:
-        msg: _SimMessage = entry.message.owner
-        if msg.measured:
-            delays = self.result.delays.get(dest)
-            if delays is None:
-                delays = self.result.delays[dest] = []
-            delay = self.now - msg.arrival
-            for _ in range(n):
-                delays.append(delay)
-
 
     # -- the deferred queue (``[deferred] retry = true``; simulator/deferred.py) -----
 

@@ -33,7 +33,6 @@ KNOWN_OVERSIZE = {
     "daemon/active.py:ActiveQueue": 474,
     "daemon/metrics_exporter.py:_gauges": 103,
     "daemon/qmgr.py:Qmgr": 507,
-    "simulator/engine.py:Engine": 544,
     "compare/figures.py:run_figures": 128,
     "compare/runner.py:run_contender": 124,
     "replay/derive.py:_lines": 104,

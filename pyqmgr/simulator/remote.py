@@ -1,0 +1,178 @@
+"""The destinations' side of a simulated delivery: their SMTP servers.
+
+A destination in a scenario is a server with a number of processes, a listen queue
+(backlog), a rate limit, replies at RCPT by shares or by a replayed log's scripts, and
+times when it is dead. An agent that connects is served, waits in the listen queue
+until a process frees up or its greeting timeout passes, or is refused, as the
+destination's settings say; each outcome comes back to the engine as a finished
+delivery at the time it would end.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.simulator.message import _Server, _SimMessage, _Waiter
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.simulator.scenario import Destination, Scenario
+
+
+class Host(Protocol):
+    """What the servers need of the engine: the clock, timers and the delivery's end."""
+
+    now: float
+    sc: Scenario
+
+    def at(self, when: float, action: Callable[[], None]) -> None: ...
+    def _finish(self, entry: Entry, start: float, window: int, dest: str, outcome: str,
+                hop: Dsn | None, session: bool,
+                replies: list[str] | None = None) -> Callable[[], None]: ...
+
+
+class Remote:
+    """Every destination's server, made on first contact."""
+
+    def __init__(self, host: Host, rng: random.Random) -> None:
+        self.host = host
+        #: The run's random numbers (latencies, RCPT replies), shared with the engine
+        #: so that a seed draws the same sequence as before.
+        self.rng = rng
+        self.servers: dict[str, _Server] = {}
+
+    def connect(self, entry: Entry, start: float, window: int, dest: Destination,
+                msg: _SimMessage) -> None:
+        """An agent connects to ``dest`` for ``entry``: served, queued, refused or failed,
+        as the destination's server would have it."""
+        failure = msg.whole_failure(entry.recipients)
+        if failure is not None:
+            self.fail_whole(entry, start, window, dest, failure)
+            return
+        if dest.is_dead(self.host.now):
+            if dest.dead and dest.dead_mode == "timeout":
+                hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
+                self._end(dest.timeout, entry, start, window, dest.name, "deferred", hop, False)
+                return
+            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
+            self._end(0.0, entry, start, window, dest.name, "deferred", hop, False)
+            return
+        server = self.servers.setdefault(dest.name, _Server())
+        if dest.rate_limit > 0:
+            # A provider's rate limiting: more than rate_limit sessions in the last
+            # second are answered rate_reply at once.
+            starts = server.starts
+            while starts and starts[0] <= self.host.now - 1.0:
+                starts.popleft()
+            if len(starts) >= dest.rate_limit:
+                text = dest.rate_reply
+                status = text.split()[1] if len(text.split()) > 1 else "4.7.0"
+                hop = Dsn(status, f"host {dest.name}[192.0.2.1] said: {text}")
+                self._end(dest.reject_time, entry, start, window, dest.name, "deferred", hop, False)
+                return
+            starts.append(self.host.now)
+        if not dest.server_limit or server.sessions < dest.server_limit:
+            self.serve(entry, start, window, dest)
+            return
+        if dest.overload == "421":
+            hop = Dsn("4.7.0", f"host {dest.name}[192.0.2.1] refused to talk to me: "
+                               "421 4.7.0 too many connections")
+            self._end(dest.reject_time, entry, start, window, dest.name, "deferred", hop, False)
+            return
+        backlog = dest.backlog
+        if backlog < 0 or len(server.queue) < backlog:
+            # In the listen queue: served when a server process frees up, unless the
+            # client's greeting timeout comes first.
+            waiter = _Waiter(entry, start, window)
+            server.queue.append(waiter)
+            self.host.at(self.host.now + dest.timeout, self.greeting_timeout(waiter, dest))
+            return
+        if dest.overload == "connect-timeout":
+            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
+        else:
+            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
+                               "while receiving the initial server greeting")
+        self._end(dest.timeout, entry, start, window, dest.name, "deferred", hop, False)
+
+
+    def fail_whole(self, entry: Entry, start: float, window: int, dest: Destination,
+                    failure: tuple[str, float | None]) -> None:
+        """A replayed try that failed as a whole (before or outside RCPT): as the log
+        had it, whatever the schedule; a 4xx throttles the site as stock's agent
+        reports a site failure, a 5xx bounces without one."""
+        code, secs = failure
+        took = secs if secs is not None else 0.0
+        if code == "D":
+            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] failed "
+                               "(replayed from the log)")
+            self._end(took, entry, start, window, dest.name, "deferred", hop, False)
+        else:
+            self._end(took, entry, start, window, dest.name, "sent", None, False,
+                      ["5xx"] * len(entry.recipients))
+
+    def serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
+        self.servers[dest.name].sessions += 1
+        msg: _SimMessage = entry.message.owner
+        if msg.scripts is not None:
+            self.serve_scripted(entry, start, window, dest, msg)
+            return
+        duration = sum(dest.latency.draw(self.rng) for _ in range(len(entry.recipients)))
+        replies: list[str] | None = None
+        if dest.rcpt_4xx or dest.rcpt_5xx:
+            # The server's answer to each RCPT: a recipient-level 4xx defers only that
+            # recipient and a 5xx bounces it; neither is a failure of the site.
+            replies = [self.reply(dest) for _ in entry.recipients]
+        self._end(duration, entry, start, window, dest.name, "sent", None, True, replies)
+
+    def serve_scripted(self, entry: Entry, start: float, window: int, dest: Destination,
+                        msg: _SimMessage) -> None:
+        """A replayed message: each recipient answers and takes as its script says
+        (others as the destination's shares and latency would have them)."""
+        duration = 0.0
+        replies = []
+        for rcpt in entry.recipients:
+            scripted = msg.answer(rcpt)
+            if scripted is not None:
+                reply, secs = scripted
+                duration += secs if secs is not None else dest.latency.draw(self.rng)
+                replies.append(reply)
+                continue
+            duration += dest.latency.draw(self.rng)
+            replies.append(self.reply(dest))
+        self._end(duration, entry, start, window, dest.name, "sent", None, True, replies)
+
+    def reply(self, dest: Destination) -> str:
+        """A drawn answer at RCPT, by the destination's 4xx and 5xx shares."""
+        draw = self.rng.random()
+        return ("4xx" if draw < dest.rcpt_4xx else
+                "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
+
+    def session_end(self, dest: str) -> None:
+        server = self.servers[dest]
+        server.sessions -= 1
+        if server.queue:
+            waiter = server.queue.popleft()
+            waiter.served = True
+            self.serve(waiter.entry, waiter.start, waiter.window, self.host.sc.destinations[dest])
+
+    def greeting_timeout(self, waiter: _Waiter, dest: Destination) -> Callable[[], None]:
+        def expire() -> None:
+            if waiter.served:
+                return
+            self.servers[dest.name].queue.remove(waiter)
+            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
+                               "while receiving the initial server greeting")
+            self.host._finish(waiter.entry, waiter.start, waiter.window, dest.name, "deferred",
+                         hop, False)()
+        return expire
+
+    def _end(self, after: float, entry: Entry, start: float, window: int, dest: str,
+             outcome: str, hop: Dsn | None, session: bool,
+             replies: list[str] | None = None) -> None:
+        """The delivery ends ``after`` seconds from now, as ``outcome``."""
+        host = self.host
+        host.at(host.now + after, host._finish(entry, start, window, dest, outcome, hop,
+                                               session, replies))
