@@ -36,7 +36,6 @@ KNOWN_CIRCLES = {
 KNOWN_OVERSIZE = {
     "cli.py:main": 384,
     "postfix/config.py:QmgrConfig": 512,
-    "postfix/expand.py:callback": 87,
     "postfix/queue_file.py:read_batch": 256,
     "daemon/active.py:ActiveQueue": 474,
     "daemon/metrics_exporter.py:_gauges": 103,
@@ -49,7 +48,6 @@ KNOWN_OVERSIZE = {
     "replay/derive.py:_lines": 104,
     "replay/workload.py:destination": 100,
     "replay/workload.py:build": 92,
-    "testbed/instance.py:PostfixInstance": 569,
 }
 
 
