@@ -38,7 +38,6 @@ KNOWN_OVERSIZE = {
     "postfix/config.py:QmgrConfig": 512,
     "postfix/queue_file.py:read_batch": 256,
     "daemon/active.py:ActiveQueue": 474,
-    "daemon/metrics_exporter.py:_gauges": 103,
     "daemon/qmgr.py:Qmgr": 523,
     "simulator/engine.py:Engine": 745,
     "scheduler/core.py:Scheduler": 1027,
