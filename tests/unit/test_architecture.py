@@ -36,7 +36,6 @@ KNOWN_CIRCLES = {
 KNOWN_OVERSIZE = {
     "cli.py:main": 384,
     "postfix/config.py:QmgrConfig": 512,
-    "postfix/queue_file.py:read_batch": 256,
     "daemon/active.py:ActiveQueue": 474,
     "daemon/qmgr.py:Qmgr": 523,
     "simulator/engine.py:Engine": 745,
