@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple
 
+from pyqmgr.postfix.expand import LONG_MAX, strtol
 from pyqmgr.postfix.record import (
     REC_TYPE_ATTR,
     REC_TYPE_CTIME,
@@ -109,9 +110,6 @@ _ENVELOPE_TYPES = frozenset(b"MCTcFILSDRO/WVA>K<ion" + b"EDRO/PreAFIL>Kon")
 _XTRA_TYPES = frozenset(b"X")
 
 _SPACES = b" \t\n\r\v\f"  # C isspace() in the C locale
-_SPACE_SET = frozenset(_SPACES)
-_LONG_MAX = (1 << 63) - 1
-_LONG_MIN = -(1 << 63)
 
 #: ``name=value`` with optional blanks around the name (split_nameval's happy path).
 _NAMEVAL = re.compile(rb"[ \t\n\r\v\f]*([^ \t\n\r\v\f=]+)[ \t\n\r\v\f]*=")
@@ -261,28 +259,14 @@ class _Fatal(Exception):
 
 
 def _strtol(s: bytes, i: int = 0) -> tuple[int, int, bool]:
-    """glibc ``strtol(s + i, &end, 10)``: (value clamped to long, end index, converted)."""
-    n = len(s)
-    j = i
-    while j < n and s[j] in _SPACE_SET:
-        j += 1
-    neg = False
-    if j < n and s[j] in b"+-":
-        neg = s[j] == 0x2D
-        j += 1
-    k = j
-    while k < n and 0x30 <= s[k] <= 0x39:
-        k += 1
-    if k == j:
-        return 0, i, False
-    value = int(s[j:k])
-    if neg:
-        value = -value
-    if value > _LONG_MAX:
-        value = _LONG_MAX
-    elif value < _LONG_MIN:
-        value = _LONG_MIN
-    return value, k, True
+    """glibc ``strtol(s + i, &end, 10)``: (value clamped to long, end index, converted).
+
+    The one strtol of :mod:`pyqmgr.postfix.expand`, on the bytes as Latin-1 text: one
+    character a byte, so indexes carry over, and no byte outside ASCII is a digit or
+    C whitespace there either.
+    """
+    value, end, _erange = strtol(s.decode("latin-1"), i)
+    return value, end, end != i
 
 
 def _int32(value: int) -> int:
@@ -465,7 +449,7 @@ class _BatchReader:
             allowed = _ENVELOPE_TYPES
             if cur == msg.data_offset and cur > 0:
                 cur += msg.data_size
-                if cur > _LONG_MAX:
+                if cur > LONG_MAX:
                     raise _Fatal(f"seek file {path}: Invalid argument")
                 pos = cur
                 allowed = _XTRA_TYPES
