@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple
 
+from pyqmgr.postfix.deliver_request import ClientAttributes
 from pyqmgr.postfix.expand import LONG_MAX, strtol
 from pyqmgr.postfix.record import (
     REC_TYPE_ATTR,
@@ -159,24 +160,26 @@ class Opened(NamedTuple):
 
 
 @dataclass(eq=False, slots=True)
-class Message:
+class Message(ClientAttributes):
     """Envelope state of one queue file; persists across recipient batches.
 
     Create it with just the queue id for the first batch; pass the same object to later
-    :func:`read_batch` calls, which resume at :attr:`rcpt_offset`.
+    :func:`read_batch` calls, which resume at :attr:`rcpt_offset`. The client and SASL
+    attributes (:class:`ClientAttributes`) are what a delivery request passes on.
     """
 
     queue_id: str
-    data_offset: int = 0
+    # The size record's six fields, in its order (``%ld %ld %d %d %ld %d``).
     data_size: int = 0
-    #: Content length for delivery requests and ``size=`` (C field 5, or data_size).
-    cont_length: int = 0
+    data_offset: int = 0
     #: C field 3 as written by cleanup: the ``nrcpt=`` of the log.
     rcpt_count: int = 0
+    rflags: int = READ_FLAG_MIXED_RCPT_OTHER
+    #: Content length for delivery requests and ``size=`` (C field 5, or data_size).
+    cont_length: int = 0
+    smtputf8: int = 0
     #: Recipients promised by the size record and not read yet (scheduler estimate).
     rcpt_unread: int = 0
-    rflags: int = READ_FLAG_MIXED_RCPT_OTHER
-    smtputf8: int = 0
     arrival_time: tuple[int, int] = (0, 0)
     #: Basis for expiry and backoff; falls back to the arrival seconds.
     create_time: int = 0
@@ -192,16 +195,6 @@ class Message:
     envelope_id: str = ""
     ret_flags: int = 0
     encoding: str = ""
-    client_name: str = ""
-    client_address: str = ""
-    client_port: str = ""
-    protocol_name: str = ""
-    helo_name: str = ""
-    sasl_method: str = ""
-    sasl_username: str = ""
-    sasl_sender: str = ""
-    log_ident: str = ""
-    rewrite_context: str = "local"
     #: DEL_REQ trace flags from the first non-zero ``trace_flags`` attribute.
     trace_flags: int = 0
     #: Offset of that attribute when its value is exactly RECORD, for :func:`kill_record`.
@@ -550,12 +543,7 @@ class _BatchReader:
             self.dsn_notify = 0
 
     def _dsn_orcpt(self, start: bytes) -> None:
-        if self.dsn_orcpt is not None:
-            self.warnings.append(f"{self.msg.queue_id}: ignoring out-of-order DSN original "
-                                 f"recipient address <{_text(self.dsn_orcpt[:200])}>")
-            self.dsn_orcpt = None
-        if self.msg.rcpt_offset == 0:
-            self.dsn_orcpt = start
+        self.dsn_orcpt = self._waiting(self.dsn_orcpt, start, "DSN original recipient address")
 
     def _dsn_notify(self, start: bytes) -> None:
         qid = self.msg.queue_id
@@ -572,12 +560,18 @@ class _BatchReader:
                 self.dsn_notify = n
 
     def _orcpt(self, start: bytes) -> None:
-        if self.orig_rcpt is not None:
-            self.warnings.append(f"{self.msg.queue_id}: ignoring out-of-order original "
-                                 f"recipient <{_text(self.orig_rcpt[:200])}>")
-            self.orig_rcpt = None
-        if self.msg.rcpt_offset == 0:
-            self.orig_rcpt = start
+        self.orig_rcpt = self._waiting(self.orig_rcpt, start, "original recipient")
+
+    def _waiting(self, waiting: bytes | None, start: bytes, what: str) -> bytes | None:
+        """An ``O`` or DSN original recipient record: what now waits for the next R.
+
+        One of the kind still waiting was not followed by its R: stock warns and drops
+        it. The new one is kept on the first batch only (later batches skip it).
+        """
+        if waiting is not None:
+            self.warnings.append(f"{self.msg.queue_id}: ignoring out-of-order {what} "
+                                 f"<{_text(waiting[:200])}>")
+        return start if self.msg.rcpt_offset == 0 else None
 
     # -- envelope records (first batch only) ------------------------------------------
 
