@@ -41,9 +41,6 @@ KNOWN_OVERSIZE = {
     "simulator/engine.py:Engine": 745,
     "scheduler/core.py:Scheduler": 1027,
     "scheduler/core.py:__init__": 93,
-    "replay/derive.py:_lines": 104,
-    "replay/workload.py:destination": 100,
-    "replay/workload.py:build": 92,
 }
 
 
