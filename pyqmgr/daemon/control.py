@@ -52,6 +52,7 @@ from pyqmgr.control.protocol import (
 )
 from pyqmgr.daemon.bounded_server import BoundedServer, OneReplyConnection
 from pyqmgr.daemon.delegation import annotate
+from pyqmgr.daemon.owned_dir import owned_directory
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.user_acl import UserAcl, UserAclError, configured_acl, login_name
@@ -166,28 +167,19 @@ def prepare_directory(cfg: QmgrConfig, log: MailLog) -> bool:
     left alone with a warning: root must not chown what someone else pointed it at.
     Returns whether the directory is usable.
     """
+    unavailable = "pyqmgr status and explain are unavailable"
     try:
-        owner = pwd.getpwnam(cfg.mail_owner)
+        os.close(owned_directory(SOCKET_DIR, cfg.mail_owner, 0o755))
     except KeyError:
-        log.warning(f"control socket: unknown mail_owner {cfg.mail_owner}; "
-                    "pyqmgr status and explain are unavailable")
+        log.warning(f"control socket: unknown mail_owner {cfg.mail_owner}; {unavailable}")
         return False
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(SOCKET_DIR, 0o755)
-        st = os.lstat(SOCKET_DIR)
-        if not stat.S_ISDIR(st.st_mode):
-            log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR} is not a "
-                        "directory; pyqmgr status and explain are unavailable")
-            return False
-        if os.geteuid() == 0:
-            if (st.st_uid, st.st_gid) != (owner.pw_uid, owner.pw_gid):
-                os.chown(SOCKET_DIR, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
-            if stat.S_IMODE(st.st_mode) != 0o755:
-                os.chmod(SOCKET_DIR, 0o755)
+    except NotADirectoryError:
+        log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR} is not a "
+                    f"directory; {unavailable}")
+        return False
     except OSError as exc:
         log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR}: {exc.strerror}; "
-                    "pyqmgr status and explain are unavailable")
+                    f"{unavailable}")
         return False
     return True
 
