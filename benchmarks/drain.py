@@ -13,7 +13,12 @@ bookkeeping. Its ratio to stock is how close any Python qmgr built this way can 
 A fourth contender, *metrics*, is pyqmgr with its Prometheus exporter on
 (``metrics_listen`` in pyqmgr.cf) and scraped once a second by a thread of this
 benchmark, as a Prometheus server would, unless ``--no-metrics``: its ratio to plain
-pyqmgr in the same rounds is what the metrics cost (the target is within 5%).
+pyqmgr in the same rounds is what the metrics cost. The target (``METRICS``, checked
+at the end; a miss exits 1) is within 5%, on the qmgr's CPU time, each contender's
+best round: a drain's wall time on a shared 2-core machine spreads over +-10% from
+one run to the next and CPU time over +-5% (benchmarks/README.md), and what another
+process does to a round only ever adds to it, so the best round of each is the
+closest to its own cost and the two bests compare the code, not the machine.
 
 A fifth contender, *delegation*, is pyqmgr asking a local delivery policy service
 before every delivery (``delivery_policy_service`` in pyqmgr.cf, against the test bed's
@@ -36,6 +41,7 @@ import time
 import urllib.request
 
 from benchmarks import floor_qmgr
+from benchmarks.target import Target, status
 from pyqmgr.testbed.instance import PostfixInstance, free_port, wait_until
 from pyqmgr.testbed.policy_server import FakePolicyServer
 
@@ -43,6 +49,10 @@ from pyqmgr.testbed.policy_server import FakePolicyServer
 CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor")
 #: Seconds between two scrapes of the metrics contender (Prometheus's tightest usual).
 SCRAPE_INTERVAL = 1.0
+#: What the metrics may cost: the qmgr's CPU with them on, at most this share above off.
+METRICS_COST = 0.05
+METRICS = Target(f"pyqmgr with metrics on and scraped within {METRICS_COST:.0%} of "
+                 "metrics off in qmgr CPU, best round of each")
 
 
 class Scraper:
@@ -172,14 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median qmgr CPU: stock {stock_cpu:.2f} s, pyqmgr {ours_cpu:.2f} s, ratio "
           f"{ours_cpu / stock_cpu:.2f} ({1e6 * ours_cpu / args.messages:.0f} us vs "
           f"{1e6 * stock_cpu / args.messages:.0f} us a message)")
+    checks: list[bool] = []
     if "metrics" in times:
         with_metrics = statistics.median(times["metrics"])
         metrics_cpu = statistics.median(cpu["metrics"])
         print(f"median pyqmgr with metrics on and scraped every {SCRAPE_INTERVAL:g} s "
               f"{with_metrics:.2f} s, ratio metrics/pyqmgr {with_metrics / ours:.3f}; "
               f"qmgr CPU {metrics_cpu:.2f} s, ratio {metrics_cpu / ours_cpu:.3f}, "
-              f"{1e6 * (metrics_cpu - ours_cpu) / args.messages:+.0f} us a message "
-              "(target: within 5%)")
+              f"{1e6 * (metrics_cpu - ours_cpu) / args.messages:+.0f} us a message")
+        best = min(cpu["metrics"]) / min(cpu["pyqmgr"])
+        checks.append(METRICS.check(best <= 1 + METRICS_COST,
+                                    f"{min(cpu['metrics']):.2f} s against "
+                                    f"{min(cpu['pyqmgr']):.2f} s, ratio {best:.3f}"))
     if "delegation" in times:
         asked = statistics.median(times["delegation"])
         asked_cpu = statistics.median(cpu["delegation"])
@@ -193,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"median floor {floor:.2f} s, ratio floor/stock {floor / stock:.2f}; floor "
               f"qmgr CPU {floor_cpu:.2f} s, ratio {floor_cpu / stock_cpu:.2f} "
               f"({1e6 * floor_cpu / args.messages:.0f} us a message)")
-    return 0
+    return status(checks)
 
 
 if __name__ == "__main__":

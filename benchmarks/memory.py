@@ -9,8 +9,8 @@ finishes):
 * one message with 50,000 recipients (qmgr reads what its recipient limits allow).
 
 The figure is VmRSS of the qmgr process (VmHWM, the peak, in brackets) once the qmgr
-has logged every message as active and its size stopped growing. Target: pyqmgr
-within 3x of stock.
+has logged every message as active and its size stopped growing. Target
+(``WITHIN``, checked per load; a miss exits 1): pyqmgr's RSS within 3x of stock's.
 """
 
 from __future__ import annotations
@@ -18,8 +18,13 @@ from __future__ import annotations
 import argparse
 import time
 
+from benchmarks.target import Target, status
 from pyqmgr.testbed.instance import PostfixInstance, wait_until
 from pyqmgr.testbed.sink import SinkServer
+
+#: pyqmgr's RSS at most this many times stock's, under each load.
+RATIO = 3.0
+WITHIN = Target(f"pyqmgr's RSS within {RATIO:g}x of stock's")
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--recipients", type=int, default=50_000)
     args = parser.parse_args(argv)
+    checks = []
     for load, label in (("messages", f"{args.messages} one-recipient messages"),
                         ("recipients", f"one message, {args.recipients} recipients")):
         rss = {}
@@ -76,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             rss[qmgr] = measure(qmgr, load, args.messages, args.recipients)
             print(f"{label}: {qmgr:6s} RSS {rss[qmgr][0] / 1024:7.1f} MiB "
                   f"(peak {rss[qmgr][1] / 1024:.1f} MiB)", flush=True)
-        print(f"{label}: ratio pyqmgr/stock {rss['pyqmgr'][0] / rss['stock'][0]:.2f}",
-              flush=True)
-    return 0
+        ratio = rss["pyqmgr"][0] / rss["stock"][0]
+        print(f"{label}: ratio pyqmgr/stock {ratio:.2f}", flush=True)
+        checks.append(WITHIN.check(ratio <= RATIO, f"{label}: {ratio:.2f}x"))
+    return status(checks)
 
 
 if __name__ == "__main__":

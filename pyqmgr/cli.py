@@ -14,7 +14,9 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+from pyqmgr.control.protocol import CONTROL, READ, Arg
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -410,26 +412,36 @@ its figures stand in the table as "CONTENDER on Postfix", next to the simulation
 """
 
 
-def _scale(text: str) -> float:
-    """argparse type: a time scale, more than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 100:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 100: {text}")
-    return value
+_N = TypeVar("_N", int, float)
 
 
-def _seconds(text: str) -> float:
-    """argparse type: seconds, more than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0: {text}")
-    return value
+def _number(convert: Callable[[str], _N], what: str, accept: Callable[[_N], bool],
+            bound: str) -> Callable[[str], _N]:
+    """An argparse type: the text ``convert``ed, refused unless ``accept``ed.
+
+    The errors read "not WHAT: 'text'" and "must be BOUND: value" (the whole number
+    as read; a fractional one as typed).
+    """
+    def parse(text: str) -> _N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if not accept(value):
+            shown = value if isinstance(value, int) else text
+            raise argparse.ArgumentTypeError(f"must be {bound}: {shown}")
+        return value
+
+    return parse
+
+
+#: argparse types: compare's and replay's time scale, a timeout, top's interval, and
+#: counts from 0 (jobs --limit) or from 1 (top -n, replay --runs).
+_scale = _number(float, "a number", lambda v: 0 < v <= 100, "more than 0 and at most 100")
+_seconds = _number(float, "a number of seconds", lambda v: v > 0, "more than 0")
+_interval = _number(float, "a number of seconds", lambda v: v >= 0.1, "at least 0.1 s")
+_count = _number(int, "a whole number", lambda v: v >= 0, "0 or more")
+_positive = _number(int, "a whole number", lambda v: v >= 1, "1 or more")
 
 
 _COMPARE_DESCRIPTION = (
@@ -489,55 +501,27 @@ def _ask(args: argparse.Namespace, command: str, **request_args: object) -> (
     return reply
 
 
-def _status(args: argparse.Namespace) -> int:
-    from pyqmgr.control.render import status_lines
+def _command(args: argparse.Namespace) -> int:
+    """Any control channel command (:data:`pyqmgr.control.protocol.COMMANDS`).
 
-    reply = _ask(args, "status")
+    Its arguments are read from ``args`` as its CommandSpec names them; an optional
+    one left at its default is not sent, so the daemon's own default applies.
+    """
+    from pyqmgr.control.protocol import COMMANDS
+    from pyqmgr.control.render import reply_lines
+
+    spec = COMMANDS[args.command]
+    request_args = {name: getattr(args, name) for name, arg in spec.args.items()
+                    if arg.required or getattr(args, name) != arg.default}
+    reply = _ask(args, args.command, **request_args)
     if isinstance(reply, int):
         return reply
     if args.json:
         print(json.dumps(reply, indent=2))
     else:
-        print("\n".join(status_lines(reply, args.sort)))
+        view = {name: getattr(args, name) for name in spec.view}
+        print("\n".join(reply_lines(args.command, reply, view)))
     return 0
-
-
-def _explain(args: argparse.Namespace) -> int:
-    from pyqmgr.control.render import explain_lines
-
-    reply = _ask(args, "explain", target=args.target)
-    if isinstance(reply, int):
-        return reply
-    if args.json:
-        print(json.dumps(reply, indent=2))
-    else:
-        print("\n".join(explain_lines(reply)))
-    return 0
-
-
-def _jobs(args: argparse.Namespace) -> int:
-    from pyqmgr.control.render import jobs_lines
-
-    extra: dict[str, object] = {} if args.limit is None else {"limit": args.limit}
-    reply = _ask(args, "jobs", transport=args.transport, **extra)
-    if isinstance(reply, int):
-        return reply
-    if args.json:
-        print(json.dumps(reply, indent=2))
-    else:
-        print("\n".join(jobs_lines(reply)))
-    return 0
-
-
-def _count(text: str) -> int:
-    """argparse type: a whole number, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
-    return value
 
 
 def _top(args: argparse.Namespace) -> int:
@@ -585,61 +569,6 @@ def _top(args: argparse.Namespace) -> int:
         return 0
 
 
-def _interval(text: str) -> float:
-    """argparse type: seconds between refreshes, at least 0.1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0.1:
-        raise argparse.ArgumentTypeError(f"must be at least 0.1 s: {text}")
-    return value
-
-
-def _positive(text: str) -> int:
-    """argparse type: a whole number, 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more: {value}")
-    return value
-
-
-_JOBS_DESCRIPTION = (
-    "Ask the running pyqmgr for TRANSPORT's work in the order its scheduling policy\n"
-    "picks from. With nqmgr (stock's scheduler) that is the job list, one job per\n"
-    "message, in scheduler order:\n\n"
-    "  SLOTS USED/AVAIL  a job earns a delivery slot for each entry (delivery request)\n"
-    "                    it delivers; when it has saved <transport>_delivery_slot_cost\n"
-    "                    slots per entry another job needs, that job may preempt it.\n"
-    "                    A preempting job starts with USED at minus the entries it is\n"
-    "                    expected to deliver.\n"
-    "  LOAN              <transport>_delivery_slot_loan (and _delivery_slot_discount)\n"
-    "                    let preemption happen before the slots are saved; the\n"
-    "                    preempted job is charged at once, so AVAIL goes negative: LOAN\n"
-    "                    is that debt, earned back by its own deliveries.\n"
-    "  PREEMPT<=         the most entries a job may need and still preempt this one\n"
-    "                    now (0: not now; needs AVAIL above 0 and the job to be at\n"
-    "                    least <transport>_minimum_delivery_slots x cost entries).\n"
-    "  LEVEL, PREEMPTS   the preemption stack: a preempting job sits one level above\n"
-    "                    the job it preempted, and stands right before it in the list;\n"
-    "                    'preemption stack' lines show each chain, preempted first.\n"
-    "  ENTRIES SEL/READ/MAX  entries selected for delivery, read into core, and at\n"
-    "                    most in all (read plus recipients still in the queue file).\n"
-    "  RCPTS/LIMIT, UNREAD  recipients in core and the recipient slots the job may\n"
-    "                    fill (<transport>_recipient_limit), and those not yet read.\n"
-    "  STATE             current (selection starts here, marked >), blocker (every\n"
-    "                    destination it has mail for is at its window: skipped),\n"
-    "                    preempted, reading (recipients left in the file).\n\n"
-    "oqmgr shows its round-robin list of destinations, finch its messages first come\n"
-    "first served with the workers each holds, zmailer its threads (one per\n"
-    "destination) in the order free agents go to them; a policy of one's own shows\n"
-    "what its jobs_report() returns (by default its destinations). Only the active\n"
-    "queue is in core.")
-
-
 def parse_duration(text: str) -> float:
     """argparse type: a TTL as Postfix writes time (90s, 15m, 2h, 1d, 1w; bare: seconds).
 
@@ -660,24 +589,6 @@ def parse_duration(text: str) -> float:
     return value
 
 
-def _control(args: argparse.Namespace) -> int:
-    from pyqmgr.control.render import control_lines
-
-    request_args: dict[str, object] = {"target": args.target}
-    if args.command == "suspend":
-        request_args["ttl"] = args.ttl
-        if args.reason:
-            request_args["reason"] = args.reason
-    reply = _ask(args, args.command, **request_args)
-    if isinstance(reply, int):
-        return reply
-    if args.json:
-        print(json.dumps(reply, indent=2))
-    else:
-        print("\n".join(control_lines(args.command, reply)))
-    return 0
-
-
 _CONTROL_EPILOG = (
     "The daemon answers on $queue_directory/pyqmgr/control; queue_directory comes\n"
     "from 'postconf -c CONFIG_DIR -h queue_directory'. Anyone allowed by main.cf's\n"
@@ -687,13 +598,22 @@ _CONTROL_EPILOG = (
     "running (no socket or connection refused), 75 no reply within 10 s, 76 a reply\n"
     "that does not parse, 77 permission denied (authorized_mailq_users)")
 
+#: The controls' epilog: who may, what is kept, and their exit statuses.
+_CONTROLS_EPILOG = (
+    "Controls are for root and mail_owner only (checked from the socket's peer\n"
+    "credentials), and each one is logged in the maillog with who, what, the reason\n"
+    "and the TTL. Suspensions are kept in $data_directory/pyqmgr/suspensions.json,\n"
+    "so they survive 'postfix reload' and restarts, and end by themselves.\n\n"
+    "exit status: 0 done, 1 the daemon refused (a bad target or TTL, nothing to\n"
+    "resume), 69 the daemon is not running, 75 no reply within 10 s, 76 a reply that\n"
+    "does not parse, 77 permission denied (not root or mail_owner)")
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="pyqmgr", description="Postfix's queue manager, in Python."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+#: A control channel subcommand's epilog, by its command's kind.
+_EPILOGS = {READ: _CONTROL_EPILOG, CONTROL: _CONTROLS_EPILOG}
 
+
+def _add_setup(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """demo, check, install, uninstall: putting pyqmgr into a Postfix and seeing it run."""
     p = sub.add_parser("demo", help="run a sandboxed Postfix with pyqmgr and send mail")
     p.add_argument("--messages", type=int, default=40, help="messages to send (default 40)")
     p.add_argument("--keep", action="store_true", help="keep the sandbox directory")
@@ -753,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"where install put the manual pages (default {DEFAULT_MAN_DIR})")
     p.set_defaults(func=_uninstall)
 
+
+def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate", help="run a scheduling scenario on a virtual clock",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -797,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=_simulate)
 
+
+def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay", help="replay a real maillog in the simulator under chosen schedulers",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -867,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=_replay)
 
+
+def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "compare", help="run a workload under stock, oqmgr and pyqmgr on real Postfix and "
                         "report the differences",
@@ -897,74 +823,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep each run's Postfix instance directory (its path is in run.json)")
     p.set_defaults(func=_compare)
 
-    default_config = os.environ.get("MAIL_CONFIG", "/etc/postfix")
-    p = sub.add_parser(
-        "status", help="show the running scheduler: transports and destinations (read-only)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Ask the running pyqmgr what its scheduler holds now. Per transport: the\n"
-            "policy, agents busy and the process limit, agent connections pending,\n"
-            "destinations, queued entries and recipients, dead or rate-delayed. Per\n"
-            "destination: the concurrency window and its limit, deliveries in flight,\n"
-            "queued entries and recipients, the success and failure accumulators and\n"
-            "failed cohorts of the concurrency feedback, and whether it is dead (with\n"
-            "the reason and when it is tried again) or rate-delayed. Only mail in the\n"
-            "active queue is in core; 'postqueue -p' lists the rest."),
-        epilog=_CONTROL_EPILOG)
-    p.add_argument("--config-dir", default=default_config,
-                   help=f"the instance's config_directory (default: $MAIL_CONFIG or "
-                        f"/etc/postfix, now {default_config})")
-    p.add_argument("--json", action="store_true",
-                   help="print the daemon's reply as JSON (keys: ok, messages, recipients, "
-                        "transports, destinations)")
-    p.add_argument("--sort", choices=["name", "window", "busy", "queued"], default="name",
-                   help="order of the destinations: name (default), window (largest "
-                        "first), busy (most in flight first), queued (most recipients "
-                        "waiting first)")
-    p.set_defaults(func=_status)
 
-    p = sub.add_parser(
-        "explain", help="say why a destination or a message is not being delivered now",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Ask the running pyqmgr why TARGET is not going out right now: each reason\n"
-            "names the constraint (a full window, a dead destination, the transport's\n"
-            "process limit, a rate delay, a blocker or preempted job, ...) and the\n"
-            "setting behind it, so that shaping by configuration can be told from a\n"
-            "slow remote side."),
-        epilog=_CONTROL_EPILOG)
-    p.add_argument("target", metavar="TARGET",
-                   help="a destination as the scheduler names it (a domain, or the nexthop "
-                        "such as [10.0.0.1]:25; see pyqmgr status) or a queue id")
-    p.add_argument("--config-dir", default=default_config,
-                   help="the instance's config_directory (default: $MAIL_CONFIG or "
-                        "/etc/postfix)")
-    p.add_argument("--json", action="store_true",
-                   help="print the daemon's reply as JSON (keys: ok, target, kind, reasons "
-                        "with constraint, setting and text)")
-    p.set_defaults(func=_explain)
-
-    p = sub.add_parser(
-        "jobs", help="show a transport's jobs in scheduling order: slots, loans, "
-                     "preemption stack (read-only)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=_JOBS_DESCRIPTION, epilog=_CONTROL_EPILOG)
-    p.add_argument("transport", metavar="TRANSPORT",
-                   help="a transport as master.cf names it (smtp, relay, ...; see "
-                        "pyqmgr status)")
-    p.add_argument("--config-dir", default=default_config,
-                   help="the instance's config_directory (default: $MAIL_CONFIG or "
-                        "/etc/postfix)")
-    p.add_argument("--limit", type=_count, metavar="N",
-                   help="only the first N (the daemon builds the list in one go, holding "
-                        "up deliveries meanwhile: 50-85 ms for 10,000 jobs, 2 ms for the "
-                        "first 50)")
-    p.add_argument("--json", action="store_true",
-                   help="print the daemon's reply as JSON (keys: ok, transport, policy, "
-                        "kind, order, total, and the list named by kind: jobs, queues, "
-                        "messages or threads)")
-    p.set_defaults(func=_jobs)
-
+def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "top", help="pyqmgr status refreshed live in the terminal, with what changed",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -982,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
             "-n, top prints plain snapshots instead, like 'top -b': one, or N an interval\n"
             "apart; there a failed request ends the run with the exit status of status."),
         epilog=_CONTROL_EPILOG)
-    p.add_argument("--config-dir", default=default_config,
+    p.add_argument("--config-dir", default=_default_config(),
                    help="the instance's config_directory (default: $MAIL_CONFIG or "
                         "/etc/postfix)")
     p.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS",
@@ -994,76 +854,73 @@ def main(argv: list[str] | None = None) -> int:
                    help="print N plain snapshots, --interval apart, and exit")
     p.set_defaults(func=_top)
 
-    target_help = (
-        "DESTINATION (in every transport: a domain, or a nexthop such as [10.0.0.1]:25), "
-        "TRANSPORT:DESTINATION (in that transport only), TRANSPORT: or a bare master.cf "
-        "service name without a dot (the whole transport)")
-    controls_epilog = (
-        "Controls are for root and mail_owner only (checked from the socket's peer\n"
-        "credentials), and each one is logged in the maillog with who, what, the reason\n"
-        "and the TTL. Suspensions are kept in $data_directory/pyqmgr/suspensions.json,\n"
-        "so they survive 'postfix reload' and restarts, and end by themselves.\n\n"
-        "exit status: 0 done, 1 the daemon refused (a bad target or TTL, nothing to\n"
-        "resume), 69 the daemon is not running, 75 no reply within 10 s, 76 a reply that\n"
-        "does not parse, 77 permission denied (not root or mail_owner)")
-    p = sub.add_parser(
-        "suspend", help="hold a destination's or a transport's mail in the queue for a while",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Stop starting deliveries to TARGET until the TTL runs out or 'pyqmgr resume'.\n"
-            "Its mail stays queued: what is in the active queue stays there, new mail for\n"
-            "it waits there too, and nothing is deferred or bounced on the suspension's\n"
-            "account. Deliveries already under way finish. When the suspension ends, the\n"
-            "mail goes out at once with the concurrency window the destination had.\n"
-            "Suspending the same TARGET again replaces its reason and TTL."),
-        epilog=controls_epilog)
-    p.add_argument("target", metavar="TARGET", help=target_help)
-    p.add_argument("--reason", default="",
-                   help="why, for the maillog and 'pyqmgr status' (at most 200 characters)")
-    p.add_argument("--ttl", type=parse_duration, default=3600.0, metavar="DURATION",
-                   help="how long: 90s, 15m, 2h, 1d, 1w (a bare number is seconds; at most "
-                        "30 days; default 1h)")
-    p.add_argument("--config-dir", default=default_config,
-                   help="the instance's config_directory (default: $MAIL_CONFIG or "
-                        "/etc/postfix)")
-    p.add_argument("--json", action="store_true",
-                   help="print the daemon's reply as JSON (keys: ok, target, in_core, ttl, "
-                        "until, replaced, saved)")
-    p.set_defaults(func=_control)
 
-    p = sub.add_parser(
-        "resume", help="end a suspension now",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=("End the suspension of TARGET, named as it was suspended ('pyqmgr\n"
-                     "status' lists them); its mail goes out at once."),
-        epilog=controls_epilog)
-    p.add_argument("target", metavar="TARGET", help=target_help)
-    p.add_argument("--config-dir", default=default_config,
-                   help="the instance's config_directory (default: $MAIL_CONFIG or "
-                        "/etc/postfix)")
-    p.add_argument("--json", action="store_true",
-                   help="print the daemon's reply as JSON (keys: ok, target, saved)")
-    p.set_defaults(func=_control)
+def _default_config() -> str:
+    """--config-dir's default: $MAIL_CONFIG as Postfix's own commands read it."""
+    return os.environ.get("MAIL_CONFIG", "/etc/postfix")
 
-    p = sub.add_parser(
-        "retry", help="revive a dead destination (or transport) now",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Forget that TARGET is dead (after failed_cohort_limit failed cohorts, for\n"
-            "minimal_backoff_time), so the next mail for it is tried at once, as\n"
-            "'postqueue -f' does for every destination. Mail the dead destination already\n"
-            "sent to the deferred queue keeps its retry time; 'postqueue -f' or\n"
-            "'postqueue -s SITE' sends it now."),
-        epilog=controls_epilog)
-    p.add_argument("target", metavar="TARGET", help=target_help)
-    p.add_argument("--config-dir", default=default_config,
-                   help="the instance's config_directory (default: $MAIL_CONFIG or "
-                        "/etc/postfix)")
-    p.add_argument("--json", action="store_true",
-                   help="print the daemon's reply as JSON (keys: ok, target, revived)")
-    p.set_defaults(func=_control)
 
-    args = parser.parse_args(argv)
+#: What argparse makes of the text typed for a command's argument (``Arg.parse``).
+ARG_TYPES: dict[str, Callable[[str], object]] = {"duration": parse_duration, "count": _count}
+
+
+def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], kind: str) -> None:
+    """One subcommand per control channel command of ``kind``, from COMMANDS alone.
+
+    Its positionals, then the options sent to the daemon, --config-dir and --json,
+    then the options that only shape what is printed (``CommandSpec.view``).
+    """
+    from pyqmgr.control.protocol import COMMANDS
+
+    for name, spec in COMMANDS.items():
+        if spec.kind != kind:
+            continue
+        p = sub.add_parser(name, help=spec.help, description=spec.description,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=_EPILOGS[kind])
+        for arg_name, arg in spec.args.items():
+            if arg.positional:
+                p.add_argument(arg_name, metavar=arg.metavar or arg_name.upper(),
+                               help=arg.help)
+        for arg_name, arg in spec.args.items():
+            if not arg.positional:
+                _add_option(p, arg_name, arg)
+        default = _default_config()
+        p.add_argument("--config-dir", default=default,
+                       help=f"the instance's config_directory (default: $MAIL_CONFIG or "
+                            f"/etc/postfix, now {default})")
+        p.add_argument("--json", action="store_true",
+                       help=f"print the daemon's reply as JSON (keys: {spec.reply_keys})")
+        for arg_name, arg in spec.view.items():
+            _add_option(p, arg_name, arg)
+        p.set_defaults(func=_command)
+
+
+def _add_option(p: argparse.ArgumentParser, name: str, arg: Arg) -> None:
+    """``--name`` for a command's argument that is not a positional."""
+    typed: dict[str, Any] = {"type": ARG_TYPES[arg.parse]} if arg.parse else {}
+    p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=arg.default,
+                   metavar=arg.metavar, choices=arg.choices, help=arg.help, **typed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``pyqmgr``'s parser: each subcommand's arguments, help and handler (``func``)."""
+    parser = argparse.ArgumentParser(
+        prog="pyqmgr", description="Postfix's queue manager, in Python."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_setup(sub)
+    _add_simulate(sub)
+    _add_replay(sub)
+    _add_compare(sub)
+    _add_commands(sub, READ)
+    _add_top(sub)
+    _add_commands(sub, CONTROL)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except BrokenPipeError:
@@ -1072,7 +929,6 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyqmgr.compare.plan import parse_address
@@ -185,10 +185,14 @@ def _through_filter(record: dict[str, Any], lines: list[DeliveryLine],
     return since
 
 
-def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
-    """Everything the report shows about one run."""
-    submitted = {m["qid"]: m["submitted"] for m in record["messages"]
-                 if m["qid"] and m["submitted"] is not None}
+def _new_destination() -> dict[str, Any]:
+    """A destination's counts before its first delivery line."""
+    return {"sent": 0, "bounced": 0, "deferred": 0, "deferred_by_reply": Counter(),
+            "replies_5xx": Counter()}
+
+
+def _expected(record: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """The recipients the run submitted, by message class and by destination."""
     expected: dict[str, int] = Counter()
     per_dest_expected: dict[str, int] = Counter()
     for m in record["messages"]:
@@ -197,30 +201,51 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
             if parsed is not None:
                 expected[parsed[0]] += 1
                 per_dest_expected[parsed[3]] += 1
-    lines = []
-    parsed_lines = [d for raw in maillog.splitlines() if (d := parse_delivery(raw)) is not None]
-    since = _through_filter(record, parsed_lines, submitted)
-    for d in parsed_lines:
-        if d.qid in submitted and parse_address(d.to) is not None:
-            lines.append(d)
+    return expected, per_dest_expected
 
-    latency: dict[str, list[float]] = defaultdict(list)
-    final: dict[str, int] = Counter()
-    dests: dict[str, dict[str, Any]] = {}
-    attempts: dict[tuple[Any, ...], tuple[str, float, float]] = {}
-    order: list[int] = []
+
+def _delivery_lines(record: dict[str, Any], text: str) -> tuple[
+        list[DeliveryLine], dict[str, float], dict[str, float]]:
+    """The delivery lines of the run's own recipients, each message's submission time
+    (a content filter's copy standing for its original) and the copies' head start
+    (see :func:`_through_filter`)."""
+    submitted = {m["qid"]: m["submitted"] for m in record["messages"]
+                 if m["qid"] and m["submitted"] is not None}
+    parsed_lines = [d for raw in text.splitlines() if (d := parse_delivery(raw)) is not None]
+    since = _through_filter(record, parsed_lines, submitted)
+    lines = [d for d in parsed_lines if d.qid in submitted and parse_address(d.to) is not None]
+    return lines, submitted, since
+
+
+@dataclass
+class _Tally:
+    """What one pass over a run's delivery lines counts, for :func:`run_figures`."""
+
+    #: Latencies of the sent lines, by message class.
+    latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    #: Recipients finished (sent or bounced), by message class.
+    final: dict[str, int] = field(default_factory=Counter)
+    #: Per destination: :func:`_new_destination`'s counts.
+    dests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: One (destination, start, end) per delivery attempt, keyed by what its lines share.
+    attempts: dict[tuple[Any, ...], tuple[str, float, float]] = field(default_factory=dict)
+    #: The message of each sent line, in maillog order.
+    order: list[int] = field(default_factory=list)
     last_final: float | None = None
+
+
+def _tally(lines: list[DeliveryLine], submitted: dict[str, float],
+           since: dict[str, float]) -> _Tally:
+    tally = _Tally()
     for d in lines:
         klass, mid, _, domain = parse_address(d.to)  # type: ignore[misc]
         end = submitted[d.qid] + since.get(d.qid, 0.0) + d.delay
-        fig = dests.setdefault(domain, {"sent": 0, "bounced": 0, "deferred": 0,
-                                        "deferred_by_reply": Counter(),
-                                        "replies_5xx": Counter()})
+        fig = tally.dests.setdefault(domain, _new_destination())
         reply = d.reply
         if d.status == "sent":
             fig["sent"] += 1
-            latency[klass].append(d.delay + since.get(d.qid, 0.0))
-            order.append(mid)
+            tally.latency[klass].append(d.delay + since.get(d.qid, 0.0))
+            tally.order.append(mid)
         elif d.status == "bounced":
             fig["bounced"] += 1
             if reply and reply[0] == "5":
@@ -230,23 +255,27 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
             if reply and reply[0] == "4":
                 fig["deferred_by_reply"][reply] += 1
         if d.status in ("sent", "bounced"):
-            final[klass] += 1
-            last_final = end if last_final is None else max(last_final, end)
+            tally.final[klass] += 1
+            last = tally.last_final
+            tally.last_final = end if last is None else max(last, end)
         if d.program.rpartition("/")[2] not in NOT_AGENTS:
             key = (d.program, d.pid, d.qid, d.delay, d.delays)
-            attempts[key] = (domain, end - d.delays[2] - d.delays[3], end)
+            tally.attempts[key] = (domain, end - d.delays[2] - d.delays[3], end)
+    return tally
 
-    span = max([record.get("elapsed") or 0.0, last_final or 0.0])
-    width = bin_width(span)
+
+def _destination_figures(record: dict[str, Any], tally: _Tally,
+                         per_dest_expected: dict[str, int], span: float,
+                         width: float) -> dict[str, dict[str, Any]]:
+    """Each destination's counts, its sessions in flight and its deliveries per second."""
     nbins = max(1, math.ceil(span / width))
     intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for domain, start, end in attempts.values():
+    for domain, start, end in tally.attempts.values():
         intervals[domain].append((start, end))
     destinations = {}
     dest_cfg = record.get("destinations", {})
-    for domain in sorted(set(per_dest_expected) | set(dests)):
-        fig = dests.get(domain, {"sent": 0, "bounced": 0, "deferred": 0,
-                                 "deferred_by_reply": Counter(), "replies_5xx": Counter()})
+    for domain in sorted(set(per_dest_expected) | set(tally.dests)):
+        fig = tally.dests.get(domain, _new_destination())
         tried = fig["sent"] + fig["bounced"] + fig["deferred"]
         sink = record.get("sinks", {}).get(domain, {})
         if sink.get("kind") == "sink":
@@ -273,15 +302,33 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
             "per_second": [round(c / width, 3) for c in bins],
             "sink": {k: v for k, v in sink.items() if k not in ("timeline", "received")},
         }
+    return destinations
+
+
+def _class_figures(expected: dict[str, int], tally: _Tally) -> dict[str, dict[str, Any]]:
+    """Latency percentiles and what is undelivered, per message class."""
     classes = {}
     for klass in sorted(expected):
-        values = latency.get(klass, [])
+        values = tally.latency.get(klass, [])
         classes[klass] = {
             "recipients": expected[klass], "sent": len(values),
-            "undelivered": expected[klass] - final.get(klass, 0),
+            "undelivered": expected[klass] - tally.final.get(klass, 0),
             **{f"p{p}": _r(percentile(values, p)) for p in PERCENTILES},
             "max": _r(max(values)) if values else None,
         }
+    return classes
+
+
+def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
+    """Everything the report shows about one run."""
+    expected, per_dest_expected = _expected(record)
+    lines, submitted, since = _delivery_lines(record, maillog)
+    tally = _tally(lines, submitted, since)
+    last_final, final, order = tally.last_final, tally.final, tally.order
+    span = max([record.get("elapsed") or 0.0, last_final or 0.0])
+    width = bin_width(span)
+    destinations = _destination_figures(record, tally, per_dest_expected, span, width)
+    classes = _class_figures(expected, tally)
     sent = sum(f["sent"] for f in destinations.values())
     bounced = sum(f["bounced"] for f in destinations.values())
     deferred = sum(f["deferred"] for f in destinations.values())

@@ -374,6 +374,115 @@ class Tracker:
 Progress = Callable[[str, float, int, int], None]
 
 
+def _content_filter(plan: Plan) -> ContentFilter | None:
+    """The scenario's content filter (bound, not started), or None."""
+    cf = plan.scenario.compare.content_filter
+    if cf is None:
+        return None
+    from pyqmgr.testbed.content_filter import ContentFilter
+
+    return ContentFilter(cf.latency.scaled(plan.scale), cf.process_limit,
+                         plan.scenario.seed)
+
+
+def _configuration(plan: Plan, contender: Contender, hosts: dict[str, _Host],
+                   filt: ContentFilter | None, record: dict[str, Any]) -> tuple[
+        dict[str, str], dict[str, str], list[str], dict[str, str] | None]:
+    """The instance's main.cf, transport map, master.cf lines and pyqmgr.cf, also
+    written into the run's ``record``."""
+    transports = {name: f"{h.dest.transport}:[127.0.0.1]:{h.port}"
+                  for name, h in hosts.items()}
+    transports.update({dom: "discard:" for dom in plan.sender_domains})
+    main_cf = dict(plan.main_cf)
+    most = max(len(a.recipients) for a in plan.arrivals)
+    if most > 1000 and "smtpd_recipient_limit" not in main_cf:
+        main_cf["smtpd_recipient_limit"] = str(most)
+    extra = [f"{t} unix - - n - {n or '-'} smtp"
+             for t, n in plan.process_limits.items() if t != "smtp"]
+    if filt is not None:
+        main_cf.update(filt.main_cf())
+        extra += filt.master_cf()
+    pyqmgr_cf = contender.pyqmgr_cf(plan.scenario)
+    record["destinations"] = {
+        name: {"rate_reply": d.rate_reply, "rcpt_4xx_reply": d.rcpt_4xx_reply,
+               "rcpt_5xx_reply": d.rcpt_5xx_reply}
+        for name, d in plan.destinations.items()}
+    record.update({"main_cf": main_cf, "pyqmgr_cf": pyqmgr_cf,
+                   "master_cf_extra": extra, "process_limits": plan.process_limits})
+    return main_cf, transports, extra, pyqmgr_cf
+
+
+def _follow(pf: PostfixInstance, submitter: Submitter, tracker: Tracker, meter: QmgrMeter,
+            t0: float, timeout: float, progress: Progress | None, label: str) -> bool:
+    """Read the maillog while the run goes on; True once every recipient settled, False
+    when submission failed or the timeout passed."""
+    next_sample = 0.0
+    while True:
+        now = time.monotonic() - t0
+        tracker.feed([d for ln in pf.maillog.refresh()
+                      if (d := parse_delivery(ln.raw)) is not None])
+        if now >= next_sample:
+            meter.sample()
+            next_sample = now + 0.5
+        if progress is not None:
+            progress(label, now, tracker.settled(), len(tracker.expected))
+        if submitter.finished() and tracker.drained():
+            return True
+        if submitter.errors and submitter.finished():
+            return False
+        if now > timeout:
+            return False
+        time.sleep(POLL)
+
+
+def _record_messages(record: dict[str, Any], plan: Plan, submitter: Submitter) -> None:
+    """What was submitted when, with its queue id, and what could not be."""
+    with submitter.lock:
+        done = dict(submitter.done)
+        record["submission_errors"] = list(submitter.errors)
+    record["messages"] = [
+        {"mid": a.mid, "qid": done.get(a.mid, ("", 0.0))[0], "at": round(a.at, 4),
+         "submitted": round(done[a.mid][1], 4) if a.mid in done else None,
+         "class": a.klass, "sender": a.sender, "size": a.size,
+         "recipients": list(a.recipients)} for a in plan.arrivals]
+
+
+def _record_remote(record: dict[str, Any], hosts: dict[str, _Host],
+                   filt: ContentFilter | None, t0: float, wall0: float) -> None:
+    """What each destination and the content filter saw, once the instance stopped."""
+    record["sinks"] = {name: h.record(t0, wall0) for name, h in hosts.items()}
+    if filt is not None:
+        record["content_filter"] = {"port": filt.port, "reinjected": filt.reinjected,
+                                    "errors": filt.errors[:20]}
+    if record["submission_errors"]:
+        record["error"] = (f"{len(record['submission_errors'])} message(s) not "
+                           f"submitted: {record['submission_errors'][0]}")
+
+
+def _tear_down(run_dir: str, record: dict[str, Any], keep: bool,
+               submitter: Submitter | None, hosts: dict[str, _Host],
+               filt: ContentFilter | None, pf: PostfixInstance | None) -> None:
+    """Stop whatever was started, keep the maillog, and write run.json in any case."""
+    try:
+        if submitter is not None:
+            submitter.close()
+        for h in hosts.values():
+            h.close()
+        if filt is not None:
+            filt.stop()
+        if pf is not None:
+            if os.path.exists(pf.maillog_path):
+                shutil.copy(pf.maillog_path, os.path.join(run_dir, "maillog"))
+            if keep:
+                pf.stop()
+                record["instance"] = pf.root
+            else:
+                pf.close()
+    finally:
+        with open(os.path.join(run_dir, "run.json"), "w") as f:
+            json.dump(record, f, indent=1)
+
+
 def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float,
                   progress: Progress | None = None, keep: bool = False,
                   base_dir: str | None = None) -> dict[str, Any]:
@@ -383,7 +492,6 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
     (KeyboardInterrupt included); ``keep`` keeps the instance's directory.
     """
     os.makedirs(run_dir, exist_ok=True)
-    sc = plan.scenario
     hosts: dict[str, _Host] = {}
     filt: ContentFilter | None = None
     pf: PostfixInstance | None = None
@@ -393,30 +501,10 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
                               "timeout": timeout, "error": None}
     try:
         for name, dest in plan.destinations.items():
-            hosts[name] = _Host(dest, sc.seed, plan.scripts)
-        transports = {name: f"{h.dest.transport}:[127.0.0.1]:{h.port}"
-                      for name, h in hosts.items()}
-        transports.update({dom: "discard:" for dom in plan.sender_domains})
-        main_cf = dict(plan.main_cf)
-        most = max(len(a.recipients) for a in plan.arrivals)
-        if most > 1000 and "smtpd_recipient_limit" not in main_cf:
-            main_cf["smtpd_recipient_limit"] = str(most)
-        extra = [f"{t} unix - - n - {n or '-'} smtp"
-                 for t, n in plan.process_limits.items() if t != "smtp"]
-        if sc.compare.content_filter is not None:
-            from pyqmgr.testbed.content_filter import ContentFilter
-
-            cf = sc.compare.content_filter
-            filt = ContentFilter(cf.latency.scaled(plan.scale), cf.process_limit, sc.seed)
-            main_cf.update(filt.main_cf())
-            extra += filt.master_cf()
-        pyqmgr_cf = contender.pyqmgr_cf(sc)
-        record["destinations"] = {
-            name: {"rate_reply": d.rate_reply, "rcpt_4xx_reply": d.rcpt_4xx_reply,
-                   "rcpt_5xx_reply": d.rcpt_5xx_reply}
-            for name, d in plan.destinations.items()}
-        record.update({"main_cf": main_cf, "pyqmgr_cf": pyqmgr_cf,
-                       "master_cf_extra": extra, "process_limits": plan.process_limits})
+            hosts[name] = _Host(dest, plan.scenario.seed, plan.scripts)
+        filt = _content_filter(plan)
+        main_cf, transports, extra, pyqmgr_cf = _configuration(plan, contender, hosts, filt,
+                                                               record)
         pf = PostfixInstance(qmgr=contender.qmgr, main_cf=main_cf, transports=transports,
                              master_cf_extra=extra, pyqmgr_cf=pyqmgr_cf,
                              base_dir=base_dir)
@@ -434,67 +522,20 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         wall0 = record["started"] = time.time()
         submitter = Submitter(pf.smtpd_port, plan.arrivals, t0)
         submitter.start()
-        drained = False
-        next_sample = 0.0
-        while True:
-            now = time.monotonic() - t0
-            tracker.feed([d for ln in pf.maillog.refresh()
-                          if (d := parse_delivery(ln.raw)) is not None])
-            if now >= next_sample:
-                meter.sample()
-                next_sample = now + 0.5
-            if progress is not None:
-                progress(contender.label, now, tracker.settled(), len(tracker.expected))
-            if submitter.finished() and tracker.drained():
-                drained = True
-                break
-            if submitter.errors and submitter.finished():
-                break
-            if now > timeout:
-                break
-            time.sleep(POLL)
+        drained = _follow(pf, submitter, tracker, meter, t0, timeout, progress,
+                          contender.label)
         meter.sample()
         record.update({"drained": drained, "elapsed": round(time.monotonic() - t0, 4),
                        "qmgr": meter.record(), "settled": tracker.settled(),
                        "recipients": len(tracker.expected)})
-        with submitter.lock:
-            done = dict(submitter.done)
-            record["submission_errors"] = list(submitter.errors)
-        record["messages"] = [
-            {"mid": a.mid, "qid": done.get(a.mid, ("", 0.0))[0], "at": round(a.at, 4),
-             "submitted": round(done[a.mid][1], 4) if a.mid in done else None,
-             "class": a.klass, "sender": a.sender, "size": a.size,
-             "recipients": list(a.recipients)} for a in plan.arrivals]
+        _record_messages(record, plan, submitter)
         submitter.close()
         submitter = None
         pf.stop()
-        record["sinks"] = {name: h.record(t0, wall0) for name, h in hosts.items()}
-        if filt is not None:
-            record["content_filter"] = {"port": filt.port, "reinjected": filt.reinjected,
-                                        "errors": filt.errors[:20]}
-        if submitter is None and record["submission_errors"]:
-            record["error"] = (f"{len(record['submission_errors'])} message(s) not "
-                               f"submitted: {record['submission_errors'][0]}")
+        _record_remote(record, hosts, filt, t0, wall0)
     except TestbedError as exc:
         record["error"] = str(exc)
         raise RunError(f"{contender.label}: {exc}") from None
     finally:
-        try:
-            if submitter is not None:
-                submitter.close()
-            for h in hosts.values():
-                h.close()
-            if filt is not None:
-                filt.stop()
-            if pf is not None:
-                if os.path.exists(pf.maillog_path):
-                    shutil.copy(pf.maillog_path, os.path.join(run_dir, "maillog"))
-                if keep:
-                    pf.stop()
-                    record["instance"] = pf.root
-                else:
-                    pf.close()
-        finally:
-            with open(os.path.join(run_dir, "run.json"), "w") as f:
-                json.dump(record, f, indent=1)
+        _tear_down(run_dir, record, keep, submitter, hosts, filt, pf)
     return record

@@ -70,24 +70,166 @@ ERROR_CODES = ("denied", "bad_request", "too_long", "timeout", "busy", "not_impl
 
 
 @dataclass(frozen=True)
+class Arg:
+    """One argument of a command: what the daemon accepts, and how ``pyqmgr`` takes it.
+
+    ``types`` and ``required`` are the request's rule (:func:`validate`). The rest
+    makes the ``pyqmgr`` subcommand's argument, so that a command is declared here once:
+    ``positional`` (``TARGET``) or an option (``--ttl``), its ``help``, ``metavar``,
+    ``choices`` and ``default``, and ``parse``, the name of the CLI's converter of the
+    text typed (:data:`pyqmgr.cli.ARG_TYPES`; None: the text as it is). An optional
+    argument left at its default is not sent: the daemon's own default applies.
+    """
+
+    types: tuple[type, ...] = (str,)
+    required: bool = False
+    help: str = ""
+    positional: bool = False
+    metavar: str | None = None
+    default: object = None
+    parse: str | None = None
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class CommandSpec:
-    """A command's kind and its arguments: name -> (accepted types, required)."""
+    """A command: its kind, its arguments, and its ``pyqmgr`` subcommand's texts.
+
+    ``help`` is its line in ``pyqmgr --help``, ``description`` the top of ``pyqmgr
+    COMMAND --help``, ``reply_keys`` the reply's members that ``--json`` names, and
+    ``view`` the subcommand's own options: they choose how the reply is shown (passed to
+    :func:`pyqmgr.control.render.reply_lines`) and are never sent.
+    """
 
     kind: str
-    args: dict[str, tuple[tuple[type, ...], bool]] = field(default_factory=dict)
+    args: dict[str, Arg] = field(default_factory=dict)
+    help: str = ""
+    description: str = ""
+    reply_keys: str = "ok"
+    view: dict[str, Arg] = field(default_factory=dict)
 
 
-#: Every command the daemon knows. JSON numbers arrive as int or float; bool is a
-#: subclass of int in Python, so it is excluded explicitly where numbers are wanted.
+#: How a control command's TARGET is written (:func:`pyqmgr.scheduler.suspension.parse_target`).
+CONTROL_TARGET_HELP = (
+    "DESTINATION (in every transport: a domain, or a nexthop such as [10.0.0.1]:25), "
+    "TRANSPORT:DESTINATION (in that transport only), TRANSPORT: or a bare master.cf "
+    "service name without a dot (the whole transport)")
+
+def _control(help: str, *, description: str, reply_keys: str, **more: Arg) -> CommandSpec:
+    """A control command: a TARGET, named as every control names it, then ``more``."""
+    target = Arg(required=True, positional=True, help=CONTROL_TARGET_HELP)
+    return CommandSpec(CONTROL, {"target": target, **more}, help=help,
+                       description=description, reply_keys=reply_keys)
+
+
+#: Every command the daemon knows, and so every ``pyqmgr`` subcommand that asks it.
+#: JSON numbers arrive as int or float; bool is a subclass of int in Python, so it is
+#: excluded explicitly where numbers are wanted.
 COMMANDS: dict[str, CommandSpec] = {
-    "status": CommandSpec(READ),
-    "explain": CommandSpec(READ, {"target": ((str,), True)}),
-    "jobs": CommandSpec(READ, {"transport": ((str,), True),
-                               "limit": ((int, float), False)}),
-    "suspend": CommandSpec(CONTROL, {"target": ((str,), True), "reason": ((str,), False),
-                                     "ttl": ((int, float), True)}),
-    "resume": CommandSpec(CONTROL, {"target": ((str,), True)}),
-    "retry": CommandSpec(CONTROL, {"target": ((str,), True)}),
+    "status": CommandSpec(
+        READ,
+        help="show the running scheduler: transports and destinations (read-only)",
+        description=(
+            "Ask the running pyqmgr what its scheduler holds now. Per transport: the\n"
+            "policy, agents busy and the process limit, agent connections pending,\n"
+            "destinations, queued entries and recipients, dead or rate-delayed. Per\n"
+            "destination: the concurrency window and its limit, deliveries in flight,\n"
+            "queued entries and recipients, the success and failure accumulators and\n"
+            "failed cohorts of the concurrency feedback, and whether it is dead (with\n"
+            "the reason and when it is tried again) or rate-delayed. Only mail in the\n"
+            "active queue is in core; 'postqueue -p' lists the rest."),
+        reply_keys="ok, messages, recipients, transports, destinations",
+        view={"sort": Arg(choices=("name", "window", "busy", "queued"), default="name",
+                          help="order of the destinations: name (default), window "
+                               "(largest first), busy (most in flight first), queued "
+                               "(most recipients waiting first)")}),
+    "explain": CommandSpec(
+        READ,
+        {"target": Arg(required=True, positional=True,
+                       help="a destination as the scheduler names it (a domain, or the "
+                            "nexthop such as [10.0.0.1]:25; see pyqmgr status) or a "
+                            "queue id")},
+        help="say why a destination or a message is not being delivered now",
+        description=(
+            "Ask the running pyqmgr why TARGET is not going out right now: each reason\n"
+            "names the constraint (a full window, a dead destination, the transport's\n"
+            "process limit, a rate delay, a blocker or preempted job, ...) and the\n"
+            "setting behind it, so that shaping by configuration can be told from a\n"
+            "slow remote side."),
+        reply_keys="ok, target, kind, reasons with constraint, setting and text"),
+    "jobs": CommandSpec(
+        READ,
+        {"transport": Arg(required=True, positional=True,
+                          help="a transport as master.cf names it (smtp, relay, ...; see "
+                               "pyqmgr status)"),
+         "limit": Arg((int, float), metavar="N", parse="count",
+                      help="only the first N (the daemon builds the list in one go, "
+                           "holding up deliveries meanwhile: 50-85 ms for 10,000 jobs, "
+                           "2 ms for the first 50)")},
+        help="show a transport's jobs in scheduling order: slots, loans, preemption stack "
+             "(read-only)",
+        description=(
+            "Ask the running pyqmgr for TRANSPORT's work in the order its scheduling policy\n"
+            "picks from. With nqmgr (stock's scheduler) that is the job list, one job per\n"
+            "message, in scheduler order:\n\n"
+            "  SLOTS USED/AVAIL  a job earns a delivery slot for each entry (delivery request)\n"
+            "                    it delivers; when it has saved <transport>_delivery_slot_cost\n"
+            "                    slots per entry another job needs, that job may preempt it.\n"
+            "                    A preempting job starts with USED at minus the entries it is\n"
+            "                    expected to deliver.\n"
+            "  LOAN              <transport>_delivery_slot_loan (and _delivery_slot_discount)\n"
+            "                    let preemption happen before the slots are saved; the\n"
+            "                    preempted job is charged at once, so AVAIL goes negative: LOAN\n"
+            "                    is that debt, earned back by its own deliveries.\n"
+            "  PREEMPT<=         the most entries a job may need and still preempt this one\n"
+            "                    now (0: not now; needs AVAIL above 0 and the job to be at\n"
+            "                    least <transport>_minimum_delivery_slots x cost entries).\n"
+            "  LEVEL, PREEMPTS   the preemption stack: a preempting job sits one level above\n"
+            "                    the job it preempted, and stands right before it in the list;\n"
+            "                    'preemption stack' lines show each chain, preempted first.\n"
+            "  ENTRIES SEL/READ/MAX  entries selected for delivery, read into core, and at\n"
+            "                    most in all (read plus recipients still in the queue file).\n"
+            "  RCPTS/LIMIT, UNREAD  recipients in core and the recipient slots the job may\n"
+            "                    fill (<transport>_recipient_limit), and those not yet read.\n"
+            "  STATE             current (selection starts here, marked >), blocker (every\n"
+            "                    destination it has mail for is at its window: skipped),\n"
+            "                    preempted, reading (recipients left in the file).\n\n"
+            "oqmgr shows its round-robin list of destinations, finch its messages first come\n"
+            "first served with the workers each holds, zmailer its threads (one per\n"
+            "destination) in the order free agents go to them; a policy of one's own shows\n"
+            "what its jobs_report() returns (by default its destinations). Only the active\n"
+            "queue is in core."),
+        reply_keys="ok, transport, policy, kind, order, total, and the list named by kind: "
+                   "jobs, queues, messages or threads"),
+    "suspend": _control(
+        "hold a destination's or a transport's mail in the queue for a while",
+        reason=Arg(default="", help="why, for the maillog and 'pyqmgr status' (at most "
+                                    "200 characters)"),
+        ttl=Arg((int, float), True, metavar="DURATION", default=3600.0, parse="duration",
+                help="how long: 90s, 15m, 2h, 1d, 1w (a bare number is seconds; at most 30 "
+                     "days; default 1h)"),
+        description=(
+            "Stop starting deliveries to TARGET until the TTL runs out or 'pyqmgr resume'.\n"
+            "Its mail stays queued: what is in the active queue stays there, new mail for\n"
+            "it waits there too, and nothing is deferred or bounced on the suspension's\n"
+            "account. Deliveries already under way finish. When the suspension ends, the\n"
+            "mail goes out at once with the concurrency window the destination had.\n"
+            "Suspending the same TARGET again replaces its reason and TTL."),
+        reply_keys="ok, target, in_core, ttl, until, replaced, saved"),
+    "resume": _control(
+        "end a suspension now",
+        description=("End the suspension of TARGET, named as it was suspended ('pyqmgr\n"
+                     "status' lists them); its mail goes out at once."),
+        reply_keys="ok, target, saved"),
+    "retry": _control(
+        "revive a dead destination (or transport) now",
+        description=(
+            "Forget that TARGET is dead (after failed_cohort_limit failed cohorts, for\n"
+            "minimal_backoff_time), so the next mail for it is tried at once, as\n"
+            "'postqueue -f' does for every destination. Mail the dead destination already\n"
+            "sent to the deferred queue keeps its retry time; 'postqueue -f' or\n"
+            "'postqueue -s SITE' sends it now."),
+        reply_keys="ok, target, revived"),
 }
 
 
@@ -132,14 +274,14 @@ def validate(obj: object) -> Request:
         allowed = spec.args.get(name)
         if allowed is None:
             raise ProtocolError(f"command {command}: unknown argument {_quoted(name)}")
-        types, _required = allowed
+        types = allowed.types
         if isinstance(value, bool) or not isinstance(value, types):
             want = " or ".join(dict.fromkeys(_TYPE_NAMES[t] for t in types))
             raise ProtocolError(f"command {command}: argument {name} must be {want}, "
                                 f"not {_json_type(value)}")
         args[name] = value
-    for name, (_types, required) in spec.args.items():
-        if required and name not in args:
+    for name, arg in spec.args.items():
+        if arg.required and name not in args:
             raise ProtocolError(f"command {command}: missing argument {name}")
     return Request(command, spec.kind, args)
 

@@ -7,6 +7,7 @@ members it knows and tolerates missing ones (a newer daemon may add or drop memb
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
 #: ``pyqmgr status --sort`` keys: how destinations are ordered (busiest first for all
@@ -305,3 +306,26 @@ def _nqmgr_jobs(reply: dict[str, object], jobs: list[dict[str, object]]) -> list
     return lines + _table(["", "JOB", "LEVEL", "PREEMPTS", "SLOTS USED/AVAIL", "LOAN",
                            "PREEMPT<=", "ENTRIES SEL/READ/MAX", "RCPTS/LIMIT", "UNREAD",
                            "AGE", "STATE", "DESTINATIONS TODO+OUT"], rows)
+
+
+# -- any command -------------------------------------------------------------------------
+
+
+def reply_lines(command: str, reply: dict[str, object],
+                view: dict[str, object] | None = None) -> list[str]:
+    """The text ``pyqmgr COMMAND`` prints for a successful reply.
+
+    ``view`` holds the subcommand's own options (``CommandSpec.view``: status's sort).
+    A command with no text of its own here yet is shown as its JSON, so that a new
+    command works from the CLI as soon as it is in ``COMMANDS``.
+    """
+    view = view or {}
+    if command == "status":
+        return status_lines(reply, str(view.get("sort", "name")))
+    if command == "explain":
+        return explain_lines(reply)
+    if command == "jobs":
+        return jobs_lines(reply)
+    if command in ("suspend", "resume", "retry"):
+        return control_lines(command, reply)
+    return json.dumps(reply, indent=2).splitlines()

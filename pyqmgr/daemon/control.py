@@ -50,7 +50,9 @@ from pyqmgr.control.protocol import (
     error_reply,
     ok_reply,
 )
+from pyqmgr.daemon.bounded_server import BoundedServer, OneReplyConnection
 from pyqmgr.daemon.delegation import annotate
+from pyqmgr.daemon.owned_dir import owned_directory
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.user_acl import UserAcl, UserAclError, configured_acl, login_name
@@ -165,45 +167,32 @@ def prepare_directory(cfg: QmgrConfig, log: MailLog) -> bool:
     left alone with a warning: root must not chown what someone else pointed it at.
     Returns whether the directory is usable.
     """
+    unavailable = "pyqmgr status and explain are unavailable"
     try:
-        owner = pwd.getpwnam(cfg.mail_owner)
+        os.close(owned_directory(SOCKET_DIR, cfg.mail_owner, 0o755))
     except KeyError:
-        log.warning(f"control socket: unknown mail_owner {cfg.mail_owner}; "
-                    "pyqmgr status and explain are unavailable")
+        log.warning(f"control socket: unknown mail_owner {cfg.mail_owner}; {unavailable}")
         return False
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(SOCKET_DIR, 0o755)
-        st = os.lstat(SOCKET_DIR)
-        if not stat.S_ISDIR(st.st_mode):
-            log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR} is not a "
-                        "directory; pyqmgr status and explain are unavailable")
-            return False
-        if os.geteuid() == 0:
-            if (st.st_uid, st.st_gid) != (owner.pw_uid, owner.pw_gid):
-                os.chown(SOCKET_DIR, owner.pw_uid, owner.pw_gid, follow_symlinks=False)
-            if stat.S_IMODE(st.st_mode) != 0o755:
-                os.chmod(SOCKET_DIR, 0o755)
+    except NotADirectoryError:
+        log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR} is not a "
+                    f"directory; {unavailable}")
+        return False
     except OSError as exc:
         log.warning(f"control socket: {cfg.queue_directory}/{SOCKET_DIR}: {exc.strerror}; "
-                    "pyqmgr status and explain are unavailable")
+                    f"{unavailable}")
         return False
     return True
 
 
-class ControlServer:
+class ControlServer(BoundedServer):
     """Accepts clients on a listening socket and answers one request each."""
 
     def __init__(self, handler: Handler, access: Access, log: MailLog, *,
                  max_clients: int = MAX_CLIENTS, timeout: float = REQUEST_TIMEOUT,
                  limit: int = MAX_REQUEST) -> None:
+        super().__init__(log, max_clients, timeout, limit)
         self.handler = handler
         self.access = access
-        self.log = log
-        self.max_clients = max_clients
-        self.timeout = timeout
-        self.limit = limit
-        self.clients = 0
         self.path: str | None = None
         self._bound = (0, 0)
         self._server: asyncio.AbstractServer | None = None
@@ -273,35 +262,24 @@ class ControlServer:
             return error_reply(f"internal error: {type(exc).__name__}", "internal")
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(OneReplyConnection[ControlServer]):
     """One client: one request, one reply, then closed; bounded in bytes and time."""
 
     def __init__(self, server: ControlServer) -> None:
-        self.server = server
+        super().__init__(server)
         self.parser = RequestParser(server.limit)
-        self.transport: asyncio.Transport | None = None
         self.peer: Peer | None = None
-        self.answered = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.counted = False
         self.discarded = 0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def _accepted(self, transport: asyncio.Transport) -> None:
         sock = transport.get_extra_info("socket")
         with contextlib.suppress(OSError, AttributeError):
             self.peer = peer_credentials(sock)
-        server = self.server
-        loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(server.timeout, self._timed_out)
-        if server.clients >= server.max_clients:
-            text = f"too many clients ({server.max_clients}); try again later"
-            server.warn(self.peer, text)
-            self._reply(error_reply(text, "busy"))
-            return
-        server.clients += 1
-        self.counted = True
+
+    def _busy_reply(self) -> bytes:
+        text = f"too many clients ({self.server.max_clients}); try again later"
+        self.server.warn(self.peer, text)
+        return error_reply(text, "busy")
 
     def data_received(self, data: bytes) -> None:
         if self.answered:
@@ -333,43 +311,21 @@ class _Connection(asyncio.Protocol):
         # The client is done: the transport closes once the reply has been written.
         return False
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.counted:
-            self.server.clients -= 1
-            self.counted = False
-
     def _refuse(self, exc: ProtocolError) -> None:
         self.server.warn(self.peer, f"malformed request: {exc}")
         self._reply(error_reply(str(exc), exc.code))
 
-    def _reply(self, data: bytes) -> None:
-        self.answered = True
-        assert self.transport is not None
-        self.transport.write(data)
+    def _end_reply(self, transport: asyncio.Transport) -> None:
         # Half-close: the client reads the reply up to our end of file and closes, and
         # its close (eof_received) closes ours. A client that never reads the reply
         # or never closes is cut off by the timer, armed until the connection is gone.
-        self.transport.write_eof()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = asyncio.get_running_loop().call_later(
-                self.server.timeout, self._abort)
+        transport.write_eof()
 
-    def _timed_out(self) -> None:
-        if self.answered:
-            self._abort()
-            return
+    def _timeout_reply(self) -> bytes:
         what = ("request not finished" if self.parser.pending else "no request")
         text = f"{what} within {self.server.timeout:g} s"
         self.server.warn(self.peer, text)
-        self._reply(error_reply(text, "timeout"))
-
-    def _abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+        return error_reply(text, "timeout")
 
 
 def scheduler_handler(qmgr: Qmgr, access: Access | None = None,

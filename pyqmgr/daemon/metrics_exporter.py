@@ -57,6 +57,35 @@ BIND_QUIET_FOR = 5.0
 BIND_QUIET_STEP = 0.25
 BIND_RETRY_INTERVAL = 10.0
 
+#: (rank, transport, destination, window, in flight, queued recipients, dead).
+Row = tuple[int, str, str, int, int, int, int]
+
+#: The per-transport gauges (name, help), in the order their values are computed.
+TRANSPORT_GAUGES = (
+    ("pyqmgr_transport_window",
+     "Sum of the concurrency windows of the transport's in-core destinations."),
+    ("pyqmgr_transport_in_flight", "Deliveries out with the transport's agents."),
+    ("pyqmgr_transport_agents_pending",
+     "Agent connections asked for and not yet announced."),
+    ("pyqmgr_transport_queued_recipients", "Recipients in core waiting for an agent."),
+    ("pyqmgr_transport_destinations",
+     "In-core destinations (all, not only those with a series)."),
+    ("pyqmgr_transport_dead", "1 while the transport is dead (transport_retry_time)."),
+    ("pyqmgr_transport_process_limit",
+     "master.cf's process limit of the transport (0: none)."),
+    ("pyqmgr_transport_destination_concurrency_limit",
+     "The transport's destination concurrency limit (0: none)."),
+)
+#: The per-destination gauges (name, help), in a row's order of values.
+DESTINATION_GAUGES = (
+    ("pyqmgr_destination_window",
+     "The destination's concurrency window (0 while dead); _other: the sum."),
+    ("pyqmgr_destination_in_flight", "Deliveries to the destination out with agents."),
+    ("pyqmgr_destination_queued_recipients",
+     "Recipients for the destination waiting for an agent."),
+    ("pyqmgr_destination_dead", "1 while the destination is dead; _other: how many are."),
+)
+
 
 class Source(Protocol):
     """What the collector reads: the daemon's :class:`~pyqmgr.daemon.qmgr.Qmgr`."""
@@ -152,47 +181,24 @@ class SchedulerCollector:
         yield age
 
     def _gauges(self, sched: Scheduler) -> Iterator[Metric]:
-        labels = ["transport"]
-        t_window = GaugeMetricFamily("pyqmgr_transport_window", "Sum of the concurrency "
-                                     "windows of the transport's in-core destinations.",
-                                     labels=labels)
-        t_busy = GaugeMetricFamily("pyqmgr_transport_in_flight", "Deliveries out with "
-                                   "the transport's agents.", labels=labels)
-        t_pending = GaugeMetricFamily("pyqmgr_transport_agents_pending", "Agent "
-                                      "connections asked for and not yet announced.",
-                                      labels=labels)
-        t_rcpts = GaugeMetricFamily("pyqmgr_transport_queued_recipients", "Recipients "
-                                    "in core waiting for an agent.", labels=labels)
-        t_dests = GaugeMetricFamily("pyqmgr_transport_destinations", "In-core "
-                                    "destinations (all, not only those with a series).",
-                                    labels=labels)
-        t_dead = GaugeMetricFamily("pyqmgr_transport_dead", "1 while the transport is "
-                                   "dead (transport_retry_time).", labels=labels)
-        t_limit = GaugeMetricFamily("pyqmgr_transport_process_limit", "master.cf's "
-                                    "process limit of the transport (0: none).",
-                                    labels=labels)
-        t_dlimit = GaugeMetricFamily("pyqmgr_transport_destination_concurrency_limit",
-                                     "The transport's destination concurrency limit "
-                                     "(0: none).", labels=labels)
-        labels = ["transport", "destination"]
-        d_window = GaugeMetricFamily("pyqmgr_destination_window", "The destination's "
-                                     "concurrency window (0 while dead); _other: the "
-                                     "sum.", labels=labels)
-        d_busy = GaugeMetricFamily("pyqmgr_destination_in_flight", "Deliveries to the "
-                                   "destination out with agents.", labels=labels)
-        d_rcpts = GaugeMetricFamily("pyqmgr_destination_queued_recipients", "Recipients "
-                                    "for the destination waiting for an agent.",
-                                    labels=labels)
-        d_dead = GaugeMetricFamily("pyqmgr_destination_dead", "1 while the destination "
-                                   "is dead; _other: how many are.", labels=labels)
-        d_count = GaugeMetricFamily("pyqmgr_destination_series_folded", "Destinations "
-                                    "summed into the _other series "
-                                    "(metrics_destination_limit).", labels=["transport"])
+        rows, totals = self._destination_rows(sched)
+        yield from self._transport_gauges(sched, totals)
+        yield from self._destination_gauges(rows, totals)
+        yield GaugeMetricFamily("pyqmgr_active_messages", "Messages in the active queue.",
+                                value=self.source.message_count)
+        yield GaugeMetricFamily("pyqmgr_active_recipients", "Recipients in core, all "
+                                "messages.", value=sched.rcpt_count)
 
-        # One walk over every in-core destination: a row per destination, totals per
-        # transport. rank = queued recipients + in flight, doubled, +1 when dead, so
-        # that among equals dead destinations get a series first.
-        rows: list[tuple[int, str, str, int, int, int, int]] = []
+    @staticmethod
+    def _destination_rows(sched: Scheduler) -> tuple[list[Row], dict[str, list[int]]]:
+        """One walk over every in-core destination: a row per destination, and per
+        transport the totals [window, in flight, queued recipients, dead, destinations].
+
+        A row is (rank, transport, destination, window, in flight, queued recipients,
+        dead), rank = (queued recipients + in flight) * 2, +1 when dead, so that among
+        equals dead destinations get a series first.
+        """
+        rows: list[Row] = []
         totals: dict[str, list[int]] = {}
         for name, t in sched.transports.items():
             window = busy = rcpts = dead = 0
@@ -210,50 +216,51 @@ class SchedulerCollector:
                 dead += d
                 rows.append(((r + b) * 2 + d, name, q.name, w, b, r, d))
             totals[name] = [window, busy, rcpts, dead, len(t.queues)]
+        return rows, totals
+
+    @staticmethod
+    def _transport_gauges(sched: Scheduler,
+                          totals: dict[str, list[int]]) -> list[GaugeMetricFamily]:
+        families = [GaugeMetricFamily(name, doc, labels=["transport"])
+                    for name, doc in TRANSPORT_GAUGES]
+        for name in sorted(sched.transports):
+            t = sched.transports[name]
+            window, busy, rcpts, _dead, count = totals[name]
+            values = (window, busy, t.pending, rcpts, count, 1 if t.throttled else 0,
+                      sched.process_limit(name), t.cfg.destination_concurrency_limit)
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([name], value)
+        return families
+
+    def _destination_gauges(self, rows: list[Row],
+                            totals: dict[str, list[int]]) -> list[GaugeMetricFamily]:
+        """A series for each of the ``destination_limit`` highest-ranked destinations;
+        the rest of a transport's summed into its ``_other`` series."""
+        families = [GaugeMetricFamily(name, doc, labels=["transport", "destination"])
+                    for name, doc in DESTINATION_GAUGES]
+        d_count = GaugeMetricFamily("pyqmgr_destination_series_folded", "Destinations "
+                                    "summed into the _other series "
+                                    "(metrics_destination_limit).", labels=["transport"])
         limit = self.destination_limit
         shown = rows if len(rows) <= limit else heapq.nlargest(limit, rows)
         folded: dict[str, list[int]] = {}
         if shown is not rows:
-            folded = {name: [tot[0], tot[1], tot[2], tot[3], tot[4]]
-                      for name, tot in totals.items()}
-        for _rank, tname, qname, w, b, r, d in sorted(shown, key=lambda row: row[1:3]):
-            d_window.add_metric([tname, qname], w)
-            d_busy.add_metric([tname, qname], b)
-            d_rcpts.add_metric([tname, qname], r)
-            d_dead.add_metric([tname, qname], d)
+            folded = {name: list(tot) for name, tot in totals.items()}
+        for _rank, tname, qname, *values in sorted(shown, key=lambda row: row[1:3]):
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([tname, qname], value)
             rest = folded.get(tname)
             if rest is not None:
-                rest[0] -= w
-                rest[1] -= b
-                rest[2] -= r
-                rest[3] -= d
+                for i, value in enumerate(values):
+                    rest[i] -= value
                 rest[4] -= 1
         for tname in sorted(folded):
-            w, b, r, d, n = folded[tname]
+            *values, n = folded[tname]
             d_count.add_metric([tname], n)
             if n > 0:
-                d_window.add_metric([tname, OTHER], w)
-                d_busy.add_metric([tname, OTHER], b)
-                d_rcpts.add_metric([tname, OTHER], r)
-                d_dead.add_metric([tname, OTHER], d)
-
-        for name in sorted(sched.transports):
-            t = sched.transports[name]
-            window, busy, rcpts, _dead, count = totals[name]
-            t_window.add_metric([name], window)
-            t_busy.add_metric([name], busy)
-            t_pending.add_metric([name], t.pending)
-            t_rcpts.add_metric([name], rcpts)
-            t_dests.add_metric([name], count)
-            t_dead.add_metric([name], 1 if t.throttled else 0)
-            t_limit.add_metric([name], sched.process_limit(name))
-            t_dlimit.add_metric([name], t.cfg.destination_concurrency_limit)
-        yield from (t_window, t_busy, t_pending, t_rcpts, t_dests, t_dead, t_limit, t_dlimit,
-                    d_window, d_busy, d_rcpts, d_dead, d_count)
-        yield GaugeMetricFamily("pyqmgr_active_messages", "Messages in the active queue.",
-                                value=self.source.message_count)
-        yield GaugeMetricFamily("pyqmgr_active_recipients", "Recipients in core, all "
-                                "messages.", value=sched.rcpt_count)
+                for family, value in zip(families, values, strict=True):
+                    family.add_metric([tname, OTHER], value)
+        return [*families, d_count]
 
 
 def registry_for(source: Source, stats: DeliveryStats, destination_limit: int,

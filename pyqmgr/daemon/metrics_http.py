@@ -33,6 +33,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from pyqmgr.daemon.bounded_server import BoundedServer, OneReplyConnection
 from pyqmgr.postfix.maillog_client import MailLog
 
 MAX_REQUEST = 8192
@@ -80,18 +81,14 @@ def parse_request(data: bytes) -> tuple[int, str, bool]:
     return 200, path, head
 
 
-class MetricsHttpServer:
+class MetricsHttpServer(BoundedServer):
     """Serves ``render()`` (the exposition, bytes) to scrapers; bounded as described."""
 
     def __init__(self, render: Callable[[], bytes], log: MailLog, *,
                  max_clients: int = MAX_CLIENTS, timeout: float = REQUEST_TIMEOUT,
                  limit: int = MAX_REQUEST) -> None:
+        super().__init__(log, max_clients, timeout, limit)
         self.render = render
-        self.log = log
-        self.max_clients = max_clients
-        self.timeout = timeout
-        self.limit = limit
-        self.clients = 0
         self._last_error = -ERROR_LOG_INTERVAL
         self.server: asyncio.AbstractServer | None = None
 
@@ -120,27 +117,18 @@ class MetricsHttpServer:
             self.server = None
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(OneReplyConnection[MetricsHttpServer]):
     """One client: one request, one reply, then closed; bounded in bytes and time."""
 
     def __init__(self, server: MetricsHttpServer) -> None:
-        self.server = server
+        super().__init__(server)
         self.buffer = b""
-        self.transport: asyncio.Transport | None = None
-        self.answered = False
-        self.counted = False
-        self.timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        server = self.server
-        self.timer = asyncio.get_running_loop().call_later(server.timeout, self._timed_out)
-        if server.clients >= server.max_clients:
-            self._reply(server.reply_for(503, False))
-            return
-        server.clients += 1
-        self.counted = True
+    def _busy_reply(self) -> bytes:
+        return self.server.reply_for(503, False)
+
+    def _timeout_reply(self) -> bytes:
+        return self.server.reply_for(408, False)
 
     def data_received(self, data: bytes) -> None:
         if self.answered:
@@ -163,37 +151,12 @@ class _Connection(asyncio.Protocol):
             self._close()
         return False
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.counted:
-            self.server.clients -= 1
-            self.counted = False
-
-    def _reply(self, data: bytes) -> None:
-        self.answered = True
-        assert self.transport is not None
-        self.transport.write(data)
+    def _end_reply(self, transport: asyncio.Transport) -> None:
         # close() sends what is buffered, then FIN; a client that never takes its
         # reply is aborted by the timer, armed again for that.
-        self.transport.close()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = asyncio.get_running_loop().call_later(
-                self.server.timeout, self._abort)
-
-    def _timed_out(self) -> None:
-        if self.answered:
-            self._abort()
-            return
-        self._reply(self.server.reply_for(408, False))
+        transport.close()
 
     def _close(self) -> None:
         self.answered = True
         if self.transport is not None:
             self.transport.close()
-
-    def _abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()

@@ -26,14 +26,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
-import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from pyqmgr.control.protocol import ProtocolError
+from pyqmgr.daemon.owned_dir import owned_directory
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.scheduler.core import Scheduler
@@ -181,30 +180,12 @@ def open_state(cfg: QmgrConfig, log: MailLog) -> StateFile | None:
     """
     path = os.path.join(cfg.data_directory, STATE_DIR)
     try:
-        owner = pwd.getpwnam(cfg.mail_owner)
+        fd = owned_directory(path, cfg.mail_owner, 0o700)
     except KeyError:
         log.warning(f"{path}: unknown mail_owner {cfg.mail_owner}; operator suspensions "
                     "will not survive a reload")
         return None
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
-        log.warning(f"{path}: {exc.strerror}; operator suspensions will not survive a "
-                    "reload")
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISDIR(st.st_mode):
-            raise OSError(0, "not a directory")
-        if os.geteuid() == 0:
-            if (st.st_uid, st.st_gid) != (owner.pw_uid, owner.pw_gid):
-                os.fchown(fd, owner.pw_uid, owner.pw_gid)
-            if stat.S_IMODE(st.st_mode) != 0o700:
-                os.fchmod(fd, 0o700)
-    except OSError as exc:
-        os.close(fd)
         log.warning(f"{path}: {exc.strerror}; operator suspensions will not survive a "
                     "reload")
         return None

@@ -28,6 +28,7 @@ import pwd
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pyqmgr.postfix.expand import (
     C_SPACE,
@@ -42,6 +43,7 @@ from pyqmgr.postfix.expand import (
     malformed_level,
     strtol,
 )
+from pyqmgr.postfix.parameters import STARTUP, TRANSPORT
 from pyqmgr.postfix.version import DEFAULT as DEFAULT_VERSION
 from pyqmgr.postfix.version import PostfixVersion
 
@@ -245,215 +247,27 @@ def _check_str(name: str, value: str, lo: int, hi: int) -> None:
 
 
 # -- the tables, in stock's order (global/mail_params.c, qmgr/qmgr.c) -------------------------
-# (kind, name, default, min, max). Defaults are Debian 3.7.11's compiled-in values, as
-# ``postconf -d`` prints them; "fn" defaults are computed at run time.
 
+#: (kind, name, default, min, max): a row of :data:`pyqmgr.postfix.parameters.STARTUP`
+#: without its step.
 _Spec = tuple[str, str, str, int, int]
 
-_COMPAT: list[_Spec] = [("str", "compatibility_level", "0", 0, 0)]
 
-_FIRST: list[_Spec] = [
-    ("str", "mail_version", "3.7.11", 1, 0),
-    ("str", "syslog_facility", "mail", 1, 0),
-    ("str", "inet_protocols", "all", 0, 0),
-    ("str", "multi_instance_directories", "", 0, 0),
-    ("str", "multi_instance_group", "", 0, 0),
-    ("str", "multi_instance_name", "", 0, 0),
-    ("str", "maillog_file", "", 0, 0),
-    ("str", "maillog_file_prefixes", "/var, /dev/stdout", 1, 0),
-    ("str", "maillog_file_compressor", "gzip", 1, 0),
-    ("str", "maillog_file_rotate_suffix", "%Y%m%d-%H%M%S", 1, 0),
-    ("str", "postlog_service_name", "postlog", 1, 0),
-    ("str", "dnssec_probe", "ns:.", 0, 0),
-    ("str", "known_tcp_ports", "lmtp=24, smtp=25, smtps=submissions=465, submission=587", 0, 0),
-    ("bool", "daemon_table_open_error_is_fatal", "no", 0, 0),
-    ("bool", "dns_ncache_ttl_fix_enable", "no", 0, 0),
-    ("nbool", "smtputf8_enable", "${{$compatibility_level} <level {1} ? {no} : {yes}}", 0, 0),
-    ("nbool", "enable_idna2003_compatibility", "no", 0, 0),
-    ("nbool", "respectful_logging", "${{$compatibility_level} <level {3.6} ? {no} : {yes}}",
-     0, 0),
-]
+def _step(step: str) -> list[_Spec]:
+    """The rows one step of the start-up reads, in their order."""
+    return [row[1:] for row in STARTUP if row[0] == step]
 
-_HOSTNAMES: list[_Spec] = [
-    ("fn", "myhostname", "", 1, 0),
-    ("fn", "mydomain", "", 1, 0),
-]
 
-_OTHER: list[_Spec] = [
-    ("str", "mail_name", "Postfix", 1, 0),
-    ("str", "syslog_name", "${multi_instance_name?{$multi_instance_name}:{postfix}}", 1, 0),
-    ("str", "mail_owner", "postfix", 1, 0),
-    ("str", "setgid_group", "postdrop", 1, 0),
-    ("str", "mydestination", "$myhostname, localhost.$mydomain, localhost", 0, 0),
-    ("str", "myorigin", "$myhostname", 1, 0),
-    ("str", "relayhost", "", 0, 0),
-    ("str", "daemon_directory", "/usr/lib/postfix/sbin", 1, 0),
-    ("str", "data_directory", "/var/lib/postfix", 1, 0),
-    ("str", "command_directory", "/usr/sbin", 1, 0),
-    ("str", "meta_directory", "/etc/postfix", 1, 0),
-    ("str", "queue_directory", "/var/spool/postfix", 1, 0),
-    ("str", "shlib_directory", "/usr/lib/postfix", 1, 0),
-    ("str", "process_id_directory", "pid", 1, 0),
-    ("str", "inet_interfaces", "all", 0, 0),
-    ("str", "proxy_interfaces", "", 0, 0),
-    ("str", "double_bounce_sender", "double-bounce", 1, 0),
-    ("str", "default_privs", "nobody", 1, 0),
-    ("str", "alias_database", "hash:/etc/aliases", 0, 0),
-    ("str", "mail_release_date", "20240304", 1, 0),
-    ("str", "default_database_type", "hash", 1, 0),
-    ("str", "hash_queue_names", "deferred, defer", 1, 0),
-    ("str", "recipient_delimiter", "", 0, 0),
-    ("str", "relay_domains", "${{$compatibility_level} <level {2} ? {$mydestination} : {}}",
-     0, 0),
-    ("str", "fast_flush_domains", "$relay_domains", 0, 0),
-    ("str", "export_environment", "TZ MAIL_CONFIG LANG", 0, 0),
-    ("str", "import_environment", "MAIL_CONFIG MAIL_DEBUG MAIL_LOGTAG TZ XAUTHORITY DISPLAY "
-     "LANG=C POSTLOG_SERVICE POSTLOG_HOSTNAME", 0, 0),
-    ("str", "mynetworks_style", "${{$compatibility_level} <level {2} ? {subnet} : {host}}",
-     1, 0),
-    ("str", "debug_peer_list", "", 0, 0),
-    ("str", "default_verp_delimiters", "+=", 2, 2),
-    ("str", "verp_delimiter_filter", "-=+", 1, 0),
-    ("str", "parent_domain_matches_subdomains", "debug_peer_list,fast_flush_domains,mynetworks,"
-     "permit_mx_backup_networks,qmqpd_authorized_clients,relay_domains,smtpd_access_maps",
-     0, 0),
-    ("str", "alternate_config_directories", "", 0, 0),
-    ("str", "bounce_service_name", "bounce", 1, 0),
-    ("str", "cleanup_service_name", "cleanup", 1, 0),
-    ("str", "defer_service_name", "defer", 1, 0),
-    ("str", "pickup_service_name", "pickup", 1, 0),
-    ("str", "queue_service_name", "qmgr", 1, 0),
-    ("str", "rewrite_service_name", "rewrite", 1, 0),
-    ("str", "showq_service_name", "showq", 1, 0),
-    ("str", "error_service_name", "error", 1, 0),
-    ("str", "flush_service_name", "flush", 1, 0),
-    ("str", "address_verify_service_name", "verify", 1, 0),
-    ("str", "trace_service_name", "trace", 1, 0),
-    ("str", "proxymap_service_name", "proxymap", 1, 0),
-    ("str", "proxywrite_service_name", "proxywrite", 1, 0),
-    ("str", "internal_mail_filter_classes", "", 0, 0),
-    ("str", "multi_instance_wrapper", "", 0, 0),
-    ("str", "default_delivery_status_filter", "", 0, 0),
-    ("str", "smtputf8_autodetect_classes", "sendmail, verify", 1, 0),
-    ("str", "message_drop_headers", "bcc, content-length, resent-bcc, return-path", 0, 0),
-    ("str", "info_log_address_format", "external", 1, 0),
-    ("int", "default_process_limit", "100", 1, 0),
-    ("int", "max_use", "100", 1, 0),
-    ("int", "dont_remove", "0", 0, 0),
-    ("int", "line_length_limit", "2048", 512, 0),
-    ("int", "hash_queue_depth", "1", 1, 0),
-    ("int", "fork_attempts", "5", 1, 0),
-    ("int", "deliver_lock_attempts", "20", 1, 0),
-    ("int", "debug_peer_level", "2", 1, 0),
-    ("int", "fault_injection_code", "0", 0, 0),
-    ("int", "berkeley_db_create_buffer_size", "16777216", 1, 0),
-    ("int", "berkeley_db_read_buffer_size", "131072", 1, 0),
-    ("int", "header_size_limit", "102400", 1, 0),
-    ("int", "header_address_token_limit", "10240", 1, 0),
-    ("int", "mime_nesting_limit", "100", 1, 0),
-    ("int", "mime_boundary_length_limit", "2048", 1, 0),
-    ("int", "delay_logging_resolution_limit", "2", 0, 6),
-    ("int", "tcp_windowsize", "0", 0, 0),
-    ("long", "message_size_limit", "10240000", 0, 0),
-    ("long", "lmdb_map_size", "16777216", 1, 0),
-    ("bool", "disable_dns_lookups", "no", 0, 0),
-    ("bool", "soft_bounce", "no", 0, 0),
-    ("bool", "owner_request_special", "yes", 0, 0),
-    ("bool", "strict_8bitmime", "no", 0, 0),
-    ("bool", "strict_7bit_headers", "no", 0, 0),
-    ("bool", "strict_8bitmime_body", "no", 0, 0),
-    ("bool", "strict_mime_encoding_domain", "no", 0, 0),
-    ("bool", "disable_mime_input_processing", "no", 0, 0),
-    ("bool", "disable_mime_output_conversion", "no", 0, 0),
-    ("bool", "address_verify_negative_cache", "yes", 0, 0),
-    ("bool", "backwards_bounce_logfile_compatibility", "yes", 0, 0),
-    ("bool", "helpful_warnings", "yes", 0, 0),
-    ("bool", "send_cyrus_sasl_authzid", "no", 0, 0),
-    ("bool", "multi_instance_enable", "no", 0, 0),
-    ("bool", "enable_long_queue_ids", "no", 0, 0),
-    ("bool", "strict_smtputf8", "no", 0, 0),
-    ("bool", "enable_original_recipient", "yes", 0, 0),
-    ("time", "application_event_drain_time", "100s", 1, 0),
-    ("time", "max_idle", "100s", 1, 0),
-    ("time", "ipc_timeout", "3600s", 1, 0),
-    ("time", "ipc_idle", "5s", 1, 0),
-    ("time", "ipc_ttl", "1000s", 1, 0),
-    ("time", "trigger_timeout", "10s", 1, 0),
-    ("time", "fork_delay", "1s", 1, 0),
-    ("time", "deliver_lock_delay", "1s", 1, 0),
-    ("time", "stale_lock_time", "500s", 1, 0),
-    ("time", "daemon_timeout", "18000s", 1, 0),
-    ("time", "in_flow_delay", "1s", 0, 10),
-]
-
-# qmgr.c passes its tables as int, str, bool, time; the skeleton reads them in that order.
-_QMGR: list[_Spec] = [
-    ("int", "qmgr_message_active_limit", "20000", 1, 0),
-    ("int", "qmgr_message_recipient_limit", "20000", 1, 0),
-    ("int", "qmgr_message_recipient_minimum", "10", 1, 0),
-    ("int", "default_recipient_limit", "20000", 0, 0),
-    ("int", "default_extra_recipient_limit", "1000", 0, 0),
-    ("int", "default_recipient_refill_limit", "100", 1, 0),
-    ("int", "default_delivery_slot_cost", "5", 0, 0),
-    ("int", "default_delivery_slot_loan", "3", 0, 0),
-    ("int", "default_delivery_slot_discount", "50", 0, 100),
-    ("int", "default_minimum_delivery_slots", "3", 0, 0),
-    ("int", "initial_destination_concurrency", "5", 1, 0),
-    ("int", "default_destination_concurrency_limit", "20", 0, 0),
-    ("int", "default_destination_recipient_limit", "50", 0, 0),
-    ("int", "local_destination_recipient_limit", "1", 0, 0),
-    ("int", "local_destination_concurrency_limit", "2", 0, 0),
-    ("int", "default_destination_concurrency_failed_cohort_limit", "1", 0, 0),
-    # A compile-time quarter of the active limit's default, not of its setting.
-    ("int", "address_verify_pending_request_limit", "5000", 1, 0),
-    ("str", "defer_transports", "", 0, 0),
-    ("str", "default_destination_concurrency_positive_feedback", "1", 1, 0),
-    ("str", "default_destination_concurrency_negative_feedback", "1", 1, 0),
-    ("str", "default_filter_nexthop", "", 0, 0),
-    ("bool", "disable_verp_bounces", "no", 0, 0),
-    ("bool", "destination_concurrency_feedback_debug", "no", 0, 0),
-    ("bool", "confirm_delay_cleared", "no", 0, 0),
-    ("time", "queue_run_delay", "300s", 1, 0),
-    ("time", "minimal_backoff_time", "300s", 1, 0),
-    ("time", "maximal_backoff_time", "4000s", 1, 0),
-    ("time", "maximal_queue_lifetime", "5d", 0, 8640000),
-    ("time", "bounce_queue_lifetime", "5d", 0, 8640000),
-    ("time", "transport_retry_time", "60s", 1, 0),
-    ("time", "qmgr_clog_warn_time", "300s", 0, 0),
-    ("time", "default_recipient_refill_delay", "5s", 1, 0),
-    ("time", "default_transport_rate_delay", "0s", 0, 0),
-    ("time", "default_destination_rate_delay", "0s", 0, 0),
-    ("time", "qmgr_daemon_timeout", "1000s", 1, 0),
-    ("time", "qmgr_ipc_timeout", "60s", 1, 0),
-]
+_COMPAT = _step("compat")
+_FIRST = _step("first")
+_HOSTNAMES = _step("hostname")
+_OTHER = _step("other")
+_QMGR = _step("qmgr")
 
 #: Every parameter the daemon reads at start-up, in the order it reads them.
 STARTUP_PARAMETERS: tuple[str, ...] = tuple(
     spec[1] for spec in (*_COMPAT, *_FIRST, *_HOSTNAMES, *_OTHER)
 ) + ("mynetworks", "process_id") + tuple(spec[1] for spec in _QMGR)
-
-# qmgr_transport_create(), in its order: (suffix, default attribute, kind, min, max).
-_TRANSPORT: list[tuple[str, str, str, int, int]] = [
-    ("_destination_concurrency_limit", "default_destination_concurrency_limit", "int", 0, 0),
-    ("_destination_recipient_limit", "default_destination_recipient_limit", "int", 0, 0),
-    ("_initial_destination_concurrency", "initial_destination_concurrency", "int", 1, 0),
-    ("_transport_rate_delay", "default_transport_rate_delay", "time", 0, 0),
-    ("_destination_rate_delay", "default_destination_rate_delay", "time", 0, 0),
-    ("_delivery_slot_cost", "default_delivery_slot_cost", "int", 0, 0),
-    ("_delivery_slot_loan", "default_delivery_slot_loan", "int", 0, 0),
-    ("_delivery_slot_discount", "default_delivery_slot_discount", "int", 0, 100),
-    ("_minimum_delivery_slots", "default_minimum_delivery_slots", "int", 0, 0),
-    ("_recipient_limit", "default_recipient_limit", "int", 0, 0),
-    ("_extra_recipient_limit", "default_extra_recipient_limit", "int", 0, 0),
-    ("_recipient_refill_limit", "default_recipient_refill_limit", "int", 1, 0),
-    ("_recipient_refill_delay", "default_recipient_refill_delay", "time", 1, 0),
-    ("_destination_concurrency_positive_feedback",
-     "default_destination_concurrency_positive_feedback", "feedback", 1, 0),
-    ("_destination_concurrency_negative_feedback",
-     "default_destination_concurrency_negative_feedback", "feedback", 1, 0),
-    ("_destination_concurrency_failed_cohort_limit",
-     "default_destination_concurrency_failed_cohort_limit", "int", 0, 0),
-]
 
 _SYSLOG_FACILITIES = frozenset({
     "auth", "authpriv", "cron", "daemon", "ftp", "kern", "lpr", "mail", "news", "syslog",
@@ -491,7 +305,124 @@ class TransportConfig:
     failed_cohort_limit: int
 
 
-class QmgrConfig:
+class _Dictionary:
+    """A daemon's parameter dictionary and the ``get_mail_conf_*()`` reads on it.
+
+    The dictionary holds raw text; a read expands it against the dictionary as it is
+    at that moment and registers the default of an absent name (see the module
+    docstring). :class:`QmgrConfig` is the start-up that drives these reads.
+    """
+
+    _values: dict[str, str]
+    #: The ``warning: `` texts stock would have logged so far, in order.
+    warnings: list[str]
+    #: (name, value) of every write into the dictionary after main.cf was loaded,
+    #: in order: the registrations of defaults and the derived values.
+    updates: list[tuple[str, str]]
+
+    def lookup(self, name: str) -> str | None:
+        """The raw value in the dictionary now, or None if the name is not there."""
+        return self._values.get(name)
+
+    def get(self, name: str) -> str:
+        """The expanded value of ``name`` as the daemon would see it now; empty if absent.
+
+        Names that qmgr never reads are visible only if main.cf or ``-o`` set them.
+        """
+        raw = self._values.get(name)
+        if raw is None:
+            return ""
+        mark = len(self.warnings)
+        try:
+            return self._eval(raw)
+        except ValueError as exc:
+            taken = self.warnings[mark:]
+            del self.warnings[mark:]
+            raise ConfigError(str(exc), taken) from None
+
+    def _update(self, name: str, value: str) -> None:
+        self._values[name] = value
+        self.updates.append((name, value))
+
+    def _eval(self, text: str) -> str:
+        try:
+            return expand(text, self._values.get)
+        except MacroError as exc:
+            self.warnings.extend(exc.warnings)
+            raise ValueError(f"dictionary {CONFIG_DICT}: macro processing error") from None
+
+    def _lookup_eval(self, name: str) -> str | None:
+        raw = self._values.get(name)
+        return None if raw is None else self._eval(raw)
+
+    # -- the get_mail_conf_*() family ----------------------------------------------------
+
+    def _read(self, spec: _Spec, default_fn: Callable[[], str] | None = None) -> object:
+        """Read one table row and set the attribute of its name to the typed value."""
+        kind, name, default, lo, hi = spec
+        value: object
+        if kind in ("str", "fn"):
+            value = self._read_str(name, default, lo, hi, default_fn)
+        elif kind in ("int", "long"):
+            value = self._read_int(name, default, lo, hi, long=kind == "long")
+        elif kind == "bool":
+            text = self._lookup_eval(name)
+            if text is None:
+                self._update(name, default)
+                text = default
+            value = _bool_value(name, text)
+        elif kind == "nbool":
+            # The default is an expression (compatibility level), stored unexpanded.
+            if name not in self._values:
+                self._update(name, default)
+            value = _bool_value(name, self._lookup_eval(name) or "")
+        elif kind == "time":
+            unit = next((c for c in self._eval(default) if c.isascii() and c.isalpha()), "s")
+            value = self._read_time(name, default, unit, lo, hi)
+        else:  # pragma: no cover - table typo
+            raise AssertionError(kind)
+        setattr(self, name, value)
+        return value
+
+    def _read_str(self, name: str, default: str, lo: int, hi: int,
+                  default_fn: Callable[[], str] | None = None) -> str:
+        """``get_mail_conf_str()``: an absent name registers its default, expanded.
+
+        ``default_fn`` (stock's function defaults) is called only when the name is
+        absent: its checks must not run, or fail, for a value main.cf gives.
+        """
+        text = self._lookup_eval(name)
+        if text is None:
+            text = self._eval(default_fn() if default_fn else default)
+            self._update(name, text)
+        _check_str(name, text, lo, hi)
+        return text
+
+    def _read_int(self, name: str, default: str | int, lo: int, hi: int, *,
+                  long: bool = False) -> int:
+        """``get_mail_conf_int()`` (or ``_long``): an absent name registers the default."""
+        text = self._lookup_eval(name)
+        if text is None:
+            number = int(default)
+            self._update(name, str(number))
+        else:
+            number = _int_value(name, text, long=long)
+        _check_int(name, number, lo, hi)
+        return number
+
+    def _read_time(self, name: str, default: str, unit: str, lo: int, hi: int) -> int:
+        """``get_mail_conf_time()``: seconds; ``unit`` applies to a number without one."""
+        if name not in self._values:
+            self._update(name, default)
+        text = self._lookup_eval(name) or ""
+        seconds = conv_time(text, unit)
+        if seconds is None:
+            raise ValueError(f"parameter {name}: bad time value or unit: {text}")
+        _check_time(name, seconds, lo, hi)
+        return seconds
+
+
+class QmgrConfig(_Dictionary):
     """Every parameter stock qmgr reads, typed, plus transport settings on demand.
 
     Attributes carry the parameter's name and hold the converted value: ``int`` for
@@ -609,10 +540,8 @@ class QmgrConfig:
         self.config_dir = config_dir
         self.process_name = process_name
         self.service_name = service_name if service_name is not None else process_name
-        self.warnings: list[str] = []
-        #: (name, value) of every write into the dictionary after main.cf was loaded,
-        #: in order: the registrations of defaults and the derived values.
-        self.updates: list[tuple[str, str]] = []
+        self.warnings = []
+        self.updates = []
         self._values: dict[str, str] = {}
         self._transports: dict[str, TransportConfig] = {}
         self._hostname = hostname
@@ -663,90 +592,6 @@ class QmgrConfig:
                    service_name=service_name, check_accounts=check_accounts,
                    hostname=hostname)
 
-    # -- the dictionary ------------------------------------------------------------------
-
-    def lookup(self, name: str) -> str | None:
-        """The raw value in the dictionary now, or None if the name is not there."""
-        return self._values.get(name)
-
-    def get(self, name: str) -> str:
-        """The expanded value of ``name`` as the daemon would see it now; empty if absent.
-
-        Names that qmgr never reads are visible only if main.cf or ``-o`` set them.
-        """
-        raw = self._values.get(name)
-        if raw is None:
-            return ""
-        mark = len(self.warnings)
-        try:
-            return self._eval(raw)
-        except ValueError as exc:
-            taken = self.warnings[mark:]
-            del self.warnings[mark:]
-            raise ConfigError(str(exc), taken) from None
-
-    def _update(self, name: str, value: str) -> None:
-        self._values[name] = value
-        self.updates.append((name, value))
-
-    def _eval(self, text: str) -> str:
-        try:
-            return expand(text, self._values.get)
-        except MacroError as exc:
-            self.warnings.extend(exc.warnings)
-            raise ValueError(f"dictionary {CONFIG_DICT}: macro processing error") from None
-
-    def _lookup_eval(self, name: str) -> str | None:
-        raw = self._values.get(name)
-        return None if raw is None else self._eval(raw)
-
-    # -- the get_mail_conf_*() family ----------------------------------------------------
-
-    def _read(self, spec: _Spec, default_fn: Callable[[], str] | None = None) -> object:
-        kind, name, default, lo, hi = spec
-        value: object
-        if kind in ("str", "fn"):
-            text = self._lookup_eval(name)
-            if text is None:
-                text = self._eval(default_fn() if default_fn else default)
-                self._update(name, text)
-            _check_str(name, text, lo, hi)
-            value = text
-        elif kind in ("int", "long"):
-            text = self._lookup_eval(name)
-            if text is None:
-                number = int(default)
-                self._update(name, str(number))
-            else:
-                number = _int_value(name, text, long=kind == "long")
-            _check_int(name, number, lo, hi)
-            value = number
-        elif kind == "bool":
-            text = self._lookup_eval(name)
-            if text is None:
-                self._update(name, default)
-                text = default
-            value = _bool_value(name, text)
-        elif kind == "nbool":
-            # The default is an expression (compatibility level), stored unexpanded.
-            if name not in self._values:
-                self._update(name, default)
-            value = _bool_value(name, self._lookup_eval(name) or "")
-        elif kind == "time":
-            unit = next((c for c in self._eval(default) if c.isascii() and c.isalpha()), "s")
-            if name not in self._values:
-                self._update(name, default)
-            text = self._lookup_eval(name) or ""
-            seconds = conv_time(text, unit)
-            if seconds is None:
-                raise ValueError(f"parameter {name}: bad time value or unit: {text}")
-            _check_time(name, seconds, lo, hi)
-            value = seconds
-        else:  # pragma: no cover - table typo
-            raise AssertionError(kind)
-        setattr(self, name, value)
-        return value
-
     # -- mail_params_init() --------------------------------------------------------------
 
     def _main_cf_path(self) -> str:
@@ -776,7 +621,7 @@ class QmgrConfig:
                 # The end of the string table: Debian reads myorigin's file here.
                 self._myorigin_from_file()
         if check_accounts:
-            self._check_accounts()
+            _check_accounts(self)
         self._read(("fn", "mynetworks", "", 0, 0), self._default_mynetworks)
         self._update("process_id", str(os.getpid()))
         myhostname = self.myhostname
@@ -821,62 +666,6 @@ class QmgrConfig:
         if not origin:
             raise ValueError(f"myorigin file {path} is empty")
         self.myorigin = origin
-
-    def _check_accounts(self) -> None:
-        where = f"file {self._main_cf_path()}: parameter"
-        ids: dict[str, tuple[int, int]] = {}
-        for param in ("default_privs", "mail_owner"):
-            user = str(getattr(self, param))
-            try:
-                entry = pwd.getpwnam(user)
-            except KeyError:
-                raise ValueError(f"{where} {param}: unknown user name value: {user}") from None
-            if entry.pw_uid == 0:
-                raise ValueError(f"{where} {param}: user {user} has privileged user ID")
-            if entry.pw_gid == 0:
-                raise ValueError(f"{where} {param}: user {user} has privileged group ID")
-            if param == "mail_owner":
-                try:
-                    same = pwd.getpwuid(entry.pw_uid).pw_name
-                except KeyError:
-                    same = user
-                if same != user:
-                    raise ValueError(
-                        f"{where} {param}: user {user} has same user ID as {same}")
-            ids[param] = (entry.pw_uid, entry.pw_gid)
-        group = self.setgid_group
-        try:
-            sgid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise ValueError(f"{where} setgid_group: unknown group name: {group}") from None
-        if sgid == 0:
-            raise ValueError(f"{where} setgid_group: group {group} has privileged group ID")
-        try:
-            same_group = grp.getgrgid(sgid).gr_name
-        except KeyError:
-            same_group = group
-        if same_group != group:
-            raise ValueError(
-                f"{where} setgid_group: group {group} has same group ID as {same_group}")
-        privs = self.default_privs
-        owner = self.mail_owner
-        where = f"file {self._main_cf_path()}: parameters"
-        if privs == owner:
-            raise ValueError(f"{where} default_privs and mail_owner specify the same user "
-                             f"{privs}")
-        (d_uid, d_gid), (o_uid, o_gid) = ids["default_privs"], ids["mail_owner"]
-        if d_uid == o_uid:
-            raise ValueError(f"{where} default_privs and mail_owner: users {privs} and "
-                             f"{owner} have the same user ID: {o_uid}")
-        if d_gid == o_gid:
-            raise ValueError(f"{where} default_privs and mail_owner: users {privs} and "
-                             f"{owner} have the same group ID: {o_gid}")
-        if d_gid == sgid:
-            raise ValueError(f"{where} default_privs and setgid_group: user {privs} and "
-                             f"group {group} have the same group ID: {sgid}")
-        if o_gid == sgid:
-            raise ValueError(f"{where} mail_owner and setgid_group: user {owner} and "
-                             f"group {group} have the same group ID: {sgid}")
 
     def _default_mynetworks(self) -> str:
         return mynetworks_default(self.mynetworks_style, self.inet_protocols,
@@ -924,8 +713,9 @@ class QmgrConfig:
         cached = self._transports.get(name)
         if cached is not None:
             return cached
+        self._warnings_mark = len(self.warnings)
         try:
-            config = self._create_transport(name)
+            config = _create_transport(self, name)
         except ValueError as exc:
             raise ConfigError(str(exc), self._take_warnings()) from None
         except ConversionFatal as exc:
@@ -939,70 +729,105 @@ class QmgrConfig:
         del self.warnings[self._warnings_mark:]
         return taken
 
-    def _create_transport(self, transport: str) -> TransportConfig:
-        self._warnings_mark = len(self.warnings)
-        numbers: dict[str, int] = {}
-        texts: dict[str, tuple[str, str]] = {}
-        for suffix, default_attr, kind, lo, hi in _TRANSPORT:
-            name = transport + suffix
-            default = getattr(self, default_attr)
-            if kind == "int":
-                text = self._lookup_eval(name)
-                if text is None:
-                    number = int(default)
-                    self._update(name, str(number))
-                else:
-                    number = _int_value(name, text)
-                _check_int(name, number, lo, hi)
-                numbers[suffix] = number
-            elif kind == "time":
-                if name not in self._values:
-                    self._update(name, f"{default}s")
-                text = self._lookup_eval(name) or ""
-                seconds = conv_time(text, "s")
-                if seconds is None:
-                    raise ValueError(f"parameter {name}: bad time value or unit: {text}")
-                _check_time(name, seconds, lo, hi)
-                numbers[suffix] = seconds
-            else:
-                # The default is the runtime string, expanded once more when registered;
-                # stock names the transport's parameter only if the result differs.
-                text = self._lookup_eval(name)
-                if text is None:
-                    text = self._eval(default)
-                    self._update(name, text)
-                _check_str(name, text, lo, hi)
-                texts[suffix] = (text, name if text != default else default_attr)
-            if suffix == "_destination_rate_delay":
-                # Stock makes these two adjustments right after reading the delays.
-                if numbers[suffix] > 0:
-                    numbers["_destination_concurrency_limit"] = 1
-                limit = numbers["_destination_concurrency_limit"]
-                if limit != 0 and limit < numbers["_initial_destination_concurrency"]:
-                    numbers["_initial_destination_concurrency"] = limit
-        positive = texts["_destination_concurrency_positive_feedback"]
-        negative = texts["_destination_concurrency_negative_feedback"]
-        return TransportConfig(
-            name=transport,
-            destination_concurrency_limit=numbers["_destination_concurrency_limit"],
-            destination_recipient_limit=numbers["_destination_recipient_limit"],
-            initial_destination_concurrency=numbers["_initial_destination_concurrency"],
-            transport_rate_delay=numbers["_transport_rate_delay"],
-            destination_rate_delay=numbers["_destination_rate_delay"],
-            delivery_slot_cost=numbers["_delivery_slot_cost"],
-            delivery_slot_loan=numbers["_delivery_slot_loan"],
-            delivery_slot_discount=numbers["_delivery_slot_discount"],
-            minimum_delivery_slots=numbers["_minimum_delivery_slots"],
-            recipient_limit=numbers["_recipient_limit"],
-            extra_recipient_limit=numbers["_extra_recipient_limit"],
-            recipient_refill_limit=numbers["_recipient_refill_limit"],
-            recipient_refill_delay=numbers["_recipient_refill_delay"],
-            positive_feedback=positive[0],
-            positive_feedback_name=positive[1],
-            negative_feedback=negative[0],
-            negative_feedback_name=negative[1],
-            failed_cohort_limit=numbers["_destination_concurrency_failed_cohort_limit"],
-        )
+
+#: The TransportConfig field of each number whose field is not its suffix.
+_TRANSPORT_FIELDS = {"_destination_concurrency_failed_cohort_limit": "failed_cohort_limit"}
+
+
+def _create_transport(cfg: QmgrConfig, transport: str) -> TransportConfig:
+    """``qmgr_transport_create()``'s reads for one transport (see QmgrConfig.transport)."""
+    numbers, texts = _transport_values(cfg, transport)
+    positive = texts["_destination_concurrency_positive_feedback"]
+    negative = texts["_destination_concurrency_negative_feedback"]
+    fields: dict[str, Any] = {_TRANSPORT_FIELDS.get(suffix, suffix[1:]): number
+                              for suffix, number in numbers.items()}
+    return TransportConfig(
+        name=transport, positive_feedback=positive[0], positive_feedback_name=positive[1],
+        negative_feedback=negative[0], negative_feedback_name=negative[1], **fields)
+
+
+def _transport_values(cfg: QmgrConfig, transport: str
+                      ) -> tuple[dict[str, int], dict[str, tuple[str, str]]]:
+    """The transport's numbers and (text, name to log) strings, keyed by suffix."""
+    numbers: dict[str, int] = {}
+    texts: dict[str, tuple[str, str]] = {}
+    for suffix, default_attr, kind, lo, hi in TRANSPORT:
+        name = transport + suffix
+        default = getattr(cfg, default_attr)
+        if kind == "int":
+            numbers[suffix] = cfg._read_int(name, default, lo, hi)
+        elif kind == "time":
+            numbers[suffix] = cfg._read_time(name, f"{default}s", "s", lo, hi)
+        else:
+            # The default is the runtime string, expanded once more when registered;
+            # stock names the transport's parameter only if the result differs.
+            text = cfg._read_str(name, default, lo, hi)
+            texts[suffix] = (text, name if text != default else default_attr)
+        if suffix == "_destination_rate_delay":
+            # Stock makes these two adjustments right after reading the delays.
+            if numbers[suffix] > 0:
+                numbers["_destination_concurrency_limit"] = 1
+            limit = numbers["_destination_concurrency_limit"]
+            if limit != 0 and limit < numbers["_initial_destination_concurrency"]:
+                numbers["_initial_destination_concurrency"] = limit
+    return numbers, texts
+
+
+def _check_accounts(cfg: QmgrConfig) -> None:
+    """Stock's checks that mail_owner, default_privs and setgid_group exist and differ."""
+    where = f"file {cfg._main_cf_path()}: parameter"
+    ids: dict[str, tuple[int, int]] = {}
+    for param in ("default_privs", "mail_owner"):
+        user = str(getattr(cfg, param))
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"{where} {param}: unknown user name value: {user}") from None
+        if entry.pw_uid == 0:
+            raise ValueError(f"{where} {param}: user {user} has privileged user ID")
+        if entry.pw_gid == 0:
+            raise ValueError(f"{where} {param}: user {user} has privileged group ID")
+        if param == "mail_owner":
+            try:
+                same = pwd.getpwuid(entry.pw_uid).pw_name
+            except KeyError:
+                same = user
+            if same != user:
+                raise ValueError(
+                    f"{where} {param}: user {user} has same user ID as {same}")
+        ids[param] = (entry.pw_uid, entry.pw_gid)
+    group = cfg.setgid_group
+    try:
+        sgid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"{where} setgid_group: unknown group name: {group}") from None
+    if sgid == 0:
+        raise ValueError(f"{where} setgid_group: group {group} has privileged group ID")
+    try:
+        same_group = grp.getgrgid(sgid).gr_name
+    except KeyError:
+        same_group = group
+    if same_group != group:
+        raise ValueError(
+            f"{where} setgid_group: group {group} has same group ID as {same_group}")
+    privs = cfg.default_privs
+    owner = cfg.mail_owner
+    where = f"file {cfg._main_cf_path()}: parameters"
+    if privs == owner:
+        raise ValueError(f"{where} default_privs and mail_owner specify the same user "
+                         f"{privs}")
+    (d_uid, d_gid), (o_uid, o_gid) = ids["default_privs"], ids["mail_owner"]
+    # Stock's order: (left ID, right ID, parameters, who, which ID).
+    users = f"users {privs} and {owner}"
+    for left, right, params, who, which in (
+            (d_uid, o_uid, "default_privs and mail_owner", users, "user"),
+            (d_gid, o_gid, "default_privs and mail_owner", users, "group"),
+            (d_gid, sgid, "default_privs and setgid_group", f"user {privs} and group {group}",
+             "group"),
+            (o_gid, sgid, "mail_owner and setgid_group", f"user {owner} and group {group}",
+             "group")):
+        if left == right:
+            raise ValueError(f"{where} {params}: {who} have the same {which} ID: {right}")
 
 
 # -- helpers for mail_params_init()'s checks -----------------------------------------------

@@ -59,8 +59,30 @@ class RequestRecipient(Protocol):
     dsn_notify: int
 
 
+@dataclass(eq=False, slots=True, kw_only=True)
+class ClientAttributes:
+    """Where a message came from, as cleanup recorded it and a delivery agent logs it.
+
+    The queue file's ``A`` records (:class:`pyqmgr.postfix.queue_file.Message` reads
+    them) go out unchanged in every delivery request (:class:`RequestMessage`): one
+    list of fields for both ends. Keyword-only, so the subclasses keep their own
+    positional fields first; no ``__eq__`` here, so each subclass keeps its own.
+    """
+
+    client_name: str = ""
+    client_address: str = ""
+    client_port: str = ""
+    protocol_name: str = ""
+    helo_name: str = ""
+    sasl_method: str = ""
+    sasl_username: str = ""
+    sasl_sender: str = ""
+    log_ident: str = ""
+    rewrite_context: str = "local"
+
+
 @dataclass(slots=True)
-class RequestMessage:
+class RequestMessage(ClientAttributes):
     """Message-level fields of a request; the daemon builds one per active message."""
 
     queue_id: str
@@ -74,16 +96,6 @@ class RequestMessage:
     envelope_id: str
     ret_flags: int
     stats: bytes
-    client_name: str = ""
-    client_address: str = ""
-    client_port: str = ""
-    protocol_name: str = ""
-    helo_name: str = ""
-    sasl_method: str = ""
-    sasl_username: str = ""
-    sasl_sender: str = ""
-    log_ident: str = ""
-    rewrite_context: str = "local"
 
 
 # The request as two preformatted lists: about 70 attributes go out per delivery, so

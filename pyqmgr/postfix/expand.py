@@ -267,35 +267,17 @@ class _Expansion:
                     return self.error(f'"?" or ":" expected at: "...}}>>>{text[pos:pos + 20]}"')
                 pos += 1
         else:
-            start = pos
-            cp = pos
-            while True:
-                after = _skip(text, cp)
-                if after >= n:
-                    name_end = cp
-                    break
-                if text[after] in "?:":
-                    op = text[after]
-                    name_end = cp
-                    cp = after + 1
-                    break
-                ch = text[cp]
-                if not is_alnum(ch) and ch != "_":
-                    return self.error(
-                        f'attribute name syntax error at: "...{text[:cp]}>>>{text[cp:cp + 20]}"')
-                cp += 1
-            lookup = self.lookup(text[start:name_end])
-            pos = cp
+            named = self._name(text, pos)
+            if named is None:
+                return self.status
+            name, op, pos = named
+            lookup = self.lookup(name)
 
         if op == "?":
-            curly = _find_curly(text, pos)
-            if curly is not None:
-                payload = self._curly(text, curly)
-                if payload is None:
-                    return self.status
-                if_true, pos = payload
-            else:
-                if_true, pos = text[pos:], n
+            payload = self._branch(text, pos)
+            if payload is None:
+                return self.status
+            if_true, pos = payload
             if lookup:
                 self.status |= self.parse(if_true)
             if pos >= n:
@@ -306,14 +288,10 @@ class _Expansion:
             pos += 1
             op = ":"
         if op == ":":
-            curly = _find_curly(text, pos)
-            if curly is not None:
-                payload = self._curly(text, curly)
-                if payload is None:
-                    return self.status
-                if_false, pos = payload
-            else:
-                if_false, pos = text[pos:], n
+            payload = self._branch(text, pos)
+            if payload is None:
+                return self.status
+            if_false, pos = payload
             if not lookup:
                 self.status |= self.parse(if_false)
             if pos < n:
@@ -326,6 +304,38 @@ class _Expansion:
                 self.status |= self.parse(lookup)
         self.level -= 1
         return self.status
+
+    def _name(self, text: str, pos: int) -> tuple[str, str, int] | None:
+        """A parameter name up to an optional ``?`` or ``:``: (name, operator, next).
+
+        The operator is "" when the name runs to the end; None means a syntax error
+        (already reported).
+        """
+        n = len(text)
+        cp = pos
+        while True:
+            after = _skip(text, cp)
+            if after >= n:
+                return text[pos:cp], "", cp
+            if text[after] in "?:":
+                return text[pos:cp], text[after], after + 1
+            ch = text[cp]
+            if not is_alnum(ch) and ch != "_":
+                self.error(
+                    f'attribute name syntax error at: "...{text[:cp]}>>>{text[cp:cp + 20]}"')
+                return None
+            cp += 1
+
+    def _branch(self, text: str, pos: int) -> tuple[str, int] | None:
+        """The text after ``?`` or ``:``: a ``{...}`` payload, or else the rest verbatim.
+
+        The Postfix 2.11 rule: without braces the whole remainder is the branch.
+        None means unbalanced braces (already reported).
+        """
+        curly = _find_curly(text, pos)
+        if curly is None:
+            return text[pos:], len(text)
+        return self._curly(text, curly)
 
     def _curly(self, text: str, pos: int) -> tuple[str, int] | None:
         """``mac_exp_extract_curly_payload``: text[pos] is ``{``; balance the braces."""

@@ -27,26 +27,23 @@ class PrematureDisconnect(Exception):
     """The peer closed the connection before a complete list arrived."""
 
 
-class _AttrProtocol(asyncio.Protocol):
-    __slots__ = ("parser", "transport", "waiter", "closed", "error")
+class WakingProtocol(asyncio.Protocol):
+    """A connection whose reader awaits ``waiter``: every event that may end a wait wakes it.
+
+    The base of the attribute and the policy protocols: they differ in what they make
+    of the bytes, not in how a connection opens, ends, or wakes its one reader.
+    """
+
+    __slots__ = ("transport", "waiter", "closed")
 
     def __init__(self) -> None:
-        self.parser = AttrParser()
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
-        self.error: Exception | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed(data)
-        except AttrError as exc:
-            self.error = exc
-        self._wake()
 
     def eof_received(self) -> bool:
         self.closed = True
@@ -61,6 +58,22 @@ class _AttrProtocol(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+class _AttrProtocol(WakingProtocol):
+    __slots__ = ("parser", "error")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parser = AttrParser()
+        self.error: Exception | None = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed(data)
+        except AttrError as exc:
+            self.error = exc
+        self._wake()
 
 
 class AttrConnection:

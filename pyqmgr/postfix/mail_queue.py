@@ -211,12 +211,10 @@ def scan_all(queue: str, *, warn: Warn | None = None) -> Iterator[str]:
     """
     stack: list = []  # open os.scandir iterators, innermost last
     try:
-        try:
-            stack.append(os.scandir(queue))
-        except OSError as exc:
-            if warn is not None:
-                warn(f"scan_dir_push: open directory {queue}: {exc.strerror}")
+        top = _scan_dir_push(queue, warn)
+        if top is None:
             return
+        stack.append(top)
         paths = [queue]
         while stack:
             entry = next(stack[-1], None)
@@ -227,18 +225,25 @@ def scan_all(queue: str, *, warn: Warn | None = None) -> Iterator[str]:
             name = entry.name
             if len(name) == 1:
                 sub = f"{paths[-1]}/{name}"
-                try:
-                    stack.append(os.scandir(sub))
-                except OSError as exc:
-                    if warn is not None:
-                        warn(f"scan_dir_push: open directory {sub}: {exc.strerror}")
-                    continue
-                paths.append(sub)
+                inner = _scan_dir_push(sub, warn)
+                if inner is not None:
+                    stack.append(inner)
+                    paths.append(sub)
             else:
                 yield name
     finally:
         for it in stack:
             it.close()
+
+
+def _scan_dir_push(path: str, warn: Warn | None) -> Iterator[os.DirEntry[str]] | None:
+    """Open one directory of the scan; None (and ``warn`` told) where stock would die."""
+    try:
+        return os.scandir(path)
+    except OSError as exc:
+        if warn is not None:
+            warn(f"scan_dir_push: open directory {path}: {exc.strerror}")
+        return None
 
 
 #: Stock's name for the scanner.

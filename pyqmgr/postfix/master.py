@@ -81,13 +81,21 @@ def parse_argv(argv: list[str]) -> ServerOptions:
     return opts
 
 
+#: The skeleton's switches: the option letter and the flag it turns on.
+_SWITCHES = {
+    "c": "chroot",
+    "d": "debug",
+    "l": "alone",
+    "S": "stand_alone",
+    "u": "unprivileged",
+    "V": "log_stderr",
+}
+
+
 def _apply_option(opts: ServerOptions, letter: str, value: str | None) -> None:
-    if letter == "c":
-        opts.chroot = True
-    elif letter == "d":
-        opts.debug = True
-    elif letter == "l":
-        opts.alone = True
+    switch = _SWITCHES.get(letter)
+    if switch is not None:
+        setattr(opts, switch, True)
     elif letter == "n":
         assert value is not None
         opts.service_name = value
@@ -97,16 +105,10 @@ def _apply_option(opts: ServerOptions, letter: str, value: str | None) -> None:
             opts.overrides.append(option_nameval(value))
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-    elif letter == "S":
-        opts.stand_alone = True
     elif letter == "t":
         opts.transport = value
-    elif letter == "u":
-        opts.unprivileged = True
     elif letter == "v":
         opts.verbose += 1
-    elif letter == "V":
-        opts.log_stderr = True
     # -D, -i, -m, -s, -z: accepted and without effect for qmgr (it is persistent and has
     # exactly one listen socket), as in stock.
 

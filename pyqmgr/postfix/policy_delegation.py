@@ -134,6 +134,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from pyqmgr.postfix.mail_connect import WakingProtocol
+
 #: Longest reply line accepted, in bytes without the newline (see the module docstring).
 MAX_LINE = 8192
 #: Most attributes accepted in one reply.
@@ -641,25 +643,19 @@ def parse_endpoint(spec: str, base_dir: str | None = None) -> Endpoint:
 # -- the asyncio client ----------------------------------------------------------------------
 
 
-class _PolicyProtocol(asyncio.Protocol):
+class _PolicyProtocol(WakingProtocol):
     """One connection: feeds the current request's parser, remembers EOF and strays."""
 
-    __slots__ = ("transport", "parser", "reply", "error", "closed", "stray", "waiter")
+    __slots__ = ("parser", "reply", "error", "stray")
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        super().__init__()
         self.parser: ReplyParser | None = None
         self.reply: PolicyReply | None = None
         self.error: PolicyProtocolError | None = None
-        self.closed = False
         #: Bytes arrived when no request was outstanding, or after a reply's end: the
         #: server is out of step (attr_clnt's "readable before we send" check).
         self.stray = False
-        self.waiter: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         parser = self.parser
@@ -676,20 +672,6 @@ class _PolicyProtocol(asyncio.Protocol):
                 if parser.trailing:
                     self.stray = True
         self._wake()
-
-    def eof_received(self) -> bool:
-        self.closed = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
 
 class _Connection:

@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, NamedTuple
 
+from pyqmgr.postfix.deliver_request import ClientAttributes
+from pyqmgr.postfix.expand import LONG_MAX, strtol
 from pyqmgr.postfix.record import (
     REC_TYPE_ATTR,
     REC_TYPE_CTIME,
@@ -108,9 +111,6 @@ _ENVELOPE_TYPES = frozenset(b"MCTcFILSDRO/WVA>K<ion" + b"EDRO/PreAFIL>Kon")
 _XTRA_TYPES = frozenset(b"X")
 
 _SPACES = b" \t\n\r\v\f"  # C isspace() in the C locale
-_SPACE_SET = frozenset(_SPACES)
-_LONG_MAX = (1 << 63) - 1
-_LONG_MIN = -(1 << 63)
 
 #: ``name=value`` with optional blanks around the name (split_nameval's happy path).
 _NAMEVAL = re.compile(rb"[ \t\n\r\v\f]*([^ \t\n\r\v\f=]+)[ \t\n\r\v\f]*=")
@@ -160,24 +160,26 @@ class Opened(NamedTuple):
 
 
 @dataclass(eq=False, slots=True)
-class Message:
+class Message(ClientAttributes):
     """Envelope state of one queue file; persists across recipient batches.
 
     Create it with just the queue id for the first batch; pass the same object to later
-    :func:`read_batch` calls, which resume at :attr:`rcpt_offset`.
+    :func:`read_batch` calls, which resume at :attr:`rcpt_offset`. The client and SASL
+    attributes (:class:`ClientAttributes`) are what a delivery request passes on.
     """
 
     queue_id: str
-    data_offset: int = 0
+    # The size record's six fields, in its order (``%ld %ld %d %d %ld %d``).
     data_size: int = 0
-    #: Content length for delivery requests and ``size=`` (C field 5, or data_size).
-    cont_length: int = 0
+    data_offset: int = 0
     #: C field 3 as written by cleanup: the ``nrcpt=`` of the log.
     rcpt_count: int = 0
+    rflags: int = READ_FLAG_MIXED_RCPT_OTHER
+    #: Content length for delivery requests and ``size=`` (C field 5, or data_size).
+    cont_length: int = 0
+    smtputf8: int = 0
     #: Recipients promised by the size record and not read yet (scheduler estimate).
     rcpt_unread: int = 0
-    rflags: int = READ_FLAG_MIXED_RCPT_OTHER
-    smtputf8: int = 0
     arrival_time: tuple[int, int] = (0, 0)
     #: Basis for expiry and backoff; falls back to the arrival seconds.
     create_time: int = 0
@@ -193,16 +195,6 @@ class Message:
     envelope_id: str = ""
     ret_flags: int = 0
     encoding: str = ""
-    client_name: str = ""
-    client_address: str = ""
-    client_port: str = ""
-    protocol_name: str = ""
-    helo_name: str = ""
-    sasl_method: str = ""
-    sasl_username: str = ""
-    sasl_sender: str = ""
-    log_ident: str = ""
-    rewrite_context: str = "local"
     #: DEL_REQ trace flags from the first non-zero ``trace_flags`` attribute.
     trace_flags: int = 0
     #: Offset of that attribute when its value is exactly RECORD, for :func:`kill_record`.
@@ -260,28 +252,14 @@ class _Fatal(Exception):
 
 
 def _strtol(s: bytes, i: int = 0) -> tuple[int, int, bool]:
-    """glibc ``strtol(s + i, &end, 10)``: (value clamped to long, end index, converted)."""
-    n = len(s)
-    j = i
-    while j < n and s[j] in _SPACE_SET:
-        j += 1
-    neg = False
-    if j < n and s[j] in b"+-":
-        neg = s[j] == 0x2D
-        j += 1
-    k = j
-    while k < n and 0x30 <= s[k] <= 0x39:
-        k += 1
-    if k == j:
-        return 0, i, False
-    value = int(s[j:k])
-    if neg:
-        value = -value
-    if value > _LONG_MAX:
-        value = _LONG_MAX
-    elif value < _LONG_MIN:
-        value = _LONG_MIN
-    return value, k, True
+    """glibc ``strtol(s + i, &end, 10)``: (value clamped to long, end index, converted).
+
+    The one strtol of :mod:`pyqmgr.postfix.expand`, on the bytes as Latin-1 text: one
+    character a byte, so indexes carry over, and no byte outside ASCII is a digit or
+    C whitespace there either.
+    """
+    value, end, _erange = strtol(s.decode("latin-1"), i)
+    return value, end, end != i
 
 
 def _int32(value: int) -> int:
@@ -353,6 +331,36 @@ def _source_bytes(source: bytes | bytearray | memoryview | BinaryIO) -> bytes:
 
 # -- the read loop ------------------------------------------------------------------------
 
+#: What :func:`_next_record` returns for a pointer it cannot follow: stock's rec_goto()
+#: failure, which ends qmgr's read without the "missing end record" warning.
+_BAD_POINTER = REC_TYPE_ERROR - 1
+
+
+def _next_record(data: bytes, pos: int, path: str,
+                 warnings: list[str]) -> tuple[int, bytes, int]:
+    """The record at ``pos`` as both of stock's read loops take it: (type, payload, next).
+
+    A damaged record is ``REC_TYPE_ERROR``, with stock's warning added. A pointer record
+    is followed here: ``REC_TYPE_PTR`` comes back with the offset it leads to (the same
+    offset for a dummy pointer) and the caller goes round again, because qmgr checks
+    for the content skip before every record, a pointer's target included. A pointer
+    that cannot be followed is :data:`_BAD_POINTER`, its warning added.
+    """
+    try:
+        rtype, payload, pos = rec_get_buf(data, pos, path)
+    except RecordError as exc:
+        warnings.append(str(exc))
+        return REC_TYPE_ERROR, b"", pos
+    if rtype == REC_TYPE_PTR:
+        try:
+            target = rec_goto(payload, path)
+        except RecordError as exc:
+            warnings.append(str(exc))
+            return _BAD_POINTER, b"", pos
+        if target:
+            pos = target
+    return rtype, payload, pos
+
 
 def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, limit: int,
                *, path: str | None = None, verp_filter: str = DEF_VERP_FILTER,
@@ -374,242 +382,301 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
     """
     if limit <= 0:
         raise ValueError(f"{msg.queue_id}: no recipient slots available")
-    if limit > BATCH_CAP:
-        limit = BATCH_CAP
-    data = _source_bytes(source)
-    qid = msg.queue_id
     if path is None:
-        path = f"active/{qid}"
-    filter_set = frozenset(verp_filter.encode("utf-8", "surrogateescape"))
-    warnings: list[str] = []
-    recipients: list[Recipient] = []
-    opened: Opened | None = None
-    opened_after = 0
+        path = f"active/{msg.queue_id}"
+    reader = _BatchReader(msg, _source_bytes(source), min(limit, BATCH_CAP), path,
+                          verp_filter)
     save_offset = msg.rcpt_offset
     save_unread = msg.rcpt_unread
-    seen = msg.seen_attrs
-    have_log_client_attr = False
-    orig_rcpt: bytes | None = None
-    dsn_orcpt: bytes | None = None
-    dsn_notify = 0
-    end_type = 0  # stock's rec_type after the loop: <= 0 means "failed, already logged"
+    try:
+        ok = reader.finish(reader.walk(), count_check)
+    except _Fatal as exc:
+        reader.warnings.append(str(exc))
+        ok = False
+    if not ok:
+        msg.rcpt_offset = save_offset
+        msg.rcpt_unread = save_unread
+        reader.recipients = []
+    return Batch(reader.recipients, reader.warnings, ok, reader.opened, reader.opened_after)
 
-    pos = 0
-    if msg.rcpt_offset:
+
+class _BatchReader:
+    """One :func:`read_batch` call: what its record walk carries from record to record.
+
+    Stock's ``qmgr_message_read`` keeps this in locals of one long loop; here each kind
+    of record has its own small method, and this object is what they share.
+    """
+
+    __slots__ = ("msg", "data", "limit", "path", "filter_set", "warnings", "recipients",
+                 "opened", "opened_after", "have_log_client_attr", "orig_rcpt",
+                 "dsn_orcpt", "dsn_notify")
+
+    def __init__(self, msg: Message, data: bytes, limit: int, path: str,
+                 verp_filter: str) -> None:
+        self.msg = msg
+        self.data = data
+        self.limit = limit
+        self.path = path
+        self.filter_set = frozenset(verp_filter.encode("utf-8", "surrogateescape"))
+        self.warnings: list[str] = []
+        self.recipients: list[Recipient] = []
+        #: The "(queue active)" values, and how many warnings came before them.
+        self.opened: Opened | None = None
+        self.opened_after = 0
+        self.have_log_client_attr = False
+        #: The O, DSN original recipient and notify records waiting for their R.
+        self.orig_rcpt: bytes | None = None
+        self.dsn_orcpt: bytes | None = None
+        self.dsn_notify = 0
+
+    def walk(self) -> int:
+        """The record loop; returns stock's rec_type after it (<= 0: failed, reported)."""
+        msg = self.msg
+        data = self.data
+        path = self.path
+        warnings = self.warnings
         pos = msg.rcpt_offset
         msg.rcpt_offset = 0
-
-    try:
         while True:
             cur = pos
             allowed = _ENVELOPE_TYPES
             if cur == msg.data_offset and cur > 0:
                 cur += msg.data_size
-                if cur > _LONG_MAX:
+                if cur > LONG_MAX:
                     raise _Fatal(f"seek file {path}: Invalid argument")
                 pos = cur
                 allowed = _XTRA_TYPES
-            try:
-                rtype, payload, pos = rec_get_buf(data, pos, path)
-            except RecordError as exc:
-                warnings.append(str(exc))
-                rtype = REC_TYPE_ERROR
+            rtype, payload, pos = _next_record(data, pos, path, warnings)
             if rtype == REC_TYPE_PTR:
-                try:
-                    target = rec_goto(payload, path)
-                except RecordError as exc:
-                    warnings.append(str(exc))
-                    end_type = REC_TYPE_ERROR
-                    break
-                if target:
-                    pos = target
                 continue
-            if rtype <= 0:
-                warnings.append(f"{qid}: message rejected: missing end record")
-                end_type = rtype if rtype < 0 else 0
-                break
-            if rtype not in allowed:
-                # The raw byte, as stock's %c puts it in the message (a high byte stays
-                # a single surrogate-escaped byte, not a two-byte UTF-8 character).
-                warnings.append(f"Unexpected record type '{_text(bytes((rtype,)))}' "
-                                f"at offset {cur}")
-                end_type = REC_TYPE_ERROR
-                break
-            if rtype == REC_TYPE_END:
-                msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT
-                end_type = rtype
-                break
-
+            if rtype <= 0 or rtype not in allowed or rtype == REC_TYPE_END:
+                return self._loop_end(rtype, allowed, cur)
             nul = payload.find(b"\0")
             start = payload if nul < 0 else payload[:nul]
-            name = b""
-            value = b""
+            name = value = b""
             if rtype == REC_TYPE_ATTR:
                 error, name, value = _split_nameval(start)
                 if error is not None:
-                    warnings.append(
-                        f"{qid}: bad attribute record: {error}: {_text(start[:200])}")
-                    end_type = REC_TYPE_ERROR
-                    break
+                    warnings.append(f"{msg.queue_id}: bad attribute record: {error}: "
+                                    f"{_text(start[:200])}")
+                    return REC_TYPE_ERROR
                 mapped = _ATTR_MAP.get(name)
                 if mapped is not None:
                     start = value
                     rtype = mapped
-
-            # -- recipient records --------------------------------------------------
             if rtype == REC_TYPE_RCPT:
-                if msg.rcpt_offset == 0:
-                    msg.rcpt_unread -= 1
-                    address = _text(start)
-                    orig = _text(orig_rcpt) if orig_rcpt else ""
-                    if orig == address:
-                        orig = address  # one string for both: big messages stay smaller
-                    recipients.append(Recipient(
-                        cur, address, orig,
-                        _text(dsn_orcpt) if dsn_orcpt else "",
-                        dsn_notify))
-                    orig_rcpt = dsn_orcpt = None
-                    dsn_notify = 0
-                    if len(recipients) >= limit:
-                        msg.rcpt_offset = pos
-                        if msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
-                            end_type = rtype
-                            break
-                        if msg.rflags & READ_FLAG_MIXED_RCPT_OTHER:
-                            continue
-                        # A pure recipient section: nothing else to learn before data.
-                        if cur > msg.data_offset:
-                            msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT
-                            end_type = rtype
-                            break
-                        # Skip the remaining envelope recipients; the content skip at
-                        # data_offset then leads to the extracted segment.
-                        pos = msg.data_offset
-                continue
-            if rtype == REC_TYPE_DONE or rtype == REC_TYPE_DRCP:
-                if msg.rcpt_offset == 0:
-                    msg.rcpt_unread -= 1
-                    orig_rcpt = dsn_orcpt = None
-                    dsn_notify = 0
-                continue
-            if rtype == REC_TYPE_DSN_ORCPT:
-                if dsn_orcpt is not None:
-                    warnings.append(f"{qid}: ignoring out-of-order DSN original recipient "
-                                    f"address <{_text(dsn_orcpt[:200])}>")
-                    dsn_orcpt = None
-                if msg.rcpt_offset == 0:
-                    dsn_orcpt = start
-                continue
-            if rtype == REC_TYPE_DSN_NOTIFY:
-                if dsn_notify:
-                    warnings.append(f"{qid}: ignoring out-of-order DSN notify flags "
-                                    f"<{dsn_notify}>")
-                    dsn_notify = 0
-                if msg.rcpt_offset == 0:
-                    n = _atoi(start) if _alldig(start) else 0
-                    if n == 0 or not (n == DSN_NOTIFY_NEVER or n == n & DSN_NOTIFY_ANY):
-                        warnings.append(f"{qid}: ignoring malformed DSN notify flags "
-                                        f"<{_text(start[:200])}>")
-                    else:
-                        dsn_notify = n
-                    continue
-            if rtype == REC_TYPE_ORCP:
-                if orig_rcpt is not None:
-                    warnings.append(f"{qid}: ignoring out-of-order original recipient "
-                                    f"<{_text(orig_rcpt[:200])}>")
-                    orig_rcpt = None
-                if msg.rcpt_offset == 0:
-                    orig_rcpt = start
-                continue
-
-            # -- non-recipient records: read on the first batch only ----------------
-            if msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
-                continue
-            if rtype == REC_TYPE_ATTR:
-                have_log_client_attr = _attribute(msg, name, value, cur, seen,
-                                                  have_log_client_attr, warnings)
+                after = self._recipient(start, cur, pos)
+                if after is None:
+                    return rtype
+                pos = after
+            elif rtype in _RCPT_RECORDS:
+                _RCPT_RECORDS[rtype](self, start)
+            elif msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
+                continue  # non-recipient records: read on the first batch only
+            elif rtype == REC_TYPE_ATTR:
+                self.have_log_client_attr = _attribute(
+                    msg, name, value, cur, msg.seen_attrs, self.have_log_client_attr,
+                    warnings)
             elif rtype == REC_TYPE_SIZE:
                 if not _size_record(msg, start, data, path, warnings):
-                    end_type = REC_TYPE_ERROR
-                    break
-            elif rtype == REC_TYPE_TIME:
-                if msg.arrival_time[0] == 0:
-                    sec = _atol(start)
-                    digits = 0
-                    while digits < len(start) and 0x30 <= start[digits] <= 0x39:
-                        digits += 1
-                    msg.arrival_time = (sec, _atol(start[digits:]))
-            elif rtype == REC_TYPE_CTIME:
-                if msg.create_time == 0:
-                    msg.create_time = _atol(start)
-            elif rtype == REC_TYPE_FILT:
-                msg.filter = _text(start)
-            elif rtype == REC_TYPE_INSP:
-                msg.inspector = _text(start)
-            elif rtype == REC_TYPE_RDR:
-                msg.redirect = _text(start)
-            elif rtype == REC_TYPE_FROM:
-                if msg.sender is None:
-                    msg.sender = _text(start)
-                    opened = Opened(msg.sender, msg.cont_length, msg.rcpt_unread)
-                    opened_after = len(warnings)
-            elif rtype == REC_TYPE_DSN_ENVID:
-                msg.envelope_id = _text(start)
-            elif rtype == REC_TYPE_DSN_RET:
-                n = _atoi(start) if _alldig(start) else 0
-                if n not in (DSN_RET_FULL, DSN_RET_HDRS):
-                    warnings.append(f"{qid}: ignoring malformed DSN RET flags in queue file "
-                                    f"record:{_text(start[:100])}")
-                else:
-                    msg.ret_flags = n
-            elif rtype == REC_TYPE_WARN:
-                if msg.warn_offset == 0:
-                    msg.warn_offset = cur
-                    msg.warn_time = _atol(start)
-            elif rtype == REC_TYPE_VERP:
-                if not msg.verp_delims:
-                    if not msg.sender:
-                        warnings.append(f"{qid}: ignoring VERP request for null sender")
-                    elif (len(start) != 2 or start[0] not in filter_set
-                          or start[1] not in filter_set):
-                        warnings.append(f"{qid}: ignoring bad VERP request: "
-                                        f"\"{_text(start[:100])}\"")
-                    else:
-                        msg.verp_delims = _text(start)
-    except _Fatal as exc:
-        warnings.append(str(exc))
-        msg.rcpt_offset = save_offset
-        msg.rcpt_unread = save_unread
-        return Batch([], warnings, False, opened, opened_after)
+                    return REC_TYPE_ERROR
+            elif rtype in _TEXT_RECORDS:
+                setattr(msg, _TEXT_RECORDS[rtype], _text(start))
+            else:
+                handler = _ENVELOPE_RECORDS.get(rtype)
+                if handler is not None:
+                    handler(self, start, cur)
 
-    if dsn_orcpt is not None and end_type > 0:
-        warnings.append(f"{qid}: ignoring out-of-order DSN original recipient "
-                        f"<{_text(dsn_orcpt[:200])}>")
-    if orig_rcpt is not None and end_type > 0:
-        warnings.append(f"{qid}: ignoring out-of-order original recipient "
-                        f"<{_text(orig_rcpt[:200])}>")
-    if msg.create_time == 0:
-        msg.create_time = msg.arrival_time[0]
-    if msg.rcpt_unread < 0 or (msg.rcpt_offset == 0 and msg.rcpt_unread != 0):
-        if count_check:
-            warnings.append(f"{qid}: rcpt count mismatch ({msg.rcpt_unread})")
-        msg.rcpt_unread = 0
-    ok = False
-    if end_type <= 0:
-        pass  # already reported
-    elif msg.arrival_time[0] == 0:
-        warnings.append(f"{qid}: message rejected: missing arrival time record")
-    elif msg.sender is None:
-        warnings.append(f"{qid}: message rejected: missing sender record")
-    elif msg.data_offset == 0:
-        warnings.append(f"{qid}: message rejected: missing size record")
-    else:
-        ok = True
-    if not ok:
-        msg.rcpt_offset = save_offset
-        msg.rcpt_unread = save_unread
-        recipients = []
-    return Batch(recipients, warnings, ok, opened, opened_after)
+    def _loop_end(self, rtype: int, allowed: frozenset[int], cur: int) -> int:
+        """The rec_type the loop ends with at a record it does not read."""
+        if rtype == _BAD_POINTER:
+            return REC_TYPE_ERROR
+        if rtype <= 0:
+            self.warnings.append(f"{self.msg.queue_id}: message rejected: missing end record")
+            return rtype if rtype < 0 else 0
+        if rtype not in allowed:
+            # The raw byte, as stock's %c puts it in the message (a high byte stays
+            # a single surrogate-escaped byte, not a two-byte UTF-8 character).
+            self.warnings.append(f"Unexpected record type '{_text(bytes((rtype,)))}' "
+                                 f"at offset {cur}")
+            return REC_TYPE_ERROR
+        self.msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT  # the E record: all was read
+        return rtype
+
+    # -- recipient records ------------------------------------------------------------
+
+    def _recipient(self, start: bytes, cur: int, pos: int) -> int | None:
+        """An ``R`` record: where to read on, or None when the batch ends with it."""
+        msg = self.msg
+        if msg.rcpt_offset:
+            return pos  # the batch is full: this one is for a later batch
+        msg.rcpt_unread -= 1
+        address = _text(start)
+        orig = _text(self.orig_rcpt) if self.orig_rcpt else ""
+        if orig == address:
+            orig = address  # one string for both: big messages stay smaller
+        self.recipients.append(Recipient(
+            cur, address, orig, _text(self.dsn_orcpt) if self.dsn_orcpt else "",
+            self.dsn_notify))
+        self.orig_rcpt = self.dsn_orcpt = None
+        self.dsn_notify = 0
+        if len(self.recipients) < self.limit:
+            return pos
+        msg.rcpt_offset = pos
+        if msg.rflags & READ_FLAG_SEEN_ALL_NON_RCPT:
+            return None
+        if msg.rflags & READ_FLAG_MIXED_RCPT_OTHER:
+            return pos
+        # A pure recipient section: nothing else to learn before data.
+        if cur > msg.data_offset:
+            msg.rflags |= READ_FLAG_SEEN_ALL_NON_RCPT
+            return None
+        # Skip the remaining envelope recipients; the content skip at data_offset then
+        # leads to the extracted segment.
+        return msg.data_offset
+
+    def _done(self, start: bytes) -> None:
+        """A recipient already delivered (``D``, ``/``): counted, not read."""
+        if self.msg.rcpt_offset == 0:
+            self.msg.rcpt_unread -= 1
+            self.orig_rcpt = self.dsn_orcpt = None
+            self.dsn_notify = 0
+
+    def _dsn_orcpt(self, start: bytes) -> None:
+        self.dsn_orcpt = self._waiting(self.dsn_orcpt, start, "DSN original recipient address")
+
+    def _dsn_notify(self, start: bytes) -> None:
+        qid = self.msg.queue_id
+        if self.dsn_notify:
+            self.warnings.append(f"{qid}: ignoring out-of-order DSN notify flags "
+                                 f"<{self.dsn_notify}>")
+            self.dsn_notify = 0
+        if self.msg.rcpt_offset == 0:
+            n = _atoi(start) if _alldig(start) else 0
+            if n == 0 or not (n == DSN_NOTIFY_NEVER or n == n & DSN_NOTIFY_ANY):
+                self.warnings.append(f"{qid}: ignoring malformed DSN notify flags "
+                                     f"<{_text(start[:200])}>")
+            else:
+                self.dsn_notify = n
+
+    def _orcpt(self, start: bytes) -> None:
+        self.orig_rcpt = self._waiting(self.orig_rcpt, start, "original recipient")
+
+    def _waiting(self, waiting: bytes | None, start: bytes, what: str) -> bytes | None:
+        """An ``O`` or DSN original recipient record: what now waits for the next R.
+
+        One of the kind still waiting was not followed by its R: stock warns and drops
+        it. The new one is kept on the first batch only (later batches skip it).
+        """
+        if waiting is not None:
+            self.warnings.append(f"{self.msg.queue_id}: ignoring out-of-order {what} "
+                                 f"<{_text(waiting[:200])}>")
+        return start if self.msg.rcpt_offset == 0 else None
+
+    # -- envelope records (first batch only) ------------------------------------------
+
+    def _time(self, start: bytes, cur: int) -> None:
+        msg = self.msg
+        if msg.arrival_time[0] == 0:
+            sec = _atol(start)
+            digits = 0
+            while digits < len(start) and 0x30 <= start[digits] <= 0x39:
+                digits += 1
+            msg.arrival_time = (sec, _atol(start[digits:]))
+
+    def _create_time(self, start: bytes, cur: int) -> None:
+        if self.msg.create_time == 0:
+            self.msg.create_time = _atol(start)
+
+    def _sender(self, start: bytes, cur: int) -> None:
+        msg = self.msg
+        if msg.sender is None:
+            msg.sender = _text(start)
+            self.opened = Opened(msg.sender, msg.cont_length, msg.rcpt_unread)
+            self.opened_after = len(self.warnings)
+
+    def _ret_flags(self, start: bytes, cur: int) -> None:
+        n = _atoi(start) if _alldig(start) else 0
+        if n not in (DSN_RET_FULL, DSN_RET_HDRS):
+            self.warnings.append(f"{self.msg.queue_id}: ignoring malformed DSN RET flags in "
+                                 f"queue file record:{_text(start[:100])}")
+        else:
+            self.msg.ret_flags = n
+
+    def _warn_time(self, start: bytes, cur: int) -> None:
+        msg = self.msg
+        if msg.warn_offset == 0:
+            msg.warn_offset = cur
+            msg.warn_time = _atol(start)
+
+    def _verp(self, start: bytes, cur: int) -> None:
+        msg = self.msg
+        if msg.verp_delims:
+            return
+        qid = msg.queue_id
+        filter_set = self.filter_set
+        if not msg.sender:
+            self.warnings.append(f"{qid}: ignoring VERP request for null sender")
+        elif len(start) != 2 or start[0] not in filter_set or start[1] not in filter_set:
+            self.warnings.append(f"{qid}: ignoring bad VERP request: "
+                                 f"\"{_text(start[:100])}\"")
+        else:
+            msg.verp_delims = _text(start)
+
+    # -- after the loop ---------------------------------------------------------------
+
+    def finish(self, end_type: int, count_check: bool) -> bool:
+        """Stock's checks after the loop: True when the batch is good."""
+        msg = self.msg
+        qid = msg.queue_id
+        warnings = self.warnings
+        if self.dsn_orcpt is not None and end_type > 0:
+            warnings.append(f"{qid}: ignoring out-of-order DSN original recipient "
+                            f"<{_text(self.dsn_orcpt[:200])}>")
+        if self.orig_rcpt is not None and end_type > 0:
+            warnings.append(f"{qid}: ignoring out-of-order original recipient "
+                            f"<{_text(self.orig_rcpt[:200])}>")
+        if msg.create_time == 0:
+            msg.create_time = msg.arrival_time[0]
+        if msg.rcpt_unread < 0 or (msg.rcpt_offset == 0 and msg.rcpt_unread != 0):
+            if count_check:
+                warnings.append(f"{qid}: rcpt count mismatch ({msg.rcpt_unread})")
+            msg.rcpt_unread = 0
+        if end_type <= 0:
+            return False  # already reported
+        if msg.arrival_time[0] == 0:
+            warnings.append(f"{qid}: message rejected: missing arrival time record")
+        elif msg.sender is None:
+            warnings.append(f"{qid}: message rejected: missing sender record")
+        elif msg.data_offset == 0:
+            warnings.append(f"{qid}: message rejected: missing size record")
+        else:
+            return True
+        return False
+
+
+_RCPT_RECORDS: dict[int, Callable[[_BatchReader, bytes], None]] = {
+    REC_TYPE_DONE: _BatchReader._done,
+    REC_TYPE_DRCP: _BatchReader._done,
+    REC_TYPE_DSN_ORCPT: _BatchReader._dsn_orcpt,
+    REC_TYPE_DSN_NOTIFY: _BatchReader._dsn_notify,
+    REC_TYPE_ORCP: _BatchReader._orcpt,
+}
+#: Records that set one text field of the message, last one wins.
+_TEXT_RECORDS = {
+    REC_TYPE_FILT: "filter",
+    REC_TYPE_INSP: "inspector",
+    REC_TYPE_RDR: "redirect",
+    REC_TYPE_DSN_ENVID: "envelope_id",
+}
+_ENVELOPE_RECORDS: dict[int, Callable[[_BatchReader, bytes, int], None]] = {
+    REC_TYPE_TIME: _BatchReader._time,
+    REC_TYPE_CTIME: _BatchReader._create_time,
+    REC_TYPE_FROM: _BatchReader._sender,
+    REC_TYPE_DSN_RET: _BatchReader._ret_flags,
+    REC_TYPE_WARN: _BatchReader._warn_time,
+    REC_TYPE_VERP: _BatchReader._verp,
+}
 
 
 def _attribute(msg: Message, name: bytes, value: bytes, offset: int, seen: set[str],
@@ -700,22 +767,8 @@ def _oldstyle_scan(msg: Message, data: bytes, path: str, warnings: list[str]) ->
     pos = 0
     rtype = 0
     while True:
-        try:
-            rtype, payload, pos = rec_get_buf(data, pos, path)
-        except RecordError as exc:
-            warnings.append(str(exc))
-            rtype = REC_TYPE_ERROR
-        if rtype == REC_TYPE_PTR:
-            try:
-                target = rec_goto(payload, path)
-            except RecordError as exc:
-                warnings.append(str(exc))
-                rtype = REC_TYPE_ERROR
-                break
-            if target:
-                pos = target
-            continue
-        if rtype == REC_TYPE_DTXT:
+        rtype, payload, pos = _next_record(data, pos, path, warnings)
+        if rtype == REC_TYPE_PTR or rtype == REC_TYPE_DTXT:
             continue
         if rtype <= 0 or rtype == REC_TYPE_END:
             break

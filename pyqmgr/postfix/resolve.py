@@ -95,9 +95,9 @@ class ResolveClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.path = path
-        self.ipc_timeout = ipc_timeout
-        self.ipc_idle = ipc_idle
-        self.ipc_ttl = ipc_ttl
+        #: Stock's ipc_timeout, ipc_idle and ipc_ttl: one exchange, one unused
+        #: connection, one connection's whole life (seconds).
+        self.ipc_timeout, self.ipc_idle, self.ipc_ttl = ipc_timeout, ipc_idle, ipc_ttl
         self.give_up_after = give_up_after
         self._warn = warn
         self._sleep = sleep

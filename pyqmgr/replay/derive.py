@@ -86,6 +86,9 @@ _RCPT_LEVEL = ("(in reply to RCPT TO command", "(in reply to end of DATA command
                "(in reply to MAIL FROM command", "(in reply to DATA command")
 _SUBMISSION = ("client=", "uid=", "message-id=", "resent-message-id=")
 BULK = 20
+#: Senders whose trace name is kept once computed (a log of one-off senders, VERP's,
+#: would otherwise keep one for every message).
+SENDERS_KEPT = 65536
 #: Waits in the active queue shorter than this are taken for agent hand-off times.
 HANDOFF_MAX = 1.0
 #: A silence this long (seconds) cuts the log into stretches replayed apart.
@@ -224,6 +227,46 @@ class _Stretch:
         self.derived: Derived
 
 
+class _Tries:
+    """One message's tries while its lines are read: each recipient's script (its
+    answers, with their session's key or seconds), its destination, the sessions
+    that answered at RCPT or DATA (by agent pid and start) and the recipients tried."""
+
+    __slots__ = ("rcpts", "by_rcpt", "sessions", "tried")
+
+    def __init__(self) -> None:
+        self.rcpts: dict[str, list[tuple[str, tuple[int, int] | float]]] = {}
+        self.by_rcpt: dict[str, str] = {}
+        self.sessions: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
+        self.tried: set[str] = set()
+
+
+def _answered(obs: Observed, code: str, detail: str) -> None:
+    """A recipient's answer at RCPT or DATA (``code`` s, d or b) into its destination's
+    shares and reply texts."""
+    obs.rcpt_tries += 1
+    if code == "d":
+        obs.rcpt_4xx += 1
+        obs.replies_4xx[_said(detail)] += 1
+    elif code == "b":
+        obs.rcpt_5xx += 1
+        obs.replies_5xx[_said(detail)] += 1
+
+
+def _said(detail: str) -> str:
+    return detail.partition(" said: ")[2].split(" (in reply to")[0]
+
+
+def _refused(obs: Observed, detail: str, at: float, seconds: float) -> None:
+    """A refused session (at greeting, or its connection) into its destination's."""
+    kind = refusal_kind(detail)
+    obs.refusals[kind] += 1
+    obs.refusal_times.append(at)
+    obs.refusal_seconds.setdefault(kind, []).append(seconds)
+    said = detail.split(": ", 1)[-1]
+    obs.refusal_texts[said[:120]] += 1
+
+
 def refusal_kind(detail: str) -> str:
     if "refused to talk to me" in detail:
         if "4.7.28" in detail or "rate" in detail.lower():
@@ -349,6 +392,9 @@ class Deriver:
         self._last: _Stretch | None = None
         self._rng = random.Random(seed)
         self._handoffs_seen: Counter[str] = Counter()
+        #: Senders as the trace names them (hashing each is most of its cost, and a
+        #: day's mail comes from far fewer senders than messages).
+        self._senders: dict[str, str] = {}
 
     # -- lines ------------------------------------------------------------------------
 
@@ -524,93 +570,22 @@ class Deriver:
                arrival: float, measured: bool, shift: float, head: TraceMessage) -> None:
         """The message's delivery lines into the log's figures, the destinations'
         behaviour and its recipients' scripts; the message into the trace."""
-        rcpts: dict[str, list[tuple[str, tuple[int, int] | float]]] = {}
-        by_rcpt: dict[str, str] = {}
-        sessions: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
-        tried: set[str] = set()
-        for (_t, pid, service, program, to, delay, c, d, status, detail, _a, b, dsn,
-             hop) in lines:
-            domain = hop or to.rpartition("@")[2].lower() or "localhost"
-            if self.relayhost and not hop and service == "smtp" and (
-                    program == "smtp" or "delivery temporarily suspended" in detail):
-                domain = self.relayhost
-            obs = derived.destinations.get(domain)
-            if obs is None:
-                obs = derived.destinations[domain] = Observed(domain)
-                obs.content_filter = bool(hop)
-            end = arrival + delay
-            if status == "sent":
-                obs.sent += 1
-                if measured:
-                    obs.delays.append(delay + shift)
-            elif status == "deferred":
-                obs.deferred += 1
-            else:
-                obs.bounced += 1
-            key_to = f"{to}\0{hop}" if hop else to
-            code = try_code(program, status, detail)
-            agent = program not in NOT_AGENTS and service not in NOT_AGENTS
-            if not agent:
-                by_rcpt.setdefault(key_to, domain)
-                if code is not None and program in ("error", "retry"):
-                    rcpts.setdefault(key_to, []).append((code, 0.0))
-                elif "delivery temporarily suspended: " in detail:
-                    obs.suspended[refusal_kind(detail.partition("suspended: ")[2])] += 1
-                    if len(obs.suspended_times) < RESERVOIR:
-                        obs.suspended_times.append(end)
-                continue
-            obs.transports[service] += 1
-            if b < HANDOFF_MAX and to not in tried:
-                self._handoffs_seen[service] += 1
-                _sample(derived.handoffs.setdefault(service, []), (b, domain),
-                        self._handoffs_seen[service], self._rng)
-            tried.add(to)
-            script = rcpts.setdefault(key_to, [])
-            by_rcpt[key_to] = domain
-            if code in ("s", "d", "b"):
-                start = end - c - d
-                key = (pid, round(start * 10))
-                script.append((code, key))
-                obs.rcpt_tries += 1
-                reply = detail.partition(" said: ")[2].split(" (in reply to")[0]
-                if code == "d":
-                    obs.rcpt_4xx += 1
-                    obs.replies_4xx[reply] += 1
-                elif code == "b":
-                    obs.rcpt_5xx += 1
-                    obs.replies_5xx[reply] += 1
-                sessions.setdefault(key, []).append((start, end, domain))
-            elif code in ("D", "B"):
-                script.append((code, c + d))
-                obs.failures[failure_kind(detail, dsn)] += 1
-            else:
-                # A refused session: the destination's model plays it (a limit, a
-                # down time) where it has one, else the script does (``C``).
-                script.append(("C", c + d))
-                kind = refusal_kind(detail)
-                obs.refusals[kind] += 1
-                obs.refusal_times.append(end - c - d)
-                obs.refusal_seconds.setdefault(kind, []).append(c + d)
-                said = detail.split(": ", 1)[-1]
-                obs.refusal_texts[said[:120]] += 1
-        per_of: dict[tuple[int, int], float] = {}
-        for key, group in sessions.items():
-            start = min(s for s, _, _ in group)
-            end = max(e for _, e, _ in group)
-            obs = derived.destinations[group[0][2]]
-            obs.starts.append(start)
-            obs.ends.append(end)
-            obs.sessions_seen += 1
-            per = per_of[key] = max(end - start, 0.0) / len(group)
-            _sample(obs.latencies, per, obs.sessions_seen, self._rng)
-        counts: Counter[tuple[str, str]] = Counter()
-        for to, domain in by_rcpt.items():
+        tries = _Tries()
+        for line in lines:
+            self._line(derived, tries, line, arrival, measured, shift)
+        # After every line: the handoffs' samples above and the sessions' below draw
+        # from one generator, in this order.
+        per_of = self._sessions(derived, tries.sessions)
+        counts: dict[tuple[str, str], int] = {}
+        rcpts = tries.rcpts
+        for to, domain in tries.by_rcpt.items():
             # Each try: its answer and the seconds its session took per recipient, so
             # that the replay's sessions last as the logged ones did. A recipient the
             # log never saw at RCPT has none, and the destination's shares decide.
-            counts[(domain, "".join(
+            key = (domain, "".join([
                 f"{code}{(per_of[k] if isinstance(k, tuple) else k):.3g}"
-                for code, k in rcpts.get(to, [])))] += 1
+                for code, k in rcpts.get(to, ())]))
+            counts[key] = counts.get(key, 0) + 1
         if not counts:
             derived.messages["no delivery lines"] += 1
             return
@@ -625,7 +600,89 @@ class Deriver:
         if msg.parent:
             derived.parents[qid] = msg.parent
 
+    def _line(self, derived: Derived, tries: _Tries, line: _DLine, arrival: float,
+              measured: bool, shift: float) -> None:
+        """One delivery line: the log's figures, its destination's behaviour, its
+        recipient's script (in ``tries``)."""
+        (_t, pid, service, program, to, delay, c, d, status, detail, _a, b, dsn,
+         hop) = line
+        domain = hop or to.rpartition("@")[2].lower() or "localhost"
+        if self.relayhost and not hop and service == "smtp" and (
+                program == "smtp" or "delivery temporarily suspended" in detail):
+            domain = self.relayhost
+        obs = derived.destinations.get(domain)
+        if obs is None:
+            obs = derived.destinations[domain] = Observed(domain)
+            obs.content_filter = bool(hop)
+        end = arrival + delay
+        if status == "sent":
+            obs.sent += 1
+            if measured:
+                obs.delays.append(delay + shift)
+        elif status == "deferred":
+            obs.deferred += 1
+        else:
+            obs.bounced += 1
+        key_to = f"{to}\0{hop}" if hop else to
+        code = try_code(program, status, detail)
+        if program in NOT_AGENTS or service in NOT_AGENTS:
+            tries.by_rcpt.setdefault(key_to, domain)
+            if code is not None and program in ("error", "retry"):
+                tries.rcpts.setdefault(key_to, []).append((code, 0.0))
+            elif "delivery temporarily suspended: " in detail:
+                obs.suspended[refusal_kind(detail.partition("suspended: ")[2])] += 1
+                if len(obs.suspended_times) < RESERVOIR:
+                    obs.suspended_times.append(end)
+            return
+        obs.transports[service] += 1
+        if b < HANDOFF_MAX and to not in tries.tried:
+            self._handoffs_seen[service] += 1
+            _sample(derived.handoffs.setdefault(service, []), (b, domain),
+                    self._handoffs_seen[service], self._rng)
+        tries.tried.add(to)
+        script = tries.rcpts.setdefault(key_to, [])
+        tries.by_rcpt[key_to] = domain
+        if code == "s" or code == "d" or code == "b":
+            start = end - c - d
+            key = (pid, round(start * 10))
+            script.append((code, key))
+            _answered(obs, code, detail)
+            tries.sessions.setdefault(key, []).append((start, end, domain))
+        elif code == "D" or code == "B":
+            script.append((code, c + d))
+            obs.failures[failure_kind(detail, dsn)] += 1
+        else:
+            # A refused session: the destination's model plays it (a limit, a down
+            # time) where it has one, else the script does (``C``).
+            script.append(("C", c + d))
+            _refused(obs, detail, end - c - d, c + d)
+
+    def _sessions(self, derived: Derived,
+                  sessions: dict[tuple[int, int], list[tuple[float, float, str]]]
+                  ) -> dict[tuple[int, int], float]:
+        """The message's accepted sessions into their destinations' starts, ends and
+        latencies; each session's seconds per recipient."""
+        per_of: dict[tuple[int, int], float] = {}
+        for key, group in sessions.items():
+            start = min(s for s, _, _ in group)
+            end = max(e for _, e, _ in group)
+            obs = derived.destinations[group[0][2]]
+            obs.starts.append(start)
+            obs.ends.append(end)
+            obs.sessions_seen += 1
+            per = per_of[key] = max(end - start, 0.0) / len(group)
+            _sample(obs.latencies, per, obs.sessions_seen, self._rng)
+        return per_of
+
     def _sender(self, sender: str) -> str:
+        known = self._senders.get(sender)
+        if known is None:
+            known = self._hashed(sender)
+            if len(self._senders) < SENDERS_KEPT:
+                self._senders[sender] = known
+        return known
+
+    def _hashed(self, sender: str) -> str:
         if not sender:
             return f"mailer-daemon@{DEFAULT_SENDER_DOMAIN}"
         if not self.hash and is_sender(sender):

@@ -98,15 +98,28 @@ def _reply(texts: dict[str, int], default: str, first: str) -> str:
 def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, Model]:
     transport = obs.transport if _SERVICE.match(obs.transport) else "smtp"
     model = Model(name, transport)
-    lat = sorted(obs.latencies)
-    if len(lat) >= 2:
-        qs = quantiles(lat)
-        latency = Latency("empirical", values=qs)
-        model.notes.append(f"latency p50 {qs[50]:.3g} s, p95 {qs[95]:.3g} s a recipient "
-                           f"({obs.sessions_seen} sessions)")
-    else:
-        latency = Latency("fixed", lat[0] if lat else 0.0)
+    latency = _latency(obs, model)  # its note first
     kw: dict[str, object] = {}
+    _limits(obs, model, kw)
+    _down(obs, origin, model, kw)
+    _answers(obs, model, kw)
+    return Destination(name, transport, latency, **kw), model  # type: ignore[arg-type]
+
+
+def _latency(obs: Observed, model: Model) -> Latency:
+    """What a recipient took in the destination's accepted sessions."""
+    lat = sorted(obs.latencies)
+    if len(lat) < 2:
+        return Latency("fixed", lat[0] if lat else 0.0)
+    qs = quantiles(lat)
+    model.notes.append(f"latency p50 {qs[50]:.3g} s, p95 {qs[95]:.3g} s a recipient "
+                       f"({obs.sessions_seen} sessions)")
+    return Latency("empirical", values=qs)
+
+
+def _limits(obs: Observed, model: Model, kw: dict[str, object]) -> None:
+    """A session limit (421 at greeting) or a rate limit, where it refused sessions
+    so and accepted others, into ``kw`` (the first guess ``build`` calibrates)."""
     limit_refusals = obs.refusals.get("session limit", 0)
     if limit_refusals and not obs.sessions_seen:
         model.notes.append(f"refused all its {limit_refusals} sessions at greeting: "
@@ -125,6 +138,11 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
         kw["rate_reply"] = _reply(dict(obs.refusal_texts), Destination.rate_reply, "4")
         model.notes.append(f"refused {rate_refusals} sessions with a rate reply: "
                            f"{kw['rate_limit']:g} sessions a second at most")
+
+
+def _down(obs: Observed, origin: float, model: Model, kw: dict[str, object]) -> None:
+    """Refused or timed-out connections: down all along, down until it first accepted
+    a session, or failures between sessions replayed as logged."""
     refused = obs.refusals.get("connection refused", 0) + obs.suspended.get(
         "connection refused", 0)
     if not obs.sessions_seen:
@@ -137,44 +155,49 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
     timed = obs.refusals.get("connection timed out", 0) + obs.suspended.get(
         "connection timed out", 0)
     down = refused + timed
-    if down:
-        timed_out = timed > down / 2
-        held = sum(obs.suspended.values())
-        also = (f", {held} of them qmgr's deferrals of the site it held dead"
-                if held else "")
-        if not obs.sessions_seen:
-            kw["dead"] = True
-            kw["dead_mode"] = "timeout" if timed_out else "refused"
-            if timed_out and obs.refusal_seconds.get("connection timed out"):
-                kw["timeout"] = statistics.median(obs.refusal_seconds["connection timed out"])
-                kw["timeout_set"] = True
-            model.notes.append(f"never accepted a session ({down} connections "
-                               f"{'timed out' if timed_out else 'refused'}{also}): down")
-        else:
-            first = min(obs.starts)
-            last_fail = max(obs.refusal_times + obs.suspended_times)
-            if last_fail <= first:
-                up = kw["dead_until"] = max(first - origin, 0.0)
-                # It came up after its last refused connection, which may be well
-                # before the first session: stock holds a site dead for
-                # minimal_backoff_time after failures, however soon it is back. Real
-                # runs of one workload, its server up at 40 s, logged first sessions
-                # at 40.7 and at 50.4 s. Each simulated run draws the time.
-                tried = [t for t in obs.refusal_times if t <= first]
-                low = max(max(tried, default=first) - origin, 0.0)
-                if low < up:
-                    kw["dead_until_low"] = low
-                    model.notes.append(
-                        f"down until between {low:.1f} and {first - origin:.1f} s (its "
-                        f"last refused connection and its first session; {down} "
-                        f"connections failed{also}): each simulated run draws the time")
-                else:
-                    model.notes.append(f"down until {first - origin:.1f} s ({down} "
-                                       f"connections failed before it first accepted "
-                                       f"one{also})")
-            else:
-                model.notes.append(f"{down} connections failed between accepted sessions: "
-                                   "replayed try by try as logged")
+    if not down:
+        return
+    timed_out = timed > down / 2
+    held = sum(obs.suspended.values())
+    also = (f", {held} of them qmgr's deferrals of the site it held dead"
+            if held else "")
+    if not obs.sessions_seen:
+        kw["dead"] = True
+        kw["dead_mode"] = "timeout" if timed_out else "refused"
+        if timed_out and obs.refusal_seconds.get("connection timed out"):
+            kw["timeout"] = statistics.median(obs.refusal_seconds["connection timed out"])
+            kw["timeout_set"] = True
+        model.notes.append(f"never accepted a session ({down} connections "
+                           f"{'timed out' if timed_out else 'refused'}{also}): down")
+        return
+    first = min(obs.starts)
+    last_fail = max(obs.refusal_times + obs.suspended_times)
+    if last_fail > first:
+        model.notes.append(f"{down} connections failed between accepted sessions: "
+                           "replayed try by try as logged")
+        return
+    up = kw["dead_until"] = max(first - origin, 0.0)
+    # It came up after its last refused connection, which may be well before the
+    # first session: stock holds a site dead for minimal_backoff_time after
+    # failures, however soon it is back. Real runs of one workload, its server up
+    # at 40 s, logged first sessions at 40.7 and at 50.4 s. Each simulated run
+    # draws the time.
+    tried = [t for t in obs.refusal_times if t <= first]
+    low = max(max(tried, default=first) - origin, 0.0)
+    if low < up:
+        kw["dead_until_low"] = low
+        model.notes.append(
+            f"down until between {low:.1f} and {first - origin:.1f} s (its last refused "
+            f"connection and its first session; {down} connections failed{also}): each "
+            "simulated run draws the time")
+    else:
+        model.notes.append(f"down until {first - origin:.1f} s ({down} connections "
+                           f"failed before it first accepted one{also})")
+
+
+def _answers(obs: Observed, model: Model, kw: dict[str, object]) -> None:
+    """The shares of 4xx and 5xx answers at RCPT or DATA (with their texts), and the
+    notes on what else the log shows of the destination."""
     other = obs.refusals.get("other", 0)
     if other:
         model.notes.append(f"{other} tries failed otherwise: not modelled")
@@ -194,7 +217,6 @@ def destination(obs: Observed, origin: float, name: str) -> tuple[Destination, M
             model.notes.append(f"answered {obs.rcpt_4xx} of {obs.rcpt_tries} recipient "
                                f"tries with a 4xx and {obs.rcpt_5xx} with a 5xx (replayed "
                                "recipient by recipient)")
-    return Destination(name, transport, latency, **kw), model  # type: ignore[arg-type]
 
 
 def quantiles(values: Sequence[float]) -> tuple[float, ...]:
@@ -244,7 +266,7 @@ def scan_phase(rescans: Sequence[float], origin: float, period: float) -> float:
 FIT_AMONG_ALL = 20_000
 
 
-def _fitting(sc: Scenario, name: str, **changes: object) -> Scenario:
+def _fitting(sc: Scenario, name: str) -> Scenario:
     """The scenario a limit is fitted in: the whole log's, under stock.
 
     A destination's deferrals depend on the rest of the traffic: hand-offs that keep
@@ -255,13 +277,12 @@ def _fitting(sc: Scenario, name: str, **changes: object) -> Scenario:
     2. A log too large to simulate a few times over fits on its own mail.
     """
     if len(sc.trace) > FIT_AMONG_ALL:
-        return _only(sc, name, **changes)
-    dest = dataclasses.replace(sc.destinations[name], **changes)  # type: ignore[arg-type]
-    return dataclasses.replace(sc, destinations={**sc.destinations, name: dest},
+        return _only(sc, name)
+    return dataclasses.replace(sc, destinations=dict(sc.destinations),
                                pyqmgr_cf={"scheduler_policy": "nqmgr"})
 
 
-def _only(sc: Scenario, name: str, **changes: object) -> Scenario:
+def _only(sc: Scenario, name: str) -> Scenario:
     """The scenario with one destination and its recipients only."""
     trace = []
     for m in sc.trace:
@@ -270,9 +291,15 @@ def _only(sc: Scenario, name: str, **changes: object) -> Scenario:
             # Alone, a re-injected message arrives as logged: its content filter's
             # message is not in this trace (and indexes would point elsewhere).
             trace.append(m._replace(recipients=mine, follows=-1))
-    dest = dataclasses.replace(sc.destinations[name], **changes)  # type: ignore[arg-type]
-    return dataclasses.replace(sc, destinations={name: dest}, trace=trace, messages=[],
-                               pyqmgr_cf={"scheduler_policy": "nqmgr"})
+    return dataclasses.replace(sc, destinations={name: sc.destinations[name]}, trace=trace,
+                               messages=[], pyqmgr_cf={"scheduler_policy": "nqmgr"})
+
+
+def _at(base: Scenario, name: str, key: str, limit: int) -> Scenario:
+    """``base`` (from ``_fitting``) with the destination's ``key`` set to ``limit``."""
+    dest = dataclasses.replace(base.destinations[name], **{key: limit})  # type: ignore[arg-type]
+    return dataclasses.replace(base, destinations={**base.destinations, name: dest},
+                               trace=list(base.trace), messages=list(base.messages))
 
 
 def calibrate(sc: Scenario, name: str, key: str, estimate: int, obs: Observed) -> int:
@@ -296,10 +323,12 @@ def calibrate(sc: Scenario, name: str, key: str, estimate: int, obs: Observed) -
     held = sum(obs.suspended.values())
     logged = obs.deferred - held
     cache: dict[int, tuple[int, list[float]]] = {}
+    # Made once: a large log's own-mail scenario is a pass over every message.
+    base = _fitting(sc, name)
 
     def at(limit: int) -> tuple[int, list[float]]:
         if limit not in cache:
-            res = simulate(_fitting(sc, name, **{key: limit}), record=False)
+            res = simulate(_at(base, name, key, limit), record=False)
             tried = res.deferred.get(name, 0) - (res.held_dead.get(name, 0) if held else 0)
             cache[limit] = (tried, res.delays.get(name, []))
         return cache[limit]
@@ -388,6 +417,29 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                   main_cf=dict(main_cf), process_limits=dict(process_limits),
                   retry_deferred=True)
     _lifetimes(derived, sc.main_cf)
+    models = _destinations(sc, derived, names, main_cf)
+    sc.trace = _trace(sc, derived, names)
+    _handoffs(sc, derived, seed)
+    # The simulation ends where the log does: mail still deferred then is so in both.
+    origin = derived.origin
+    sc.duration = max(derived.end - origin, 0.0) + 1.0
+    period = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
+                                  hostname="replay.example").queue_run_delay
+    sc.scan_phase = round(scan_phase(derived.rescans, origin, period), 3)
+    domains = {name: dom for dom, name in names.items()}
+    for model in models:
+        obs = derived.destinations[domains[model.destination]]
+        fit = (fits or {}).get(domains[model.destination])
+        if fit is not None:
+            _carry(sc, model, fit, fitted_on)
+        else:
+            _fit(sc, model, obs, fitted_on if fits is not None else None)
+    return sc, models, domains
+
+
+def _destinations(sc: Scenario, derived: Derived, names: dict[str, str],
+                  main_cf: dict[str, str]) -> list[Model]:
+    """Each destination's model into the scenario; what was inferred of each."""
     models = []
     filter_transport, _, filter_hop = main_cf.get("content_filter", "").partition(":")
     for dom, obs in sorted(derived.destinations.items()):
@@ -401,6 +453,12 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                                f"{filter_transport}")
         sc.destinations[names[dom]] = dest
         models.append(model)
+    return models
+
+
+def _trace(sc: Scenario, derived: Derived, names: dict[str, str]) -> list[TraceMessage]:
+    """The arrivals, timed from the log's origin, their recipients' scripts as the
+    destinations' models (already in ``sc``) leave them to play."""
     origin = derived.origin
     # Refused sessions (C in a script): the destination's model plays them where it
     # has one (a limit, a down time), else each is replayed as the failed try it was.
@@ -412,10 +470,14 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
             return text
         return _REFUSED.sub("", text) if dom in modelled else text.replace("C", "D")
 
-    sc.trace = [TraceMessage(round(m.at - origin, 3), m.size, m.klass, m.sender,
-                             tuple((names[d], n, script(d, s)) for d, n, s in m.recipients),
-                             m.measured, None if m.born is None else round(m.born - origin, 3),
-                             m.follows, m.gap) for m in derived.trace]
+    return [TraceMessage(round(m.at - origin, 3), m.size, m.klass, m.sender,
+                         tuple((names[d], n, script(d, s)) for d, n, s in m.recipients),
+                         m.measured, None if m.born is None else round(m.born - origin, 3),
+                         m.follows, m.gap) for m in derived.trace]
+
+
+def _handoffs(sc: Scenario, derived: Derived, seed: int) -> None:
+    """Each transport's agent hand-off times, from the log's first tries' waits."""
     for transport, sample in derived.handoffs.items():
         # A refusing destination's window was throttled: its b is a window wait. Where
         # every destination of the transport refused, their b's are all there is. A
@@ -429,42 +491,40 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
             if len(waits) >= 2:
                 sc.handoffs[transport] = Latency("empirical",
                                                  values=quantiles(unrounded(waits, seed)))
-    # The simulation ends where the log does: mail still deferred then is so in both.
-    sc.duration = max(derived.end - origin, 0.0) + 1.0
-    period = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
-                                  hostname="replay.example").queue_run_delay
-    sc.scan_phase = round(scan_phase(derived.rescans, origin, period), 3)
-    domains = {name: dom for dom, name in names.items()}
-    for model in models:
-        dest = sc.destinations[model.destination]
-        obs = derived.destinations[domains[model.destination]]
-        fit = (fits or {}).get(domains[model.destination])
-        if fit is not None:
-            carried: dict[str, Any] = {key: getattr(fit, key) for key in LIMITS}
-            sc.destinations[dest.name] = dataclasses.replace(dest, **carried)
-            if fit.server_limit or fit.rate_limit:
-                what = " and ".join(f"{key} {getattr(fit, key):g}" for key in (
-                    "server_limit", "rate_limit") if getattr(fit, key))
-                model.notes.append(f"{what}: fitted on {fitted_on}, not on this log")
-            continue
-        for key in ("server_limit", "rate_limit"):
-            first = int(getattr(dest, key))
-            if first:
-                fitted = calibrate(sc, dest.name, key, first, obs)
-                change: dict[str, Any] = {key: fitted}
-                sc.destinations[dest.name] = dest = dataclasses.replace(dest, **change)
-                model.notes.append(f"{key} {fitted}: the one under which stock's scheduler "
-                                   f"defers and delays as the log shows ({obs.deferred} "
-                                   "deferred tries)" + (
-                                       f"; fitted on this log ({fitted_on} had none)"
-                                       if fits is not None else "") + (
-                                       f"; below the {first} a second the log shows it "
-                                       "took (whole seconds blur that by one): at that "
-                                       "rate the simulation defers less than stock did, "
-                                       f"so {fitted} is a stand-in"
-                                       if key == "rate_limit" and fitted < first - 1
-                                       else ""))
-    return sc, models, domains
+
+
+def _carry(sc: Scenario, model: Model, fit: Destination, fitted_on: str) -> None:
+    """A destination's limits as fitted on another log, taken as they are."""
+    dest = sc.destinations[model.destination]
+    carried: dict[str, Any] = {key: getattr(fit, key) for key in LIMITS}
+    sc.destinations[dest.name] = dataclasses.replace(dest, **carried)
+    if fit.server_limit or fit.rate_limit:
+        what = " and ".join(f"{key} {getattr(fit, key):g}" for key in (
+            "server_limit", "rate_limit") if getattr(fit, key))
+        model.notes.append(f"{what}: fitted on {fitted_on}, not on this log")
+
+
+def _fit(sc: Scenario, model: Model, obs: Observed, lacking: str | None) -> None:
+    """A destination's session or rate limit fitted on this log (``calibrate``);
+    ``lacking``: the other log its limits were to be fitted on, which had none."""
+    dest = sc.destinations[model.destination]
+    for key in ("server_limit", "rate_limit"):
+        first = int(getattr(dest, key))
+        if first:
+            fitted = calibrate(sc, dest.name, key, first, obs)
+            change: dict[str, Any] = {key: fitted}
+            sc.destinations[dest.name] = dest = dataclasses.replace(dest, **change)
+            model.notes.append(f"{key} {fitted}: the one under which stock's scheduler "
+                               f"defers and delays as the log shows ({obs.deferred} "
+                               "deferred tries)" + (
+                                   f"; fitted on this log ({lacking} had none)"
+                                   if lacking is not None else "") + (
+                                   f"; below the {first} a second the log shows it "
+                                   "took (whole seconds blur that by one): at that "
+                                   "rate the simulation defers less than stock did, "
+                                   f"so {fitted} is a stand-in"
+                                   if key == "rate_limit" and fitted < first - 1
+                                   else ""))
 
 
 def write(sc: Scenario, directory: str) -> str:

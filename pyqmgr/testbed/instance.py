@@ -23,50 +23,42 @@ bounce in local(8) instead.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shlex
 import shutil
-import signal
-import smtplib
-import socket
 import subprocess
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
-from email.message import EmailMessage
+from collections.abc import Iterable
 
+from pyqmgr.testbed.instance_base import (
+    LOCAL_DOMAIN,
+    LOCAL_USER,
+    QUEUES,
+    SENDMAIL,
+    Message,
+    TestbedError,
+    free_port,
+    run_checked,
+    wait_until,
+)
+from pyqmgr.testbed.instance_inject import InstanceInjection
 from pyqmgr.testbed.maillog import Maillog
 from pyqmgr.testbed.release import ReleaseRoot, selected
 
-LOCAL_USER = "pyqmgrtest"
-LOCAL_DOMAIN = "local.test.example"
+#: The names other modules import from here (some are defined in the parts' modules).
+__all__ = ["BASE_ENV", "KEEP_ENV", "LOCAL_DOMAIN", "LOCAL_USER", "MASTER_CF_DIST",
+           "MYHOSTNAME", "OQMGR_DIR", "QMGRS", "QUEUES", "SENDMAIL", "SYSTEM_DAEMON_DIR",
+           "Message", "PostfixInstance", "TestbedError", "ensure_local_user", "free_port",
+           "wait_until"]
+
 MYHOSTNAME = "pfx.test.example"
 #: Set to keep instance directories after a run (their paths are printed).
 KEEP_ENV = "PYQMGR_KEEP_TESTBED"
 #: Where instance directories go when the constructor is not told; default /tmp.
 BASE_ENV = "PYQMGR_TESTBED_DIR"
 MASTER_CF_DIST = "/usr/share/postfix/master.cf.dist"
-SENDMAIL = "/usr/sbin/sendmail"
 SYSTEM_DAEMON_DIR = "/usr/lib/postfix/sbin"
-QUEUES = ("maildrop", "incoming", "active", "deferred", "hold")
-
-Message = tuple[str, list[str]]
-
-
-class TestbedError(Exception):
-    """The instance could not be created, started or driven; the text says why."""
-
-    __test__ = False  # not a pytest test class, despite the name
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ensure_local_user() -> str:
@@ -89,46 +81,6 @@ def ensure_local_user() -> str:
     return LOCAL_USER
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
-               interval: float = 0.05, detail: Callable[[], str] | None = None) -> None:
-    """Poll ``predicate`` until it holds; raise a TimeoutError naming ``what``.
-
-    ``detail`` adds context to the error (an instance passes its maillog tail), so a
-    failed wait says why without re-running the test.
-    """
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            extra = ""
-            if detail is not None:
-                try:
-                    extra = detail()
-                except Exception as exc:  # the error must not hide the timeout
-                    extra = f"(no detail: {exc})"
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}{extra}")
-        time.sleep(interval)
-
-
-def _run(args: Sequence[str], check: bool = True, timeout: float = 60,
-         input: str | None = None) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(list(args), capture_output=True, text=True, check=False,
-                              timeout=timeout, input=input)
-    except subprocess.TimeoutExpired as exc:
-        raise TestbedError(f"{' '.join(args)} did not finish in {timeout:g}s") from exc
-    if check and proc.returncode != 0:
-        raise TestbedError(f"{' '.join(args)} failed ({proc.returncode}): "
-                           f"{proc.stdout.strip()} {proc.stderr.strip()}")
-    return proc
-
-
-def _read_proc(pid: str, name: str) -> list[bytes] | None:
-    try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return None
-
 
 def _inline_map(entries: dict[str, str]) -> str:
     # inline:{k=v, ...}; an entry whose value has spaces ("error:5.1.1 no such user")
@@ -144,7 +96,7 @@ QMGRS = ("stock", "pyqmgr", "oqmgr")
 OQMGR_DIR = "postfix-oqmgr"
 
 
-class PostfixInstance:
+class PostfixInstance(InstanceInjection):
     """One Postfix instance; a context manager that stops it and removes its files.
 
     ``qmgr`` is ``"stock"`` or ``"pyqmgr"``; ``main_cf`` adds or overrides main.cf
@@ -152,6 +104,10 @@ class PostfixInstance:
     inline ``transport_maps``; ``master_cf_extra`` lines are appended to master.cf;
     ``qmgr_args`` are appended to the qmgr service command (e.g. ``["-o", "x=1"]``).
     The instance is not started by the constructor: call :meth:`start`.
+
+    Configuration and the life cycle are here; the queue, the processes and mail
+    injection are parts it inherits (``instance_queue``, ``instance_processes``,
+    ``instance_inject``), all standing on ``instance_base``.
     """
 
     __test__ = False
@@ -317,39 +273,6 @@ class PostfixInstance:
         pf = pwd.getpwnam("postfix")
         return pf.pw_uid, pf.pw_gid
 
-    def _file(self, path: str) -> str:
-        """Where one of Postfix's own files is: in the release's root, or the machine's."""
-        return path if self.release_root is None else self.release_root.host_path(path)
-
-    def command(self, args: Sequence[str]) -> list[str]:
-        """``args`` as they run against this instance's Postfix release: as they are
-        for the machine's own, inside the release's root otherwise."""
-        if self.release_root is None:
-            return list(args)
-        return self.release_root.command(args, self._binds)
-
-    def run(self, args: Sequence[str], check: bool = True, timeout: float = 60,
-            input: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run a Postfix command (postkick, postcat...) of this instance's release."""
-        return _run(self.command(args), check=check, timeout=timeout, input=input)
-
-    def _backdate(self) -> None:
-        # Every Postfix program re-reads a main.cf younger than about a second, which
-        # costs ~2 s per command; an hour-old mtime avoids that.
-        t = time.time() - 3600
-        os.utime(os.path.join(self.config_dir, "main.cf"), (t, t))
-
-    def postconf(self, *args: str) -> str:
-        """Run ``postconf -c DIR ARGS``; return its output. main.cf is backdated after."""
-        try:
-            return self.run(["postconf", "-c", self.config_dir, *args]).stdout
-        finally:
-            self._backdate()
-
-    def set_main(self, **params: str) -> None:
-        """Set main.cf parameters (``postconf -e``); running daemons see them on reload."""
-        self.postconf("-e", *[f"{k}={v}" for k, v in params.items()])
-
     def use_qmgr(self, which: str) -> None:
         """Make the qmgr service run ``"stock"``, ``"pyqmgr"`` or ``"oqmgr"``.
 
@@ -403,7 +326,7 @@ class PostfixInstance:
         """
         self._start_attempted = True
         command = prefix + shlex.join(self.command(["postfix", "-c", self.config_dir, "start"]))
-        proc = _run(["script", "-qec", command, "/dev/null"], check=False)
+        proc = run_checked(["script", "-qec", command, "/dev/null"], check=False)
         self.start_output = proc.stdout.replace("\r\n", "\n").strip()
         if proc.returncode != 0:
             try:
@@ -420,10 +343,6 @@ class PostfixInstance:
         """Is this instance's master alive (``postfix status``)?"""
         return self.run(["postfix", "-c", self.config_dir, "status"], check=False).returncode == 0
 
-    def reload(self) -> None:
-        """``postfix reload``: master re-reads its config and restarts qmgr."""
-        self.run(["postfix", "-c", self.config_dir, "reload"])
-
     def stop(self, grace: float = 3.0) -> None:
         """Stop the instance and make sure none of its processes survive.
 
@@ -436,70 +355,6 @@ class PostfixInstance:
             self.run(["postfix", "-c", self.config_dir, "stop"], check=False, timeout=30)
         self.started = False
         self._kill_leftovers(grace)
-
-    def _kill_leftovers(self, grace: float = 3.0) -> None:
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            pids = self.pids()
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        survivors = self.processes()
-        if survivors:
-            raise TestbedError(f"processes of {self.root} survive SIGKILL: {survivors}")
-
-    def processes(self) -> dict[int, list[str]]:
-        """Live processes of this instance (found by MAIL_CONFIG), with their argv."""
-        want = f"MAIL_CONFIG={self.config_dir}".encode()
-        me = os.getpid()
-        found: dict[int, list[str]] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == me:
-                continue
-            env = _read_proc(entry, "environ")
-            if env is None or want not in env:
-                continue
-            argv = _read_proc(entry, "cmdline")
-            if not argv:
-                continue  # exited (or a zombie) between the two reads
-            found[int(entry)] = [a.decode(errors="replace") for a in argv if a]
-        return found
-
-    def pids(self, program: str | None = None) -> list[int]:
-        """Pids of this instance's processes, optionally only those running ``program``.
-
-        ``program`` is compared with the basename of the first words of argv, so
-        ``"qmgr"`` finds stock qmgr (``qmgr -l -t unix -u``) as well as the pyqmgr
-        launcher (``python -I .../pyqmgr/qmgr -l ...``), and ``"master"`` the master.
-        """
-        found = []
-        for pid, argv in self.processes().items():
-            if program is None or program in (os.path.basename(a) for a in argv[:3]):
-                found.append(pid)
-        return sorted(found)
-
-    def qmgr_pid(self, timeout: float = 10) -> int:
-        """The pid of the running qmgr process, waiting for master to start one."""
-        pids: list[int] = []
-
-        def present() -> bool:
-            pids[:] = self.pids("qmgr")
-            return len(pids) == 1
-
-        self.wait_until(present, timeout, "exactly one qmgr process")
-        return pids[0]
-
-    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str,
-                   interval: float = 0.05) -> None:
-        """:func:`wait_until` whose error ends with this instance's last maillog lines."""
-        wait_until(predicate, timeout, what, interval,
-                   detail=lambda: f"; last maillog lines:\n{self.maillog.tail(20)}")
 
     def close(self) -> None:
         """Stop, then remove the instance directory (kept if $PYQMGR_KEEP_TESTBED)."""
@@ -517,199 +372,3 @@ class PostfixInstance:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- queue ------------------------------------------------------------------------
-
-    def queue_files(self, queue: str) -> list[str]:
-        """Queue ids of the files in one queue directory, hashed subdirectories included.
-
-        Names with anything but letters and digits (cleanup's ``usec.pid`` temporary
-        files, for one) are not queue files yet and are left out.
-        """
-        found: list[str] = []
-        for _dirpath, _dirs, files in os.walk(os.path.join(self.queue_dir, queue)):
-            found.extend(f for f in files if f.isalnum())
-        return found
-
-    def queue_path(self, queue: str, qid: str) -> str | None:
-        """Where a queue file is, or None."""
-        for dirpath, _dirs, files in os.walk(os.path.join(self.queue_dir, queue)):
-            if qid in files:
-                return os.path.join(dirpath, qid)
-        return None
-
-    def queue_counts(self) -> dict[str, int]:
-        return {q: len(self.queue_files(q)) for q in QUEUES}
-
-    def queue_empty(self) -> bool:
-        """No message in maildrop, incoming, active or deferred (hold is not counted)."""
-        return not any(self.queue_files(q) for q in ("maildrop", "incoming", "active",
-                                                      "deferred"))
-
-    def wait_queue_empty(self, timeout: float) -> None:
-        """Wait until :meth:`queue_empty`; the error lists what is still queued."""
-        wait_until(self.queue_empty, timeout, "an empty queue", detail=lambda: (
-            f" (still queued: {self.queue_counts()}); last maillog lines:\n"
-            f"{self.maillog.tail(20)}"))
-
-    def wait_removed(self, qids: Iterable[str], timeout: float = 10) -> None:
-        """Wait for qmgr's ``removed`` line of every message in ``qids``.
-
-        The queue file goes before its log line reaches the maillog (syslog or
-        postlogd writes it a moment later), so an empty queue is not yet proof.
-        """
-        want = set(qids)
-
-        def missing() -> set[str]:
-            return want - {ln.queue_id for ln in self.maillog.lines()
-                           if ln.text.endswith(": removed")}
-
-        wait_until(lambda: not missing(), timeout, "a removed line for every message",
-                   detail=lambda: f" (missing: {sorted(missing())})")
-
-    def postqueue(self, *args: str) -> str:
-        return self.run(["postqueue", "-c", self.config_dir, *args]).stdout
-
-    def postsuper(self, *args: str) -> str:
-        """``postsuper`` prints its reports on stderr; both streams are returned."""
-        proc = self.run(["postsuper", "-c", self.config_dir, *args])
-        return proc.stdout + proc.stderr
-
-    def queue_json(self) -> list[dict[str, object]]:
-        """``postqueue -j``: one dict per queued message (showq's view, no hold)."""
-        out = self.postqueue("-j")
-        return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-    def flush(self) -> None:
-        """``postqueue -f``: deliver deferred mail now."""
-        self.postqueue("-f")
-
-    # -- injection --------------------------------------------------------------------
-
-    def sendmail(self, sender: str, recipients: list[str], subject: str = "test",
-                 body: str = "hello\n", extra_args: Iterable[str] = ()) -> None:
-        """Submit through ``sendmail -C DIR`` (maildrop, then pickup); waits for it."""
-        text = (f"From: {sender}\nTo: {', '.join(recipients)}\nSubject: {subject}\n\n"
-                f"{body}")
-        self.run([SENDMAIL, "-C", self.config_dir, "-i", "-f", sender, *extra_args, "--",
-              *recipients], input=text)
-
-    def smtp_send(self, messages: Iterable[Message], subject: str = "test",
-                  body: str | None = None) -> list[str]:
-        """Send (sender, recipients) pairs in one SMTP session; return the queue ids.
-
-        smtpd has the message in the queue (incoming) when it answers 250 to DATA.
-        """
-        qids = []
-        with smtplib.SMTP("127.0.0.1", self.smtpd_port, timeout=60) as smtp:
-            smtp.ehlo()
-            for i, (sender, rcpts) in enumerate(messages):
-                msg = EmailMessage()
-                msg["From"] = sender
-                msg["To"] = ", ".join(rcpts[:3])
-                msg["Subject"] = f"{subject} {i}"
-                msg.set_content(body if body is not None else f"message {i}\n")
-                code, resp = smtp.mail(sender)
-                if code != 250:
-                    raise TestbedError(f"smtpd refused sender {sender}: {code} {resp!r}")
-                for r in rcpts:
-                    code, resp = smtp.rcpt(r)
-                    if code >= 400:
-                        raise TestbedError(f"smtpd refused {r}: {code} {resp!r}")
-                code, resp = smtp.data(msg.as_bytes())
-                if code != 250:
-                    raise TestbedError(f"smtpd refused data: {code} {resp!r}")
-                qids.append(resp.decode().rsplit(" ", 1)[-1])
-        return qids
-
-    def smtp_send_many(self, messages: Sequence[Message], sessions: int = 4,
-                       subject: str = "test") -> list[str]:
-        """Like :meth:`smtp_send`, over several parallel sessions; ids in input order."""
-        sessions = max(1, min(sessions, len(messages)))
-        if sessions == 1:
-            return self.smtp_send(messages, subject)
-        size = -(-len(messages) // sessions)
-        chunks = [messages[i:i + size] for i in range(0, len(messages), size)]
-        results: list[list[str] | BaseException] = [[] for _ in chunks]
-
-        def send(k: int) -> None:
-            try:
-                results[k] = self.smtp_send(chunks[k], subject)
-            except BaseException as exc:
-                results[k] = exc
-
-        threads = [threading.Thread(target=send, args=(k,)) for k in range(len(chunks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        qids: list[str] = []
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-            qids.extend(r)
-        return qids
-
-    def mailbox(self, user: str = LOCAL_USER) -> str:
-        """Path of a local user's mailbox file (may not exist yet)."""
-        return os.path.join(self.mail_dir, user)
-
-    # -- preloading the incoming queue ------------------------------------------------
-
-    def disable_qmgr(self) -> str:
-        """Comment the qmgr service out and wait for qmgr to exit; return its line."""
-        line = self.postconf("-M", "qmgr/unix").strip()
-        if not line:
-            raise TestbedError("master.cf has no active qmgr/unix service")
-        self.postconf("-M#", "qmgr/unix")
-        self._disabled_qmgr_line = line
-        if self.started:
-            self.reload()
-            self.wait_until(lambda: not self.pids("qmgr"), 10, "qmgr to exit")
-        return line
-
-    def enable_qmgr(self, line: str | None = None) -> None:
-        """Restore the qmgr service line saved by :meth:`disable_qmgr` and reload."""
-        line = line or self._disabled_qmgr_line
-        if line is None:
-            raise TestbedError("enable_qmgr: no saved qmgr line (disable_qmgr not called)")
-        self.postconf("-Me", f"qmgr/unix={line}")
-        self._disabled_qmgr_line = None
-        if self.started:
-            self.reload()
-
-    def preload(self, messages: int | Sequence[Message],
-                recipients: Callable[[int], list[str]] | None = None,
-                sender: str = "sender@test.example", sessions: int = 4,
-                timeout: float = 300) -> list[str]:
-        """Fill incoming/ while no qmgr runs; return the queue ids. Then :meth:`release_preload`.
-
-        ``messages`` is a list of (sender, recipients) or a count, with ``recipients(i)``
-        giving message i's recipients. The qmgr service is commented out and
-        ``in_flow_delay`` is 0 while injecting: with no qmgr there are no flow-control
-        tokens, and cleanup would otherwise wait 1 s per message. Returns when every
-        message is a file in incoming/.
-        """
-        if not self.started:
-            raise TestbedError("preload needs a started instance")
-        if isinstance(messages, int):
-            if recipients is None:
-                raise TypeError("preload(n) needs recipients=lambda i: [...]")
-            messages = [(sender, recipients(i)) for i in range(messages)]
-        before = len(self.queue_files("incoming"))
-        saved = self.postconf("-n", "in_flow_delay").partition(" = ")[2].strip()
-        self._saved_in_flow_delay = saved or None
-        self.set_main(in_flow_delay="0")
-        self.disable_qmgr()  # its reload also gives cleanup the new in_flow_delay
-        qids = self.smtp_send_many(messages, sessions=sessions)
-        want = before + len(messages)
-        self.wait_until(lambda: len(self.queue_files("incoming")) >= want, timeout,
-                        f"{len(messages)} new files in incoming/")
-        if self._saved_in_flow_delay is None:
-            self.postconf("-X", "in_flow_delay")
-        else:
-            self.set_main(in_flow_delay=self._saved_in_flow_delay)
-        return qids
-
-    def release_preload(self) -> None:
-        """Bring qmgr back after :meth:`preload`; it starts on the reload."""
-        self.enable_qmgr()

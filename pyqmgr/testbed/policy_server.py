@@ -31,12 +31,12 @@ is bound at construction, so its port cannot be taken in between.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from pyqmgr.testbed.loop_thread import LoopThreadServer, bound_socket
 
 HOST = "127.0.0.1"
 MODES = ("reply", "garbage", "oversized", "binary", "noaction", "stray", "partial",
@@ -48,7 +48,7 @@ OVERSIZED = 100_000
 ActionRule = str | Callable[[dict[str, str]], str]
 
 
-class FakePolicyServer:
+class FakePolicyServer(LoopThreadServer):
     """See the module docstring. Use as a context manager or :meth:`start`/:meth:`stop`."""
 
     def __init__(self, mode: str = "reply", *, action: ActionRule = "DUNNO",
@@ -66,11 +66,9 @@ class FakePolicyServer:
         #: Every complete request read, as a dict of its attributes, in arrival order.
         self.requests: list[dict[str, str]] = []
         self._writers: set[asyncio.StreamWriter] = set()
-        self._sock: socket.socket | None = self._bind()
-        self.port: int = 0 if unix_path else self._sock.getsockname()[1]
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.AbstractServer | None = None
+        sock = self._bind()
+        super().__init__(sock)
+        self.port: int = 0 if unix_path else sock.getsockname()[1]
 
     # -- settings ---------------------------------------------------------------------
 
@@ -171,53 +169,16 @@ class FakePolicyServer:
     # -- life cycle -------------------------------------------------------------------------
 
     def _bind(self) -> socket.socket:
+        # At construction there is no port yet: the system picks one.
+        return bound_socket(self.unix_path or (HOST, getattr(self, "port", 0)))
+
+    def _thread_name(self) -> str:
+        return f"policy-fake:{self.endpoint}"
+
+    async def _serve(self, sock: socket.socket) -> asyncio.AbstractServer:
         if self.unix_path:
-            if os.path.lexists(self.unix_path):
-                os.unlink(self.unix_path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            address: Any = self.unix_path
-        else:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            address = (HOST, getattr(self, "port", 0))
-        try:
-            sock.bind(address)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-    def _call(self, coro: Any, timeout: float = 10) -> Any:
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    @property
-    def listening(self) -> bool:
-        return self._server is not None
-
-    def start(self) -> FakePolicyServer:
-        """Listen (again, on the same address); idempotent."""
-        if self._server is not None:
-            return self
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever,
-                                            name=f"policy-fake:{self.endpoint}", daemon=True)
-            self._thread.start()
-        sock = self._sock if self._sock is not None else self._bind()
-        self._sock = None
-
-        async def listen() -> asyncio.AbstractServer:
-            if self.unix_path:
-                return await asyncio.start_unix_server(self._handle, sock=sock)
-            return await asyncio.start_server(self._handle, sock=sock, backlog=64)
-
-        try:
-            self._server = self._call(listen())
-        except BaseException:
-            sock.close()
-            raise
-        return self
+            return await asyncio.start_unix_server(self._handle, sock=sock)
+        return await asyncio.start_server(self._handle, sock=sock, backlog=64)
 
     def close_connections(self) -> None:
         """Close every open connection (as a restarting server does); keep listening."""
@@ -238,43 +199,7 @@ class FakePolicyServer:
 
         New connections are refused until :meth:`start`.
         """
-        server, self._server = self._server, None
-        if server is not None:
-            async def close() -> None:
-                server.close()
-
-            self._call(close())
+        if self._close_listener():
             self.close_connections()
             if self.unix_path and os.path.lexists(self.unix_path):
                 os.unlink(self.unix_path)
-        elif self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def stop(self) -> None:
-        """Close everything and end the thread."""
-        self.refuse()
-        loop, self._loop = self._loop, None
-        if loop is None:
-            return
-
-        async def shutdown() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-        if not loop.is_running():
-            loop.close()
-
-    def __enter__(self) -> FakePolicyServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

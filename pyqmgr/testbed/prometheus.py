@@ -20,14 +20,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyqmgr.testbed.instance import TestbedError, free_port
+from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
 
 PROMETHEUS = "/usr/bin/prometheus"
 
@@ -99,18 +98,19 @@ class PrometheusServer:
 
     def wait(self, predicate: Callable[[], bool], timeout: float, what: str,
              interval: float = 0.25, detail: Callable[[], str] | None = None) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                extra = ""
-                if detail is not None:
-                    try:
-                        extra = f"; {detail()}"
-                    except Exception as exc:  # the timeout must not be hidden
-                        extra = f"; (no detail: {exc})"
-                raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}"
-                                   f"{extra}; prometheus log:\n{self.log_tail()}")
-            time.sleep(interval)
+        """:func:`wait_until` whose error ends with ``detail`` and Prometheus's log tail,
+        so a scrape that never came says why."""
+
+        def extra() -> str:
+            text = ""
+            if detail is not None:
+                try:
+                    text = f"; {detail()}"
+                except Exception as exc:  # the timeout must not be hidden
+                    text = f"; (no detail: {exc})"
+            return f"{text}; prometheus log:\n{self.log_tail()}"
+
+        wait_until(predicate, timeout, what, interval, detail=extra)
 
     def api(self, path: str, **params: str) -> Any:
         """GET /api/v1/PATH; the ``data`` member, or TestbedError with Prometheus's error."""

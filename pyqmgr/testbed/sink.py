@@ -15,7 +15,6 @@ a port number handed to Postfix can never be taken by somebody else in between.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import fnmatch
 import socket
@@ -28,6 +27,7 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from pyqmgr.testbed.loop_thread import LoopThreadServer, bound_socket
 from pyqmgr.testbed.replies import ACCEPT_DATA, ACCEPT_RCPT, RATE_LIMITED, TOO_MANY
 
 #: A reply rule: a mapping from recipient address, domain or glob pattern to an SMTP
@@ -196,7 +196,7 @@ class _SinkSMTP(SMTP):
         super().connection_lost(exc)
 
 
-class SinkServer:
+class SinkServer(LoopThreadServer):
     """The sink; use as a context manager or call :meth:`start` and :meth:`stop`.
 
     Every setting given here can be changed while it runs (``set_*`` methods); the
@@ -246,11 +246,10 @@ class SinkServer:
         self.reject_delay = reject_delay
         #: Session start times in the last second, per client (the rate limit).
         self._starts: dict[str, list[float]] = {}
-        self._sock: socket.socket | None = self._bind(port or 0)
-        self.port: int = self._sock.getsockname()[1]
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.AbstractServer | None = None
+        self.port: int = port or 0
+        sock = self._bind()
+        super().__init__(sock)
+        self.port = sock.getsockname()[1]
 
     # -- settings -------------------------------------------------------------------
 
@@ -370,52 +369,20 @@ class SinkServer:
 
     # -- life cycle -----------------------------------------------------------------
 
-    @staticmethod
-    def _bind(port: int) -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            sock.close()
-            raise
-        return sock
+    def _bind(self) -> socket.socket:
+        return bound_socket((HOST, self.port))
+
+    def _thread_name(self) -> str:
+        return f"sink:{self.port}"
 
     def _factory(self) -> SMTP:
         assert self._loop is not None
         return _SinkSMTP(self, _Handler(self), hostname="sink.test.example", ident="sink",
                          timeout=60, auth_require_tls=False, loop=self._loop)
 
-    def _call(self, coro: Any, timeout: float = 10) -> Any:
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    @property
-    def listening(self) -> bool:
-        return self._server is not None
-
-    def start(self) -> SinkServer:
-        """Listen (again) on the same port; idempotent."""
-        if self._server is not None:
-            return self
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._loop.run_forever,
-                                            name=f"sink:{self.port}", daemon=True)
-            self._thread.start()
-        sock = self._sock if self._sock is not None else self._bind(self.port)
-        self._sock = None
-        loop = self._loop
-
-        async def listen() -> asyncio.AbstractServer:
-            return await loop.create_server(self._factory, sock=sock, backlog=128)
-
-        try:
-            self._server = self._call(listen())
-        except BaseException:
-            sock.close()
-            raise
-        return self
+    async def _serve(self, sock: socket.socket) -> asyncio.AbstractServer:
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(self._factory, sock=sock, backlog=128)
 
     def refuse(self) -> None:
         """Stop listening: new connections get ECONNREFUSED until :meth:`start`.
@@ -423,51 +390,19 @@ class SinkServer:
         Sessions already open carry on, as they would at a real host whose MTA is
         being shut down.
         """
-        server, self._server = self._server, None
-        if server is not None:
-            async def close() -> None:
-                server.close()
+        self._close_listener()
 
-            self._call(close())
-        elif self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    reopen = start
-
-    def stop(self) -> None:
-        """Close the listener and every open session, and end the thread."""
-        self.refuse()
-        loop, self._loop = self._loop, None
-        if loop is None:
-            return
-
-        async def shutdown() -> None:
-            with self.lock:
-                protos = list(self._protocols)
-            for proto in protos:
-                if proto.transport is not None:
-                    proto.transport.close()
-            await asyncio.sleep(0)
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-        if not loop.is_running():
-            loop.close()
-
-    def __enter__(self) -> SinkServer:
+    def reopen(self) -> SinkServer:
+        """Listen again after :meth:`refuse` (the same as :meth:`start`)."""
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def _drop_sessions(self) -> None:
+        with self.lock:
+            protos = list(self._protocols)
+        for proto in protos:
+            if proto.transport is not None:
+                proto.transport.close()
+        await asyncio.sleep(0)
 
     # -- waiting --------------------------------------------------------------------
 

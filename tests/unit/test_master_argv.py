@@ -42,3 +42,12 @@ def test_malformed_override_gets_stocks_fatal_text():
         parse_argv(["qmgr", "-o", "novalue"])
     assert str(err.value) == ('invalid "-o novalue" option value: '
                               "missing '=' after attribute name")
+
+
+def test_every_switch_sets_its_flag():
+    opts = parse_argv(["qmgr", "-cdlSuV", "-vv"])
+    assert (opts.chroot, opts.debug, opts.alone, opts.stand_alone, opts.unprivileged,
+            opts.log_stderr, opts.verbose) == (True, True, True, True, True, True, 2)
+    plain = parse_argv(["qmgr"])
+    assert not (plain.chroot or plain.debug or plain.alone or plain.stand_alone
+                or plain.unprivileged or plain.log_stderr or plain.verbose)
