@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pyqmgr.control.protocol import CONTROL, READ, Arg
+from pyqmgr.control.protocol import COMMANDS, CONTROL, READ, Arg
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -507,7 +507,6 @@ def _command(args: argparse.Namespace) -> int:
     Its arguments are read from ``args`` as its CommandSpec names them; an optional
     one left at its default is not sent, so the daemon's own default applies.
     """
-    from pyqmgr.control.protocol import COMMANDS
     from pyqmgr.control.render import reply_lines
 
     spec = COMMANDS[args.command]
@@ -870,8 +869,6 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], kind
     Its positionals, then the options sent to the daemon, --config-dir and --json,
     then the options that only shape what is printed (``CommandSpec.view``).
     """
-    from pyqmgr.control.protocol import COMMANDS
-
     for name, spec in COMMANDS.items():
         if spec.kind != kind:
             continue
@@ -929,6 +926,7 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

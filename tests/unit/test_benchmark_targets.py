@@ -30,3 +30,15 @@ def test_decisions_targets() -> None:
     assert decisions.check(slow) == [False, False]
     grows = {"nqmgr": [250e3, 219e3, 230e3]}
     assert decisions.check(grows) == [True, False]
+
+
+def test_drain_rounds_keep_pyqmgr_and_metrics_back_to_back() -> None:
+    from benchmarks.drain import CONTENDERS, round_order
+
+    orders = [round_order(CONTENDERS, r) for r in range(len(CONTENDERS))]
+    for r, order in enumerate(orders):
+        assert sorted(order) == sorted(CONTENDERS)
+        assert abs(order.index("pyqmgr") - order.index("metrics")) == 1
+        assert order.index("pyqmgr") < order.index("metrics") if r % 2 == 0 else \
+            order.index("metrics") < order.index("pyqmgr")
+    assert len({order[0] for order in orders}) == len(CONTENDERS) - 1
