@@ -6,10 +6,10 @@ the Protocol of what they need of it (``ActiveHost``, ``RetryHost``, ``Delegatio
 and the scheduler's structures that name each other are declared together
 (``scheduler/structures.py``, ``scheduler/nqmgr/structures.py``), as ``qmgr.h`` declares
 stock's. Imports under ``if TYPE_CHECKING:`` and inside functions count: they are
-circles of knowledge even where Python never sees them at run time. Oversized code is a
-ratchet until the redesign lands: the pieces that exist today are listed with sizes, a
-new one or a bigger one fails, and one that shrank or went away fails too until its
-entry is updated, so the list only gets shorter.
+circles of knowledge even where Python never sees them at run time. Oversized code fails
+unless it is one of the few exceptions listed with its size and its reason; a bigger
+one fails, and one that shrank or went away fails too until its entry is updated, so
+the list only gets shorter.
 """
 
 from __future__ import annotations
@@ -24,10 +24,17 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 MAX_CLASS = 400
 MAX_FUNCTION = 80
 
-#: Classes and functions over the limits today, with their length in lines.
-KNOWN_OVERSIZE = {
-    "daemon/active.py:ActiveQueue": 474,
-    "daemon/qmgr.py:Qmgr": 507,
+#: The exceptions: classes and functions over the limits, with their length in lines and
+#: why they are still whole. Few, and only ever shorter.
+KNOWN_OVERSIZE: dict[str, tuple[int, str]] = {
+    "daemon/active.py:ActiveQueue": (474, (
+        "a message's whole way through active/ (move in, open, read, route, finish, "
+        "defer, bounce, hold), as qmgr_active.c and qmgr_message.c's I/O halves; its "
+        "steps share the open queue file and its counters")),
+    "daemon/qmgr.py:Qmgr": (507, (
+        "the event loop: scans, feeding, agents and timers are callbacks on one asyncio "
+        "loop that share its in-flight calls; issue #24 (the drain at stock's speed) "
+        "reworks exactly this loop")),
 }
 
 
@@ -131,11 +138,13 @@ def test_no_new_oversized_class_or_function():
     new = {k: v for k, v in found.items() if k not in KNOWN_OVERSIZE}
     assert not new, (f"over {MAX_CLASS} lines a class or {MAX_FUNCTION} a function: {new}; "
                      "split it")
-    grown = {k: (KNOWN_OVERSIZE[k], v) for k, v in found.items()
-             if k in KNOWN_OVERSIZE and v > KNOWN_OVERSIZE[k]}
+    grown = {k: (KNOWN_OVERSIZE[k][0], v) for k, v in found.items()
+             if k in KNOWN_OVERSIZE and v > KNOWN_OVERSIZE[k][0]}
     assert not grown, f"known oversized code grew (listed, now): {grown}"
-    shrunk = {k: (v, found.get(k)) for k, v in KNOWN_OVERSIZE.items()
+    shrunk = {k: (v, found.get(k)) for k, (v, _why) in KNOWN_OVERSIZE.items()
               if found.get(k, 0) < v}
+    assert len(KNOWN_OVERSIZE) <= 3 and all(why for _n, why in KNOWN_OVERSIZE.values()), (
+        "the exceptions are few and each says why")
     assert not shrunk, f"smaller now: update KNOWN_OVERSIZE (listed, now): {shrunk}"
 
 
