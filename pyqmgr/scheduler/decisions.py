@@ -93,9 +93,24 @@ class Outbox:
         lists = self._lists
         if not any(lists):
             return NOTHING if deliver is None else Decisions(deliver)
-        decisions = Decisions._make((deliver, *map(tuple, lists), None, False))
+        # Spelt out, so that the usual case (a finished message, a timer) copies and
+        # clears only what is there.
+        log, deferrals, finished, timers, gate_timers, ended, waits, recovered, affected = (
+            lists)
+        decisions = Decisions(
+            deliver,
+            tuple(log) if log else (),
+            tuple(deferrals) if deferrals else (),
+            tuple(finished) if finished else (),
+            tuple(timers) if timers else (),
+            tuple(gate_timers) if gate_timers else (),
+            tuple(ended) if ended else (),
+            tuple(waits) if waits else (),
+            tuple(recovered) if recovered else (),
+            tuple(affected) if affected else ())
         for pending in lists:
-            pending.clear()
+            if pending:
+                pending.clear()
         return decisions
 
     def take_control(self, resumed: Suspension | None = None,

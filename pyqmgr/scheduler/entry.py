@@ -17,6 +17,7 @@ from pyqmgr.scheduler.structures import (
     DEL_REQ_FLAG_CONN_LOAD,
     DEL_REQ_FLAG_CONN_MASK,
     DEL_REQ_FLAG_CONN_STORE,
+    THROTTLED,
     Entry,
 )
 
@@ -33,7 +34,7 @@ __all__ = ["DEL_REQ_FLAG_CONN_LOAD", "DEL_REQ_FLAG_CONN_MASK", "DEL_REQ_FLAG_CON
 def entry_link(entry: Entry) -> Entry:
     """A new entry goes at the end of its queue's todo list and counts on its message."""
     queue = entry.queue
-    assert not queue.throttled, f"entry_create: dead queue {queue.name}"
+    assert queue.window != THROTTLED, f"entry_create: dead queue {queue.name}"
     entry.message.refcount += 1
     queue.todo.append(entry.queue_node)
     queue.transport.sync(queue)
@@ -103,7 +104,7 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
         except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
             core.policy_failed(t, "done", exc)
     if busy:
-        queue.last_done = core.clock
+        queue.last_done = int(core.now)  # core.clock without a call (once per delivery)
     if queue.idle:
         # A dead site's empty queue goes too once queues crowd memory.
         if queue.throttled and core.queue_count > 2 * core.rcpt_limit:

@@ -135,7 +135,7 @@ class Queue:
     @property
     def idle(self) -> bool:
         """No entries at all: a live queue like this is discarded (``qmgr_queue_done``)."""
-        return self.busy_count == 0 and not self.todo
+        return self.busy_count == 0 and self.todo.size == 0
 
     # -- feedback -----------------------------------------------------------------
 
@@ -156,7 +156,7 @@ class Queue:
         """Positive feedback after a delivery without hop failure; revive a dead site."""
         t = self.transport
         self.fail_cohorts = 0.0
-        if self.throttled:
+        if self.window == THROTTLED:  # self.throttled without a call (once per delivery)
             self.dsn = None
             self.revive_at = None
             # Back from the almost grave, best concurrency is anyone's guess.
@@ -346,8 +346,12 @@ class Transport:
         return window - queue.busy_count
 
     def sync(self, queue: Queue) -> None:
-        """Keep :attr:`ready_queues` true for ``queue`` after any change to it."""
-        if queue.window > queue.busy_count and queue.todo and queue.window > 0 and (
+        """Keep :attr:`ready_queues` true for ``queue`` after any change to it.
+
+        Called after every change to a queue, the hottest function of the core: the
+        todo list's size is read as an attribute, not through ``QList.__bool__``.
+        """
+        if queue.window > queue.busy_count and queue.todo.size and queue.window > 0 and (
                 not self.dest_cap or queue.busy_count < self.dest_cap) and (
                 queue.gate is None):
             self.ready_queues[queue] = None
