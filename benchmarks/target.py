@@ -18,12 +18,19 @@ class Target:
     """One bar: ``text`` says what it asks in words (the value included), for the log."""
 
     text: str
+    #: Why this target is missed today and what would settle it. A known miss is
+    #: printed as one (``MISSED, known: ...``) in every run and does not fail it; the
+    #: list is short and each entry says why (tests/unit/test_benchmark_targets.py),
+    #: as tests/conftest.py's ALLOWED_SKIPS is for skips.
+    known_miss: str = ""
 
     def check(self, met: bool, figure: str = "") -> bool:
-        """Print the verdict with the figure it was decided on; whether it was met."""
-        print(f"target: {self.text}" + (f" ({figure})" if figure else "")
-              + f": {'met' if met else 'MISSED'}", flush=True)
-        return met
+        """Print the verdict with the figure it was decided on; whether the run passes."""
+        verdict = ("met" if met else f"MISSED, known: {self.known_miss}" if self.known_miss
+                   else "MISSED")
+        print(f"target: {self.text}" + (f" ({figure})" if figure else "") + f": {verdict}",
+              flush=True)
+        return met or bool(self.known_miss)
 
 
 def status(checks: Iterable[bool]) -> int:
