@@ -55,7 +55,7 @@ from pyqmgr.scheduler.policy import PolicyClass, PolicyTable
 from pyqmgr.scheduler.qlist import QList
 from pyqmgr.scheduler.queue import queue_done
 from pyqmgr.scheduler.reading import MAX_READ
-from pyqmgr.scheduler.recovery import RECOVERY_WATCH_LIMIT, SUSPENDED
+from pyqmgr.scheduler.recovery import RECOVERY_WATCH_LIMIT
 from pyqmgr.scheduler.shaping import Shaping
 from pyqmgr.scheduler.state import Refill
 from pyqmgr.scheduler.structures import (
@@ -70,7 +70,7 @@ from pyqmgr.scheduler.structures import (
 from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
 from pyqmgr.scheduler.transport import transport_select
 
-__all__ = ["ERROR", "MAX_READ", "POLICY_DSN", "RECOVERY_WATCH_LIMIT", "RETRY", "SUSPENDED",
+__all__ = ["ERROR", "MAX_READ", "POLICY_DSN", "RECOVERY_WATCH_LIMIT", "RETRY",
            "Refill", "Route", "Scheduler", "Settings", "dsn_valid"]
 
 

@@ -18,7 +18,7 @@ from pyqmgr.scheduler.defer import defer_todo
 from pyqmgr.scheduler.entry import entry_done
 from pyqmgr.scheduler.gates import started, throttled
 from pyqmgr.scheduler.queue import queue_unthrottle
-from pyqmgr.scheduler.recovery import SUSPENDED
+from pyqmgr.scheduler.recovery import SITE_SUSPENDED
 from pyqmgr.scheduler.structures import Dsn
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
         elif hop is not None and hop.status:
             dsn = Dsn(
                 hop.status if dsn_valid(hop.status) else "4.0.0",
-                SUSPENDED + (hop.reason or "unknown error"),
+                SITE_SUSPENDED + (hop.reason or "unknown error"),
             )
             if core.recovery_watch is not None:
                 # A site failure: this mail waits for the site, which is watched

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.structures import Queue
 
 #: The prefix of a dead site's reason, as stock words it.
-SUSPENDED = "delivery temporarily suspended: "
+SITE_SUSPENDED = "delivery temporarily suspended: "
 #: Destinations watched at most. Beyond this many dead or throttled at once, the
 #: others' deferred mail simply waits for its retry time, as in stock: recovery is an
 #: optimisation, never a duty.
@@ -31,7 +31,7 @@ RECOVERY_WATCH_LIMIT = 10_000
 
 def why(dsn: Dsn, rule: str | None = None) -> str:
     """Why a destination is watched for recovery, as its log line will say."""
-    text = f"{dsn.status} {dsn.reason.removeprefix(SUSPENDED)}"
+    text = f"{dsn.status} {dsn.reason.removeprefix(SITE_SUSPENDED)}"
     if len(text) > 200:
         text = text[:197] + "..."
     if rule is not None:
