@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyqmgr.daemon.retry import RetrySettings, retry_settings
 from pyqmgr.postfix.config import ConfigError, QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.postfix.master_cf import load_master_cf
-from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
+from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.policy import PolicyTable
-from pyqmgr.scheduler.shaping import ShapingError, ShapingTable
+from pyqmgr.scheduler.settings import RetrySettings, scheduling_settings
+from pyqmgr.scheduler.shaping import ShapingTable
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,9 @@ class PolicySetup:
 
 def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     """Load every policy pyqmgr.cf names and check its knobs; PyqmgrCfError if bad."""
-    values = dict(settings.values)
-
-    def setting(name: str, transport: str, default: str) -> str:
-        value = settings.get(name, transport)
-        return default if value is None else value
-
-    table = PolicyTable.build(values, setting, settings.error)
+    # Rules files are read here, as root and before the chroot.
+    parsed = scheduling_settings(settings)
+    table = parsed.policies
     limits: dict[str, int] = {}
     try:
         master = load_master_cf(cfg.config_dir,
@@ -67,10 +63,5 @@ def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     # Only the other policies' reading uses qmgr_fudge_factor; stock qmgr never reads
     # it, so a bad value must not stop stock scheduling either.
     fudge = 100 if table.stock else oqmgr_fudge_factor(cfg)
-    try:
-        # Rules files are read here, as root and before the chroot.
-        shaping = ShapingTable(values, setting)
-    except ShapingError as exc:
-        raise PyqmgrCfError(f"{settings.path}: parameter {exc}") from None
-    return PolicySetup(table, limits, cfg.default_process_limit, fudge,
-                       shaping if shaping.active else None, retry_settings(settings))
+    return PolicySetup(table, limits, cfg.default_process_limit, fudge, parsed.shaping,
+                       parsed.retry)

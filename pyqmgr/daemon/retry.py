@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Coroutine, Iterable
@@ -56,8 +55,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.postfix import mail_queue
-from pyqmgr.pyqmgr_cf import PyqmgrCf
-from pyqmgr.scheduler.shaping import Rate, ShapingError, parse_duration, parse_rate
+from pyqmgr.scheduler.settings import (
+    JITTER,
+    RECOVERY_RATE,
+    RetrySettings,
+)
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.active import ActiveMessage
@@ -74,82 +76,11 @@ class RetryHost(QmgrCore, Protocol):
 
     def feed_deferred(self, qid: str) -> bool: ...
 
-JITTER = "deferred_retry_jitter"
-RECOVERY_RATE = "deferred_recovery_rate"
-RECOVERY_LIMIT = "deferred_recovery_limit"
-
-#: Queue ids remembered at most by default: about 4 MB (see the README's figure).
-DEFAULT_RECOVERY_LIMIT = 20_000
-MAX_RECOVERY_LIMIT = 1_000_000
-#: The largest jitter as a duration: beyond a day it is a typo (maximal_backoff_time
-#: is 4000 s by default).
-MAX_JITTER = 86400.0
-_PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?)\s*%$")
-
 #: Where a message's destination keys wait in ActiveMessage.extra until it is deferred.
 WAITS = "waits"
 
 #: (transport, queue name): a destination as the core names it.
 Key = tuple[str, str]
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    """pyqmgr.cf's retry settings, checked. Zero and None: that part is off."""
-
-    #: The jitter as seconds, or as a share of each deferral's backoff (one of them).
-    jitter: float = 0.0
-    jitter_share: float = 0.0
-    #: The value as written, for status and logs.
-    jitter_text: str = ""
-    recovery_rate: Rate | None = None
-    recovery_limit: int = DEFAULT_RECOVERY_LIMIT
-
-    def jitter_for(self, backoff: float, rng: random.Random) -> float:
-        """Seconds to add to a retry time whose backoff was ``backoff``: [0, width)."""
-        width = self.jitter or self.jitter_share * backoff
-        return rng.random() * width if width > 0 else 0.0
-
-
-def parse_jitter(text: str, what: str) -> tuple[float, float]:
-    """``10m``, ``90s`` (seconds) or ``20%`` (of the backoff); ``0`` or empty: none.
-
-    Returns (seconds, share); ShapingError says what is wrong.
-    """
-    text = text.strip()
-    if text in ("", "0"):
-        return 0.0, 0.0
-    m = _PERCENT_RE.match(text)
-    if m is not None:
-        share = float(m.group(1)) / 100
-        if not 0 < share <= 1:
-            raise ShapingError(f"{what}: a percentage must be more than 0% and at most "
-                               f"100%, not {text!r}")
-        return 0.0, share
-    seconds = parse_duration(text, what)
-    if seconds > MAX_JITTER:
-        raise ShapingError(f"{what}: {text!r} is more than a day")
-    return seconds, 0.0
-
-
-def retry_settings(settings: PyqmgrCf) -> RetrySettings | None:
-    """pyqmgr.cf's retry settings; None when jitter and recovery are both off.
-
-    A bad value raises PyqmgrCfError naming the file and the parameter (a start-up
-    error, like every pyqmgr.cf mistake).
-    """
-    jitter_text = (settings.get(JITTER) or "").strip()
-    try:
-        jitter, share = parse_jitter(jitter_text, JITTER)
-        rate = parse_rate(settings.get(RECOVERY_RATE) or "", RECOVERY_RATE)
-    except ShapingError as exc:
-        name, _, text = str(exc).partition(": ")
-        raise settings.error(name, text) from None
-    limit = settings.get_int(RECOVERY_LIMIT, None, DEFAULT_RECOVERY_LIMIT, 1,
-                             MAX_RECOVERY_LIMIT)
-    if not jitter and not share and rate is None:
-        return None
-    return RetrySettings(jitter, share, jitter_text if jitter or share else "", rate, limit)
 
 
 class Registry:

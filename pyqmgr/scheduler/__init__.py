@@ -24,5 +24,8 @@ What lives where, as ``qmgr.h`` says it for stock's ``src/qmgr/``:
   ``zmailer``; the core names none of them;
 - their helpers: ``feedback`` (concurrency feedback), ``shaping`` (rates and response
   rules), ``suspension`` (operators' suspensions), ``qlist`` (stock's O(1) lists),
-  ``explain`` (why mail waits, for ``pyqmgr explain``).
+  ``explain`` (why mail waits, for ``pyqmgr explain``);
+- ``settings``: pyqmgr.cf's scheduling parameters turned into the parsed setup
+  (policies, shaping, retry) by one function, for the daemon, the simulator and
+  ``pyqmgr check`` alike.
 """

@@ -37,16 +37,15 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from pyqmgr.daemon.retry import RetrySettings, retry_settings
 from pyqmgr.postfix.config import QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.core import ERROR, RETRY, Route, Scheduler
 from pyqmgr.scheduler.decisions import NOTHING, Decisions
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn, Queue
-from pyqmgr.scheduler.shaping import RULES, ShapingError, ShapingTable
+from pyqmgr.scheduler.settings import SchedulingSettings, scheduling_settings
+from pyqmgr.scheduler.shaping import RULES
 from pyqmgr.simulator.deferred import DeferredQueue
 from pyqmgr.simulator.delegation import PolicyService
 from pyqmgr.simulator.message import _SimMessage
@@ -152,41 +151,25 @@ class Result:
         return total / weight if weight else 0.0
 
 
-def policy_table(values: dict[str, str]) -> PolicyTable:
-    """The scenario's policies, from its pyqmgr.cf parameters (bad ones: ScenarioError)."""
-
-    def setting(name: str, transport: str, default: str) -> str:
-        return values.get(f"{transport}_{name}", values.get(name, default))
-
-    def fail(name: str, text: str) -> Exception:
-        return ScenarioError(f"pyqmgr_cf.{name}: {text}")
-
-    return PolicyTable.build(values, setting, fail)
+#: The scenario file's section with pyqmgr.cf's parameters, as errors name it.
+PYQMGR_CF_SECTION = "pyqmgr_cf"
 
 
-def shaping_table(sc: Scenario) -> ShapingTable:
-    """The scenario's rates and response rules (rules paths relative to its file)."""
+def scenario_settings(sc: Scenario) -> SchedulingSettings:
+    """The scenario's ``[pyqmgr_cf]`` by the daemon's own route; bad ones: ScenarioError.
+
+    Rules paths are relative to the scenario's file.
+    """
     values = dict(sc.pyqmgr_cf)
     for name, value in values.items():
         if name.endswith(RULES) and value.strip() and not os.path.isabs(value.strip()):
             values[name] = os.path.normpath(os.path.join(sc.base_dir, value.strip()))
-
-    def setting(name: str, transport: str, default: str) -> str:
-        return values.get(f"{transport}_{name}", values.get(name, default))
-
     try:
-        return ShapingTable(values, setting)
-    except ShapingError as exc:
-        raise ScenarioError(f"pyqmgr_cf.{exc}") from None
-
-
-def retry_table(sc: Scenario) -> RetrySettings | None:
-    """The scenario's retry jitter and recovery; they need the deferred-queue model."""
-    try:
-        settings = retry_settings(PyqmgrCf("pyqmgr_cf", True, dict(sc.pyqmgr_cf)))
+        settings = scheduling_settings(PyqmgrCf(PYQMGR_CF_SECTION, True, values))
     except PyqmgrCfError as exc:
-        raise ScenarioError(str(exc).removeprefix("pyqmgr_cf: parameter ")) from None
-    if settings is not None and not sc.retry_deferred:
+        # "pyqmgr_cf: parameter NAME: text" -> "pyqmgr_cf.NAME: text"
+        raise ScenarioError(str(exc).replace(": parameter ", ".", 1)) from None
+    if settings.retry is not None and not sc.retry_deferred:
         raise ScenarioError("pyqmgr_cf sets deferred retry jitter or recovery: they act on "
                             "the deferred queue, which needs [deferred] retry = true")
     return settings
@@ -207,15 +190,16 @@ class Engine:
         self.rng = random.Random(seed)
         text = "".join(f"{k} = {v}\n" for k, v in scenario.main_cf.items())
         self.cfg = QmgrConfig.from_text(text, hostname="sim.example")
-        self.policies = policy_table(scenario.pyqmgr_cf)
-        self.shaping = shaping_table(scenario)
+        settings = scenario_settings(scenario)
+        self.policies = settings.policies
+        self.shaping = settings.shaping
         self.sched = Scheduler.from_settings(
             self.cfg, refill=self._refill, feedback_rounding=scenario.feedback_rounding,
             policies=self.policies,
             process_limit_for=lambda name: scenario.process_limits.get(
                 name, self.cfg.default_process_limit),
             fudge_factor=oqmgr_fudge_factor(self.cfg),
-            shaping_for=self.shaping.shaping_for if self.shaping.active else None)
+            shaping_for=self.shaping.shaping_for if self.shaping is not None else None)
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -235,7 +219,7 @@ class Engine:
         self._last_end: float | None = None
         self._serial = itertools.count(1)
         #: The deferred-queue model (``[deferred] retry``): simulator/deferred.py.
-        self.retry = retry_table(scenario)
+        self.retry = settings.retry
         self.deferred_queue = DeferredQueue(self, self.retry, seed)
         #: The agents' hand-off times have their own random numbers.
         self.handoff_rng = random.Random(f"handoff {seed}")

@@ -23,14 +23,7 @@ import pytest
 from pyqmgr.control.render import status_lines
 from pyqmgr.daemon import active as active_module
 from pyqmgr.daemon.active import ActiveQueue
-from pyqmgr.daemon.retry import (
-    WAITS,
-    Registry,
-    RetryControl,
-    RetrySettings,
-    parse_jitter,
-    retry_settings,
-)
+from pyqmgr.daemon.retry import WAITS, Registry, RetryControl
 from pyqmgr.postfix import mail_queue
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
@@ -39,6 +32,7 @@ from pyqmgr.scheduler.decisions import Decisions
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable, load
 from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.scheduler.settings import RetrySettings, parse_jitter, retry_settings
 from pyqmgr.scheduler.shaping import Rate, Shaping, parse_rules
 from tests.unit.params import Params
 
