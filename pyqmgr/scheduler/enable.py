@@ -33,8 +33,8 @@ def enable_due(core: Core, now: float) -> None:
                 queue_unthrottle(queue)
                 if queue.ready and queue.idle:
                     queue_done(core, queue)
-            elif queue.resume_at is not None and now >= queue.resume_at:
-                queue.resume()
+            elif queue.paused_until is not None and now >= queue.paused_until:
+                queue.unpause()
                 t.sync(queue)
                 if queue.ready and queue.idle:
                     queue_done(core, queue)

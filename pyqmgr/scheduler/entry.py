@@ -96,7 +96,7 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
         if queue.throttled:
             queue_unthrottle(queue)
         if queue.ready:
-            queue.suspend(core.now, delay)
+            queue.pause(core.now, delay)
             core.out.timers.append(core.now + delay)
     if not t.broken:
         try:

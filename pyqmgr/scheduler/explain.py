@@ -100,10 +100,11 @@ def destination_status(queue: Queue, now: float) -> dict[str, object]:
         "success": round(queue.success, 3),
         "failure": round(queue.failure, 3),
         "fail_cohorts": round(queue.fail_cohorts, 3),
+        "state": queue.status,
         "dead": queue.throttled,
         "reason": queue.dsn.reason if queue.dsn is not None else None,
         "retry_in": _in(queue.revive_at, now),
-        "rate_delayed_for": _in(queue.resume_at, now) if queue.suspended else None,
+        "rate_delayed_for": _in(queue.paused_until, now) if queue.paused else None,
         "suspended": suspension_status(
             queue.gate if isinstance(queue.gate, Suspension) else None, now),
         "gate": _gate_status(queue.gate, now),
@@ -175,11 +176,11 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
         out.append(reason(gate.kind, gate.setting, f"{gate.text}; next start in "
                           f"{_in(gate.until, now)} s", opens_in=_in(gate.until, now)))
         return out
-    if queue.suspended:
+    if queue.paused:
         out.append(reason(
             "rate delay", f"{t.name}_destination_rate_delay",
             f"{queue.nexthop} waits {t.cfg.destination_rate_delay} s between deliveries; "
-            f"next in {_in(queue.resume_at, now)} s", resume_in=_in(queue.resume_at, now)))
+            f"next in {_in(queue.paused_until, now)} s", resume_in=_in(queue.paused_until, now)))
         return out
     room = t.room(queue)
     if room <= 0:

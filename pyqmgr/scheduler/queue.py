@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.gates import gate_for, push_gate
 from pyqmgr.scheduler.shaping import Shape
-from pyqmgr.scheduler.structures import SUSPENDED, THROTTLED, Dsn, Queue
+from pyqmgr.scheduler.structures import PAUSED, THROTTLED, Dsn, Queue
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
     from pyqmgr.scheduler.structures import Transport
 
-__all__ = ["SUSPENDED", "THROTTLED", "Dsn", "Queue", "clog_warning", "error_queue",
+__all__ = ["PAUSED", "THROTTLED", "Dsn", "Queue", "clog_warning", "error_queue",
            "queue_done", "queue_obtain", "queue_unthrottle"]
 
 

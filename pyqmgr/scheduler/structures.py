@@ -58,8 +58,19 @@ class Entry:
                 f"{self.queue.name} x{len(self.recipients)}{' busy' if self.busy else ''})")
 
 
+#: The two values of ``Queue.window`` that are not a window, as stock's
+#: QMGR_QUEUE_STAT_THROTTLED and QMGR_QUEUE_STAT_SUSPENDED: the destination is dead
+#: (``Queue.dsn`` says why, ``revive_at`` when it is tried again), or paused by
+#: ``destination_rate_delay`` until ``paused_until``. Stock calls the pause
+#: "suspended"; here it is "paused", so that "suspend" only ever means an operator's
+#: hold (:mod:`.suspension`). They share the int with the window, as in stock,
+#: because every selection asks "may this destination take a delivery?" and
+#: ``window > 0`` answers it in one comparison. ``Queue.status`` names the state.
 THROTTLED = 0
-SUSPENDED = -1
+PAUSED = -1
+
+#: ``Queue.status``: a destination's state, one word each.
+READY, DEAD, RATE_PAUSED, HELD = "ready", "dead", "paused", "held"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +109,7 @@ class Queue:
     #: When a dead destination comes back (scheduler clock).
     revive_at: float | None = None
     #: When a rate-delayed destination may deliver again (scheduler clock).
-    resume_at: float | None = None
+    paused_until: float | None = None
     #: Earliest time for the next "is using up N of M active queue entries" warning.
     clog_time_to_warn: float = 0.0
     #: Why no delivery starts now though the destination is alive: an operator's
@@ -116,21 +127,32 @@ class Queue:
         return self.window > 0
 
     @property
+    def status(self) -> str:
+        """READY, DEAD, RATE_PAUSED or HELD (alive, but a gate holds it: an operator's
+        suspension, a rate's spacing, a backoff rule or a policy service's DEFER)."""
+        if self.window == THROTTLED:
+            return DEAD
+        if self.window == PAUSED:
+            return RATE_PAUSED
+        return READY if self.gate is None else HELD
+
+    @property
     def throttled(self) -> bool:
         return self.window == THROTTLED
 
     @property
-    def suspended(self) -> bool:
-        return self.window == SUSPENDED
+    def paused(self) -> bool:
+        return self.window == PAUSED
 
-    def suspend(self, now: float, delay: float) -> None:
-        """destination_rate_delay: emulate a slow channel by pausing this destination."""
-        self.window = SUSPENDED
-        self.resume_at = now + delay
+    def pause(self, now: float, delay: float) -> None:
+        """destination_rate_delay: emulate a slow channel by pausing this destination
+        (stock's qmgr_queue_suspend)."""
+        self.window = PAUSED
+        self.paused_until = now + delay
 
-    def resume(self) -> None:
+    def unpause(self) -> None:
         self.window = 1
-        self.resume_at = None
+        self.paused_until = None
 
     @property
     def idle(self) -> bool:

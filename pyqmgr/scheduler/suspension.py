@@ -19,8 +19,9 @@ that goes idle is discarded by the core and a new one made when mail comes again
 the new one must be suspended too. The table is consulted when a queue or transport is
 made, so its cost is one dict test per new queue while any suspension exists.
 
-Naming: Postfix's own "suspended" queue state is ``destination_rate_delay``'s pause
-(:attr:`.queue.Queue.suspended`); an operator's is a :class:`Suspension` in
+Naming: what Postfix's source calls a suspended queue is ``destination_rate_delay``'s
+pause, here :attr:`.queue.Queue.paused`, so that "suspended" means one thing: an
+operator's hold, a :class:`Suspension` in
 ``queue.gate``, the attribute that every reason to hold a live destination shares.
 """
 

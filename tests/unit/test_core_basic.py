@@ -42,7 +42,7 @@ def test_hop_failure_kills_site_and_reroutes_todo_to_retry():
     e = s.select("smtp").deliver
     s.done(e, -1, Dsn("4.4.1", "connect refused"), False, 10.0)
     q = s.transport("smtp").queues["example.com"]
-    assert q.throttled and q.revive_at == 310.0
+    assert q.throttled and q.revive_at == 310.0 and q.status == "dead"
     retry = s.transport(RETRY)
     assert retry.todo_count == 2
     (rq,) = retry.queues.values()
@@ -53,7 +53,7 @@ def test_hop_failure_kills_site_and_reroutes_todo_to_retry():
     s.assign(m2, routes(1))
     assert retry.todo_count == 3
     s.tick(310.0)
-    assert not q.throttled
+    assert not q.throttled and q.status == "ready"
 
 
 def test_dead_transport_and_dead_retry_means_synchronous_defer():
@@ -84,12 +84,13 @@ def test_destination_rate_delay_suspends_between_deliveries():
     assert s.select("smtp").deliver is None
     d = s.done(e, 0, None, False, 10.0)
     q = s.transport("smtp").queues["example.com"]
-    assert q.suspended and q.resume_at == 12.0 and d.timers == (12.0,)
+    assert q.paused and q.paused_until == 12.0 and d.timers == (12.0,)
+    assert q.status == "paused"
     assert s.select("smtp").deliver is None and not s.has_work("smtp")
     s.tick(11.9)
     assert s.select("smtp").deliver is None
     s.tick(12.0)
-    assert q.window == 1 and s.select("smtp").deliver is not None
+    assert q.window == 1 and q.status == "ready" and s.select("smtp").deliver is not None
 
 
 def test_send_failure_puts_the_entry_back_and_defers_the_transport():

@@ -89,7 +89,8 @@ def test_a_queue_made_while_suspended_is_held_too():
     s.assign(Message("Q2", 0.0), routes(1, "a.example", transport="relay"), now=0.0)
     assert sorted(drain(s)) == ["b.example", "relay:a.example"], (
         "other transports are not held")
-    assert s.transports["smtp"].queues["a.example"].gate is not None
+    held = s.transports["smtp"].queues["a.example"]
+    assert held.gate is not None and held.status == "held"
 
 
 def test_a_delivery_in_flight_finishes_and_the_window_is_kept():

@@ -140,7 +140,7 @@ class Nqmgr(Policy, NqState):
         if not message.more:
             move_limits(job)
         # A rate-delayed (suspended) queue postpones the decision until it resumes.
-        if not queue.suspended and queue.blocker_tag == self.blocker_tag:
+        if not queue.paused and queue.blocker_tag == self.blocker_tag:
             blocker_update(self, queue)
         peer.refcount -= 1
         if peer.refcount == 0:
