@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from pyqmgr.daemon.retry import Registry
 from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.settings import RetrySettings
-from pyqmgr.simulator.message import _SimMessage
+from pyqmgr.simulator.message import SimMessage
 
 if TYPE_CHECKING:
     from pyqmgr.postfix.config import QmgrConfig
@@ -45,7 +45,7 @@ class Host(Protocol):
     def result(self) -> Counts: ...
     def at(self, when: float, action: Callable[[], None]) -> None: ...
     def _feed(self) -> None: ...
-    def _let_in(self, msg: _SimMessage, feed: bool = True) -> None: ...
+    def _let_in(self, msg: SimMessage, feed: bool = True) -> None: ...
 
 
 class DeferredQueue:
@@ -55,7 +55,7 @@ class DeferredQueue:
     def __init__(self, host: Host, retry: RetrySettings | None, seed: int | None) -> None:
         self.host = host
         self.retry = retry
-        self.deferred: dict[str, tuple[float, _SimMessage]] = {}
+        self.deferred: dict[str, tuple[float, SimMessage]] = {}
         self.scan_due = False
         #: The deferred scan's whole-second deadline once it has passed with the queue
         #: manager asleep (None: not waiting); see scan_deadline.
@@ -70,7 +70,7 @@ class DeferredQueue:
         if retry is not None and retry.recovery_rate is not None:
             self.registry = Registry(retry.recovery_limit)
 
-    def defer(self, msg: _SimMessage) -> None:
+    def defer(self, msg: SimMessage) -> None:
         """To the deferred queue with stock's retry time, plus the jitter; or, past its
         lifetime, returned to sender (qmgr_active_done: whole seconds since the queue
         file's creation)."""
@@ -158,7 +158,7 @@ class DeferredQueue:
         _, msg = self.deferred.pop(qid)
         if self.registry is not None:
             self.registry.forget(qid)
-        again = _SimMessage(Message(qid, self.host.now, rcpt_unread=len(msg.retry)), msg.retry,
+        again = SimMessage(Message(qid, self.host.now, rcpt_unread=len(msg.retry)), msg.retry,
                             msg.destination, msg.arrival, msg.scripts, msg.measured)
         again.tries = msg.tries
         again.children = msg.children

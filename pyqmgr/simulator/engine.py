@@ -48,7 +48,7 @@ from pyqmgr.scheduler.settings import SchedulingSettings, scheduling_settings
 from pyqmgr.scheduler.shaping import RULES
 from pyqmgr.simulator.deferred import DeferredQueue
 from pyqmgr.simulator.delegation import PolicyService
-from pyqmgr.simulator.message import _SimMessage
+from pyqmgr.simulator.message import SimMessage
 from pyqmgr.simulator.remote import Remote
 from pyqmgr.simulator.scenario import (
     MessageSpec,
@@ -124,7 +124,7 @@ class Result:
             else:
                 points.append(point)
 
-    def add_delays(self, now: float, msg: _SimMessage, dest: str, n: int) -> None:
+    def add_delays(self, now: float, msg: SimMessage, dest: str, n: int) -> None:
         """``n`` recipients of ``msg`` delivered to ``dest`` now: their delays."""
         if msg.measured:
             delays = self.delays.get(dest)
@@ -205,7 +205,7 @@ class Engine:
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         #: Decisions of the engine event under way, acted on after it (:meth:`_decisions`).
         self._decided: list[Decisions] = []
-        self.incoming: deque[_SimMessage] = deque()
+        self.incoming: deque[SimMessage] = deque()
         self.active = 0
         #: Per transport: processes delivering or announced, and agents waiting for one.
         self.busy_procs: dict[str, int] = {}
@@ -335,7 +335,7 @@ class Engine:
                     if scripts is None:
                         scripts = {}
                     scripts[i] = parse_script(script)
-        msg = _SimMessage(Message(qid, self.now, rcpt_unread=len(routes)), routes,
+        msg = SimMessage(Message(qid, self.now, rcpt_unread=len(routes)), routes,
                           spread[0][0], self.now if born is None else born, scripts,
                           measured)
         msg.children = children
@@ -343,7 +343,7 @@ class Engine:
         msg.sched.owner = msg
         self._let_in(msg)
 
-    def _let_in(self, msg: _SimMessage, feed: bool = True) -> None:
+    def _let_in(self, msg: SimMessage, feed: bool = True) -> None:
         """Put a message in the active queue; its deliveries start after its transport's
         hand-off.
 
@@ -385,7 +385,7 @@ class Engine:
             routes = self._read(msg, sched.read_limit(msg.sched))
             self.apply(sched.assign(msg.sched, routes, now=self.now))
 
-    def _read(self, msg: _SimMessage, limit: int) -> list[Route]:
+    def _read(self, msg: SimMessage, limit: int) -> list[Route]:
         batch = msg.routes[msg.pos:msg.pos + limit]
         msg.pos += len(batch)
         msg.sched.rcpt_unread = len(msg.routes) - msg.pos
@@ -437,7 +437,7 @@ class Engine:
         done = [message for d in batch for message in d.finished]
         while done:
             for message in done:
-                msg: _SimMessage = message.owner
+                msg: SimMessage = message.owner
                 if message.more:
                     self.apply(sched.assign(message, self._read(msg, sched.read_limit(message)),
                                             now=self.now))
@@ -499,7 +499,7 @@ class Engine:
         return ready
 
     def _attempt(self, name: str, entry: Entry) -> None:
-        msg: _SimMessage = entry.message.owner
+        msg: SimMessage = entry.message.owner
         if msg.ready_at > self.now and name not in (RETRY, ERROR):
             # Still in its hand-off (see _let_in): the entry is chosen, its agent
             # waits for it.
@@ -567,7 +567,7 @@ class Engine:
 
     # -- the deferred queue (``[deferred] retry = true``; simulator/deferred.py) -----
 
-    def _deferred_rcpt(self, msg: _SimMessage, rcpt: Recipient) -> None:
+    def _deferred_rcpt(self, msg: SimMessage, rcpt: Recipient) -> None:
         """This attempt's recipient must be tried again."""
         msg.retry.append(msg.route_of(rcpt))
 

@@ -14,7 +14,7 @@ from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient, Route
 
 
-class _Waiter:
+class Waiter:
     __slots__ = ("entry", "start", "window", "served")
 
     def __init__(self, entry: Entry, start: float, window: int) -> None:
@@ -24,17 +24,17 @@ class _Waiter:
         self.served = False
 
 
-class _Server:
+class SimServer:
     __slots__ = ("sessions", "queue", "starts")
 
     def __init__(self) -> None:
         self.sessions = 0
-        self.queue: deque[_Waiter] = deque()
+        self.queue: deque[Waiter] = deque()
         #: Session start times in the last second (a rate-limiting server).
         self.starts: deque[float] = deque()
 
 
-class _SimMessage:
+class SimMessage:
     __slots__ = ("sched", "routes", "pos", "destination", "arrival", "retry", "waits",
                  "_by_rcpt", "scripts", "tries", "measured", "children", "bounce",
                  "ready_at")

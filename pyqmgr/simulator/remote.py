@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.scheduler.queue import Dsn
-from pyqmgr.simulator.message import _Server, _SimMessage, _Waiter
+from pyqmgr.simulator.message import SimMessage, SimServer, Waiter
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.entry import Entry
@@ -42,10 +42,10 @@ class Remote:
         #: The run's random numbers (latencies, RCPT replies), shared with the engine
         #: so that a seed draws the same sequence as before.
         self.rng = rng
-        self.servers: dict[str, _Server] = {}
+        self.servers: dict[str, SimServer] = {}
 
     def connect(self, entry: Entry, start: float, window: int, dest: Destination,
-                msg: _SimMessage) -> None:
+                msg: SimMessage) -> None:
         """An agent connects to ``dest`` for ``entry``: served, queued, refused or failed,
         as the destination's server would have it."""
         failure = msg.whole_failure(entry.recipients)
@@ -60,7 +60,7 @@ class Remote:
             hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
             self._end(0.0, entry, start, window, dest.name, "deferred", hop, False)
             return
-        server = self.servers.setdefault(dest.name, _Server())
+        server = self.servers.setdefault(dest.name, SimServer())
         if dest.rate_limit > 0:
             # A provider's rate limiting: more than rate_limit sessions in the last
             # second are answered rate_reply at once.
@@ -86,7 +86,7 @@ class Remote:
         if backlog < 0 or len(server.queue) < backlog:
             # In the listen queue: served when a server process frees up, unless the
             # client's greeting timeout comes first.
-            waiter = _Waiter(entry, start, window)
+            waiter = Waiter(entry, start, window)
             server.queue.append(waiter)
             self.host.at(self.host.now + dest.timeout, self.greeting_timeout(waiter, dest))
             return
@@ -115,7 +115,7 @@ class Remote:
 
     def serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
         self.servers[dest.name].sessions += 1
-        msg: _SimMessage = entry.message.owner
+        msg: SimMessage = entry.message.owner
         if msg.scripts is not None:
             self.serve_scripted(entry, start, window, dest, msg)
             return
@@ -128,7 +128,7 @@ class Remote:
         self._end(duration, entry, start, window, dest.name, "sent", None, True, replies)
 
     def serve_scripted(self, entry: Entry, start: float, window: int, dest: Destination,
-                        msg: _SimMessage) -> None:
+                        msg: SimMessage) -> None:
         """A replayed message: each recipient answers and takes as its script says
         (others as the destination's shares and latency would have them)."""
         duration = 0.0
@@ -158,7 +158,7 @@ class Remote:
             waiter.served = True
             self.serve(waiter.entry, waiter.start, waiter.window, self.host.sc.destinations[dest])
 
-    def greeting_timeout(self, waiter: _Waiter, dest: Destination) -> Callable[[], None]:
+    def greeting_timeout(self, waiter: Waiter, dest: Destination) -> Callable[[], None]:
         def expire() -> None:
             if waiter.served:
                 return
