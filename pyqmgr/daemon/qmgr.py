@@ -116,15 +116,12 @@ class Qmgr:
         self.log = log
         self.flow = flow
         pol = setup.policies
-        if pol.table.stock and pol.shaping is None:
-            # Stock scheduling; the process limits only inform explain.
-            self.scheduler = Scheduler.from_settings(cfg, refill=self._refill,
-                                                     process_limit_for=pol.process_limit)
-        else:
-            self.scheduler = Scheduler.from_settings(
-                cfg, refill=self._refill, policies=pol.table,
-                process_limit_for=pol.process_limit, fudge_factor=pol.fudge_factor,
-                shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None)
+        # With no pyqmgr.cf the table is nqmgr everywhere, the fudge factor stock's 100
+        # and shaping None: stock scheduling (the process limits only inform explain).
+        self.scheduler = Scheduler.from_settings(
+            cfg, refill=self._refill, policies=pol.table,
+            process_limit_for=pol.process_limit, fudge_factor=pol.fudge_factor,
+            shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None)
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}",
             ipc_timeout=cfg.qmgr_ipc_timeout,
