@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.redis import RedisServer
+from pyqmgr.testbed.redis import available as redis_available
 from pyqmgr.testbed.sink import SinkServer
 
 #: Tests that may skip in CI (``CI=true``), each with why. Anything else that skips there
@@ -79,6 +81,24 @@ def postfix_instance() -> Iterator[Callable[..., PostfixInstance]]:
 def postfix(postfix_instance: Callable[..., PostfixInstance]) -> Callable[..., PostfixInstance]:
     """The same factory under its older, shorter name."""
     return postfix_instance
+
+
+@pytest.fixture
+def redis_server() -> Iterator[Callable[..., RedisServer]]:
+    """Factory: ``redis_server(password=None)`` -> a started redis-server on loopback;
+    every one made is stopped and its directory removed at teardown."""
+    if not redis_available():
+        pytest.skip("needs Debian's redis-server (./dev installs it)")
+    made: list[RedisServer] = []
+
+    def make(**kw: object) -> RedisServer:
+        server = RedisServer(**kw)  # type: ignore[arg-type]
+        made.append(server)
+        return server.start()
+
+    yield make
+    for server in made:
+        server.stop()
 
 
 @pytest.fixture

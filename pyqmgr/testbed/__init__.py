@@ -23,6 +23,7 @@ _EXPORTS = {
     "ReceivedMessage": "sink",
     "Postfwd": "postfwd",
     "FakePolicyServer": "policy_server",
+    "RedisServer": "redis",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,137 @@
+"""A throwaway Redis server on loopback, for the fleet's tests (issue #23).
+
+The fleet's shared state is only worth testing against the real server: Debian's
+``redis-server`` runs the same Lua and answers with the same errors as in production.
+Each server gets a directory of its own (its unix socket, its log), listens on
+127.0.0.1 only, persists nothing, and is always stopped: :meth:`stop` (also the
+context manager's exit) sends SIGTERM to its process, then SIGKILL, and removes the
+directory. :meth:`stop` and :meth:`start` again on the same port and socket are how a
+test takes Redis away mid-run and brings it back; :meth:`freeze` and :meth:`thaw`
+(SIGSTOP, SIGCONT) make it a server that accepts and never answers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+
+from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
+
+REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def available() -> bool:
+    return os.access(REDIS_SERVER, os.X_OK)
+
+
+class RedisServer:
+    """``redis-server`` on 127.0.0.1 and a unix socket; ``password`` sets requirepass."""
+
+    __test__ = False
+
+    def __init__(self, password: str | None = None) -> None:
+        self.password = password
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="pyqmgr-redis-")
+        os.chmod(self.dir, 0o755)
+        self.socket_path = os.path.join(self.dir, "redis.sock")
+        self.log_path = os.path.join(self.dir, "redis.log")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.frozen = False
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20) -> RedisServer:
+        args = [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(self.port),
+                "--unixsocket", self.socket_path, "--unixsocketperm", "777",
+                "--save", "", "--appendonly", "no", "--dir", self.dir,
+                "--logfile", self.log_path, "--daemonize", "no",
+                "--protected-mode", "no" if self.password else "yes"]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     cwd=self.dir, start_new_session=True)
+        try:
+            wait_until(self._ready, timeout, "redis-server to answer PING",
+                       detail=lambda: f"redis log:\n{self.log_tail()}")
+        except BaseException:
+            self.stop(remove=False)
+            raise
+        return self
+
+    def _ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise TestbedError(f"redis-server exited ({self.proc.returncode}):\n"
+                               f"{self.log_tail()}")
+        try:
+            return self.command("PING") in (b"+PONG\r\n", b"-NOAUTH")
+        except OSError:
+            return False
+
+    def command(self, *args: str) -> bytes:
+        """One command by hand (AUTH first when there is a password); the raw reply."""
+        payload = b""
+        commands = ([("AUTH", self.password)] if self.password else []) + [args]
+        for cmd in commands:
+            payload += b"*%d\r\n" % len(cmd) + b"".join(
+                b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in cmd)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+            s.sendall(payload)
+            data = b""
+            s.settimeout(2)
+            want = len(commands)
+            while data.count(b"\r\n") < want:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        if self.password:
+            data = data.split(b"\r\n", 1)[1]
+        return data
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def freeze(self) -> None:
+        """SIGSTOP: the server keeps its connections and answers nothing."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self.proc is not None and self.frozen:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.frozen = False
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop the server (the directory stays unless ``remove``, for a restart)."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            if self.frozen:
+                os.kill(proc.pid, signal.SIGCONT)
+                self.frozen = False
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,196 @@
+"""The fleet's Redis client against Debian's real redis-server, and against servers that
+misbehave: gone, frozen, refusing the password, speaking garbage, answering too much,
+dripping a reply byte by byte (pyqmgr/fleet/client.py).
+
+What must hold in every case (issue #23): no call waits longer than its deadline, a
+failure is a RedisUnavailable that says why, and the client comes back by itself once
+the server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from pyqmgr.fleet.client import Endpoint, RedisClient, RedisUnavailable
+from pyqmgr.fleet.resp import RedisError
+from pyqmgr.testbed.redis import RedisServer
+
+
+def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(coro_fn(), 60))
+
+
+def tcp(server: RedisServer, **kw: object) -> Endpoint:
+    return Endpoint(host="127.0.0.1", port=server.port, **kw)  # type: ignore[arg-type]
+
+
+def test_commands_pipelines_and_concurrent_callers(redis_server):
+    server = redis_server()
+
+    async def main() -> None:
+        client = RedisClient(tcp(server))
+        assert await client.call("SET", "k", "v") == "OK"
+        assert await client.call("GET", "k") == b"v"
+        assert await client.call("GET", "missing") is None
+        assert await client.pipeline([("INCR", "n"), ("INCR", "n"), ("GET", "n")]) == [
+            1, 2, b"2"]
+        # An error reply is a value, and the connection goes on.
+        err = await client.call("INCR", "k")
+        assert isinstance(err, RedisError) and err.kind == "ERR"
+        # Many callers at once on one connection: each gets its own reply.
+        got = await asyncio.gather(*(client.call("INCRBY", "c", i) for i in range(1, 201)))
+        assert sorted(got)[-1] == sum(range(1, 201)) and len(set(got)) == 200
+        assert await client.call("EVAL", "return {KEYS[1], ARGV[1]}", 1, "a", "b") == [
+            b"a", b"b"]
+        await client.close()
+
+    run(main)
+
+
+def test_unix_socket_database_and_password(redis_server):
+    server = redis_server(password="s3cret pass")
+
+    async def main() -> None:
+        client = RedisClient(Endpoint(path=server.socket_path, db=3, password="s3cret pass"))
+        assert await client.call("SET", "where", "db3") == "OK"
+        await client.close()
+        other = RedisClient(Endpoint(path=server.socket_path, db=0, password="s3cret pass"))
+        assert await other.call("GET", "where") is None
+        await other.close()
+        wrong = RedisClient(tcp(server, password="nope"))
+        with pytest.raises(RedisUnavailable) as exc:
+            await wrong.call("PING")
+        assert "AUTH refused" in str(exc.value) and "nope" not in str(exc.value)
+        none = RedisClient(tcp(server))
+        err = await none.call("PING")
+        assert isinstance(err, RedisError) and err.kind == "NOAUTH"
+        await none.close()
+
+    run(main)
+
+
+def test_redis_gone_fails_fast_and_comes_back(redis_server):
+    server = redis_server()
+
+    async def main() -> None:
+        client = RedisClient(tcp(server), timeout=0.5, retry_delay=0.3)
+        assert await client.call("PING") == "PONG"
+        await asyncio.to_thread(server.stop, False)
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailable):
+            await client.call("PING")
+        # Within the retry delay: refused without touching the network.
+        with pytest.raises(RedisUnavailable):
+            await client.call("PING")
+        assert time.monotonic() - started < 0.5
+        await asyncio.to_thread(server.start)
+        await asyncio.sleep(0.35)
+        assert await client.call("PING") == "PONG"
+        await client.close()
+
+    run(main)
+
+
+def test_a_frozen_redis_costs_one_deadline_then_fails_fast(redis_server):
+    server = redis_server()
+
+    async def main() -> None:
+        client = RedisClient(tcp(server), timeout=0.3, retry_delay=5)
+        assert await client.call("PING") == "PONG"
+        server.freeze()
+        try:
+            started = time.monotonic()
+            results = await asyncio.gather(*(client.call("PING") for _ in range(20)),
+                                           return_exceptions=True)
+            took = time.monotonic() - started
+            assert all(isinstance(r, RedisUnavailable) for r in results), results
+            assert "no reply within 0.3 s" in str(results[0])
+            assert 0.25 < took < 1.0, took
+            started = time.monotonic()
+            with pytest.raises(RedisUnavailable):
+                await client.call("PING")
+            assert time.monotonic() - started < 0.05
+        finally:
+            server.thaw()
+        await client.close()
+
+    run(main)
+
+
+async def fake_server(handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                        Awaitable[None]]) -> tuple[asyncio.Server, int]:
+    srv = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return srv, srv.sockets[0].getsockname()[1]
+
+
+@pytest.mark.parametrize("reply, says", [
+    (b"%garbage\r\n", "broke the protocol: unknown reply type"),
+    (b"$99999999\r\n", "broke the protocol: a bulk string of 99999999 is over the limit"),
+    (b"+PONG\r\n+EXTRA\r\n", "sent a reply nobody asked for"),
+    (b"", "closed the connection"),
+])
+def test_a_server_that_is_not_redis(reply, says):
+    async def main() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(100)
+            writer.write(reply)
+            await writer.drain()
+            if not reply:
+                writer.close()
+            await asyncio.sleep(2)
+            writer.close()
+
+        srv, port = await fake_server(handler)
+        client = RedisClient(Endpoint(host="127.0.0.1", port=port), timeout=1)
+        try:
+            if says == "sent a reply nobody asked for":
+                assert await client.call("PING") == "PONG"
+                await asyncio.sleep(0.2)
+                assert not client.connected and says in client.last_error
+            else:
+                with pytest.raises(RedisUnavailable, match=says):
+                    await client.call("PING")
+        finally:
+            await client.close()
+            srv.close()
+
+    run(main)
+
+
+def test_a_reply_dripping_slower_than_the_deadline():
+    async def main() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(100)
+            for byte in b"$10\r\n0123456789\r\n":
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(2)
+            writer.close()
+
+        srv, port = await fake_server(handler)
+        client = RedisClient(Endpoint(host="127.0.0.1", port=port), timeout=0.3)
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailable, match="no reply within 0.3 s"):
+            await client.call("GET", "x")
+        assert time.monotonic() - started < 0.6
+        await client.close()
+        srv.close()
+
+    run(main)
+
+
+def test_nothing_listening_is_unavailable_at_once():
+    async def main() -> None:
+        from pyqmgr.testbed.instance_base import free_port
+        client = RedisClient(Endpoint(host="127.0.0.1", port=free_port()), timeout=1)
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailable, match="cannot connect"):
+            await client.call("PING")
+        assert time.monotonic() - started < 0.5
+
+    run(main)
