@@ -1,0 +1,184 @@
+"""pyqmgr.cf's fleet settings, checked at start-up (issue #23).
+
+``shared_state`` turns the fleet on; without it nothing here matters and pyqmgr is one
+server as before. Every mistake is a start-up error naming pyqmgr.cf and the
+parameter, as for every other pyqmgr.cf setting.
+
+=====================================  =========================================================
+``shared_state``                       ``redis://HOST:PORT[/DB]`` or ``unix:/PATH[?db=N]``
+                                       (empty: off, the default)
+``shared_state_password_file``         a file holding Redis's password (its first line); it
+                                       must belong to root and be readable by root alone,
+                                       and is read at start-up, before the chroot
+``shared_state_failure``               ``local`` (Redis slow or gone: each node keeps to its
+                                       own limits, with a warning a minute) or ``hold`` (no
+                                       new delivery to a shared destination until Redis is
+                                       back); default ``local``
+``shared_state_timeout``               each Redis call's deadline (default 500ms, 10ms-10s)
+``shared_state_lease_time``            how long a delivery's lease on a fleet session lasts
+                                       unless renewed (default 60s, 2s-1h): a dead node's
+                                       sessions come back to the fleet after this
+``shared_state_prefix``                the keys' prefix, so fleets can share one Redis
+                                       (default ``pyqmgr:``)
+``shared_state_node``                  this node's name in the fleet and in every node's
+                                       maillog (default ``$myhostname``)
+=====================================  =========================================================
+
+The unix socket must be reachable from inside the queue manager's chroot when
+master.cf chroots qmgr; a TCP address always is.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from pyqmgr.fleet.client import Endpoint
+from pyqmgr.pyqmgr_cf import PyqmgrCf
+from pyqmgr.scheduler.shaping import ShapingError, parse_duration
+
+SHARED_STATE = "shared_state"
+PASSWORD_FILE = "shared_state_password_file"
+FAILURE = "shared_state_failure"
+TIMEOUT = "shared_state_timeout"
+LEASE_TIME = "shared_state_lease_time"
+PREFIX = "shared_state_prefix"
+NODE = "shared_state_node"
+
+#: What a node does while Redis is slow or gone.
+LOCAL, HOLD = "local", "hold"
+#: The longest password file read (a password is a line).
+MAX_PASSWORD_FILE = 4096
+#: Redis's own SUN path limit is the kernel's.
+_SUN_PATH_MAX = 107
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    endpoint: Endpoint
+    failure: str = LOCAL
+    timeout: float = 0.5
+    lease_time: float = 60.0
+    prefix: str = "pyqmgr:"
+    node: str = ""
+
+
+def parse_shared_state(text: str) -> Endpoint:
+    """``redis://HOST:PORT[/DB]`` or ``unix:/PATH[?db=N]``; ValueError says what is off."""
+    text = text.strip()
+    if text.startswith("unix:"):
+        path, _, query = text[5:].partition("?")
+        db = 0
+        if query:
+            name, eq, value = query.partition("=")
+            if name != "db" or not eq:
+                raise ValueError(f"{text!r}: after '?' only db=N")
+            db = _db(value, text)
+        if not path.startswith("/"):
+            raise ValueError(f"{text!r}: the socket path must be absolute")
+        if "\0" in path or len(os.fsencode(path)) > _SUN_PATH_MAX:
+            raise ValueError(f"{text!r}: not a usable socket path")
+        return Endpoint(path=path, db=db)
+    if not text.startswith("redis://"):
+        raise ValueError(f"{text!r}: expected redis://HOST:PORT[/DB] or unix:/PATH[?db=N]")
+    rest = text[8:]
+    if "@" in rest:
+        raise ValueError(f"{text!r}: no password in the address: use {PASSWORD_FILE}")
+    address, _, db_text = rest.partition("/")
+    if address.startswith("["):
+        host, bracket, tail = address[1:].partition("]")
+        if not bracket or not tail.startswith(":"):
+            raise ValueError(f"{text!r}: expected redis://[ADDRESS]:PORT")
+        port_text = tail[1:]
+    else:
+        host, colon, port_text = address.rpartition(":")
+        if not colon:
+            raise ValueError(f"{text!r}: the port is missing (Redis's own is 6379)")
+        if ":" in host:
+            raise ValueError(f"{text!r}: an IPv6 address must be in brackets")
+    if not host:
+        raise ValueError(f"{text!r}: empty host")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{text!r}: bad port {port_text!r}")
+    return Endpoint(host=host, port=int(port_text), db=_db(db_text, text) if db_text else 0)
+
+
+def _db(value: str, text: str) -> int:
+    if not value.isdigit() or int(value) > 1_000_000:
+        raise ValueError(f"{text!r}: bad database number {value!r}")
+    return int(value)
+
+
+def read_password(path: str) -> str:
+    """The password file's first line; ValueError unless root's alone and small."""
+    if not os.path.isabs(path):
+        raise ValueError(f"{path!r} is not an absolute path")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_uid != 0:
+            raise ValueError(f"{path} must belong to root (uid {st.st_uid})")
+        if st.st_mode & 0o077:
+            raise ValueError(f"{path} must be readable by root alone "
+                             f"(mode {stat.S_IMODE(st.st_mode):04o}; chmod 600)")
+        data = os.read(fd, MAX_PASSWORD_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PASSWORD_FILE:
+        raise ValueError(f"{path} is larger than {MAX_PASSWORD_FILE} bytes")
+    password = data.decode("utf-8", "replace").split("\n", 1)[0].rstrip("\r")
+    if not password:
+        raise ValueError(f"{path}: the first line is empty")
+    return password
+
+
+def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
+    """pyqmgr.cf's fleet settings; None when ``shared_state`` is unset or empty."""
+    text = (settings.get(SHARED_STATE) or "").strip()
+    if not text:
+        for name in (PASSWORD_FILE, FAILURE, TIMEOUT, LEASE_TIME, PREFIX, NODE):
+            if settings.get(name) is not None:
+                raise settings.error(name, f"has no effect without {SHARED_STATE}")
+        return None
+    try:
+        endpoint = parse_shared_state(text)
+    except ValueError as exc:
+        raise settings.error(SHARED_STATE, str(exc)) from None
+    password_file = (settings.get(PASSWORD_FILE) or "").strip()
+    if password_file:
+        try:
+            endpoint = Endpoint(endpoint.host, endpoint.port, endpoint.path, endpoint.db,
+                                read_password(password_file))
+        except ValueError as exc:
+            raise settings.error(PASSWORD_FILE, str(exc)) from None
+    failure = (settings.get(FAILURE) or LOCAL).strip()
+    if failure not in (LOCAL, HOLD):
+        raise settings.error(FAILURE, f"expected {LOCAL} or {HOLD}, not {failure!r}")
+    timeout = _duration(settings, TIMEOUT, "500ms", 0.01, 10.0)
+    lease = _duration(settings, LEASE_TIME, "60s", 2.0, 3600.0)
+    prefix = settings.get(PREFIX)
+    prefix = "pyqmgr:" if prefix is None else prefix.strip()
+    if not prefix or any(c.isspace() for c in prefix) or len(prefix) > 64:
+        raise settings.error(PREFIX, f"a word of 1 to 64 characters, not {prefix!r}")
+    node = (settings.get(NODE) or myhostname).strip()
+    if not node or any(c.isspace() or not c.isprintable() for c in node) or len(node) > 255:
+        raise settings.error(NODE, f"a name without spaces, not {node!r}")
+    return FleetSettings(endpoint, failure, timeout, lease, prefix, node)
+
+
+def _duration(settings: PyqmgrCf, name: str, default: str, lo: float, hi: float) -> float:
+    text = (settings.get(name) or default).strip()
+    try:
+        seconds = parse_duration(text, name)
+    except ShapingError as exc:
+        raise settings.error(name, str(exc).partition(": ")[2]) from None
+    if not lo <= seconds <= hi:
+        raise settings.error(name, f"{text!r} is outside {lo:g}s to {hi:g}s")
+    return seconds
+

@@ -1,0 +1,134 @@
+"""pyqmgr.cf's fleet settings: off by default, every mistake a start-up error naming
+the parameter, and the password file root's alone (pyqmgr/fleet/settings.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pyqmgr.fleet.client import Endpoint
+from pyqmgr.fleet.settings import (
+    HOLD,
+    LOCAL,
+    MAX_PASSWORD_FILE,
+    fleet_settings,
+    parse_shared_state,
+    read_password,
+)
+from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
+
+PATH = "/etc/postfix/pyqmgr.cf"
+
+
+def settings(text: str):
+    return fleet_settings(from_text(text, PATH), "mx1.example")
+
+
+def test_off_unless_shared_state_is_set():
+    assert settings("") is None
+    assert settings("shared_state =\n") is None
+    with pytest.raises(PyqmgrCfError, match="shared_state_failure: has no effect without"):
+        settings("shared_state_failure = hold\n")
+
+
+def test_defaults():
+    got = settings("shared_state = redis://127.0.0.1:6379\n")
+    assert got is not None
+    assert got.endpoint == Endpoint(host="127.0.0.1", port=6379)
+    assert (got.failure, got.timeout, got.lease_time, got.prefix, got.node) == (
+        LOCAL, 0.5, 60.0, "pyqmgr:", "mx1.example")
+
+
+@pytest.mark.parametrize("text, endpoint", [
+    ("redis://127.0.0.1:6379/2", Endpoint(host="127.0.0.1", port=6379, db=2)),
+    ("redis://redis.example:7000", Endpoint(host="redis.example", port=7000)),
+    ("redis://[::1]:6379/0", Endpoint(host="::1", port=6379)),
+    ("unix:/run/redis/redis.sock", Endpoint(path="/run/redis/redis.sock")),
+    ("unix:/run/redis/redis.sock?db=4", Endpoint(path="/run/redis/redis.sock", db=4)),
+])
+def test_addresses(text, endpoint):
+    assert parse_shared_state(text) == endpoint
+
+
+@pytest.mark.parametrize("text, says", [
+    ("redis://127.0.0.1", "the port is missing"),
+    ("redis://127.0.0.1:0", "bad port"),
+    ("redis://127.0.0.1:99999", "bad port"),
+    ("redis://:6379", "empty host"),
+    ("redis://::1:6379", "IPv6 address must be in brackets"),
+    ("redis://127.0.0.1:6379/x", "bad database number"),
+    ("redis://user:pw@127.0.0.1:6379", "no password in the address"),
+    ("unix:run/redis.sock", "must be absolute"),
+    ("unix:/run/redis.sock?database=1", "only db=N"),
+    ("unix:/" + "x" * 200, "not a usable socket path"),
+    ("http://127.0.0.1:6379", "expected redis://"),
+])
+def test_bad_addresses_name_the_parameter(text, says):
+    with pytest.raises(PyqmgrCfError) as exc:
+        settings(f"shared_state = {text}\n")
+    assert f"{PATH}: parameter shared_state: " in str(exc.value) and says in str(exc.value)
+
+
+@pytest.mark.parametrize("line, says", [
+    ("shared_state_failure = stop", "expected local or hold"),
+    ("shared_state_timeout = 0", "a duration must be more than 0"),
+    ("shared_state_timeout = 5ms", "outside 0.01s to 10s"),
+    ("shared_state_timeout = 1h", "outside"),
+    ("shared_state_timeout = soon", "shared_state_timeout"),
+    ("shared_state_lease_time = 1s", "outside 2s to 3600s"),
+    ("shared_state_prefix = a b", "a word of 1 to 64"),
+    ("shared_state_node = mx 1", "a name without spaces"),
+])
+def test_bad_values_name_the_parameter(line, says):
+    with pytest.raises(PyqmgrCfError) as exc:
+        settings(f"shared_state = redis://127.0.0.1:6379\n{line}\n")
+    name = line.split(" = ")[0]
+    assert f"parameter {name}: " in str(exc.value) and says in str(exc.value)
+
+
+def test_hold_and_the_others_set():
+    got = settings("shared_state = unix:/run/r.sock\nshared_state_failure = hold\n"
+                   "shared_state_timeout = 200ms\nshared_state_lease_time = 30s\n"
+                   "shared_state_prefix = eu:\nshared_state_node = relay-2\n")
+    assert got is not None and (got.failure, got.timeout, got.lease_time, got.prefix,
+                                got.node) == (HOLD, 0.2, 30.0, "eu:", "relay-2")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the password file must belong to root")
+def test_the_password_file(tmp_path):
+    pw = tmp_path / "redis.pw"
+    pw.write_text("s3cret\nignored\n")
+    os.chmod(pw, 0o600)
+    assert read_password(str(pw)) == "s3cret"
+    got = settings(f"shared_state = redis://127.0.0.1:6379\nshared_state_password_file = {pw}\n")
+    assert got is not None and got.endpoint.password == "s3cret"
+    # The password never shows in what is printed of the address.
+    assert "s3cret" not in str(got.endpoint)
+    os.chmod(pw, 0o640)
+    with pytest.raises(ValueError, match="readable by root alone"):
+        read_password(str(pw))
+    os.chmod(pw, 0o600)
+    os.chown(pw, 65534, 0)
+    with pytest.raises(ValueError, match="must belong to root"):
+        read_password(str(pw))
+    os.chown(pw, 0, 0)
+    link = tmp_path / "link"
+    link.symlink_to(pw)
+    with pytest.raises(ValueError, match="cannot open"):
+        read_password(str(link))
+    pw.write_bytes(b"x" * (MAX_PASSWORD_FILE + 1))
+    with pytest.raises(ValueError, match="larger than"):
+        read_password(str(pw))
+    pw.write_text("\n")
+    with pytest.raises(ValueError, match="first line is empty"):
+        read_password(str(pw))
+    with pytest.raises(ValueError, match="not an absolute path"):
+        read_password("redis.pw")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_password(str(fifo))
+    with pytest.raises(PyqmgrCfError, match="parameter shared_state_password_file: "):
+        settings(f"shared_state = redis://127.0.0.1:6379\n"
+                 f"shared_state_password_file = {tmp_path}/missing\n")
