@@ -1,0 +1,174 @@
+"""The fleet's shared state in Redis: sessions as leases, rates as GCRA, holds.
+
+Each operation is one Lua script, so it is atomic in Redis and costs one round trip;
+the scripts read Redis's own clock (``TIME``), so the nodes' clocks may differ. Keys
+live under the fleet's prefix (``shared_state_prefix``) and name the destination by
+transport and queue name, as every node names it:
+
+``{prefix}sessions:{transport}:{queue}``
+    A sorted set: one member per delivery under way in the fleet (``node/serial``),
+    scored by when its lease expires (Redis milliseconds). Expired members are dropped
+    whenever the set is touched, so a node killed mid-delivery gives its sessions back
+    within the lease time; a live node renews its leases well before that.
+``{prefix}rate:{transport}:{queue}``
+    The GCRA's theoretical arrival time (Redis milliseconds) of the destination's
+    fleet-wide rate: a start is allowed when ``now >= tat - (burst - 1) * interval``,
+    and moves ``tat`` one interval on.
+
+:meth:`Shared.admit` does both in one script, and takes neither unless both allow:
+a start refused for its rate does not hold a session, and one refused for the
+sessions does not spend the rate.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from pyqmgr.fleet.client import RedisClient, RedisUnavailable
+from pyqmgr.fleet.resp import RedisError, Reply
+
+#: KEYS: sessions, rate. ARGV: lease ms, session limit (0: none), rate interval ms
+#: (0: none), burst, member. Returns {admitted 1/0, wait ms, sessions in use}.
+ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local interval, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local used = redis.call('ZCARD', KEYS[1])
+if limit > 0 and used >= limit then
+  return {0, 0, used}
+end
+local tat = now
+if interval > 0 then
+  tat = tonumber(redis.call('GET', KEYS[2]) or now)
+  if tat < now then tat = now end
+  local allow_at = tat - (burst - 1) * interval
+  if now < allow_at then
+    return {0, allow_at - now, used}
+  end
+  redis.call('SET', KEYS[2], tat + interval, 'PX', tat + interval - now + 1000)
+end
+if limit > 0 then
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[5])
+  redis.call('PEXPIRE', KEYS[1], lease)
+  used = used + 1
+end
+return {1, 0, used}
+"""
+
+#: KEYS: sessions. ARGV: lease ms, members... Renews those still held; returns how
+#: many were (a lease that expired meanwhile is not brought back: its slot may be
+#: another node's by now).
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+local renewed = 0
+for i = 2, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) > now then
+    redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
+    renewed = renewed + 1
+  end
+end
+if renewed > 0 then redis.call('PEXPIRE', KEYS[1], lease) end
+return renewed
+"""
+
+#: KEYS: sessions. Returns the members of unexpired leases.
+HOLDERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+"""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The fleet's answer to "may this node start a delivery to the destination?"."""
+
+    admitted: bool
+    #: When refused for the rate: seconds until a start would be allowed.
+    wait: float
+    #: Fleet sessions to the destination in use (this one included when admitted).
+    in_use: int
+    #: The lease to renew and release (empty when no session limit applies).
+    lease: str = ""
+
+
+class Shared:
+    """One node's view of the fleet's shared state, over one :class:`RedisClient`."""
+
+    def __init__(self, client: RedisClient, prefix: str, node: str,
+                 lease_time: float) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.node = node
+        self.lease_ms = max(1, int(lease_time * 1000))
+        self._serial = itertools.count(1)
+        self._sha: dict[str, str] = {}
+
+    def key(self, kind: str, transport: str, queue: str) -> str:
+        return f"{self.prefix}{kind}:{transport}:{queue}"
+
+    async def admit(self, transport: str, queue: str, limit: int,
+                    interval: float = 0.0, burst: int = 1) -> Admission:
+        """Take a fleet session (``limit`` > 0) and a rate slot (``interval`` > 0),
+        both or neither. RedisUnavailable when Redis does not answer in time."""
+        member = f"{self.node}/{next(self._serial)}" if limit > 0 else ""
+        reply = await self._script(
+            ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue)],
+            [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-"])
+        if not (isinstance(reply, list) and len(reply) == 3
+                and all(isinstance(x, int) for x in reply)):
+            raise RedisUnavailable(f"unexpected reply to the admission script: {reply!r:.80}")
+        admitted, wait_ms, in_use = (int(x) for x in reply)  # type: ignore[arg-type]
+        return Admission(bool(admitted), wait_ms / 1000, in_use, member if admitted else "")
+
+    async def renew(self, transport: str, queue: str, leases: list[str]) -> int:
+        """Renew this node's leases on one destination; how many were still held."""
+        if not leases:
+            return 0
+        reply = await self._script(RENEW, [self.key("sessions", transport, queue)],
+                                   [self.lease_ms, *leases])
+        if not isinstance(reply, int):
+            raise RedisUnavailable(f"unexpected reply to the renewal script: {reply!r:.80}")
+        return reply
+
+    async def release(self, transport: str, queue: str, lease: str) -> None:
+        """Give a session back to the fleet (a delivery ended)."""
+        if lease:
+            _checked(await self.client.call(
+                "ZREM", self.key("sessions", transport, queue), lease))
+
+    async def holders(self, transport: str, queue: str) -> list[str]:
+        """The leases under way to a destination, fleet-wide (``node/serial`` each)."""
+        reply = await self._script(HOLDERS, [self.key("sessions", transport, queue)], [])
+        if not isinstance(reply, list):
+            raise RedisUnavailable(f"unexpected reply to the holders script: {reply!r:.80}")
+        return [m.decode("utf-8", "replace") for m in reply if isinstance(m, bytes)]
+
+    async def _script(self, script: str, keys: list[str], args: list[object]) -> Reply:
+        """EVALSHA, loading the script once per connection's server when missing."""
+        sha = self._sha.get(script)
+        argv = [str(a) for a in args]
+        if sha is not None:
+            reply = await self.client.call("EVALSHA", sha, len(keys), *keys, *argv)
+            if not (isinstance(reply, RedisError) and reply.kind == "NOSCRIPT"):
+                return _checked(reply)
+        loaded = _checked(await self.client.call("SCRIPT", "LOAD", script))
+        if not isinstance(loaded, bytes):
+            raise RedisUnavailable(f"unexpected reply to SCRIPT LOAD: {loaded!r:.80}")
+        self._sha[script] = loaded.decode()
+        return _checked(await self.client.call(
+            "EVALSHA", self._sha[script], len(keys), *keys, *argv))
+
+
+
+def _checked(reply: Reply) -> Reply:
+    """An error reply from a script is a broken fleet, not an answer."""
+    if isinstance(reply, RedisError):
+        raise RedisUnavailable(f"Redis answered an error: {reply.message}")
+    return reply
