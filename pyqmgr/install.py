@@ -321,11 +321,13 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
     from pyqmgr.daemon import delegation, metrics
     from pyqmgr.daemon.policies import policy_setup
+    from pyqmgr.fleet.settings import fleet_settings
     from pyqmgr.scheduler.policy import PolicyError
 
     problems: list[str] = []
     for check in (lambda: policy_setup(settings, cfg), lambda: metrics.setup(settings, cfg),
-                  lambda: delegation.setup(settings)):
+                  lambda: delegation.setup(settings),
+                  lambda: fleet_settings(settings, cfg.myhostname)):
         try:
             check()
         except (PyqmgrCfError, PolicyError, ConfigError) as exc:

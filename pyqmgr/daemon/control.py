@@ -348,6 +348,8 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
             reply = annotate(scheduler_explain.status(qmgr.scheduler, now), qmgr.delegation)
             if qmgr.retry is not None:
                 reply["deferred_retry"] = qmgr.retry.status(now)
+            if qmgr.fleet is not None:
+                reply["fleet"] = qmgr.fleet.status()
             return reply
         if command == "explain":
             target = str(request["target"])

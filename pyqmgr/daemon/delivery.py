@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from pyqmgr.postfix.attr import AttrError, AttrParser, check_announcement
 from pyqmgr.postfix.deliver_request import PROTOCOL, DeliveryReply, decode_reply
+from pyqmgr.scheduler.entry import Entry
+
+if TYPE_CHECKING:
+    from pyqmgr.postfix.maillog_client import MailLog
 
 CONNECT_RETRY_DELAY = 0.01
 
@@ -227,3 +233,22 @@ class AgentCall:
                 self.loop.remove_reader(sock.fileno())
             sock.close()
             self.sock = None
+
+
+def expire_calls(calls: Iterable[AgentCall], log: MailLog) -> None:
+    """An agent silent for daemon_timeout is fatal, as in stock.
+
+    Stock's watchdogs (qmgr_transport_abort, qmgr_deliver_abort) call msg_fatal:
+    the qmgr exits, master starts a new one, and start-up recovery puts the
+    message back in the queue. Nothing is lost; the transport is not throttled.
+    """
+    now = time.monotonic()
+    for call in [c for c in calls if c.expired(now)]:
+        if call.state == "announce":
+            log.fatal(f"timeout connecting to transport: {call.entry}")
+        else:
+            entry = call.entry
+            assert isinstance(entry, Entry)
+            log.fatal(f"{entry.message.queue_id}: timeout receiving delivery "
+                      f"status from transport: {entry.transport}")
+        os._exit(1)

@@ -12,7 +12,6 @@ so messages reach the scheduler in the order they were read.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
@@ -26,22 +25,22 @@ from pyqmgr.daemon.active import (
     SCAN_START,
     ActiveMessage,
     ActiveQueue,
-    request_flags,
 )
 from pyqmgr.daemon.delegation import Delegation
-from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending
+from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
+from pyqmgr.daemon.fleet import Fleet
 from pyqmgr.daemon.metrics import DeliveryStats
+from pyqmgr.daemon.request import delivery_request
 from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.daemon.suspensions import Suspensions
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.config import QmgrConfig
-from pyqmgr.postfix.deliver_request import DeliveryReply, encode_request
+from pyqmgr.postfix.deliver_request import DeliveryReply
 from pyqmgr.postfix.log_adhoc import log_adhoc_line
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import FlowControl
 from pyqmgr.postfix.resolve import ResolveClient
-from pyqmgr.postfix.verp import verp_sender
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.decisions import NOTHING, Decisions, DeferRecipient
 from pyqmgr.scheduler.entry import Entry
@@ -52,22 +51,8 @@ from pyqmgr.scheduler.queue import Dsn
 #: cost, and agent replies are still served between passes.
 FEED_PER_PASS = 4
 
-SMTPUTF8_FLAG_SENDER = 4
-SMTPUTF8_FLAG_RECIPIENT = 8
-
 INCOMING = 0
 DEFERRED = 1
-
-
-def _utf8_address(address: str) -> bool:
-    """Non-ASCII and valid UTF-8 (undecodable bytes arrive as surrogates)."""
-    if address.isascii():
-        return False
-    try:
-        address.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class QueueScan:
@@ -155,6 +140,8 @@ class Qmgr:
         #: Delivery policy delegation (pyqmgr.cf delivery_policy_service); None: off.
         self.delegation: Delegation | None = (
             Delegation(self, setup.delegation) if setup.delegation is not None else None)
+        #: The fleet's shared limits (pyqmgr.cf shared_state); None: off.
+        self.fleet: Fleet | None = Fleet(self, setup.fleet) if setup.fleet is not None else None
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -225,7 +212,7 @@ class Qmgr:
             await asyncio.sleep(1.0)
             self.apply(self.scheduler.tick(time.monotonic()))
             self.resolver.expire_idle()
-            self.expire_calls()
+            expire_calls(self.calls, self.log)
             self.dispatch()
 
     # -- feeding ------------------------------------------------------------------------
@@ -433,12 +420,33 @@ class Qmgr:
         call.entry = entry
         call.selected = now
         self.dispatch()
-        if self.delegation is not None:
-            svc = self.delegation.service(name)
-            if svc is not None:
-                self.delegation.ask(call, entry, svc)
-                return PENDING
+        if self.fleet is None and self.delegation is None:
+            return self._request(entry)
+        return self._admission(call, entry, name)
+
+    def _admission(self, call: AgentCall, entry: Entry, name: str) -> bytes | Pending:
+        """Ask whoever must agree before a delivery starts: the fleet's shared limits,
+        then the delivery policy service; PENDING while one of them is asked."""
+        limits = self.fleet.limits(name) if self.fleet is not None else None
+        if limits is not None:
+            assert self.fleet is not None
+            self.fleet.admit(call, entry, limits)
+            return PENDING
+        return self._delegate(call, entry, name)
+
+    def _delegate(self, call: AgentCall, entry: Entry, name: str) -> bytes | Pending:
+        svc = self.delegation.service(name) if self.delegation is not None else None
+        if svc is not None:
+            assert self.delegation is not None
+            self.delegation.ask(call, entry, svc)
+            return PENDING
         return self._request(entry)
+
+    def fleet_admitted(self, call: AgentCall, entry: Entry) -> None:
+        """The fleet let the entry go: on to the policy service, or to the agent."""
+        request = self._delegate(call, entry, entry.queue.transport.name)
+        if not isinstance(request, Pending):
+            call.resume(request)
 
     def agent_deliver(self, call: AgentCall, entry: Entry) -> None:
         """The policy service let the entry go: send its request as :meth:`_agent_ready`
@@ -446,7 +454,10 @@ class Qmgr:
         call.resume(self._request(entry))
 
     def agent_next(self, call: AgentCall, name: str) -> None:
-        """The policy service held the agent's entry back: give the agent another."""
+        """The fleet or the policy service held the agent's entry back: give the agent
+        another (a fleet session it took for the entry goes back)."""
+        if self.fleet is not None:
+            self.fleet.released(call)
         now = time.monotonic()
         entry = self.apply(self.scheduler.reselect(name, now))
         if entry is None:
@@ -457,30 +468,12 @@ class Qmgr:
         call.entry = entry
         call.selected = now
         self.dispatch()
-        assert self.delegation is not None
-        svc = self.delegation.service(name)
-        if svc is not None:
-            self.delegation.ask(call, entry, svc)
-        else:
-            call.resume(self._request(entry))
+        request = self._admission(call, entry, name)
+        if not isinstance(request, Pending):
+            call.resume(request)
 
     def _request(self, entry: Entry) -> bytes:
-        """The delivery request for a selected entry."""
-        am: ActiveMessage = entry.message.owner
-        recipients = entry.recipients
-        verp = am.qf.verp_delims
-        sendopts = am.request.sendopts
-        if self.cfg.smtputf8_enable and any(_utf8_address(r.address) for r in recipients):
-            sendopts |= SMTPUTF8_FLAG_RECIPIENT | (SMTPUTF8_FLAG_SENDER if verp else 0)
-        sender = am.request.sender
-        if verp:
-            # One recipient per request with VERP (Message.single_rcpt).
-            first = recipients[0]
-            sender = verp_sender(verp, sender, first.address, first.orig_addr)
-        return encode_request(request_flags(am, entry.queue.dflags), am.request,
-                              entry.queue.nexthop,
-                              sendopts, sender, recipients,
-                              self.cfg.postfix_version.options_attribute)
+        return delivery_request(self.cfg, entry)
 
     def _agent_unavailable(self, call: AgentCall, why: str) -> None:
         """Connect or handshake failed: the transport is dead for transport_retry_time."""
@@ -495,6 +488,8 @@ class Qmgr:
     def _agent_send_failed(self, call: AgentCall, why: str) -> None:
         """The request could not be written: the entry goes back, the transport waits."""
         self.calls.discard(call)
+        if self.fleet is not None:
+            self.fleet.released(call)
         entry = call.entry
         assert isinstance(entry, Entry)
         self.log.warning(f"write to process ({entry.transport}): {why}")
@@ -505,6 +500,8 @@ class Qmgr:
     def _agent_reply(self, call: AgentCall, reply: DeliveryReply | None,
                      why: str | None) -> None:
         self.calls.discard(call)
+        if self.fleet is not None:
+            self.fleet.released(call)
         entry = call.entry
         assert isinstance(entry, Entry)
         now = time.monotonic()
@@ -525,25 +522,6 @@ class Qmgr:
             decisions = self.scheduler.done(entry, reply.status, dsn, False, now)
         self.apply(decisions)
         self.dispatch()
-
-    def expire_calls(self) -> None:
-        """An agent silent for daemon_timeout is fatal, as in stock.
-
-        Stock's watchdogs (qmgr_transport_abort, qmgr_deliver_abort) call msg_fatal:
-        the qmgr exits, master starts a new one, and start-up recovery puts the
-        message back in the queue. Nothing is lost; the transport is not throttled.
-        """
-        now = time.monotonic()
-        for call in [c for c in self.calls if c.expired(now)]:
-            if call.state == "announce":
-                name = call.entry
-                self.log.fatal(f"timeout connecting to transport: {name}")
-            else:
-                entry = call.entry
-                assert isinstance(entry, Entry)
-                self.log.fatal(f"{entry.message.queue_id}: timeout receiving delivery "
-                               f"status from transport: {entry.transport}")
-            os._exit(1)
 
     def in_flight(self) -> list[Entry]:
         """Entries out with delivery agents now (the core keeps no list of them)."""

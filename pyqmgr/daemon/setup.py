@@ -14,6 +14,7 @@ from pyqmgr.daemon.delegation import DelegationSetup
 from pyqmgr.daemon.metrics import MetricsSettings
 from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.daemon.suspensions import StateFile
+from pyqmgr.fleet.settings import FleetSettings
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,5 @@ class DaemonSetup:
     metrics: MetricsSettings | None = None
     #: delivery_policy_service and its settings (None: no delegation).
     delegation: DelegationSetup | None = None
+    #: shared_state and the fleet's limits (None: one server, no fleet).
+    fleet: FleetSettings | None = None

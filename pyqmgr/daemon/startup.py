@@ -26,9 +26,10 @@ from typing import Protocol
 
 from pyqmgr import trust
 from pyqmgr.daemon import control, delegation, metrics, suspensions
-from pyqmgr.daemon.policies import PolicySetup, policy_setup
+from pyqmgr.daemon.policies import policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.daemon.setup import DaemonSetup
+from pyqmgr.fleet.settings import fleet_settings
 from pyqmgr.postfix import version
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
@@ -133,6 +134,8 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
         from pyqmgr.daemon import metrics_exporter  # noqa: F401
     # Delivery policy delegation: every form of its settings checked now.
     delegation_cf = delegation.setup(pyqmgr_cf)
+    # The fleet's shared state: its password file is read now, as root.
+    fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -155,9 +158,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # the scheduler's structures are acyclic apart from long-lived back references.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 50, 100)
-    return asyncio.run(_serve(cfg, log, status, flow, daemon, policies,
-                              access if control_dir else None, state, metrics_cf,
-                              delegation_cf))
+    setup = DaemonSetup(policies, state, metrics_cf, delegation_cf, fleet_cf)
+    return asyncio.run(_serve(cfg, log, status, flow, daemon, setup,
+                              access if control_dir else None))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:
@@ -229,11 +232,7 @@ def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> No
 
 async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
                  flow: FlowControl | None, daemon: QueueManagerFactory,
-                 policies: PolicySetup,
-                 access: control.Access | None = None,
-                 state: suspensions.StateFile | None = None,
-                 metrics_cf: metrics.MetricsSettings | None = None,
-                 delegation_cf: delegation.DelegationSetup | None = None) -> int:
+                 setup: DaemonSetup, access: control.Access | None = None) -> int:
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[int] = loop.create_future()
 
@@ -252,7 +251,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
 
         profiler = cProfile.Profile()
         profiler.enable()
-    qmgr = daemon(cfg, log, flow, DaemonSetup(policies, state, metrics_cf, delegation_cf))
+    qmgr = daemon(cfg, log, flow, setup)
+    metrics_cf = setup.metrics
     if isinstance(qmgr, Qmgr):
         # Before start(): recovered mail for a suspended destination must be held.
         qmgr.suspensions.restore()
@@ -287,4 +287,7 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     if isinstance(qmgr, Qmgr) and qmgr.delegation is not None:
         with contextlib.suppress(Exception):
             qmgr.delegation.close()
+    if isinstance(qmgr, Qmgr) and qmgr.fleet is not None:
+        with contextlib.suppress(Exception):
+            qmgr.fleet.close()
     os._exit(code)

@@ -22,7 +22,18 @@ parameter, as for every other pyqmgr.cf setting.
                                        (default ``pyqmgr:``)
 ``shared_state_node``                  this node's name in the fleet and in every node's
                                        maillog (default ``$myhostname``)
+``fleet_destination_concurrency_limit``
+                                       deliveries under way to one destination across the
+                                       fleet (0: no fleet limit, the default); on top of
+                                       each node's own window and limits
+``fleet_destination_rate``             delivery starts to one destination across the fleet,
+                                       ``N/PERIOD`` (0: none, the default)
+``fleet_destination_rate_burst``       starts the rate lets through at once (default 1)
 =====================================  =========================================================
+
+The last three follow Postfix's naming rule: ``smtp_fleet_destination_rate`` for the
+smtp transport wins over ``fleet_destination_rate``. A destination is shared by name
+(transport and queue name), so every node must call it the same.
 
 The unix socket must be reachable from inside the queue manager's chroot when
 master.cf chroots qmgr; a TCP address always is.
@@ -36,7 +47,7 @@ from dataclasses import dataclass
 
 from pyqmgr.fleet.client import Endpoint
 from pyqmgr.pyqmgr_cf import PyqmgrCf
-from pyqmgr.scheduler.shaping import ShapingError, parse_duration
+from pyqmgr.scheduler.shaping import Rate, ShapingError, parse_duration, parse_rate
 
 SHARED_STATE = "shared_state"
 PASSWORD_FILE = "shared_state_password_file"
@@ -45,6 +56,12 @@ TIMEOUT = "shared_state_timeout"
 LEASE_TIME = "shared_state_lease_time"
 PREFIX = "shared_state_prefix"
 NODE = "shared_state_node"
+FLEET_LIMIT = "fleet_destination_concurrency_limit"
+FLEET_RATE = "fleet_destination_rate"
+FLEET_BURST = "fleet_destination_rate_burst"
+#: The per-transport parameters, longest first (a suffix test picks the right one).
+PER_TRANSPORT = (FLEET_BURST, FLEET_LIMIT, FLEET_RATE)
+MAX_FLEET_LIMIT = 100_000
 
 #: What a node does while Redis is slow or gone.
 LOCAL, HOLD = "local", "hold"
@@ -55,6 +72,20 @@ _SUN_PATH_MAX = 107
 
 
 @dataclass(frozen=True)
+class Limits:
+    """One transport's fleet-wide limits on each of its destinations."""
+
+    #: Deliveries under way across the fleet (0: none).
+    sessions: int = 0
+    rate: Rate | None = None
+    burst: int = 1
+
+    @property
+    def active(self) -> bool:
+        return self.sessions > 0 or self.rate is not None
+
+
+@dataclass(frozen=True)
 class FleetSettings:
     endpoint: Endpoint
     failure: str = LOCAL
@@ -62,6 +93,25 @@ class FleetSettings:
     lease_time: float = 60.0
     prefix: str = "pyqmgr:"
     node: str = ""
+    #: pyqmgr.cf, for the per-transport limits (every form checked at start-up).
+    settings: PyqmgrCf | None = None
+
+    def limits_for(self, transport: str) -> Limits:
+        """The transport's fleet limits (all-zero when none applies)."""
+        if self.settings is None:
+            return Limits()
+        return _limits(self.settings, transport)
+
+
+def _limits(settings: PyqmgrCf, transport: str | None) -> Limits:
+    sessions = settings.get_int(FLEET_LIMIT, transport, 0, 0, MAX_FLEET_LIMIT)
+    used = settings.which(FLEET_RATE, transport) or FLEET_RATE
+    try:
+        rate = parse_rate(settings.get(FLEET_RATE, transport) or "", used)
+    except ShapingError as exc:
+        raise settings.error(used, str(exc).partition(": ")[2]) from None
+    burst = settings.get_int(FLEET_BURST, transport, 1, 1, 100_000)
+    return Limits(sessions, rate, burst)
 
 
 def parse_shared_state(text: str) -> Endpoint:
@@ -141,11 +191,16 @@ def read_password(path: str) -> str:
 def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
     """pyqmgr.cf's fleet settings; None when ``shared_state`` is unset or empty."""
     text = (settings.get(SHARED_STATE) or "").strip()
+    per_transport = [k for k in settings.values if k.endswith(PER_TRANSPORT)]
     if not text:
-        for name in (PASSWORD_FILE, FAILURE, TIMEOUT, LEASE_TIME, PREFIX, NODE):
+        for name in (PASSWORD_FILE, FAILURE, TIMEOUT, LEASE_TIME, PREFIX, NODE,
+                     *per_transport):
             if settings.get(name) is not None:
                 raise settings.error(name, f"has no effect without {SHARED_STATE}")
         return None
+    for key in per_transport:
+        name = next(n for n in PER_TRANSPORT if key.endswith(n))
+        _limits(settings, key[:-len(name) - 1] or None)
     try:
         endpoint = parse_shared_state(text)
     except ValueError as exc:
@@ -169,7 +224,7 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
     node = (settings.get(NODE) or myhostname).strip()
     if not node or any(c.isspace() or not c.isprintable() for c in node) or len(node) > 255:
         raise settings.error(NODE, f"a name without spaces, not {node!r}")
-    return FleetSettings(endpoint, failure, timeout, lease, prefix, node)
+    return FleetSettings(endpoint, failure, timeout, lease, prefix, node, settings)
 
 
 def _duration(settings: PyqmgrCf, name: str, default: str, lo: float, hi: float) -> float:

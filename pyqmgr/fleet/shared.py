@@ -6,7 +6,8 @@ live under the fleet's prefix (``shared_state_prefix``) and name the destination
 transport and queue name, as every node names it:
 
 ``{prefix}sessions:{transport}:{queue}``
-    A sorted set: one member per delivery under way in the fleet (``node/serial``),
+    A sorted set: one member per delivery under way in the fleet
+    (``node/instance/serial``),
     scored by when its lease expires (Redis milliseconds). Expired members are dropped
     whenever the set is touched, so a node killed mid-delivery gives its sessions back
     within the lease time; a live node renews its leases well before that.
@@ -23,6 +24,7 @@ sessions does not spend the rate.
 from __future__ import annotations
 
 import itertools
+import secrets
 from dataclasses import dataclass
 
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable
@@ -108,6 +110,10 @@ class Shared:
         self.node = node
         self.lease_ms = max(1, int(lease_time * 1000))
         self._serial = itertools.count(1)
+        #: Lease names are NODE/INSTANCE/SERIAL: the instance, new at every start, keeps
+        #: two processes with one node name (a restarted qmgr, or two servers with the
+        #: same myhostname) from renewing or counting each other's leases as one.
+        self.instance = secrets.token_hex(4)
         self._sha: dict[str, str] = {}
 
     def key(self, kind: str, transport: str, queue: str) -> str:
@@ -117,7 +123,7 @@ class Shared:
                     interval: float = 0.0, burst: int = 1) -> Admission:
         """Take a fleet session (``limit`` > 0) and a rate slot (``interval`` > 0),
         both or neither. RedisUnavailable when Redis does not answer in time."""
-        member = f"{self.node}/{next(self._serial)}" if limit > 0 else ""
+        member = f"{self.node}/{self.instance}/{next(self._serial)}" if limit > 0 else ""
         reply = await self._script(
             ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue)],
             [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-"])
@@ -144,7 +150,7 @@ class Shared:
                 "ZREM", self.key("sessions", transport, queue), lease))
 
     async def holders(self, transport: str, queue: str) -> list[str]:
-        """The leases under way to a destination, fleet-wide (``node/serial`` each)."""
+        """The leases under way to a destination, fleet-wide (``node/instance/serial``)."""
         reply = await self._script(HOLDERS, [self.key("sessions", transport, queue)], [])
         if not isinstance(reply, list):
             raise RedisUnavailable(f"unexpected reply to the holders script: {reply!r:.80}")

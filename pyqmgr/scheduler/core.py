@@ -467,9 +467,15 @@ class Scheduler:
         return self.select(name, now)
 
     def hold_back(self, entry: Entry, until: float, setting: str, text: str,
-                  now: float) -> Decisions:
-        """The policy service said "not now": the entry and its destination wait."""
-        delegation.hold_back(self, entry, until, setting, text, now)
+                  now: float, kind: str = delegation.POLICY_GATE) -> Decisions:
+        """A policy service or the fleet said "not now": the entry and its
+        destination wait (``kind`` names the gate in explain)."""
+        delegation.hold_back(self, entry, until, setting, text, now, kind)
+        return self.out.take()
+
+    def lift_hold(self, transport: str, queue_name: str, kind: str, now: float) -> Decisions:
+        """A hold of ``kind`` ends early (the fleet freed a session here)."""
+        delegation.lift_hold(self, transport, queue_name, kind, now)
         return self.out.take()
 
     def reject_to_error(self, entry: Entry, dsn: Dsn, now: float) -> Decisions:

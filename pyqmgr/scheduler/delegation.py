@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.defer import defer_todo
 from pyqmgr.scheduler.entry import entry_done, entry_move_todo, entry_unselect
-from pyqmgr.scheduler.gates import close
+from pyqmgr.scheduler.gates import close, regate
 from pyqmgr.scheduler.queue import error_queue
 from pyqmgr.scheduler.shaping import Gate, Shape
 from pyqmgr.scheduler.structures import ERROR
@@ -22,9 +22,16 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.structures import Dsn, Entry
 
 
+#: The gate a policy service's DEFER puts on a destination.
+POLICY_GATE = "policy service"
+
+
 def hold_back(core: Core, entry: Entry, until: float, setting: str, text: str,
-              now: float) -> None:
+              now: float, kind: str = POLICY_GATE) -> None:
     """The policy service said "not now": the entry waits, its destination too.
+
+    The fleet's shared limits (:mod:`pyqmgr.daemon.fleet`) hold entries back the same
+    way, with a gate of their own ``kind``.
 
     The selected entry goes back to its queue's todo list (its request never left)
     and the queue is gated until ``until`` with a ``policy service`` gate, so no
@@ -52,9 +59,23 @@ def hold_back(core: Core, entry: Entry, until: float, setting: str, text: str,
             shape = t.shapes[queue.name] = Shape()
         queue.shape = shape
     if shape.gate is None or shape.gate.until < until:
-        close(core, queue, Gate("policy service", until, setting, text))
+        close(core, queue, Gate(kind, until, setting, text))
     else:
         t.sync(queue)
+
+
+def lift_hold(core: Core, transport: str, queue_name: str, kind: str, now: float) -> None:
+    """Open a destination's hold of ``kind`` before its time: what it waited for
+    came (the fleet: this node just gave a session back). Other gates stay."""
+    core.now = now
+    t = core.transports.get(transport)
+    shape = t.shapes.get(queue_name) if t is not None else None
+    if t is None or shape is None or shape.gate is None or shape.gate.kind != kind:
+        return
+    shape.gate = None
+    queue = t.queues.get(queue_name)
+    if queue is not None:
+        regate(core, queue)
 
 
 def reject_to_error(core: Core, entry: Entry, dsn: Dsn, now: float) -> bool:

@@ -167,6 +167,7 @@ class _SinkSMTP(SMTP):
         super().__init__(*args, **kw)
         self.sink = sink
         self._client: str | None = None
+        self._served = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -186,13 +187,25 @@ class _SinkSMTP(SMTP):
                 refuse()
             return
         self._client = client
+        self._served = True
         super().connection_made(transport)
 
+    async def smtp_QUIT(self, arg: str) -> None:
+        # A server's session slot is free once it answers QUIT: counting the session
+        # until the connection is torn down would count the client's next session,
+        # which may start the moment the 221 arrives, against the old one.
+        self._end_session()
+        await super().smtp_QUIT(arg)
+
+    def _end_session(self) -> None:
+        if self._client is not None:
+            self.sink._session_closed(self._client, self)
+            self._client = None
+
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._client is None:
-            return
-        self.sink._session_closed(self._client, self)
-        self._client = None
+        if not self._served:
+            return  # refused in connection_made: aiosmtpd never set it up
+        self._end_session()
         super().connection_lost(exc)
 
 

@@ -132,3 +132,32 @@ def test_the_password_file(tmp_path):
     with pytest.raises(PyqmgrCfError, match="parameter shared_state_password_file: "):
         settings(f"shared_state = redis://127.0.0.1:6379\n"
                  f"shared_state_password_file = {tmp_path}/missing\n")
+
+
+def test_per_transport_limits_follow_postfixs_naming_rule():
+    got = settings("shared_state = redis://127.0.0.1:6379\n"
+                   "fleet_destination_concurrency_limit = 20\n"
+                   "smtp_fleet_destination_concurrency_limit = 5\n"
+                   "smtp_fleet_destination_rate = 10/1s\n"
+                   "smtp_fleet_destination_rate_burst = 3\n")
+    assert got is not None
+    smtp, relay = got.limits_for("smtp"), got.limits_for("relay")
+    assert (smtp.sessions, str(smtp.rate), smtp.burst) == (5, "10/s", 3)
+    assert (relay.sessions, relay.rate, relay.burst) == (20, None, 1) and relay.active
+    none = settings("shared_state = redis://127.0.0.1:6379\n")
+    assert none is not None and not none.limits_for("smtp").active
+
+
+@pytest.mark.parametrize("line, says", [
+    ("relay_fleet_destination_concurrency_limit = many", "bad numerical value"),
+    ("fleet_destination_concurrency_limit = -1", "out of range"),
+    ("smtp_fleet_destination_rate = fast", "bad rate"),
+    ("smtp_fleet_destination_rate_burst = 0", "out of range"),
+])
+def test_bad_limits_are_start_up_errors_in_every_form(line, says):
+    name = line.split(" = ")[0]
+    with pytest.raises(PyqmgrCfError) as exc:
+        settings(f"shared_state = redis://127.0.0.1:6379\n{line}\n")
+    assert f"parameter {name}: " in str(exc.value) and says in str(exc.value)
+    with pytest.raises(PyqmgrCfError, match=f"{name}: has no effect without shared_state"):
+        settings(f"{line}\n")

@@ -1,0 +1,251 @@
+"""The fleet's limits in the daemon: ask Redis before a delivery starts (issue #23).
+
+With ``shared_state`` in pyqmgr.cf and a ``fleet_destination_concurrency_limit`` or
+``fleet_destination_rate`` for a transport, every delivery the scheduler selects for
+it first takes a fleet session and a rate slot in Redis (:mod:`pyqmgr.fleet.shared`,
+one round trip). Off unless set: the daemon never builds this without
+``shared_state``.
+
+It rides on the path delivery policy delegation made (:mod:`.delegation`): the agent
+has announced itself and the entry is selected (inside the node's own window, as
+stock's limits still hold); the question goes out as a task and the agent waits with
+its reader off. The answer comes back to synchronous code:
+
+* **admitted**: the delivery goes on (to the policy service, when one is set too,
+  then to the agent); its lease is renewed every third of ``shared_state_lease_time``
+  while the delivery runs and given back when it ends, however it ends;
+* **refused**: the entry goes back to its queue and the destination is gated
+  (``fleet`` in ``pyqmgr explain``) until the rate allows a start, or for
+  :data:`SESSION_RETRY` when the fleet's sessions are all in use; the agent is given
+  another entry. Nothing is deferred and nothing logged per refusal: waiting for the
+  fleet is the normal state of a busy destination.
+* **Redis slow or gone** (no answer within ``shared_state_timeout``):
+  ``shared_state_failure = local`` delivers under the node's own limits,
+  ``hold`` holds the destination back for :data:`HOLD_RETRY`; either way a warning at
+  most once a minute, and a line when Redis answers again. No delivery is lost or
+  doubled: the request is sent once, after the answer, or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pyqmgr.fleet.client import RedisClient, RedisUnavailable
+from pyqmgr.fleet.settings import (
+    FAILURE,
+    FLEET_LIMIT,
+    FLEET_RATE,
+    HOLD,
+    FleetSettings,
+    Limits,
+)
+from pyqmgr.fleet.shared import Admission, Shared
+from pyqmgr.postfix.policy_delegation import WarnGate
+from pyqmgr.scheduler.structures import ERROR, RETRY
+
+if TYPE_CHECKING:
+    from pyqmgr.daemon.delivery import AgentCall
+    from pyqmgr.postfix.maillog_client import MailLog
+    from pyqmgr.scheduler.core import Scheduler
+    from pyqmgr.scheduler.decisions import Decisions
+    from pyqmgr.scheduler.entry import Entry
+
+#: The gate explain shows for a destination the fleet holds back.
+GATE_KIND = "fleet"
+#: How long a destination whose fleet sessions are all in use waits before it asks
+#: again (a session may come back any moment; this bounds the asking to a few a second).
+SESSION_RETRY = 0.05
+#: How long ``shared_state_failure = hold`` holds a destination back per try.
+HOLD_RETRY = 1.0
+
+
+class FleetHost(Protocol):
+    """What the fleet needs of the daemon (daemon/qmgr.py's Qmgr), declared here so
+    that this module does not import the daemon that imports it."""
+
+    @property
+    def log(self) -> MailLog: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    def apply(self, decisions: Decisions) -> Entry | None: ...
+
+    def fleet_admitted(self, call: AgentCall, entry: Entry) -> None: ...
+
+    def agent_next(self, call: AgentCall, name: str) -> None: ...
+
+
+@dataclass
+class Counters:
+    """The fleet's answers to this node, for ``pyqmgr status``."""
+
+    asked: int = 0
+    admitted: int = 0
+    sessions_full: int = 0
+    rate_wait: int = 0
+    unavailable: int = 0
+
+
+class Fleet:
+    def __init__(self, host: FleetHost, settings: FleetSettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.host = host
+        self.settings = settings
+        self.clock = clock
+        self.client = RedisClient(settings.endpoint, timeout=settings.timeout,
+                                  retry_delay=1.0, clock=clock)
+        self.shared = Shared(self.client, settings.prefix, settings.node,
+                             settings.lease_time)
+        self._limits: dict[str, Limits | None] = {}
+        #: The lease each admitted delivery holds: call -> (transport, queue, lease).
+        self.leases: dict[AgentCall, tuple[str, str, str]] = {}
+        self.warn = WarnGate(60.0)
+        self.down = False
+        self.counters = Counters()
+        self._renewal: asyncio.Task[None] | None = None
+
+    def limits(self, transport: str) -> Limits | None:
+        """The transport's fleet limits, or None when its deliveries ask nobody."""
+        if transport in self._limits:
+            return self._limits[transport]
+        found: Limits | None = None
+        if transport not in (RETRY, ERROR):
+            limits = self.settings.limits_for(transport)
+            found = limits if limits.active else None
+        self._limits[transport] = found
+        return found
+
+    # -- asking -------------------------------------------------------------------------
+
+    def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
+        """Ask the fleet about the selected entry; the answer comes to :meth:`decided`."""
+        self.counters.asked += 1
+        if self._renewal is None:
+            self._renewal = asyncio.get_running_loop().create_task(self._renew())
+        self.host.spawn(self._admit(call, entry, limits))
+
+    async def _admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
+        queue = entry.queue
+        interval = limits.rate.interval if limits.rate is not None else 0.0
+        try:
+            answer: Admission | str = await self.shared.admit(
+                queue.transport.name, queue.name, limits.sessions, interval, limits.burst)
+        except RedisUnavailable as exc:
+            answer = str(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug must not strand the agent
+            answer = f"internal error: {type(exc).__name__}: {exc}"
+        self.decided(call, entry, answer)
+
+    def decided(self, call: AgentCall, entry: Entry, answer: Admission | str) -> None:
+        """Apply the fleet's answer, or the failure mode for none; synchronous."""
+        queue = entry.queue
+        transport = queue.transport.name
+        if isinstance(answer, str):
+            self._unavailable(call, entry, answer)
+            return
+        if self.down:
+            self.down = False
+            self.host.log.info(f"shared state {self.settings.endpoint}: answering again; "
+                               "fleet limits apply")
+        if answer.admitted:
+            self.counters.admitted += 1
+            if answer.lease:
+                self.leases[call] = (transport, queue.name, answer.lease)
+            self.host.fleet_admitted(call, entry)
+            return
+        now = self.clock()
+        if answer.wait > 0:
+            self.counters.rate_wait += 1
+            name = FLEET_RATE
+            text = f"fleet rate: next start in {answer.wait:.3g}s"
+            until = now + answer.wait
+        else:
+            self.counters.sessions_full += 1
+            name = FLEET_LIMIT
+            text = f"fleet sessions: {answer.in_use} in use of the fleet's limit"
+            until = now + SESSION_RETRY
+        self._hold_back(entry, until, name, text, now)
+        self.host.agent_next(call, transport)
+
+    def _unavailable(self, call: AgentCall, entry: Entry, why: str) -> None:
+        self.counters.unavailable += 1
+        self.down = True
+        held = self.warn.allow(self.clock())
+        hold = self.settings.failure == HOLD
+        if held is not None:
+            more = f" ({held} more since the last warning)" if held else ""
+            doing = ("holding deliveries to shared destinations back" if hold
+                     else "delivering under this node's own limits")
+            self.host.log.warning(f"shared state {self.settings.endpoint}: {why}; {doing} "
+                                  f"({FAILURE} = {self.settings.failure}; this warning at "
+                                  f"most once a minute{more})")
+        if not hold:
+            self.host.fleet_admitted(call, entry)
+            return
+        now = self.clock()
+        self._hold_back(entry, now + HOLD_RETRY, FAILURE,
+                        "shared state unavailable (shared_state_failure = hold)", now)
+        self.host.agent_next(call, entry.queue.transport.name)
+
+    def _hold_back(self, entry: Entry, until: float, name: str, text: str,
+                   now: float) -> None:
+        transport = entry.queue.transport.name
+        cf = self.settings.settings
+        setting = (cf.which(name, transport) if cf is not None else None) or name
+        self.host.apply(self.host.scheduler.hold_back(
+            entry, until, setting, f"{entry.queue.nexthop} {text}", now, GATE_KIND))
+
+    # -- the leases ---------------------------------------------------------------------
+
+    def released(self, call: AgentCall) -> None:
+        """The call's delivery ended (or never started): its session goes back."""
+        held = self.leases.pop(call, None)
+        if held is not None:
+            self.host.spawn(self._release(*held))
+            # A destination this node holds back for want of a fleet session may have
+            # it now: ask again at once (after the release, on the same connection)
+            # rather than at the next SESSION_RETRY.
+            transport, queue, _ = held
+            self.host.apply(self.host.scheduler.lift_hold(transport, queue, GATE_KIND,
+                                                          self.clock()))
+
+    async def _release(self, transport: str, queue: str, lease: str) -> None:
+        try:
+            await self.shared.release(transport, queue, lease)
+        except RedisUnavailable:
+            pass  # the lease expires by itself within shared_state_lease_time
+
+    async def _renew(self) -> None:
+        """Renew every lease held, a third of the lease time before it could expire."""
+        while True:
+            await asyncio.sleep(self.settings.lease_time / 3)
+            by_destination: dict[tuple[str, str], list[str]] = {}
+            for transport, queue, lease in list(self.leases.values()):
+                by_destination.setdefault((transport, queue), []).append(lease)
+            try:
+                await asyncio.gather(*(self.shared.renew(t, q, leases)
+                                       for (t, q), leases in by_destination.items()))
+            except RedisUnavailable:
+                pass  # next round; a lease lost meanwhile only lets the fleet go over
+
+    def close(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
+        self.host.spawn(self.client.close())
+
+    # -- status ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        c = self.counters
+        return {"shared_state": str(self.settings.endpoint), "node": self.settings.node,
+                "failure": self.settings.failure, "connected": self.client.connected,
+                "unavailable": self.down, "leases_held": len(self.leases),
+                "asked": c.asked, "admitted": c.admitted, "sessions_full": c.sessions_full,
+                "rate_wait": c.rate_wait, "errors": c.unavailable}
