@@ -9,9 +9,10 @@ as a Protocol, what it needs of the daemon):
 - ``qmgr``: ``Qmgr``, the event loop: scans, feeding, agent dispatch, and ``apply``, the
   one place the core's decisions are acted on;
 - ``active``: the active queue (a message in, its recipients routed, its file finished);
-  ``delivery``: one delivery agent connection;
+  ``delivery``: one delivery agent connection; ``request``: the delivery request;
 - ``retry``: deferred mail's retry jitter and recovery; ``delegation``: asking a delivery
-  policy service; ``suspensions``: the operators' controls and their state file;
+  policy service; ``fleet``: asking the fleet's shared state in Redis (leases, rates)
+  before a delivery; ``suspensions``: the operators' controls and their state file;
   ``control``: the control socket;
 - ``metrics``, ``metrics_exporter``, ``metrics_http``: counts and the Prometheus
   exporter (imported only when on).
