@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 
+from pyqmgr.fleet.resp import Parser, Reply, encode
 from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
 
 REDIS_SERVER = "/usr/bin/redis-server"
@@ -71,30 +72,24 @@ class RedisServer:
             raise TestbedError(f"redis-server exited ({self.proc.returncode}):\n"
                                f"{self.log_tail()}")
         try:
-            return self.command("PING") in (b"+PONG\r\n", b"-NOAUTH")
+            return self.command("PING") == "PONG"
         except OSError:
             return False
 
-    def command(self, *args: str) -> bytes:
-        """One command by hand (AUTH first when there is a password); the raw reply."""
-        payload = b""
+    def command(self, *args: str) -> Reply:
+        """One command by hand (AUTH first when there is a password); its reply."""
         commands = ([("AUTH", self.password)] if self.password else []) + [args]
-        for cmd in commands:
-            payload += b"*%d\r\n" % len(cmd) + b"".join(
-                b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in cmd)
+        parser = Parser()
+        replies: list[Reply] = []
         with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-            s.sendall(payload)
-            data = b""
-            s.settimeout(2)
-            want = len(commands)
-            while data.count(b"\r\n") < want:
+            s.sendall(b"".join(encode(*cmd) for cmd in commands))
+            while len(replies) < len(commands):
                 chunk = s.recv(65536)
                 if not chunk:
-                    break
-                data += chunk
-        if self.password:
-            data = data.split(b"\r\n", 1)[1]
-        return data
+                    raise OSError("redis-server closed the connection")
+                parser.feed(chunk)
+                replies += parser.replies()
+        return replies[-1]
 
     def log_tail(self, n: int = 20) -> str:
         try:
