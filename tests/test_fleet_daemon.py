@@ -11,12 +11,15 @@ open their own 5 and meet the 421s.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
 
 import pytest
 
+from pyqmgr.control.client import request
+from pyqmgr.control.render import status_lines
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.sink import SinkServer
@@ -101,6 +104,18 @@ def test_three_nodes_keep_to_the_fleets_five_sessions(postfix_instance, sink, re
     assert max(stats.delivered.values()) == 1, "a recipient delivered twice"
     for pf in nodes:
         assert not pf.maillog.lines(contains="shared state"), "Redis was there all along"
+    # pyqmgr status names each node's share of the fleet's sessions.
+    reply = request(os.path.join(nodes[0].queue_dir, "pyqmgr", "control"), "status",
+                    timeout=10)
+    fleet = reply["fleet"]
+    assert fleet["node"] == "node0" and fleet["connected"] and fleet["admitted"] == PER_NODE
+    (dest,) = fleet["destinations"]
+    assert dest["transport"] == "fast" and dest["limit"] == SINK_SESSIONS
+    text = "\n".join(status_lines(reply))
+    print(text.split("\n\n")[-2] if "fleet:" in text else text)
+    assert re.search(r"fleet: node node0, shared state redis://127\.0\.0\.1:\d+ \(connected",
+                     text)
+    assert re.search(r"\d of 5 fleet sessions, \d here", text), text
 
 
 def test_three_stock_nodes_on_the_same_workload_meet_the_421s(postfix_instance, sink):

@@ -120,6 +120,10 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     if isinstance(retry, dict):
         lines += _retry_lines(retry)
         lines.append("")
+    fleet = reply.get("fleet")
+    if isinstance(fleet, dict):
+        lines += _fleet_lines(fleet)
+        lines.append("")
     if not destinations:
         lines.append("no destinations in core")
         return lines
@@ -131,6 +135,22 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
             for d in destinations]
     lines += _table(["DESTINATION", "TRANSPORT", "WINDOW/LIMIT", "IN FLIGHT", "QUEUED",
                      "RCPTS", "SUCCESS", "FAILURE", "COHORTS", "STATE"], rows)
+    return lines
+
+
+def _fleet_lines(fleet: dict[str, object]) -> list[str]:
+    """The fleet's shared state: this node, Redis, and each destination's share."""
+    state = "unavailable" if fleet.get("unavailable") else (
+        "connected" if fleet.get("connected") else "not connected")
+    lines = [f"fleet: node {_fmt(fleet.get('node'))}, shared state "
+             f"{_fmt(fleet.get('shared_state'))} ({state}, on failure "
+             f"{_fmt(fleet.get('failure'))}); asked {_fmt(fleet.get('asked'))}, admitted "
+             f"{_fmt(fleet.get('admitted'))}, sessions full {_fmt(fleet.get('sessions_full'))}"
+             f", rate waits {_fmt(fleet.get('rate_wait'))}, errors {_fmt(fleet.get('errors'))}"]
+    rows = [[_fmt(d.get("queue")), _fmt(d.get("transport")), _fmt(d.get("text"))]
+            for d in _dicts(fleet.get("destinations"))]
+    if rows:
+        lines += _table(["FLEET DESTINATION", "TRANSPORT", "SHARE"], rows)
     return lines
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter as Tally
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -61,6 +63,8 @@ GATE_KIND = "fleet"
 SESSION_RETRY = 0.05
 #: How long ``shared_state_failure = hold`` holds a destination back per try.
 HOLD_RETRY = 1.0
+#: Destinations whose fleet figures ``pyqmgr status`` remembers.
+SEEN_MEMORY = 1000
 
 
 class FleetHost(Protocol):
@@ -110,6 +114,9 @@ class Fleet:
         self.down = False
         self.counters = Counters()
         self._renewal: asyncio.Task[None] | None = None
+        #: What the fleet last said of each destination asked about: (sessions in use
+        #: fleet-wide, the limit), the most recent :data:`SEEN_MEMORY` destinations.
+        self.seen: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
 
     def limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits, or None when its deliveries ask nobody."""
@@ -154,6 +161,12 @@ class Fleet:
             self.down = False
             self.host.log.info(f"shared state {self.settings.endpoint}: answering again; "
                                "fleet limits apply")
+        key = (transport, queue.name)
+        limit = self.limits(transport)
+        self.seen[key] = (answer.in_use, limit.sessions if limit is not None else 0)
+        self.seen.move_to_end(key)
+        if len(self.seen) > SEEN_MEMORY:
+            self.seen.popitem(last=False)
         if answer.admitted:
             self.counters.admitted += 1
             if answer.lease:
@@ -244,7 +257,15 @@ class Fleet:
 
     def status(self) -> dict[str, object]:
         c = self.counters
+        here = Tally((t, q) for t, q, _ in self.leases.values())
+        destinations = [
+            {"transport": t, "queue": q, "fleet_sessions": in_use, "limit": limit,
+             "here": here.get((t, q), 0),
+             "text": f"{in_use} of {limit} fleet sessions, {here.get((t, q), 0)} here"
+             if limit else f"{here.get((t, q), 0)} here"}
+            for (t, q), (in_use, limit) in sorted(self.seen.items())]
         return {"shared_state": str(self.settings.endpoint), "node": self.settings.node,
+                "destinations": destinations,
                 "failure": self.settings.failure, "connected": self.client.connected,
                 "unavailable": self.down, "leases_held": len(self.leases),
                 "asked": c.asked, "admitted": c.admitted, "sessions_full": c.sessions_full,
