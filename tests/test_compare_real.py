@@ -300,7 +300,9 @@ def test_the_html_report_opens_in_chromium_without_errors(reports):
         assert seen.title.startswith("pyqmgr compare: "), seen.title
         png = seen.screenshot
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, (name, len(png))
-        pixels = _pixels(png)
+        # Every fourth pixel of every fourth row: a blank or one-colour page shows as
+        # well, and sorting the colours of a 12,000-pixel-high page took seconds each.
+        pixels = _pixels(png)[::4, ::4]
         assert pixels.std() > 10 and len(numpy.unique(pixels.reshape(-1, pixels.shape[-1]),
                                                       axis=0)) > 50, f"{name}: blank"
         if shots:

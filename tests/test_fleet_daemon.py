@@ -100,6 +100,10 @@ def test_three_nodes_keep_to_the_fleets_five_sessions(postfix_instance, sink, re
     # saw more than the fleet's limit.
     assert stats.rejected_421 == 0 and stats.max_concurrent <= SINK_SESSIONS
     assert defers < 0.05 * total
+    fleets = reply_fleet(nodes)
+    asked = sum(f["asked"] for f in fleets)
+    print(f"Redis asked {asked} times for {total} starts ({asked / total:.1f} a start); "
+          f"freed sessions announced {sum(f['told'] for f in fleets)} times")
     assert busy > 0.9, f"the sink was busy {busy:.0%} of its {SINK_SESSIONS} sessions"
     assert max(stats.delivered.values()) == 1, "a recipient delivered twice"
     for pf in nodes:
@@ -289,3 +293,9 @@ def test_redis_stopped_mid_run_and_back(postfix_instance, sink, redis_server, mo
     stats = srv.snapshot()
     assert max(stats.delivered.values()) == 1 and len(stats.delivered) == total
     assert nodes[0].queue_empty()
+
+
+def reply_fleet(nodes: list[PostfixInstance]) -> list[dict[str, object]]:
+    """Each node's fleet block of ``pyqmgr status``."""
+    return [request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status",
+                    timeout=10)["fleet"] for pf in nodes]

@@ -15,9 +15,12 @@ its reader off. The answer comes back to synchronous code:
   then to the agent); its lease is renewed every third of ``shared_state_lease_time``
   while the delivery runs and given back when it ends, however it ends;
 * **refused**: the entry goes back to its queue and the destination is gated
-  (``fleet`` in ``pyqmgr explain``) until the rate allows a start, or for
-  :data:`SESSION_RETRY` when the fleet's sessions are all in use; the agent is given
-  another entry. Nothing is deferred and nothing logged per refusal: waiting for the
+  (``fleet`` in ``pyqmgr explain``) until the rate allows a start, or, when the
+  fleet's sessions are all in use, until a session is given back: Redis announces it
+  to the process that has waited longest (a channel of its own, see
+  :mod:`pyqmgr.fleet.shared`), and :data:`SESSION_RETRY` covers what nobody
+  announces. The agent is given another
+  entry. Nothing is deferred and nothing logged per refusal: waiting for the
   fleet is the normal state of a busy destination.
 * **Redis slow or gone** (no answer within ``shared_state_timeout``):
   ``shared_state_failure = local`` delivers under the node's own limits,
@@ -36,7 +39,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pyqmgr.fleet.client import RedisClient, RedisUnavailable
+from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.settings import (
     FAILURE,
     FLEET_LIMIT,
@@ -59,8 +62,10 @@ if TYPE_CHECKING:
 #: The gate explain shows for a destination the fleet holds back.
 GATE_KIND = "fleet"
 #: How long a destination whose fleet sessions are all in use waits before it asks
-#: again (a session may come back any moment; this bounds the asking to a few a second).
-SESSION_RETRY = 0.05
+#: again unless told sooner: a session given back is announced to the first process
+#: waiting for it (and this node's own ends reopen its gate at once), so this only
+#: covers what no one announces: a dead node's leases expiring, a lost message.
+SESSION_RETRY = 1.0
 #: How long ``shared_state_failure = hold`` holds a destination back per try.
 HOLD_RETRY = 1.0
 #: Destinations whose fleet figures ``pyqmgr status`` remembers.
@@ -81,6 +86,8 @@ class FleetHost(Protocol):
 
     def apply(self, decisions: Decisions) -> Entry | None: ...
 
+    def after_control(self, decisions: Decisions) -> None: ...
+
     def fleet_admitted(self, call: AgentCall, entry: Entry) -> None: ...
 
     def agent_next(self, call: AgentCall, name: str) -> None: ...
@@ -95,6 +102,8 @@ class Counters:
     sessions_full: int = 0
     rate_wait: int = 0
     unavailable: int = 0
+    #: Times another process's freed session was announced here.
+    told: int = 0
 
 
 class Fleet:
@@ -114,9 +123,14 @@ class Fleet:
         self.down = False
         self.counters = Counters()
         self._renewal: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
         #: What the fleet last said of each destination asked about: (sessions in use
         #: fleet-wide, the limit), the most recent :data:`SEEN_MEMORY` destinations.
         self.seen: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        #: Destinations whose fleet sessions were all in use at the last answer, and
+        #: the questions out per destination (both bounded by the destinations waiting).
+        self.full: set[tuple[str, str]] = set()
+        self.asking: dict[tuple[str, str], int] = {}
 
     def limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits, or None when its deliveries ask nobody."""
@@ -133,21 +147,44 @@ class Fleet:
 
     def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
         """Ask the fleet about the selected entry; the answer comes to :meth:`decided`."""
-        self.counters.asked += 1
         if self._renewal is None:
-            self._renewal = asyncio.get_running_loop().create_task(self._renew())
+            loop = asyncio.get_running_loop()
+            self._renewal = loop.create_task(self._renew())
+            self._listener = loop.create_task(Subscriber(
+                self.settings.endpoint, self.shared.channel, self._freed,
+                timeout=self.settings.timeout).run())
         self.host.spawn(self._admit(call, entry, limits))
 
     async def _admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
         queue = entry.queue
+        key = (queue.transport.name, queue.name)
+        if key in self.full and self.asking.get(key, 0):
+            # The fleet's sessions were all in use at the last answer and a question
+            # is out already: when a session comes back one question takes it, the
+            # agents of this node need not all ask and all but one be refused.
+            self.decided(call, entry, Admission(False, 0.0, self.seen.get(key, (0, 0))[0]))
+            return
+        self.counters.asked += 1
+        self.asking[key] = self.asking.get(key, 0) + 1
         interval = limits.rate.interval if limits.rate is not None else 0.0
         try:
             answer: Admission | str = await self.shared.admit(
-                queue.transport.name, queue.name, limits.sessions, interval, limits.burst)
+                key[0], key[1], limits.sessions, interval, limits.burst,
+                more=queue.todo.size > 0)
         except RedisUnavailable as exc:
             answer = str(exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not strand the agent
             answer = f"internal error: {type(exc).__name__}: {exc}"
+        finally:
+            left = self.asking[key] - 1
+            if left:
+                self.asking[key] = left
+            else:
+                del self.asking[key]
+        if isinstance(answer, Admission) and not answer.admitted and answer.wait <= 0:
+            self.full.add(key)
+        else:
+            self.full.discard(key)
         self.decided(call, entry, answer)
 
     def decided(self, call: AgentCall, entry: Entry, answer: Admission | str) -> None:
@@ -221,13 +258,27 @@ class Fleet:
         """The call's delivery ended (or never started): its session goes back."""
         held = self.leases.pop(call, None)
         if held is not None:
+            # Redis tells whoever waited longest for a session, this node or another.
             self.host.spawn(self._release(*held))
-            # A destination this node holds back for want of a fleet session may have
-            # it now: ask again at once (after the release, on the same connection)
-            # rather than at the next SESSION_RETRY.
-            transport, queue, _ = held
-            self.host.apply(self.host.scheduler.lift_hold(transport, queue, GATE_KIND,
-                                                          self.clock()))
+
+    def _freed(self, payload: bytes) -> None:
+        """Another process gave back a session this node waits for: ask again now."""
+        transport, _, queue = payload.decode("utf-8", "replace").partition("\n")
+        self.counters.told += 1
+        t = self.host.scheduler.transports.get(transport)
+        waiting = t.queues.get(queue) if t is not None else None
+        if waiting is None or not waiting.todo.size:
+            # Nothing here wants it any more: the next in line should hear of it.
+            self.host.spawn(self._pass_on(transport, queue))
+            return
+        self.host.after_control(self.host.scheduler.lift_hold(transport, queue, GATE_KIND,
+                                                              self.clock()))
+
+    async def _pass_on(self, transport: str, queue: str) -> None:
+        try:
+            await self.shared.pass_on(transport, queue)
+        except RedisUnavailable:
+            pass  # the others ask again after SESSION_RETRY
 
     async def _release(self, transport: str, queue: str, lease: str) -> None:
         try:
@@ -249,8 +300,9 @@ class Fleet:
                 pass  # next round; a lease lost meanwhile only lets the fleet go over
 
     def close(self) -> None:
-        if self._renewal is not None:
-            self._renewal.cancel()
+        for task in (self._renewal, self._listener):
+            if task is not None:
+                task.cancel()
         self.host.spawn(self.client.close())
 
     # -- status ---------------------------------------------------------------------------
@@ -269,4 +321,4 @@ class Fleet:
                 "failure": self.settings.failure, "connected": self.client.connected,
                 "unavailable": self.down, "leases_held": len(self.leases),
                 "asked": c.asked, "admitted": c.admitted, "sessions_full": c.sessions_full,
-                "rate_wait": c.rate_wait, "errors": c.unavailable}
+                "rate_wait": c.rate_wait, "told": c.told, "errors": c.unavailable}

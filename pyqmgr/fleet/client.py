@@ -203,3 +203,70 @@ class RedisClient:
         for future in pending:
             if not future.done():
                 future.set_exception(RedisUnavailable(reason))
+
+
+class Subscriber:
+    """One channel's messages, on a connection of their own (Redis's pub/sub mode
+    allows nothing else on it), for as long as it runs.
+
+    The fleet uses it to hear, without asking, that a session it waits for was given
+    back. A lost connection is tried again every ``retry_delay`` seconds; messages
+    published meanwhile are lost, which the caller covers by asking again now and
+    then anyway.
+    """
+
+    def __init__(self, endpoint: Endpoint, channel: str,
+                 on_message: Callable[[bytes], None], timeout: float = 1.0,
+                 retry_delay: float = 1.0) -> None:
+        self.endpoint = endpoint
+        self.channel = channel
+        self.on_message = on_message
+        self.timeout = timeout
+        self.retry_delay = retry_delay
+        #: Set once the server confirmed the subscription (tests wait for it).
+        self.subscribed = asyncio.Event()
+        self.last_error = ""
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._session()
+            except (OSError, TimeoutError, ProtocolError, RedisUnavailable) as exc:
+                self.last_error = str(exc) or type(exc).__name__
+            self.subscribed.clear()
+            await asyncio.sleep(self.retry_delay)
+
+    async def _session(self) -> None:
+        ep = self.endpoint
+        async with asyncio.timeout(self.timeout):
+            if ep.path:
+                reader, writer = await asyncio.open_unix_connection(ep.path)
+            else:
+                reader, writer = await asyncio.open_connection(ep.host, ep.port)
+        try:
+            commands: list[tuple[str, ...]] = []
+            if ep.password is not None:
+                commands.append(("AUTH", ep.password))
+            commands.append(("SUBSCRIBE", self.channel))
+            writer.write(b"".join(encode(*c) for c in commands))
+            parser = Parser()
+            while True:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    raise RedisUnavailable(f"{ep} closed the subscription")
+                parser.feed(data)
+                for reply in parser.replies():
+                    self._reply(reply)
+        finally:
+            writer.close()
+
+    def _reply(self, reply: Reply) -> None:
+        if isinstance(reply, RedisError):
+            raise RedisUnavailable(f"{self.endpoint}: {reply.message}")
+        if not isinstance(reply, list) or len(reply) != 3:
+            return  # AUTH's +OK
+        kind, _channel, payload = reply
+        if kind == b"subscribe":
+            self.subscribed.set()
+        elif kind == b"message" and isinstance(payload, bytes):
+            self.on_message(payload)

@@ -11,6 +11,10 @@ transport and queue name, as every node names it:
     scored by when its lease expires (Redis milliseconds). Expired members are dropped
     whenever the set is touched, so a node killed mid-delivery gives its sessions back
     within the lease time; a live node renews its leases well before that.
+``{prefix}waiters:{transport}:{queue}``
+    The processes refused for want of a session, oldest first: a session given back
+    is announced to the first of them only (on its channel,
+    ``{prefix}freed:{node}/{instance}``), so nodes wait without asking again and again.
 ``{prefix}rate:{transport}:{queue}``
     The GCRA's theoretical arrival time (Redis milliseconds) of the destination's
     fleet-wide rate: a start is allowed when ``now >= tat - (burst - 1) * interval``,
@@ -30,8 +34,11 @@ from dataclasses import dataclass
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable
 from pyqmgr.fleet.resp import RedisError, Reply
 
-#: KEYS: sessions, rate. ARGV: lease ms, session limit (0: none), rate interval ms
-#: (0: none), burst, member. Returns {admitted 1/0, wait ms, sessions in use}.
+#: KEYS: sessions, rate, waiters. ARGV: lease ms, session limit (0: none), rate
+#: interval ms (0: none), burst, member, this process's channel, "1" when it has more
+#: deliveries waiting for the destination. Returns {admitted 1/0, wait ms, sessions
+#: in use}. Refused for want of a session, or admitted with more waiting, the process
+#: is on the destination's waiting list (once), to be told when one is given back.
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -40,7 +47,15 @@ local interval, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local used = redis.call('ZCARD', KEYS[1])
 if limit > 0 and used >= limit then
+  redis.call('LREM', KEYS[3], 0, ARGV[6])
+  redis.call('RPUSH', KEYS[3], ARGV[6])
+  redis.call('PEXPIRE', KEYS[3], lease)
   return {0, 0, used}
+end
+if limit > 0 and ARGV[7] == '1' then
+  redis.call('LREM', KEYS[3], 0, ARGV[6])
+  redis.call('RPUSH', KEYS[3], ARGV[6])
+  redis.call('PEXPIRE', KEYS[3], lease)
 end
 local tat = now
 if interval > 0 then
@@ -79,6 +94,25 @@ if renewed > 0 then redis.call('PEXPIRE', KEYS[1], lease) end
 return renewed
 """
 
+#: KEYS: sessions, waiters. ARGV: member, the destination as "transport NL queue".
+#: Gives the session back and tells the longest waiting process, if any, that it may
+#: ask again: one process, so a freed session costs one more question, not one per
+#: node.
+RELEASE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+local waiter = redis.call('LPOP', KEYS[2])
+if waiter then redis.call('PUBLISH', waiter, ARGV[2]) end
+return 1
+"""
+
+#: KEYS: waiters. ARGV: the destination. A process told of a session it no longer
+#: needs passes the news on to the next in line.
+PASS_ON = """
+local waiter = redis.call('LPOP', KEYS[1])
+if waiter then redis.call('PUBLISH', waiter, ARGV[1]) end
+return 1
+"""
+
 #: KEYS: sessions. Returns the members of unexpired leases.
 HOLDERS = """
 local t = redis.call('TIME')
@@ -114,19 +148,23 @@ class Shared:
         #: two processes with one node name (a restarted qmgr, or two servers with the
         #: same myhostname) from renewing or counting each other's leases as one.
         self.instance = secrets.token_hex(4)
+        #: Where this process hears that a session it waits for was given back.
+        self.channel = f"{prefix}freed:{node}/{self.instance}"
         self._sha: dict[str, str] = {}
 
     def key(self, kind: str, transport: str, queue: str) -> str:
         return f"{self.prefix}{kind}:{transport}:{queue}"
 
     async def admit(self, transport: str, queue: str, limit: int,
-                    interval: float = 0.0, burst: int = 1) -> Admission:
+                    interval: float = 0.0, burst: int = 1, more: bool = False) -> Admission:
         """Take a fleet session (``limit`` > 0) and a rate slot (``interval`` > 0),
         both or neither. RedisUnavailable when Redis does not answer in time."""
         member = f"{self.node}/{self.instance}/{next(self._serial)}" if limit > 0 else ""
         reply = await self._script(
-            ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue)],
-            [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-"])
+            ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue),
+                    self.key("waiters", transport, queue)],
+            [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-",
+             self.channel, "1" if more else "0"])
         if not (isinstance(reply, list) and len(reply) == 3
                 and all(isinstance(x, int) for x in reply)):
             raise RedisUnavailable(f"unexpected reply to the admission script: {reply!r:.80}")
@@ -146,8 +184,14 @@ class Shared:
     async def release(self, transport: str, queue: str, lease: str) -> None:
         """Give a session back to the fleet (a delivery ended)."""
         if lease:
-            _checked(await self.client.call(
-                "ZREM", self.key("sessions", transport, queue), lease))
+            await self._script(RELEASE, [self.key("sessions", transport, queue),
+                                         self.key("waiters", transport, queue)],
+                               [lease, f"{transport}\n{queue}"])
+
+    async def pass_on(self, transport: str, queue: str) -> None:
+        """Tell the next process waiting for the destination instead of this one."""
+        await self._script(PASS_ON, [self.key("waiters", transport, queue)],
+                           [f"{transport}\n{queue}"])
 
     async def holders(self, transport: str, queue: str) -> list[str]:
         """The leases under way to a destination, fleet-wide (``node/instance/serial``)."""

@@ -216,3 +216,26 @@ def test_hold_walks_only_the_messages_own_peers_under_nqmgr():
     assert e is not None and e.message is m
     assert s.drop_message(e, 0.0).finished == (m,)
     assert sum(len(q.todo) for q in s.transports["smtp"].queues.values()) == 50
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_fleet_hold_lifts_early_and_only_its_own_kind(policy):
+    """The fleet holds a destination back with a gate of its own kind; a session given
+    back lifts that gate before its time, and lifting leaves another kind's gate."""
+    s = sched(policy)
+    s.assign(Message("Q1", 0.0), routes(3, "busy.example"), now=0.0)
+    assert s.allocate() == "smtp"
+    first = s.select("smtp", 0.0).deliver
+    assert first is not None
+    queue = first.queue
+    s.hold_back(first, 1.0, "fleet_destination_concurrency_limit", "full", 0.0, "fleet")
+    assert queue.gate is not None and queue.gate.kind == "fleet" and queue.status == "held"
+    assert take(s, 0.1) == []
+    s.lift_hold("smtp", "busy.example", "policy service", 0.2)
+    assert queue.gate is not None, "another kind's lift leaves the fleet's gate"
+    s.lift_hold("smtp", "busy.example", "fleet", 0.3)
+    assert queue.gate is None and queue.status == "ready"
+    assert take(s, 0.3), "the destination delivers again"
+    # Nothing to lift: no error.
+    s.lift_hold("smtp", "gone.example", "fleet", 0.4)
+    s.lift_hold("relay", "busy.example", "fleet", 0.4)
