@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pyqmgr.fleet.client import Endpoint, RedisClient, RedisUnavailable
+from pyqmgr.fleet.client import Endpoint, RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.resp import RedisError
 from pyqmgr.testbed.redis import RedisServer
 
@@ -192,5 +192,104 @@ def test_nothing_listening_is_unavailable_at_once():
         with pytest.raises(RedisUnavailable, match="cannot connect"):
             await client.call("PING")
         assert time.monotonic() - started < 0.5
+
+    run(main)
+
+
+# -- the subscription (a session given back is announced on it) --------------------------
+
+
+def test_a_subscription_hears_what_is_published_and_comes_back_after_a_restart(
+        redis_server):
+    server = redis_server(password="pw")
+
+    async def main() -> None:
+        heard: list[bytes] = []
+        ep = tcp(server, password="pw")
+        sub = Subscriber(ep, "t:freed:node/1", heard.append, timeout=1, retry_delay=0.2)
+        task = asyncio.ensure_future(sub.run())
+        publisher = RedisClient(ep)
+        try:
+            await asyncio.wait_for(sub.subscribed.wait(), 10)
+            assert await publisher.call("PUBLISH", "t:freed:node/1", "smtp\nq.example") == 1
+            assert await publisher.call("PUBLISH", "t:freed:other", "not for us") == 0
+            await asyncio.sleep(0.2)
+            assert heard == [b"smtp\nq.example"]
+            await publisher.close()
+            await asyncio.to_thread(server.stop, False)
+            await asyncio.sleep(0.3)
+            assert not sub.subscribed.is_set() and sub.last_error
+            await asyncio.to_thread(server.start)
+            await asyncio.wait_for(sub.subscribed.wait(), 10)
+            publisher = RedisClient(ep)
+            assert await publisher.call("PUBLISH", "t:freed:node/1", "again") == 1
+            await asyncio.sleep(0.2)
+            assert heard[-1] == b"again"
+        finally:
+            task.cancel()
+            await publisher.close()
+
+    run(main)
+
+
+@pytest.mark.parametrize("reply, says", [
+    (b"%garbage\r\n", "unknown reply type"),
+    (b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n*3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$99999999\r\n",
+     "over the limit"),
+    (b"-NOPERM no\r\n", "NOPERM"),
+])
+def test_a_subscription_to_a_server_that_is_not_redis(reply, says):
+    """Garbage or an oversized message: the connection is dropped with the reason and
+    tried again; nothing reaches the caller."""
+
+    async def main() -> None:
+        connections = 0
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            await reader.read(100)
+            writer.write(reply)
+            await writer.drain()
+            await asyncio.sleep(2)
+            writer.close()
+
+        srv, port = await fake_server(handler)
+        heard: list[bytes] = []
+        sub = Subscriber(Endpoint(host="127.0.0.1", port=port), "c", heard.append,
+                         timeout=1, retry_delay=0.1)
+        task = asyncio.ensure_future(sub.run())
+        try:
+            await asyncio.sleep(0.5)
+            assert says in sub.last_error and connections >= 2 and heard == []
+        finally:
+            task.cancel()
+            srv.close()
+
+    run(main)
+
+
+def test_a_subscription_that_drips_or_stays_silent_costs_nothing_else():
+    """A server that accepts and says nothing: the subscription just waits (nothing is
+    asked of it), and the event loop goes on."""
+
+    async def main() -> None:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(100)
+            for byte in b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n":
+                writer.write(bytes([byte]))
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(5)
+
+        srv, port = await fake_server(handler)
+        sub = Subscriber(Endpoint(host="127.0.0.1", port=port), "c", lambda b: None)
+        task = asyncio.ensure_future(sub.run())
+        ticks = 0
+        for _ in range(60):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 60 and sub.subscribed.is_set()
+        task.cancel()
+        srv.close()
 
     run(main)
