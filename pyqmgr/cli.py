@@ -895,6 +895,10 @@ def _add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser], kind
 
 def _add_option(p: argparse.ArgumentParser, name: str, arg: Arg) -> None:
     """``--name`` for a command's argument that is not a positional."""
+    if arg.types == (bool,):
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, action="store_true",
+                       help=arg.help)
+        return
     typed: dict[str, Any] = {"type": ARG_TYPES[arg.parse]} if arg.parse else {}
     p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=arg.default,
                    metavar=arg.metavar, choices=arg.choices, help=arg.help, **typed)

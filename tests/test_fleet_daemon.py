@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from pyqmgr.control.client import request
+from pyqmgr.control.client import ClientError, request
 from pyqmgr.control.render import status_lines
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.redis import RedisServer
@@ -299,3 +301,64 @@ def reply_fleet(nodes: list[PostfixInstance]) -> list[dict[str, object]]:
     """Each node's fleet block of ``pyqmgr status``."""
     return [request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status",
                     timeout=10)["fleet"] for pf in nodes]
+
+
+def cli(pf: PostfixInstance, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyqmgr.cli", *args, "--config-dir",
+                           pf.config_dir], capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+def suspended(pf: PostfixInstance) -> list[str]:
+    reply = request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status", timeout=10)
+    return [str(s["target"]) for s in reply["suspensions"]]
+
+
+HELD = "transport fast"
+
+
+def answers(pf: PostfixInstance) -> bool:
+    try:
+        suspended(pf)
+    except ClientError:
+        return False
+    return True
+
+
+def test_a_fleet_suspension_holds_on_every_node_and_ends_on_every_node(
+        postfix_instance, sink, redis_server):
+    """pyqmgr suspend --fleet on one node: all three hold the mail within a second, and
+    each says who and why in its maillog; pyqmgr resume --fleet on another node ends it
+    on all three."""
+    redis = redis_server()
+    srv: SinkServer = sink(latency=0.05)
+    nodes = start_nodes(postfix_instance, srv, fleet_cf(redis))
+    for pf in nodes:
+        pf.wait_until(lambda pf=pf: answers(pf), 20, "the control socket answering")
+    proc = cli(nodes[0], "suspend", "fast:", "--fleet", "--reason", "provider asked",
+               "--ttl", "1h")
+    assert proc.returncode == 0, proc.stderr
+    made = time.monotonic()
+    for pf in nodes:
+        pf.wait_until(lambda pf=pf: HELD in suspended(pf), 2, "the fleet's suspension")
+    took = time.monotonic() - made
+    print(f"\nsuspended on all three {took:.2f} s after the control returned")
+    assert took <= 1.0
+    for pf in nodes[1:]:
+        line = pf.maillog.wait_for("control: suspend transport fast", 5)[0].text
+        assert "on node0 (fleet)" in line and "reason: provider asked" in line, line
+    send_all(nodes, "h")
+    time.sleep(2)
+    assert srv.messages() == [], "every node holds the suspended transport's mail"
+    proc = cli(nodes[1], "resume", "fast:", "--fleet")
+    assert proc.returncode == 0, proc.stderr
+    ended = time.monotonic()
+    for pf in nodes:
+        pf.wait_until(lambda pf=pf: HELD not in suspended(pf), 2, "the end of it")
+    print(f"resumed on all three {time.monotonic() - ended:.2f} s after")
+    assert time.monotonic() - ended <= 1.0
+    line = nodes[0].maillog.wait_for("control: resume transport fast", 5)[0].text
+    assert "on node1 (fleet)" in line, line
+    total = NODES * PER_NODE
+    nodes[0].wait_until(lambda: len(srv.messages()) >= total, 60, "the held mail delivered")
+    assert max(srv.snapshot().delivered.values()) == 1

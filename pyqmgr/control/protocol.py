@@ -205,6 +205,10 @@ COMMANDS: dict[str, CommandSpec] = {
         "hold a destination's or a transport's mail in the queue for a while",
         reason=Arg(default="", help="why, for the maillog and 'pyqmgr status' (at most "
                                     "200 characters)"),
+        fleet=Arg((bool,), default=False,
+                  help="on every server of the fleet (pyqmgr.cf shared_state): each one "
+                       "holds the mail within a second and says who and why in its "
+                       "maillog"),
         ttl=Arg((int, float), True, metavar="DURATION", default=3600.0, parse="duration",
                 help="how long: 90s, 15m, 2h, 1d, 1w (a bare number is seconds; at most 30 "
                      "days; default 1h)"),
@@ -218,6 +222,9 @@ COMMANDS: dict[str, CommandSpec] = {
         reply_keys="ok, target, in_core, ttl, until, replaced, saved"),
     "resume": _control(
         "end a suspension now",
+        fleet=Arg((bool,), default=False,
+                  help="end it on every server of the fleet (a suspension made with "
+                       "--fleet)"),
         description=("End the suspension of TARGET, named as it was suspended ('pyqmgr\n"
                      "status' lists them); its mail goes out at once."),
         reply_keys="ok, target, saved"),
@@ -275,7 +282,7 @@ def validate(obj: object) -> Request:
         if allowed is None:
             raise ProtocolError(f"command {command}: unknown argument {_quoted(name)}")
         types = allowed.types
-        if isinstance(value, bool) or not isinstance(value, types):
+        if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
             want = " or ".join(dict.fromkeys(_TYPE_NAMES[t] for t in types))
             raise ProtocolError(f"command {command}: argument {name} must be {want}, "
                                 f"not {_json_type(value)}")

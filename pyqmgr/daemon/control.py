@@ -365,12 +365,29 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
             return jobs_reply(qmgr, request, now)
         controls = qmgr.suspensions
         target = str(request.get("target", ""))
+        fleet = qmgr.fleet if request.get("fleet") else None
+        if request.get("fleet") and fleet is None:
+            raise ProtocolError("--fleet needs a fleet: set shared_state in pyqmgr.cf")
         if command == "suspend":
             ttl = request["ttl"]
             assert isinstance(ttl, int | float)
-            return controls.suspend(target, str(request.get("reason", "")), float(ttl),
-                                    who(peer))
+            reason = str(request.get("reason", ""))
+            reply = controls.suspend(target, reason, float(ttl), who(peer))
+            if fleet is not None:
+                fleet.share_suspension(controls.parse(target).spec, reason, float(ttl),
+                                       who(peer))
+                reply["fleet"] = True
+            return reply
         if command == "resume":
+            if fleet is not None:
+                fleet.end_suspension(controls.parse(target).spec, who(peer))
+                try:
+                    reply = controls.resume(target, who(peer))
+                except ProtocolError:
+                    # Not in force here (made elsewhere, not yet heard): the fleet's is.
+                    reply = {"target": target, "saved": False}
+                reply["fleet"] = True
+                return reply
             return controls.resume(target, who(peer))
         if command == "retry":
             return controls.retry(target, who(peer))

@@ -32,6 +32,7 @@ its reader off. The answer comes back to synchronous code:
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
@@ -54,6 +55,7 @@ from pyqmgr.scheduler.structures import ERROR, RETRY
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.delivery import AgentCall
+    from pyqmgr.daemon.suspensions import Suspensions
     from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.scheduler.core import Scheduler
     from pyqmgr.scheduler.decisions import Decisions
@@ -90,6 +92,9 @@ class FleetHost(Protocol):
 
     def fleet_admitted(self, call: AgentCall, entry: Entry) -> None: ...
 
+    @property
+    def suspensions(self) -> Suspensions: ...
+
     def agent_next(self, call: AgentCall, name: str) -> None: ...
 
 
@@ -122,8 +127,9 @@ class Fleet:
         self.warn = WarnGate(60.0)
         self.down = False
         self.counters = Counters()
-        self._renewal: asyncio.Task[None] | None = None
-        self._listener: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: The fleet's suspensions in force here, by target: the record as read.
+        self.applied: dict[str, dict[str, object]] = {}
         #: What the fleet last said of each destination asked about: (sessions in use
         #: fleet-wide, the limit), the most recent :data:`SEEN_MEMORY` destinations.
         self.seen: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
@@ -145,14 +151,22 @@ class Fleet:
 
     # -- asking -------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """On the event loop: renew leases, hear of freed sessions and of the fleet's
+        suspensions (read once now, and again at every resubscription)."""
+        loop = asyncio.get_running_loop()
+        ep, timeout = self.settings.endpoint, self.settings.timeout
+        self._tasks = [
+            loop.create_task(self._renew()),
+            loop.create_task(Subscriber(ep, self.shared.channel, self._freed,
+                                        timeout=timeout).run()),
+            loop.create_task(Subscriber(ep, self.shared.suspensions_channel,
+                                        self._suspensions_changed, timeout=timeout,
+                                        on_subscribed=lambda: self._suspensions_changed(b"")
+                                        ).run())]
+
     def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
         """Ask the fleet about the selected entry; the answer comes to :meth:`decided`."""
-        if self._renewal is None:
-            loop = asyncio.get_running_loop()
-            self._renewal = loop.create_task(self._renew())
-            self._listener = loop.create_task(Subscriber(
-                self.settings.endpoint, self.shared.channel, self._freed,
-                timeout=self.settings.timeout).run())
         self.host.spawn(self._admit(call, entry, limits))
 
     async def _admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
@@ -300,10 +314,79 @@ class Fleet:
                 pass  # next round; a lease lost meanwhile only lets the fleet go over
 
     def close(self) -> None:
-        for task in (self._renewal, self._listener):
-            if task is not None:
-                task.cancel()
+        for task in self._tasks:
+            task.cancel()
         self.host.spawn(self.client.close())
+
+    # -- suspensions (pyqmgr suspend --fleet) -------------------------------------------
+
+    def share_suspension(self, target: str, reason: str, ttl: float, who: str) -> None:
+        """A suspension made here with --fleet: into the fleet's table, news to all."""
+        record = {"target": target, "reason": reason, "by": who,
+                  "node": self.settings.node, "until": time.time() + ttl}
+        self.applied[target] = record
+        news = json.dumps({"by": who, "node": self.settings.node})
+        self.host.spawn(self._set_suspension(target, json.dumps(record), news))
+
+    def end_suspension(self, target: str, who: str) -> None:
+        """``pyqmgr resume --fleet`` here: out of the table, news to all."""
+        self.applied.pop(target, None)
+        news = json.dumps({"by": who, "node": self.settings.node})
+        self.host.spawn(self._set_suspension(target, "", news))
+
+    async def _set_suspension(self, target: str, record: str, news: str) -> None:
+        try:
+            await self.shared.set_suspension(target, record, news)
+        except RedisUnavailable as exc:
+            self.host.log.warning(f"shared state {self.settings.endpoint}: the fleet did "
+                                  f"not hear of the suspension of {target}: {exc}; it "
+                                  "holds on this server only")
+
+    def _suspensions_changed(self, news: bytes) -> None:
+        self.host.spawn(self._sync_suspensions(news))
+
+    async def _sync_suspensions(self, news: bytes) -> None:
+        """Bring this server's suspensions in line with the fleet's table."""
+        try:
+            table = await self.shared.suspensions()
+        except RedisUnavailable:
+            return  # the next news, or the next resubscription, reads it again
+        try:
+            said = json.loads(news) if news else {}
+        except ValueError:
+            said = {}
+        ender = (f"{said.get('by', '?')} on {said.get('node', '?')} (fleet)"
+                 if isinstance(said, dict) else "the fleet")
+        now = time.time()
+        current: dict[str, dict[str, object]] = {}
+        for target, raw in table.items():
+            record = _record(raw)
+            if record is not None and float(record["until"]) > now:  # type: ignore[arg-type]
+                current[target] = record
+        controls = self.host.suspensions
+        for target, record in current.items():
+            if self.applied.get(target) == record:
+                continue
+            self.applied[target] = record
+            if record.get("node") == self.settings.node and record.get("by"):
+                # Made here (and in force here already), or by this node's last life.
+                if target in {s.target.spec for s in self.host.scheduler.suspensions}:
+                    continue
+            try:
+                controls.suspend(target, str(record["reason"]),
+                                 float(record["until"]) - now,  # type: ignore[arg-type]
+                                 f"{record['by']} on {record['node']} (fleet)")
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the rest
+                self.host.log.warning(f"shared state: the fleet's suspension of "
+                                      f"{target} cannot hold here: {exc}")
+        for target in [t for t in self.applied if t not in current]:
+            record = self.applied.pop(target)
+            if float(record["until"]) <= now:  # type: ignore[arg-type]
+                continue  # ended by its ttl, here as everywhere
+            try:
+                controls.resume(target, ender)
+            except Exception:  # noqa: BLE001, S110 - resumed here already
+                pass
 
     # -- status ---------------------------------------------------------------------------
 
@@ -322,3 +405,17 @@ class Fleet:
                 "unavailable": self.down, "leases_held": len(self.leases),
                 "asked": c.asked, "admitted": c.admitted, "sessions_full": c.sessions_full,
                 "rate_wait": c.rate_wait, "told": c.told, "errors": c.unavailable}
+
+
+def _record(raw: bytes) -> dict[str, object] | None:
+    """A suspension record from the fleet's table, or None if it is not one."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not all(
+            isinstance(record.get(k), str) for k in ("target", "reason", "by", "node")):
+        return None
+    if not isinstance(record.get("until"), int | float):
+        return None
+    return record

@@ -148,8 +148,9 @@ class Qmgr:
     def start(self) -> None:
         """Stock's post-init: recover active/, start both scans and the deferred timer."""
         self.active.recover()
-        if self.retry is not None:
-            self.retry.start()
+        for part in (self.retry, self.fleet):
+            if part is not None:
+                part.start()
         self.scans[INCOMING].request(SCAN_START)
         self.scans[DEFERRED].request(SCAN_START)
         self.spawn(self._feeder())
@@ -421,7 +422,7 @@ class Qmgr:
         call.selected = now
         self.dispatch()
         if self.fleet is None and self.delegation is None:
-            return self._request(entry)
+            return delivery_request(self.cfg, entry)
         return self._admission(call, entry, name)
 
     def _admission(self, call: AgentCall, entry: Entry, name: str) -> bytes | Pending:
@@ -440,7 +441,7 @@ class Qmgr:
             assert self.delegation is not None
             self.delegation.ask(call, entry, svc)
             return PENDING
-        return self._request(entry)
+        return delivery_request(self.cfg, entry)
 
     def fleet_admitted(self, call: AgentCall, entry: Entry) -> None:
         """The fleet let the entry go: on to the policy service, or to the agent."""
@@ -451,7 +452,7 @@ class Qmgr:
     def agent_deliver(self, call: AgentCall, entry: Entry) -> None:
         """The policy service let the entry go: send its request as :meth:`_agent_ready`
         would have."""
-        call.resume(self._request(entry))
+        call.resume(delivery_request(self.cfg, entry))
 
     def agent_next(self, call: AgentCall, name: str) -> None:
         """The fleet or the policy service held the agent's entry back: give the agent
@@ -471,9 +472,6 @@ class Qmgr:
         request = self._admission(call, entry, name)
         if not isinstance(request, Pending):
             call.resume(request)
-
-    def _request(self, entry: Entry) -> bytes:
-        return delivery_request(self.cfg, entry)
 
     def _agent_unavailable(self, call: AgentCall, why: str) -> None:
         """Connect or handshake failed: the transport is dead for transport_retry_time."""

@@ -303,6 +303,10 @@ class Suspensions:
             self.log.info(f"control: {s.target} stays suspended (by {s.who}"
                           f"{_why(s.reason)}) until {format_time(s.wall_until)}")
 
+    def parse(self, text: str) -> Target:
+        """A control's TARGET as every control reads it (ProtocolError if bad)."""
+        return self._target(text)
+
     def _target(self, text: str) -> Target:
         try:
             return parse_target(text, self.known | set(self.qmgr.scheduler.transports))

@@ -217,10 +217,14 @@ class Subscriber:
 
     def __init__(self, endpoint: Endpoint, channel: str,
                  on_message: Callable[[bytes], None], timeout: float = 1.0,
-                 retry_delay: float = 1.0) -> None:
+                 retry_delay: float = 1.0,
+                 on_subscribed: Callable[[], None] | None = None) -> None:
         self.endpoint = endpoint
         self.channel = channel
         self.on_message = on_message
+        #: Called at every (re)subscription: what was published while the connection
+        #: was down is lost, so the caller reads the state afresh.
+        self.on_subscribed = on_subscribed
         self.timeout = timeout
         self.retry_delay = retry_delay
         #: Set once the server confirmed the subscription (tests wait for it).
@@ -268,5 +272,7 @@ class Subscriber:
         kind, _channel, payload = reply
         if kind == b"subscribe":
             self.subscribed.set()
+            if self.on_subscribed is not None:
+                self.on_subscribed()
         elif kind == b"message" and isinstance(payload, bytes):
             self.on_message(payload)

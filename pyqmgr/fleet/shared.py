@@ -113,6 +113,19 @@ if waiter then redis.call('PUBLISH', waiter, ARGV[1]) end
 return 1
 """
 
+#: KEYS: the suspensions hash. ARGV: the target, its record (JSON; empty: ended),
+#: the channel, the news (JSON: who, which node). One step, so no server reads the
+#: table between the change and the news of it.
+SUSPENSION = """
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+
 #: KEYS: sessions. Returns the members of unexpired leases.
 HOLDERS = """
 local t = redis.call('TIME')
@@ -192,6 +205,27 @@ class Shared:
         """Tell the next process waiting for the destination instead of this one."""
         await self._script(PASS_ON, [self.key("waiters", transport, queue)],
                            [f"{transport}\n{queue}"])
+
+    @property
+    def suspensions_channel(self) -> str:
+        return f"{self.prefix}suspensions"
+
+    async def set_suspension(self, target: str, record: str, news: str) -> None:
+        """Put a suspension in the fleet's table (``record`` empty: take it out) and
+        tell every server."""
+        await self._script(SUSPENSION, [f"{self.prefix}suspensions"],
+                           [target, record, self.suspensions_channel, news])
+
+    async def suspensions(self) -> dict[str, bytes]:
+        """The fleet's suspensions: target -> record (JSON)."""
+        reply = _checked(await self.client.call("HGETALL", f"{self.prefix}suspensions"))
+        if not isinstance(reply, list) or len(reply) % 2:
+            raise RedisUnavailable(f"unexpected reply to HGETALL: {reply!r:.80}")
+        out: dict[str, bytes] = {}
+        for name, value in zip(reply[::2], reply[1::2], strict=True):
+            if isinstance(name, bytes) and isinstance(value, bytes):
+                out[name.decode("utf-8", "replace")] = value
+        return out
 
     async def holders(self, transport: str, queue: str) -> list[str]:
         """The leases under way to a destination, fleet-wide (``node/instance/serial``)."""

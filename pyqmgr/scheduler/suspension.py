@@ -51,6 +51,14 @@ class Target:
     def key(self) -> tuple[str | None, str | None]:
         return (self.transport, self.destination)
 
+    @property
+    def spec(self) -> str:
+        """The target as a control names it (``TRANSPORT:``, ``DEST``, ``T:DEST``)."""
+        if self.destination is None:
+            return f"{self.transport}:"
+        return self.destination if self.transport is None else (
+            f"{self.transport}:{self.destination}")
+
     def __str__(self) -> str:
         if self.destination is None:
             return f"transport {self.transport}"
