@@ -165,3 +165,17 @@ def test_encode_request_checks_as_the_daemon_does():
         encode_request("explain")
     with pytest.raises(ProtocolError, match="longer than"):
         encode_request("explain", target="x" * MAX_REQUEST)
+
+
+def test_fleet_is_a_boolean_and_only_a_boolean():
+    req = parse(b'{"command": "suspend", "target": "a.example", "ttl": 60, "fleet": true}\n')
+    assert req.args["fleet"] is True
+    assert parse(b'{"command": "resume", "target": "a.example", "fleet": false}\n'
+                 ).args["fleet"] is False
+    for value in (b'1', b'"yes"', b'null'):
+        exc = refused(b'{"command": "suspend", "target": "a.example", "ttl": 60, "fleet": '
+                      + value + b'}\n')
+        assert "argument fleet must be a boolean" in str(exc)
+    # A number argument still refuses a boolean.
+    exc = refused(b'{"command": "suspend", "target": "a.example", "ttl": true}\n')
+    assert "argument ttl must be a number" in str(exc)
