@@ -347,6 +347,14 @@ def test_a_fleet_suspension_holds_on_every_node_and_ends_on_every_node(
     for pf in nodes[1:]:
         line = pf.maillog.wait_for("control: suspend transport fast", 5)[0].text
         assert "on node0 (fleet)" in line and "reason: provider asked" in line, line
+    # A server that starts later reads the fleet's table when it subscribes.
+    late = postfix_instance(
+        qmgr="pyqmgr", pyqmgr_cf={**fleet_cf(redis), "shared_state_node": "late"},
+        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
+        master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=SMTP)
+    late.wait_until(lambda: answers(late) and HELD in suspended(late), 20,
+                    "the late server holding the fleet's suspension")
+    late.stop()
     send_all(nodes, "h")
     time.sleep(2)
     assert srv.messages() == [], "every node holds the suspended transport's mail"
@@ -362,3 +370,28 @@ def test_a_fleet_suspension_holds_on_every_node_and_ends_on_every_node(
     total = NODES * PER_NODE
     nodes[0].wait_until(lambda: len(srv.messages()) >= total, 60, "the held mail delivered")
     assert max(srv.snapshot().delivered.values()) == 1
+
+
+def test_explain_names_the_fleets_share(postfix_instance, sink, redis_server):
+    """A destination waiting for a fleet session: explain says so, with the share."""
+    redis = redis_server()
+    srv: SinkServer = sink(latency=3.0)
+    (pf,) = [postfix_instance(
+        qmgr="pyqmgr", pyqmgr_cf={"shared_state": redis.url,
+                                  "fast_fleet_destination_concurrency_limit": "1"},
+        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
+        master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=SMTP)]
+    pf.smtp_send([("s@test.example", [f"e{k}@big.example"]) for k in range(3)])
+    path = os.path.join(pf.queue_dir, "pyqmgr", "control")
+    target = f"[127.0.0.1]:{srv.port}"
+    texts: list[str] = []
+
+    def waiting() -> bool:
+        reply = request(path, "explain", {"target": target}, timeout=10)
+        texts[:] = [str(r.get("text")) for r in reply.get("reasons", [])]
+        return any("waits for a fleet session: 1 of 1 in use, 1 here" in t for t in texts)
+
+    pf.wait_until(waiting, 10, "explain naming the fleet's share")
+    print(f"\nexplain {target}: {texts}")
+    pf.wait_until(lambda: len(srv.messages()) == 3, 30, "all three, one at a time")
+    assert srv.snapshot().max_concurrent == 1

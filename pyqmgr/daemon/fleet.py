@@ -233,7 +233,9 @@ class Fleet:
         else:
             self.counters.sessions_full += 1
             name = FLEET_LIMIT
-            text = f"fleet sessions: {answer.in_use} in use of the fleet's limit"
+            here = sum(1 for t, q, _ in self.leases.values() if (t, q) == key)
+            text = (f"waits for a fleet session: {answer.in_use} of "
+                    f"{limit.sessions if limit is not None else '?'} in use, {here} here")
             until = now + SESSION_RETRY
         self._hold_back(entry, until, name, text, now)
         self.host.agent_next(call, transport)
