@@ -37,7 +37,6 @@ import time
 from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
@@ -98,27 +97,16 @@ class FleetHost(Protocol):
     def agent_next(self, call: AgentCall, name: str) -> None: ...
 
 
-@dataclass
-class Counters:
-    """The fleet's answers to this node, for ``pyqmgr status``."""
-
-    asked: int = 0
-    admitted: int = 0
-    sessions_full: int = 0
-    rate_wait: int = 0
-    unavailable: int = 0
-    #: Times another process's freed session was announced here.
-    told: int = 0
+#: What ``pyqmgr status`` counts of the fleet's answers to this server.
+COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "errors")
 
 
 class Fleet:
     def __init__(self, host: FleetHost, settings: FleetSettings,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.host = host
-        self.settings = settings
-        self.clock = clock
         self.client = RedisClient(settings.endpoint, timeout=settings.timeout,
                                   retry_delay=1.0, clock=clock)
+        self.host, self.settings, self.clock = host, settings, clock
         self.shared = Shared(self.client, settings.prefix, settings.node,
                              settings.lease_time)
         self._limits: dict[str, Limits | None] = {}
@@ -126,7 +114,7 @@ class Fleet:
         self.leases: dict[AgentCall, tuple[str, str, str]] = {}
         self.warn = WarnGate(60.0)
         self.down = False
-        self.counters = Counters()
+        self.counters: Tally[str] = Tally()
         self._tasks: list[asyncio.Task[None]] = []
         #: The fleet's suspensions in force here, by target: the record as read.
         self.applied: dict[str, dict[str, object]] = {}
@@ -178,7 +166,7 @@ class Fleet:
             # agents of this node need not all ask and all but one be refused.
             self.decided(call, entry, Admission(False, 0.0, self.seen.get(key, (0, 0))[0]))
             return
-        self.counters.asked += 1
+        self.counters["asked"] += 1
         self.asking[key] = self.asking.get(key, 0) + 1
         interval = limits.rate.interval if limits.rate is not None else 0.0
         try:
@@ -219,19 +207,19 @@ class Fleet:
         if len(self.seen) > SEEN_MEMORY:
             self.seen.popitem(last=False)
         if answer.admitted:
-            self.counters.admitted += 1
+            self.counters["admitted"] += 1
             if answer.lease:
                 self.leases[call] = (transport, queue.name, answer.lease)
             self.host.fleet_admitted(call, entry)
             return
         now = self.clock()
         if answer.wait > 0:
-            self.counters.rate_wait += 1
+            self.counters["rate_wait"] += 1
             name = FLEET_RATE
             text = f"fleet rate: next start in {answer.wait:.3g}s"
             until = now + answer.wait
         else:
-            self.counters.sessions_full += 1
+            self.counters["sessions_full"] += 1
             name = FLEET_LIMIT
             here = sum(1 for t, q, _ in self.leases.values() if (t, q) == key)
             text = (f"waits for a fleet session: {answer.in_use} of "
@@ -241,7 +229,7 @@ class Fleet:
         self.host.agent_next(call, transport)
 
     def _unavailable(self, call: AgentCall, entry: Entry, why: str) -> None:
-        self.counters.unavailable += 1
+        self.counters["errors"] += 1
         self.down = True
         held = self.warn.allow(self.clock())
         hold = self.settings.failure == HOLD
@@ -280,7 +268,7 @@ class Fleet:
     def _freed(self, payload: bytes) -> None:
         """Another process gave back a session this node waits for: ask again now."""
         transport, _, queue = payload.decode("utf-8", "replace").partition("\n")
-        self.counters.told += 1
+        self.counters["told"] += 1
         t = self.host.scheduler.transports.get(transport)
         waiting = t.queues.get(queue) if t is not None else None
         if waiting is None or not waiting.todo.size:
@@ -393,7 +381,6 @@ class Fleet:
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, object]:
-        c = self.counters
         here = Tally((t, q) for t, q, _ in self.leases.values())
         destinations = [
             {"transport": t, "queue": q, "fleet_sessions": in_use, "limit": limit,
@@ -405,8 +392,7 @@ class Fleet:
                 "destinations": destinations,
                 "failure": self.settings.failure, "connected": self.client.connected,
                 "unavailable": self.down, "leases_held": len(self.leases),
-                "asked": c.asked, "admitted": c.admitted, "sessions_full": c.sessions_full,
-                "rate_wait": c.rate_wait, "told": c.told, "errors": c.unavailable}
+                **{name: self.counters[name] for name in COUNTED}}
 
 
 def _record(raw: bytes) -> dict[str, object] | None:

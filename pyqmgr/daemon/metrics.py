@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
+from pyqmgr.postfix.host_port import HostPortError, host_port
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 
@@ -107,18 +108,18 @@ def parse_listen(text: str) -> tuple[str, int]:
     """
     if text.isdigit():
         host, port_text = DEFAULT_HOST, text
-    elif text.startswith("["):
-        close = text.find("]")
-        if close < 0 or text[close + 1:close + 2] != ":":
-            raise ValueError("expected [IPV6-ADDRESS]:PORT")
-        host, port_text = text[1:close], text[close + 2:]
     else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise ValueError("expected HOST:PORT or PORT")
-        if ":" in host:
-            raise ValueError("an IPv6 address goes in brackets: [ADDRESS]:PORT")
-        host = host or DEFAULT_HOST
+        try:
+            host, port_text = host_port(text)
+        except HostPortError as exc:
+            if exc.kind != "host" or text.startswith("["):
+                raise ValueError({
+                    "bracket": "expected [IPV6-ADDRESS]:PORT",
+                    "colon": "expected HOST:PORT or PORT",
+                    "ipv6": "an IPv6 address goes in brackets: [ADDRESS]:PORT",
+                    "host": '"" is not a numeric IP address (or localhost)'}[exc.kind]
+                ) from None
+            host, port_text = DEFAULT_HOST, text[1:]  # ":PORT"
     if host.lower() == "localhost":
         host = DEFAULT_HOST
     try:

@@ -29,7 +29,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyqmgr.fleet.resp import Arg, Parser, ProtocolError, RedisError, Reply, encode
 
@@ -205,31 +205,26 @@ class RedisClient:
                 future.set_exception(RedisUnavailable(reason))
 
 
+@dataclass
 class Subscriber:
     """One channel's messages, on a connection of their own (Redis's pub/sub mode
     allows nothing else on it), for as long as it runs.
 
     The fleet uses it to hear, without asking, that a session it waits for was given
     back. A lost connection is tried again every ``retry_delay`` seconds; messages
-    published meanwhile are lost, which the caller covers by asking again now and
-    then anyway.
+    published meanwhile are lost, so ``on_subscribed`` is called at every
+    (re)subscription for the caller to read the state afresh.
     """
 
-    def __init__(self, endpoint: Endpoint, channel: str,
-                 on_message: Callable[[bytes], None], timeout: float = 1.0,
-                 retry_delay: float = 1.0,
-                 on_subscribed: Callable[[], None] | None = None) -> None:
-        self.endpoint = endpoint
-        self.channel = channel
-        self.on_message = on_message
-        #: Called at every (re)subscription: what was published while the connection
-        #: was down is lost, so the caller reads the state afresh.
-        self.on_subscribed = on_subscribed
-        self.timeout = timeout
-        self.retry_delay = retry_delay
-        #: Set once the server confirmed the subscription (tests wait for it).
-        self.subscribed = asyncio.Event()
-        self.last_error = ""
+    endpoint: Endpoint
+    channel: str
+    on_message: Callable[[bytes], None]
+    timeout: float = 1.0
+    retry_delay: float = 1.0
+    on_subscribed: Callable[[], None] | None = None
+    #: Set once the server confirmed the subscription (tests wait for it).
+    subscribed: asyncio.Event = field(default_factory=asyncio.Event)
+    last_error: str = ""
 
     async def run(self) -> None:
         while True:

@@ -46,6 +46,7 @@ import stat
 from dataclasses import dataclass
 
 from pyqmgr.fleet.client import Endpoint
+from pyqmgr.postfix.host_port import HostPortError, host_port
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Rate, ShapingError, parse_duration, parse_rate
 
@@ -136,19 +137,14 @@ def parse_shared_state(text: str) -> Endpoint:
     if "@" in rest:
         raise ValueError(f"{text!r}: no password in the address: use {PASSWORD_FILE}")
     address, _, db_text = rest.partition("/")
-    if address.startswith("["):
-        host, bracket, tail = address[1:].partition("]")
-        if not bracket or not tail.startswith(":"):
-            raise ValueError(f"{text!r}: expected redis://[ADDRESS]:PORT")
-        port_text = tail[1:]
-    else:
-        host, colon, port_text = address.rpartition(":")
-        if not colon:
-            raise ValueError(f"{text!r}: the port is missing (Redis's own is 6379)")
-        if ":" in host:
-            raise ValueError(f"{text!r}: an IPv6 address must be in brackets")
-    if not host:
-        raise ValueError(f"{text!r}: empty host")
+    try:
+        host, port_text = host_port(address)
+    except HostPortError as exc:
+        raise ValueError(f"{text!r}: " + {
+            "bracket": "expected redis://[ADDRESS]:PORT",
+            "colon": "the port is missing (Redis's own is 6379)",
+            "ipv6": "an IPv6 address must be in brackets", "host": "empty host"}[exc.kind]
+        ) from None
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"{text!r}: bad port {port_text!r}")
     return Endpoint(host=host, port=int(port_text), db=_db(db_text, text) if db_text else 0)

@@ -134,6 +134,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from pyqmgr.postfix.host_port import HostPortError, host_port
 from pyqmgr.postfix.mail_connect import WakingProtocol
 
 #: Longest reply line accepted, in bytes without the newline (see the module docstring).
@@ -613,19 +614,13 @@ def parse_endpoint(spec: str, base_dir: str | None = None) -> Endpoint:
         if len(os.fsencode(path)) > _SUN_PATH_MAX:
             raise ValueError(f"{what}: pathname longer than {_SUN_PATH_MAX} bytes")
         return Endpoint("unix", path=path)
-    if rest.startswith("["):
-        host, bracket, tail = rest[1:].partition("]")
-        if not bracket or not tail.startswith(":"):
-            raise ValueError(f"{what}: expected inet:[address]:port")
-        port_text = tail[1:]
-    else:
-        host, colon, port_text = rest.rpartition(":")
-        if not colon:
-            raise ValueError(f"{what}: expected inet:host:port")
-        if ":" in host:
-            raise ValueError(f"{what}: an IPv6 address must be in brackets")
-    if not host:
-        raise ValueError(f"{what}: empty host")
+    try:
+        host, port_text = host_port(rest)
+    except HostPortError as exc:
+        raise ValueError(f"{what}: " + {
+            "bracket": "expected inet:[address]:port", "colon": "expected inet:host:port",
+            "ipv6": "an IPv6 address must be in brackets", "host": "empty host"}[exc.kind]
+        ) from None
     if not port_text:
         raise ValueError(f"{what}: empty port")
     if port_text.isdigit():

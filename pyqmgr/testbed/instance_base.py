@@ -40,6 +40,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def file_tail(path: str, n: int = 20) -> str:
+    """A server's log file's last ``n`` lines, for an error message ("(no log)")."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
                interval: float = 0.05, detail: Callable[[], str] | None = None) -> None:
     """Poll ``predicate`` until it holds; raise a TimeoutError naming ``what``.

@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
+from pyqmgr.testbed.instance_base import TestbedError, file_tail, free_port, wait_until
 
 PROMETHEUS = "/usr/bin/prometheus"
 
@@ -90,11 +90,7 @@ class PrometheusServer:
             return False
 
     def log_tail(self, n: int = 20) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return "(no log)"
+        return file_tail(self.log_path, n)
 
     def wait(self, predicate: Callable[[], bool], timeout: float, what: str,
              interval: float = 0.25, detail: Callable[[], str] | None = None) -> None:

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 
 from pyqmgr.fleet.resp import Parser, Reply, encode
-from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
+from pyqmgr.testbed.instance_base import TestbedError, file_tail, free_port, wait_until
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -92,11 +92,7 @@ class RedisServer:
         return replies[-1]
 
     def log_tail(self, n: int = 20) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return "(no log)"
+        return file_tail(self.log_path, n)
 
     def freeze(self) -> None:
         """SIGSTOP: the server keeps its connections and answers nothing."""
