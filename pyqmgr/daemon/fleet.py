@@ -183,7 +183,10 @@ class Fleet:
                 self.asking[key] = left
             else:
                 del self.asking[key]
-        if isinstance(answer, Admission) and not answer.admitted and answer.wait <= 0:
+        if isinstance(answer, Admission) and answer.wait <= 0 and (
+                not answer.admitted or answer.in_use >= limits.sessions > 0):
+            # Refused for want of a session, or given the last one: the next question
+            # is likely refused too, so only one at a time until a session comes back.
             self.full.add(key)
         else:
             self.full.discard(key)
