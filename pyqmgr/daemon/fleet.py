@@ -97,6 +97,8 @@ class FleetHost(Protocol):
     def agent_next(self, call: AgentCall, name: str) -> None: ...
 
 
+#: How a suspension made by the fleet's table says so in its "by" (and the maillog).
+FLEET_MARK = " (fleet)"
 #: What ``pyqmgr status`` counts of the fleet's answers to this server.
 COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "errors")
 
@@ -348,7 +350,7 @@ class Fleet:
             said = json.loads(news) if news else {}
         except ValueError:
             said = {}
-        ender = (f"{said.get('by', '?')} on {said.get('node', '?')} (fleet)"
+        ender = (f"{said.get('by', '?')} on {said.get('node', '?')}{FLEET_MARK}"
                  if isinstance(said, dict) else "the fleet")
         now = time.time()
         current: dict[str, dict[str, object]] = {}
@@ -368,14 +370,21 @@ class Fleet:
             try:
                 controls.suspend(target, str(record["reason"]),
                                  float(record["until"]) - now,  # type: ignore[arg-type]
-                                 f"{record['by']} on {record['node']} (fleet)")
+                                 f"{record['by']} on {record['node']}{FLEET_MARK}")
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the rest
                 self.host.log.warning(f"shared state: the fleet's suspension of "
                                       f"{target} cannot hold here: {exc}")
-        for target in [t for t in self.applied if t not in current]:
+        ended = [t for t in self.applied if t not in current]
+        for target in ended:
             record = self.applied.pop(target)
             if float(record["until"]) <= now:  # type: ignore[arg-type]
-                continue  # ended by its ttl, here as everywhere
+                ended.remove(target)  # ended by its ttl, here as everywhere
+        # A fleet suspension this server kept across a restart (its state file) that
+        # the fleet ended meanwhile: ended here too.
+        ended += [s.target.spec for s in self.host.scheduler.suspensions
+                  if s.who.endswith(FLEET_MARK) and s.target.spec not in current
+                  and s.target.spec not in ended]
+        for target in ended:
             try:
                 controls.resume(target, ender)
             except Exception:  # noqa: BLE001, S110 - resumed here already
