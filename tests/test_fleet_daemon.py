@@ -49,14 +49,14 @@ def start_nodes(postfix_instance, sink: SinkServer, pyqmgr_cf: dict[str, str] | 
         for i in range(NODES)]
 
 
-def send_all(nodes: list[PostfixInstance], tag: str) -> None:
+def send_all(nodes: list[PostfixInstance], tag: str, per_node: int = PER_NODE) -> None:
     """Each node gets its share at once, in parallel, as a busy relay would."""
     errors: list[BaseException] = []
 
     def send(i: int, pf: PostfixInstance) -> None:
         try:
             pf.smtp_send([("s@test.example", [f"{tag}{i}-{k}@big.example"])
-                          for k in range(PER_NODE)])
+                          for k in range(per_node)])
         except BaseException as exc:
             errors.append(exc)
 
@@ -177,21 +177,7 @@ def test_a_fleet_rate_of_10_a_second_across_three_nodes(postfix_instance, sink, 
           "fast_fleet_destination_rate_burst": "2"}
     nodes = start_nodes(postfix_instance, srv, cf)
     per_node = 20
-    errors: list[BaseException] = []
-
-    def send(i: int, pf: PostfixInstance) -> None:
-        try:
-            pf.smtp_send([("s@test.example", [f"r{i}-{k}@big.example"])
-                          for k in range(per_node)])
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=send, args=(i, pf)) for i, pf in enumerate(nodes)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    send_all(nodes, "r", per_node)
     total = NODES * per_node
     nodes[0].wait_until(lambda: len(srv.messages()) >= total, 60, f"{total} at the sink")
     opened = sorted(srv.snapshot().opened)

@@ -363,10 +363,9 @@ class Fleet:
             if self.applied.get(target) == record:
                 continue
             self.applied[target] = record
-            if record.get("node") == self.settings.node and record.get("by"):
-                # Made here (and in force here already), or by this node's last life.
-                if target in {s.target.spec for s in self.host.scheduler.suspensions}:
-                    continue
+            if record["node"] == self.settings.node and any(
+                    s.target.spec == target for s in self.host.scheduler.suspensions):
+                continue  # made here (or in this node's last life) and in force here
             try:
                 controls.suspend(target, str(record["reason"]),
                                  float(record["until"]) - now,  # type: ignore[arg-type]
