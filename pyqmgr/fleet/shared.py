@@ -28,7 +28,7 @@ sessions does not spend the rate.
 from __future__ import annotations
 
 import itertools
-import secrets
+import os
 from dataclasses import dataclass
 
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable
@@ -160,7 +160,7 @@ class Shared:
         #: Lease names are NODE/INSTANCE/SERIAL: the instance, new at every start, keeps
         #: two processes with one node name (a restarted qmgr, or two servers with the
         #: same myhostname) from renewing or counting each other's leases as one.
-        self.instance = secrets.token_hex(4)
+        self.instance = os.urandom(4).hex()
         #: Where this process hears that a session it waits for was given back.
         self.channel = f"{prefix}freed:{node}/{self.instance}"
         self._sha: dict[str, str] = {}

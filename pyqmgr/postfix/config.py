@@ -18,9 +18,6 @@ No Postfix program is run here: the built-in defaults are Debian 3.7.11's.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import grp
 import ipaddress
 import os
@@ -897,71 +894,6 @@ def _verp_problem(delims: str, allowed: str) -> str | None:
 # -- the mynetworks default ----------------------------------------------------------------
 
 
-class _SockAddr(ctypes.Structure):
-    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 26)]
-
-
-class _IfAddrs(ctypes.Structure):
-    pass
-
-
-_IfAddrs._fields_ = [
-    ("next", ctypes.POINTER(_IfAddrs)),
-    ("name", ctypes.c_char_p),
-    ("flags", ctypes.c_uint),
-    ("addr", ctypes.POINTER(_SockAddr)),
-    ("netmask", ctypes.POINTER(_SockAddr)),
-    ("ifu", ctypes.c_void_p),
-    ("data", ctypes.c_void_p),
-]
-
-_IFF_UP = 0x1
-
-
-def _sockaddr_ip(sa: _SockAddr) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    raw = bytes(sa.data)
-    if sa.family == socket.AF_INET:
-        return ipaddress.IPv4Address(raw[2:6])
-    if sa.family == socket.AF_INET6:
-        return ipaddress.IPv6Address(raw[6:22])
-    return None
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
-def local_interfaces(family: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
-                                                 ipaddress.IPv4Address | ipaddress.IPv6Address]]:
-    """(address, netmask) of the interfaces that are up, in getifaddrs() order."""
-    libc = _libc()
-    head = ctypes.POINTER(_IfAddrs)()
-    if libc.getifaddrs(ctypes.byref(head)) != 0:
-        return []
-    found = []
-    try:
-        node = head
-        while node:
-            entry = node.contents
-            node = entry.next
-            if not entry.flags & _IFF_UP or not entry.addr or not entry.netmask:
-                continue
-            if entry.addr.contents.family != family:
-                continue
-            addr = _sockaddr_ip(entry.addr.contents)
-            if addr is None or int(addr) == 0:
-                continue
-            mask_sa = entry.netmask.contents
-            mask_sa.family = family
-            mask = _sockaddr_ip(mask_sa)
-            if mask is not None:
-                found.append((addr, mask))
-    finally:
-        libc.freeifaddrs(head)
-    return found
-
-
 def mynetworks_default(style: str, protocols: str, interfaces: str) -> str:
     """``mynetworks()``: one pattern per local interface address, by mynetworks_style.
 
@@ -972,6 +904,8 @@ def mynetworks_default(style: str, protocols: str, interfaces: str) -> str:
     styles = [w.lower() for w in split_list(style)]
     if len(styles) != 1 or styles[0] not in ("class", "subnet", "host"):
         raise ValueError(f"bad mynetworks_style value: {style}; specify exactly one value")
+    from pyqmgr.postfix.inet_addr_local import local_interfaces
+
     families = _families(protocols)
     wanted = [w.lower() for w in split_list(interfaces)]
     patterns: list[str] = []
