@@ -146,7 +146,9 @@ def _fleet_lines(fleet: dict[str, object]) -> list[str]:
              f"{_fmt(fleet.get('shared_state'))} ({state}, on failure "
              f"{_fmt(fleet.get('failure'))}); asked {_fmt(fleet.get('asked'))}, admitted "
              f"{_fmt(fleet.get('admitted'))}, sessions full {_fmt(fleet.get('sessions_full'))}"
-             f", rate waits {_fmt(fleet.get('rate_wait'))}, errors {_fmt(fleet.get('errors'))}"]
+             f", rate waits {_fmt(fleet.get('rate_wait'))}, errors {_fmt(fleet.get('errors'))}"
+             f"; throttling told {_fmt(fleet.get('throttling_told'))}, heard "
+             f"{_fmt(fleet.get('throttling_heard'))}"]
     rows = [[_fmt(d.get("queue")), _fmt(d.get("transport")), _fmt(d.get("text"))]
             for d in _dicts(fleet.get("destinations"))]
     if rows:

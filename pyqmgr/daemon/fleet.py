@@ -48,8 +48,9 @@ from pyqmgr.fleet.settings import (
     FleetSettings,
     Limits,
 )
-from pyqmgr.fleet.shared import Admission, Shared
+from pyqmgr.fleet.shared import Admission, Shared, news_payload, parse_news
 from pyqmgr.postfix.policy_delegation import WarnGate
+from pyqmgr.scheduler.decisions import DEAD
 from pyqmgr.scheduler.structures import ERROR, RETRY
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from pyqmgr.daemon.suspensions import Suspensions
     from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.scheduler.core import Scheduler
-    from pyqmgr.scheduler.decisions import Decisions
+    from pyqmgr.scheduler.decisions import Decisions, Throttling
     from pyqmgr.scheduler.entry import Entry
 
 #: The gate explain shows for a destination the fleet holds back.
@@ -100,7 +101,8 @@ class FleetHost(Protocol):
 #: How a suspension made by the fleet's table says so in its "by" (and the maillog).
 FLEET_MARK = " (fleet)"
 #: What ``pyqmgr status`` counts of the fleet's answers to this server.
-COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "errors")
+COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "errors",
+           "throttling_told", "throttling_heard")
 
 
 class Fleet:
@@ -127,6 +129,9 @@ class Fleet:
         #: the questions out per destination (both bounded by the destinations waiting).
         self.full: set[tuple[str, str]] = set()
         self.asking: dict[tuple[str, str], int] = {}
+        #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
+        self._shares: dict[str, bool] = {}
+        self.news_warn = WarnGate(60.0)
 
     def limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits, or None when its deliveries ask nobody."""
@@ -139,13 +144,23 @@ class Fleet:
         self._limits[transport] = found
         return found
 
+    def shares(self, transport: str) -> bool:
+        """Whether the transport's dead sites and throttling are the fleet's."""
+        found = self._shares.get(transport)
+        if found is None:
+            found = self._shares[transport] = (
+                transport not in (RETRY, ERROR) and self.settings.shares_throttling(transport))
+        return found
+
     # -- asking -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """On the event loop: renew leases, hear of freed sessions and of the fleet's
-        suspensions (read once now, and again at every resubscription)."""
+        """On the event loop: renew leases, hear of freed sessions, of the fleet's
+        suspensions (read once now, and again at every resubscription) and of the
+        throttling other servers find; tell them what this one finds."""
         loop = asyncio.get_running_loop()
         ep, timeout = self.settings.endpoint, self.settings.timeout
+        self.host.scheduler.share_throttling = True
         self._tasks = [
             loop.create_task(self._renew()),
             loop.create_task(Subscriber(ep, self.shared.channel, self._freed,
@@ -153,7 +168,9 @@ class Fleet:
             loop.create_task(Subscriber(ep, self.shared.suspensions_channel,
                                         self._suspensions_changed, timeout=timeout,
                                         on_subscribed=lambda: self._suspensions_changed(b"")
-                                        ).run())]
+                                        ).run()),
+            loop.create_task(Subscriber(ep, self.shared.throttling_channel,
+                                        self._throttling_heard, timeout=timeout).run())]
 
     def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
         """Ask the fleet about the selected entry; the answer comes to :meth:`decided`."""
@@ -312,6 +329,42 @@ class Fleet:
         for task in self._tasks:
             task.cancel()
         self.host.spawn(self.client.close())
+
+    # -- throttling (dead sites, response rules) ----------------------------------------
+
+    def tell(self, found: tuple[Throttling, ...]) -> None:
+        """Destinations this server just found dead or throttled: news for the others."""
+        for news in found:
+            if self.shares(news.transport):
+                self.host.spawn(self._tell(news))
+
+    async def _tell(self, news: Throttling) -> None:
+        try:
+            await self.shared.tell_throttling(
+                news_payload(news, self.settings.node, self.shared.instance))
+            self.counters["throttling_told"] += 1
+        except RedisUnavailable as exc:
+            state = "dead" if news.kind == DEAD else "throttled"
+            self.host.log.warning(
+                f"shared state {self.settings.endpoint}: the fleet did not hear that "
+                f"{news.nexthop} ({news.transport}) is {state}: {exc}")
+
+    def _throttling_heard(self, payload: bytes) -> None:
+        """Another server found a destination dead or throttled: so it is here."""
+        try:
+            news, node, instance = parse_news(payload)
+        except ValueError as exc:
+            held = self.news_warn.allow(self.clock())
+            if held is not None:
+                more = f" ({held} more since the last warning)" if held else ""
+                self.host.log.warning(
+                    f"shared state {self.settings.endpoint}: ignored a notice of throttling "
+                    f"that is not one ({exc}){more}; this warning at most once a minute")
+            return
+        if instance == self.shared.instance or not self.shares(news.transport):
+            return
+        self.counters["throttling_heard"] += 1
+        self.host.after_control(self.host.scheduler.learnt(news, node, self.clock()))
 
     # -- suspensions (pyqmgr suspend --fleet) -------------------------------------------
 

@@ -428,18 +428,16 @@ class Qmgr:
     def _admission(self, call: AgentCall, entry: Entry, name: str) -> bytes | Pending:
         """Ask whoever must agree before a delivery starts: the fleet's shared limits,
         then the delivery policy service; PENDING while one of them is asked."""
-        limits = self.fleet.limits(name) if self.fleet is not None else None
-        if limits is not None:
-            assert self.fleet is not None
-            self.fleet.admit(call, entry, limits)
+        fleet = self.fleet
+        if fleet is not None and (limits := fleet.limits(name)) is not None:
+            fleet.admit(call, entry, limits)
             return PENDING
         return self._delegate(call, entry, name)
 
     def _delegate(self, call: AgentCall, entry: Entry, name: str) -> bytes | Pending:
-        svc = self.delegation.service(name) if self.delegation is not None else None
-        if svc is not None:
-            assert self.delegation is not None
-            self.delegation.ask(call, entry, svc)
+        delegation = self.delegation
+        if delegation is not None and (svc := delegation.service(name)) is not None:
+            delegation.ask(call, entry, svc)
             return PENDING
         return delivery_request(self.cfg, entry)
 
@@ -572,6 +570,8 @@ class Qmgr:
         for message in d.finished:
             if message.owner is not None:
                 self._message_done(message.owner)
+        if d.throttled and self.fleet is not None:
+            self.fleet.tell(d.throttled)
         return d.deliver
 
     async def _defer_recipient(self, d: DeferRecipient) -> None:

@@ -29,9 +29,14 @@ parameter, as for every other pyqmgr.cf setting.
 ``fleet_destination_rate``             delivery starts to one destination across the fleet,
                                        ``N/PERIOD`` (0: none, the default)
 ``fleet_destination_rate_burst``       starts the rate lets through at once (default 1)
+``fleet_throttling``                   ``yes`` (the default): a destination this node finds
+                                       dead, or that a response rule throttles, is dead or
+                                       throttled on every node at once, and news of the
+                                       same from the others holds here; ``no``: each node
+                                       learns alone
 =====================================  =========================================================
 
-The last three follow Postfix's naming rule: ``smtp_fleet_destination_rate`` for the
+The last four follow Postfix's naming rule: ``smtp_fleet_destination_rate`` for the
 smtp transport wins over ``fleet_destination_rate``. A destination is shared by name
 (transport and queue name), so every node must call it the same.
 
@@ -60,8 +65,9 @@ NODE = "shared_state_node"
 FLEET_LIMIT = "fleet_destination_concurrency_limit"
 FLEET_RATE = "fleet_destination_rate"
 FLEET_BURST = "fleet_destination_rate_burst"
+FLEET_THROTTLING = "fleet_throttling"
 #: The per-transport parameters, longest first (a suffix test picks the right one).
-PER_TRANSPORT = (FLEET_BURST, FLEET_LIMIT, FLEET_RATE)
+PER_TRANSPORT = (FLEET_BURST, FLEET_LIMIT, FLEET_RATE, FLEET_THROTTLING)
 MAX_FLEET_LIMIT = 100_000
 
 #: What a node does while Redis is slow or gone.
@@ -102,6 +108,13 @@ class FleetSettings:
         if self.settings is None:
             return Limits()
         return _limits(self.settings, transport)
+
+    def shares_throttling(self, transport: str) -> bool:
+        """Whether the transport's dead sites and throttled destinations are the
+        fleet's (told to the others, and taken from them)."""
+        if self.settings is None:
+            return True
+        return self.settings.get_bool(FLEET_THROTTLING, transport, True)
 
 
 def _limits(settings: PyqmgrCf, transport: str | None) -> Limits:
@@ -196,7 +209,11 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
         return None
     for key in per_transport:
         name = next(n for n in PER_TRANSPORT if key.endswith(n))
-        _limits(settings, key[:-len(name) - 1] or None)
+        transport = key[:-len(name) - 1] or None
+        if name == FLEET_THROTTLING:
+            settings.get_bool(FLEET_THROTTLING, transport, True)
+        else:
+            _limits(settings, transport)
     try:
         endpoint = parse_shared_state(text)
     except ValueError as exc:

@@ -28,11 +28,15 @@ sessions does not spend the rate.
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import os
+import re
 from dataclasses import dataclass
 
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable
 from pyqmgr.fleet.resp import RedisError, Reply
+from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
 
 #: KEYS: sessions, rate, waiters. ARGV: lease ms, session limit (0: none), rate
 #: interval ms (0: none), burst, member, this process's channel, "1" when it has more
@@ -207,6 +211,14 @@ class Shared:
                            [f"{transport}\n{queue}"])
 
     @property
+    def throttling_channel(self) -> str:
+        return f"{self.prefix}throttling"
+
+    async def tell_throttling(self, payload: str) -> None:
+        """Tell every server of the fleet what this one found (:func:`news_payload`)."""
+        _checked(await self.client.call("PUBLISH", self.throttling_channel, payload))
+
+    @property
     def suspensions_channel(self) -> str:
         return f"{self.prefix}suspensions"
 
@@ -256,3 +268,64 @@ def _checked(reply: Reply) -> Reply:
     if isinstance(reply, RedisError):
         raise RedisUnavailable(f"Redis answered an error: {reply.message}")
     return reply
+
+
+# -- news of throttling (pyqmgr.scheduler.throttling) ---------------------------------
+
+#: The longest notice of throttling read: a few names and a reply text.
+MAX_NEWS = 8192
+#: What a reply's text may be at most (Postfix's own DSN texts are shorter).
+MAX_REASON = 2000
+#: How long news may say a destination is dead (a backoff longer than a day is not
+#: one Postfix would use).
+MAX_LASTS = 86400.0
+_STATUS = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
+
+
+def news_payload(news: Throttling, node: str, instance: str) -> str:
+    """The notice one server publishes of a destination it found dead or throttled."""
+    return json.dumps({"node": node, "instance": instance, "transport": news.transport,
+                       "queue": news.queue, "nexthop": news.nexthop, "kind": news.kind,
+                       "status": news.status, "reason": news.reason,
+                       "lasts": news.lasts, "rule": news.rule})
+
+
+def parse_news(payload: bytes) -> tuple[Throttling, str, str]:
+    """(the news, the node that saw it, its instance) from a notice; ValueError naming
+    what is wrong with one that is not a notice: the channel is anyone's who can
+    reach Redis, and a bad notice must change nothing."""
+    if len(payload) > MAX_NEWS:
+        raise ValueError(f"{len(payload)} bytes, more than {MAX_NEWS}")
+    try:
+        record = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("not JSON") from None
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+
+    def text(name: str, longest: int, word: bool = False, empty: bool = False) -> str:
+        value = record.get(name)
+        if not isinstance(value, str) or not (empty or value) or len(value) > longest:
+            raise ValueError(f"{name}: a text of up to {longest} characters expected")
+        if not value.isprintable() or (word and any(c.isspace() for c in value)):
+            raise ValueError(f"{name}: {value!r:.60} has spaces or unprintable characters"
+                             if word else f"{name}: unprintable characters")
+        return value
+
+    node, instance = text("node", 255, word=True), text("instance", 64, word=True)
+    kind = record.get("kind")
+    if kind not in (DEAD, RULE):
+        raise ValueError(f"kind: {kind!r:.30} is neither {DEAD!r} nor {RULE!r}")
+    status = text("status", 11)
+    if not _STATUS.match(status):
+        raise ValueError(f"status: {status!r} is not an enhanced status code")
+    lasts = record.get("lasts")
+    if isinstance(lasts, bool) or not isinstance(lasts, int | float) or not math.isfinite(
+            lasts) or not 0 <= lasts <= MAX_LASTS or (kind == DEAD and lasts <= 0):
+        raise ValueError(f"lasts: {lasts!r:.30} is not a number of seconds from "
+                         f"{'more than 0' if kind == DEAD else '0'} to {MAX_LASTS:g}")
+    news = Throttling(text("transport", 64, word=True), text("queue", 1024),
+                      text("nexthop", 1024), str(kind), status,
+                      text("reason", MAX_REASON, empty=True), float(lasts),
+                      text("rule", 1100, empty=kind == DEAD))
+    return news, node, instance

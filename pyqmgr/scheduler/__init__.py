@@ -18,7 +18,8 @@ What lives where, as ``qmgr.h`` says it for stock's ``src/qmgr/``:
   and its reply's feedback), ``defer`` (dead destinations and transports), ``enable``
   (reviving them), ``gates`` (suspensions' and shaping's gates), ``controls`` (suspend,
   resume, retry), ``recovery`` (deferred mail waiting for a destination), ``delegation``
-  (a policy service's answers);
+  (a policy service's answers), ``throttling`` (what another server of a fleet found
+  dead or throttled);
 - the policies: ``policy`` (the ``Policy`` base, the table of which transport runs
   which, ``module:`` loading), ``nqmgr`` (stock's, the default), ``oqmgr``, ``finch``,
   ``zmailer``; the core names none of them;

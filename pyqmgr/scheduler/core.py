@@ -44,8 +44,17 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from pyqmgr.scheduler import controls, defer, delegation, deliver, enable, gates, reading
-from pyqmgr.scheduler.decisions import Decisions, Outbox
+from pyqmgr.scheduler import (
+    controls,
+    defer,
+    delegation,
+    deliver,
+    enable,
+    gates,
+    reading,
+    throttling,
+)
+from pyqmgr.scheduler.decisions import Decisions, Outbox, Throttling
 from pyqmgr.scheduler.defer import POLICY_DSN
 from pyqmgr.scheduler.deliver import dsn_valid
 from pyqmgr.scheduler.entry import Entry, entry_unselect
@@ -184,6 +193,10 @@ class Scheduler:
         #: unless :meth:`watch_recovery`: the destinations, by (transport, queue name),
         #: that were dead or throttled and have not delivered since, with why.
         self.recovery_watch: dict[tuple[str, str], str] | None = None
+        #: A fleet's shared state (issue #23): say in the decisions' ``throttled``
+        #: which destinations died or a response rule throttled here. Off unless the
+        #: daemon's fleet shares throttling.
+        self.share_throttling = False
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
@@ -476,6 +489,14 @@ class Scheduler:
     def lift_hold(self, transport: str, queue_name: str, kind: str, now: float) -> Decisions:
         """A hold of ``kind`` ends early (the fleet freed a session here)."""
         delegation.lift_hold(self, transport, queue_name, kind, now)
+        return self.out.take()
+
+    # -- a fleet's shared throttling (pyqmgr.cf shared_state; see throttling.py) -------
+
+    def learnt(self, news: Throttling, who: str, now: float) -> Decisions:
+        """Another server of the fleet found a destination dead or throttled: so it is
+        here (what the news says, and who said it, in the decisions' log)."""
+        throttling.learnt(self, news, who, now)
         return self.out.take()
 
     def reject_to_error(self, entry: Entry, dsn: Dsn, now: float) -> Decisions:

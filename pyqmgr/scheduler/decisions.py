@@ -31,6 +31,29 @@ class DeferRecipient:
     dsn: Dsn
 
 
+#: What a server of a fleet saw of a destination: it is dead, or a response rule
+#: throttled it (:class:`Throttling`; applied elsewhere by :mod:`.throttling`).
+DEAD, RULE = "dead", "rule"
+
+
+@dataclass(frozen=True, slots=True)
+class Throttling:
+    """One destination's throttling, as one server tells the others."""
+
+    transport: str
+    queue: str
+    nexthop: str
+    #: :data:`DEAD` or :data:`RULE`.
+    kind: str
+    #: The reply that did it: its enhanced status and text (the hop's, as logged).
+    status: str
+    reason: str
+    #: Seconds it lasts from when it was seen: a dead site's backoff; for a rule, 0.
+    lasts: float = 0.0
+    #: The rule's name (``file:line``) for :data:`RULE`.
+    rule: str = ""
+
+
 class Decisions(NamedTuple):
     """One event's decisions, each a tuple the driver acts on in order."""
 
@@ -58,6 +81,9 @@ class Decisions(NamedTuple):
     resumed: Suspension | None = None
     #: ``reject_to_error``: the recipients went to the error transport.
     rejected: bool = False
+    #: Destinations this server just found dead or throttled by a response rule, for
+    #: the fleet's other servers (only while ``share_throttling`` is on).
+    throttled: tuple[Throttling, ...] = ()
 
 
 NOTHING = Decisions()
@@ -67,7 +93,7 @@ class Outbox:
     """The decisions of the event under way; :meth:`take` ends the event."""
 
     __slots__ = ("log", "deferrals", "finished", "timers", "gate_timers", "ended", "waits",
-                 "recovered", "affected", "_lists")
+                 "recovered", "affected", "throttled", "_lists")
 
     def __init__(self) -> None:
         self.log: list[tuple[str, str]] = []
@@ -79,10 +105,11 @@ class Outbox:
         self.waits: list[tuple[Message, str, str]] = []
         self.recovered: list[tuple[str, str, str, str]] = []
         self.affected: list[str] = []
+        self.throttled: list[Throttling] = []
         # In the order of Decisions' fields after ``deliver``.
         self._lists: tuple[list[Any], ...] = (
             self.log, self.deferrals, self.finished, self.timers, self.gate_timers,
-            self.ended, self.waits, self.recovered, self.affected)
+            self.ended, self.waits, self.recovered, self.affected, self.throttled)
 
     def take(self, deliver: Entry | None = None) -> Decisions:
         """The event is over: its decisions as one value; the outbox starts empty.
@@ -95,8 +122,8 @@ class Outbox:
             return NOTHING if deliver is None else Decisions(deliver)
         # Spelt out, so that the usual case (a finished message, a timer) copies and
         # clears only what is there.
-        log, deferrals, finished, timers, gate_timers, ended, waits, recovered, affected = (
-            lists)
+        (log, deferrals, finished, timers, gate_timers, ended, waits, recovered, affected,
+         throttled) = lists
         decisions = Decisions(
             deliver,
             tuple(log) if log else (),
@@ -107,7 +134,8 @@ class Outbox:
             tuple(ended) if ended else (),
             tuple(waits) if waits else (),
             tuple(recovered) if recovered else (),
-            tuple(affected) if affected else ())
+            tuple(affected) if affected else (),
+            throttled=tuple(throttled) if throttled else ())
         for pending in lists:
             if pending:
                 pending.clear()

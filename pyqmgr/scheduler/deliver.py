@@ -14,6 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import recovery
+from pyqmgr.scheduler.decisions import DEAD, Throttling
 from pyqmgr.scheduler.defer import defer_todo
 from pyqmgr.scheduler.entry import entry_done
 from pyqmgr.scheduler.gates import started, throttled
@@ -93,6 +94,10 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
                 if queue.throttle(dsn, now, core.min_backoff_time):
                     core.out.timers.append(now + core.min_backoff_time)
                     defer_todo(core, queue, dsn)
+                    if core.share_throttling:
+                        core.out.throttled.append(Throttling(
+                            t.name, queue.name, queue.nexthop, DEAD, dsn.status,
+                            hop.reason or "unknown error", core.min_backoff_time))
                 t.sync(queue)
     if not crashed:
         core.transport_unthrottle(t)

@@ -14,6 +14,7 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
+from pyqmgr.scheduler.decisions import RULE, Throttling
 from pyqmgr.scheduler.shaping import Gate, effective_interval, observed_rate, take_start, triggered
 
 if TYPE_CHECKING:
@@ -93,9 +94,24 @@ def throttled(core: Core, queue: Queue, rule: Rule, hop: Dsn, now: float,
     assert shape is not None and t.shaping is not None
     if not triggered(rule, shape, now) or started < shape.last_cut:
         return
-    shape.last_cut = now
     # The matches that led here are spent: the next reduction needs new ones.
     shape.matches.clear()
+    done = reduce(core, queue, rule, now)
+    core.out.log.append(("info", f"shaping: {queue.nexthop} ({t.name}): throttling reply "
+                             f"\"{hop.status} {hop.reason}\" matched {rule.where}: "
+                             f"{', '.join(done) or 'not counted as a failure'}"))
+    if core.share_throttling:
+        core.out.throttled.append(Throttling(t.name, queue.name, queue.nexthop, RULE,
+                                             hop.status, hop.reason, rule=rule.where))
+
+
+def reduce(core: Core, queue: Queue, rule: Rule, now: float) -> list[str]:
+    """A rule's action on a destination (its trigger fired, here or on another server
+    of the fleet): what it did, for the log line."""
+    t = queue.transport
+    shape = queue.shape
+    assert shape is not None and t.shaping is not None
+    shape.last_cut = now
     first = shape.rule is None
     shape.rule = rule
     shape.last_match = now
@@ -128,9 +144,7 @@ def throttled(core: Core, queue: Queue, rule: Rule, hop: Dsn, now: float,
     shape.next_step = now + rule.quiet
     push_gate(core, shape.next_step, t, queue.name, "step")
     t.sync(queue)
-    core.out.log.append(("info", f"shaping: {queue.nexthop} ({t.name}): throttling reply "
-                             f"\"{hop.status} {hop.reason}\" matched {rule.where}: "
-                             f"{', '.join(done) or 'not counted as a failure'}"))
+    return done
 
 
 def step_up(core: Core, t: Transport, name: str, shape: Shape, now: float) -> None:

@@ -72,6 +72,7 @@ class Core(Protocol):
     refill: Refill | None
     #: Destinations watched for deferred-mail recovery (None: recovery is off).
     recovery_watch: dict[tuple[str, str], str] | None
+    share_throttling: bool
     #: Shaping deadlines: (when, seq, transport, queue name, what).
     gate_heap: list[tuple[float, int, Transport, str, str]]
     gate_seq: itertools.count[int]

@@ -148,11 +148,23 @@ def test_per_transport_limits_follow_postfixs_naming_rule():
     assert none is not None and not none.limits_for("smtp").active
 
 
+def test_throttling_is_the_fleets_unless_a_transport_says_no():
+    got = settings("shared_state = redis://127.0.0.1:6379\n"
+                   "relay_fleet_throttling = no\n")
+    assert got is not None
+    assert got.shares_throttling("smtp") and not got.shares_throttling("relay")
+    off = settings("shared_state = redis://127.0.0.1:6379\nfleet_throttling = NO\n"
+                   "smtp_fleet_throttling = yes\n")
+    assert off is not None
+    assert off.shares_throttling("smtp") and not off.shares_throttling("relay")
+
+
 @pytest.mark.parametrize("line, says", [
     ("relay_fleet_destination_concurrency_limit = many", "bad numerical value"),
     ("fleet_destination_concurrency_limit = -1", "out of range"),
     ("smtp_fleet_destination_rate = fast", "bad rate"),
     ("smtp_fleet_destination_rate_burst = 0", "out of range"),
+    ("relay_fleet_throttling = maybe", "bad boolean value"),
 ])
 def test_bad_limits_are_start_up_errors_in_every_form(line, says):
     name = line.split(" = ")[0]
