@@ -9,8 +9,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from pyqmgr.fleet.client import Endpoint, RedisClient
-from pyqmgr.fleet.shared import Shared
+from pyqmgr.fleet.client import Endpoint, RedisClient, Subscriber
+from pyqmgr.fleet.shared import HANDED, KEPT, RELEASED, TOLD, Shared
 from pyqmgr.testbed.redis import RedisServer
 
 
@@ -137,5 +137,74 @@ def test_scripts_come_back_after_redis_forgets_them(redis_server):
         assert (await node.admit("smtp", "s.example", 3)).admitted
         assert len(await node.holders("smtp", "s.example")) == 2
         await close([node])
+
+    run(main)
+
+
+def listen(server: RedisServer, node: Shared, heard: list[bytes]) -> tuple[
+        asyncio.Task[None], Subscriber]:
+    """Subscribe ``node``'s channel as the daemon does; what it hears goes to ``heard``."""
+    sub = Subscriber(Endpoint(host="127.0.0.1", port=server.port), node.channel,
+                     heard.append, timeout=2)
+    return asyncio.get_running_loop().create_task(sub.run()), sub
+
+
+def test_a_session_given_back_is_handed_to_the_longest_waiter(redis_server):
+    """One round trip gives a session back and hands it on: a lease in the waiter's
+    name, published to it, so the delivery it starts asks nothing; the giver, with
+    more to send, queues behind. Nobody waiting: kept for the giver's next delivery."""
+    server = redis_server()
+
+    async def main() -> None:
+        a, b, c = nodes(server)
+        heard_b: list[bytes] = []
+        task, sub = listen(server, b, heard_b)
+        await asyncio.wait_for(sub.subscribed.wait(), 5)
+        first, second = [await a.admit("smtp", "h.example", 2) for _ in range(2)]
+        assert first.admitted and second.admitted
+        refused = await b.admit("smtp", "h.example", 2)
+        assert not refused.admitted and refused.in_use == 2
+        # c waits too, but nobody listens for it (its process died): skipped.
+        assert not (await c.admit("smtp", "h.example", 2)).admitted
+        outcome, lease, in_use = await a.release("smtp", "h.example", first.lease, 2,
+                                                 more=True)
+        assert (outcome, in_use) == (HANDED, 2) and lease.startswith(f"node1/{b.instance}/h")
+        await asyncio.sleep(0.2)
+        assert heard_b == [f"smtp\nh.example\n{lease}".encode()]
+        assert sorted(await a.holders("smtp", "h.example")) == sorted([second.lease, lease])
+        # b's delivery ends with nothing more to send there: the session goes to a,
+        # which queued behind b when it gave its session away; a does not listen
+        # here, so nobody is handed it and it is simply free.
+        outcome, made, in_use = await b.release("smtp", "h.example", lease, 2, more=False)
+        assert (outcome, made, in_use) == (RELEASED, "", 1)
+        # a with more to send and nobody waiting: kept for a's next delivery.
+        outcome, kept, in_use = await a.release("smtp", "h.example", second.lease, 2,
+                                                more=True)
+        assert (outcome, in_use) == (KEPT, 1) and kept.startswith(f"node0/{a.instance}/k")
+        assert await a.holders("smtp", "h.example") == [kept]
+        task.cancel()
+        await close([a, b, c])
+
+    run(main)
+
+
+def test_with_a_fleet_rate_the_waiter_is_only_told(redis_server):
+    """A start must take its own rate slot: the session is freed and the longest
+    waiter told to ask (limit 0), not handed a lease."""
+    server = redis_server()
+
+    async def main() -> None:
+        a, b = nodes(server, 2)
+        heard_b: list[bytes] = []
+        task, sub = listen(server, b, heard_b)
+        await asyncio.wait_for(sub.subscribed.wait(), 5)
+        held = await a.admit("smtp", "r.example", 1, interval=0.001)
+        assert not (await b.admit("smtp", "r.example", 1, interval=0.001)).admitted
+        assert await a.release("smtp", "r.example", held.lease, 0, more=True) == (TOLD, "", 0)
+        await asyncio.sleep(0.2)
+        assert heard_b == [b"smtp\nr.example"]
+        assert await a.holders("smtp", "r.example") == []
+        task.cancel()
+        await close([a, b])
 
     run(main)

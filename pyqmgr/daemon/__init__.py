@@ -12,7 +12,8 @@ as a Protocol, what it needs of the daemon):
   ``delivery``: one delivery agent connection; ``request``: the delivery request;
 - ``retry``: deferred mail's retry jitter and recovery; ``delegation``: asking a delivery
   policy service; ``fleet``: asking the fleet's shared state in Redis (leases, rates)
-  before a delivery; ``suspensions``: the operators' controls and their state file;
+  before a delivery, and its shared throttling; ``fleet_suspensions``: the fleet's
+  operator suspensions; ``suspensions``: the operators' controls and their state file;
   ``control``: the control socket;
 - ``metrics``, ``metrics_exporter``, ``metrics_http``: counts and the Prometheus
   exporter (imported only when on).

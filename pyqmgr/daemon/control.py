@@ -374,13 +374,13 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
             reason = str(request.get("reason", ""))
             reply = controls.suspend(target, reason, float(ttl), who(peer))
             if fleet is not None:
-                fleet.share_suspension(controls.parse(target).spec, reason, float(ttl),
-                                       who(peer))
+                fleet.suspensions.share(controls.parse(target).spec, reason, float(ttl),
+                                        who(peer))
                 reply["fleet"] = True
             return reply
         if command == "resume":
             if fleet is not None:
-                fleet.end_suspension(controls.parse(target).spec, who(peer))
+                fleet.suspensions.end(controls.parse(target).spec, who(peer))
                 try:
                     reply = controls.resume(target, who(peer))
                 except ProtocolError:

@@ -13,15 +13,18 @@ its reader off. The answer comes back to synchronous code:
 
 * **admitted**: the delivery goes on (to the policy service, when one is set too,
   then to the agent); its lease is renewed every third of ``shared_state_lease_time``
-  while the delivery runs and given back when it ends, however it ends;
+  while the delivery runs and given back when it ends, however it ends. Given back,
+  it is passed on in the same round trip: to the process that has waited longest
+  for the destination (a lease in its name, published on its channel), or kept for
+  this node's next delivery there when nobody else waits. Either way the delivery
+  that starts on it asks nothing: one round trip a delivery, start and end together;
 * **refused**: the entry goes back to its queue and the destination is gated
   (``fleet`` in ``pyqmgr explain``) until the rate allows a start, or, when the
-  fleet's sessions are all in use, until a session is given back: Redis announces it
-  to the process that has waited longest (a channel of its own, see
-  :mod:`pyqmgr.fleet.shared`), and :data:`SESSION_RETRY` covers what nobody
-  announces. The agent is given another
-  entry. Nothing is deferred and nothing logged per refusal: waiting for the
-  fleet is the normal state of a busy destination.
+  fleet's sessions are all in use, until a session is handed here; the node asks
+  again only after a quarter of the lease time (1-15 s), for what nobody hands on
+  (a dead node's leases expiring). The agent is given another entry. Nothing is
+  deferred and nothing logged per refusal: waiting for the fleet is the normal
+  state of a busy destination.
 * **Redis slow or gone** (no answer within ``shared_state_timeout``):
   ``shared_state_failure = local`` delivers under the node's own limits,
   ``hold`` holds the destination back for :data:`HOLD_RETRY`; either way a warning at
@@ -32,13 +35,13 @@ its reader off. The answer comes back to synchronous code:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pyqmgr.daemon.fleet_suspensions import FleetSuspensions
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.settings import (
     FAILURE,
@@ -48,7 +51,7 @@ from pyqmgr.fleet.settings import (
     FleetSettings,
     Limits,
 )
-from pyqmgr.fleet.shared import Admission, Shared, news_payload, parse_news
+from pyqmgr.fleet.shared import KEPT, Admission, Shared, news_payload, parse_news
 from pyqmgr.postfix.policy_delegation import WarnGate
 from pyqmgr.scheduler.decisions import DEAD
 from pyqmgr.scheduler.structures import ERROR, RETRY
@@ -64,10 +67,22 @@ if TYPE_CHECKING:
 #: The gate explain shows for a destination the fleet holds back.
 GATE_KIND = "fleet"
 #: How long a destination whose fleet sessions are all in use waits before it asks
-#: again unless told sooner: a session given back is announced to the first process
-#: waiting for it (and this node's own ends reopen its gate at once), so this only
-#: covers what no one announces: a dead node's leases expiring, a lost message.
-SESSION_RETRY = 1.0
+#: again unless handed a session sooner, as a share of the lease time (within
+#: :data:`SESSION_RETRY_RANGE`): a session given back goes to the first process
+#: waiting for it, so asking again only covers what nobody hands on: a dead node's
+#: leases expiring (after the lease time), a lost message.
+SESSION_RETRY_SHARE = 0.25
+SESSION_RETRY_RANGE = (1.0, 15.0)
+#: A session kept or handed for a next delivery that did not start within this long
+#: goes back (and on to whoever waits).
+SPARE_TIME = 1.0
+#: How long after a delivery's end its session is given back. smtp(8) does not wait
+#: for the reply to its QUIT (smtp_skip_quit_response = yes, the default), so the
+#: agent reports while the remote server may not have read the QUIT yet; handed on
+#: at once, the next session, from any server of the fleet, can reach it first and
+#: be one too many. A few milliseconds cover the QUIT's way (3 in 1,000 of a
+#: 200 ms delivery).
+QUIT_GRACE = 0.005
 #: How long ``shared_state_failure = hold`` holds a destination back per try.
 HOLD_RETRY = 1.0
 #: Destinations whose fleet figures ``pyqmgr status`` remembers.
@@ -98,11 +113,9 @@ class FleetHost(Protocol):
     def agent_next(self, call: AgentCall, name: str) -> None: ...
 
 
-#: How a suspension made by the fleet's table says so in its "by" (and the maillog).
-FLEET_MARK = " (fleet)"
 #: What ``pyqmgr status`` counts of the fleet's answers to this server.
-COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "errors",
-           "throttling_told", "throttling_heard")
+COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "handed", "kept",
+           "round_trips", "errors", "throttling_told", "throttling_heard")
 
 
 class Fleet:
@@ -120,8 +133,8 @@ class Fleet:
         self.down = False
         self.counters: Tally[str] = Tally()
         self._tasks: list[asyncio.Task[None]] = []
-        #: The fleet's suspensions in force here, by target: the record as read.
-        self.applied: dict[str, dict[str, object]] = {}
+        #: The fleet's suspensions (pyqmgr suspend --fleet), shared and heard.
+        self.suspensions = FleetSuspensions(host, self.shared, settings)
         #: What the fleet last said of each destination asked about: (sessions in use
         #: fleet-wide, the limit), the most recent :data:`SEEN_MEMORY` destinations.
         self.seen: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
@@ -129,6 +142,12 @@ class Fleet:
         #: the questions out per destination (both bounded by the destinations waiting).
         self.full: set[tuple[str, str]] = set()
         self.asking: dict[tuple[str, str], int] = {}
+        #: When each full destination may ask again (unless handed a session first).
+        self.ask_again: dict[tuple[str, str], float] = {}
+        lo, hi = SESSION_RETRY_RANGE
+        self.session_retry = min(hi, max(lo, settings.lease_time * SESSION_RETRY_SHARE))
+        #: Sessions kept or handed to this node for its next delivery to a destination.
+        self.spares: dict[tuple[str, str], list[str]] = {}
         #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
         self._shares: dict[str, bool] = {}
         self.news_warn = WarnGate(60.0)
@@ -166,8 +185,8 @@ class Fleet:
             loop.create_task(Subscriber(ep, self.shared.channel, self._freed,
                                         timeout=timeout).run()),
             loop.create_task(Subscriber(ep, self.shared.suspensions_channel,
-                                        self._suspensions_changed, timeout=timeout,
-                                        on_subscribed=lambda: self._suspensions_changed(b"")
+                                        self.suspensions.changed, timeout=timeout,
+                                        on_subscribed=lambda: self.suspensions.changed(b"")
                                         ).run()),
             loop.create_task(Subscriber(ep, self.shared.throttling_channel,
                                         self._throttling_heard, timeout=timeout).run())]
@@ -179,13 +198,25 @@ class Fleet:
     async def _admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
         queue = entry.queue
         key = (queue.transport.name, queue.name)
-        if key in self.full and self.asking.get(key, 0):
-            # The fleet's sessions were all in use at the last answer and a question
-            # is out already: when a session comes back one question takes it, the
-            # agents of this node need not all ask and all but one be refused.
-            self.decided(call, entry, Admission(False, 0.0, self.seen.get(key, (0, 0))[0]))
+        in_use = self.seen.get(key, (0, 0))[0]
+        spares = self.spares.get(key)
+        if spares:
+            # A session this node kept from its last delivery, or was handed: no
+            # question at all.
+            lease = spares.pop()
+            if not spares:
+                del self.spares[key]
+            self.decided(call, entry, Admission(True, 0.0, in_use, lease))
+            return
+        if key in self.full and self.client.connected and (
+                self.asking.get(key, 0) or self.clock() < self.ask_again.get(key, 0.0)):
+            # The fleet's sessions were all in use at the last answer: the next one
+            # given back is handed to this node (it is in line), and asking before
+            # then would only be refused.
+            self.decided(call, entry, Admission(False, 0.0, in_use))
             return
         self.counters["asked"] += 1
+        self.counters["round_trips"] += 1
         self.asking[key] = self.asking.get(key, 0) + 1
         interval = limits.rate.interval if limits.rate is not None else 0.0
         try:
@@ -205,10 +236,13 @@ class Fleet:
         if isinstance(answer, Admission) and answer.wait <= 0 and (
                 not answer.admitted or answer.in_use >= limits.sessions > 0):
             # Refused for want of a session, or given the last one: the next question
-            # is likely refused too, so only one at a time until a session comes back.
+            # is likely refused too, so none until a session is handed here or the
+            # time to ask again comes.
             self.full.add(key)
+            self.ask_again[key] = self.clock() + self.session_retry
         else:
             self.full.discard(key)
+            self.ask_again.pop(key, None)
         self.decided(call, entry, answer)
 
     def decided(self, call: AgentCall, entry: Entry, answer: Admission | str) -> None:
@@ -246,7 +280,7 @@ class Fleet:
             here = sum(1 for t, q, _ in self.leases.values() if (t, q) == key)
             text = (f"waits for a fleet session: {answer.in_use} of "
                     f"{limit.sessions if limit is not None else '?'} in use, {here} here")
-            until = now + SESSION_RETRY
+            until = now + self.session_retry
         self._hold_back(entry, until, name, text, now)
         self.host.agent_next(call, transport)
 
@@ -281,36 +315,87 @@ class Fleet:
     # -- the leases ---------------------------------------------------------------------
 
     def released(self, call: AgentCall) -> None:
-        """The call's delivery ended (or never started): its session goes back."""
+        """The call's delivery ended (or never started): its session goes back, and
+        on to the next delivery, here or elsewhere (:data:`pyqmgr.fleet.shared.RELEASE`)."""
         held = self.leases.pop(call, None)
         if held is not None:
-            # Redis tells whoever waited longest for a session, this node or another.
-            self.host.spawn(self._release(*held))
+            asyncio.get_running_loop().call_later(QUIT_GRACE, self._give_back, *held)
 
-    def _freed(self, payload: bytes) -> None:
-        """Another process gave back a session this node waits for: ask again now."""
-        transport, _, queue = payload.decode("utf-8", "replace").partition("\n")
-        self.counters["told"] += 1
+    def _give_back(self, transport: str, queue: str, lease: str) -> None:
+        self.host.spawn(self._release(transport, queue, lease,
+                                      more=self._waiting(transport, queue)))
+
+    def _waiting(self, transport: str, queue: str) -> bool:
+        """Whether this node has deliveries waiting for the destination."""
         t = self.host.scheduler.transports.get(transport)
         waiting = t.queues.get(queue) if t is not None else None
-        if waiting is None or not waiting.todo.size:
-            # Nothing here wants it any more: the next in line should hear of it.
-            self.host.spawn(self._pass_on(transport, queue))
+        return waiting is not None and waiting.todo.size > 0
+
+    def _freed(self, payload: bytes) -> None:
+        """Another process gave back a session: handed to this node (a lease in its
+        name), or, for a destination with a fleet rate, news that it may ask again."""
+        transport, _, rest = payload.decode("utf-8", "replace").partition("\n")
+        queue, _, lease = rest.partition("\n")
+        self.counters["told"] += 1
+        if not self._waiting(transport, queue):
+            # Nothing here wants it any more: the next in line gets it.
+            if lease:
+                self.host.spawn(self._release(transport, queue, lease, more=False))
+            else:
+                self.host.spawn(self._pass_on(transport, queue))
             return
+        if lease:
+            self.counters["handed"] += 1
+            self._spare(transport, queue, lease)
+            return
+        self.ask_again.pop((transport, queue), None)
         self.host.after_control(self.host.scheduler.lift_hold(transport, queue, GATE_KIND,
                                                               self.clock()))
 
+    def _spare(self, transport: str, queue: str, lease: str) -> None:
+        """A session for this node's next delivery to the destination: open its gate so
+        that the next delivery starts on it; back after :data:`SPARE_TIME` unused."""
+        key = (transport, queue)
+        self.spares.setdefault(key, []).append(lease)
+        asyncio.get_running_loop().call_later(SPARE_TIME, self._spare_unused, key, lease)
+        self.host.after_control(self.host.scheduler.lift_hold(transport, queue, GATE_KIND,
+                                                              self.clock()))
+
+    def _spare_unused(self, key: tuple[str, str], lease: str) -> None:
+        spares = self.spares.get(key)
+        if spares is None or lease not in spares:
+            return  # used
+        spares.remove(lease)
+        if not spares:
+            del self.spares[key]
+        self.host.spawn(self._release(key[0], key[1], lease, more=False))
+
     async def _pass_on(self, transport: str, queue: str) -> None:
+        self.counters["round_trips"] += 1
         try:
             await self.shared.pass_on(transport, queue)
         except RedisUnavailable:
-            pass  # the others ask again after SESSION_RETRY
+            pass  # the others ask again after their session retry time
 
-    async def _release(self, transport: str, queue: str, lease: str) -> None:
+    async def _release(self, transport: str, queue: str, lease: str, more: bool) -> None:
+        limits = self.limits(transport)
+        # With a fleet rate each start takes its own slot: the session is not handed on
+        # then, the next in line is told to ask.
+        limit = limits.sessions if limits is not None and limits.rate is None else 0
+        self.counters["round_trips"] += 1
         try:
-            await self.shared.release(transport, queue, lease)
+            outcome, lease, in_use = await self.shared.release(transport, queue, lease,
+                                                               limit, more)
         except RedisUnavailable:
-            pass  # the lease expires by itself within shared_state_lease_time
+            # The lease expires by itself within shared_state_lease_time; nothing will
+            # be handed here meanwhile, so the next start asks (and meets the failure
+            # mode) instead of waiting for a session.
+            self.full.clear()
+            self.ask_again.clear()
+            return
+        if outcome == KEPT:
+            self.counters["kept"] += 1
+            self._spare(transport, queue, lease)
 
     async def _renew(self) -> None:
         """Renew every lease held, a third of the lease time before it could expire."""
@@ -319,6 +404,8 @@ class Fleet:
             by_destination: dict[tuple[str, str], list[str]] = {}
             for transport, queue, lease in list(self.leases.values()):
                 by_destination.setdefault((transport, queue), []).append(lease)
+            for key, spares in self.spares.items():
+                by_destination.setdefault(key, []).extend(spares)
             try:
                 await asyncio.gather(*(self.shared.renew(t, q, leases)
                                        for (t, q), leases in by_destination.items()))
@@ -366,82 +453,6 @@ class Fleet:
         self.counters["throttling_heard"] += 1
         self.host.after_control(self.host.scheduler.learnt(news, node, self.clock()))
 
-    # -- suspensions (pyqmgr suspend --fleet) -------------------------------------------
-
-    def share_suspension(self, target: str, reason: str, ttl: float, who: str) -> None:
-        """A suspension made here with --fleet: into the fleet's table, news to all."""
-        record = {"target": target, "reason": reason, "by": who,
-                  "node": self.settings.node, "until": time.time() + ttl}
-        self.applied[target] = record
-        news = json.dumps({"by": who, "node": self.settings.node})
-        self.host.spawn(self._set_suspension(target, json.dumps(record), news))
-
-    def end_suspension(self, target: str, who: str) -> None:
-        """``pyqmgr resume --fleet`` here: out of the table, news to all."""
-        self.applied.pop(target, None)
-        news = json.dumps({"by": who, "node": self.settings.node})
-        self.host.spawn(self._set_suspension(target, "", news))
-
-    async def _set_suspension(self, target: str, record: str, news: str) -> None:
-        try:
-            await self.shared.set_suspension(target, record, news)
-        except RedisUnavailable as exc:
-            self.host.log.warning(f"shared state {self.settings.endpoint}: the fleet did "
-                                  f"not hear of the suspension of {target}: {exc}; it "
-                                  "holds on this server only")
-
-    def _suspensions_changed(self, news: bytes) -> None:
-        self.host.spawn(self._sync_suspensions(news))
-
-    async def _sync_suspensions(self, news: bytes) -> None:
-        """Bring this server's suspensions in line with the fleet's table."""
-        try:
-            table = await self.shared.suspensions()
-        except RedisUnavailable:
-            return  # the next news, or the next resubscription, reads it again
-        try:
-            said = json.loads(news) if news else {}
-        except ValueError:
-            said = {}
-        ender = (f"{said.get('by', '?')} on {said.get('node', '?')}{FLEET_MARK}"
-                 if isinstance(said, dict) else "the fleet")
-        now = time.time()
-        current: dict[str, dict[str, object]] = {}
-        for target, raw in table.items():
-            record = _record(raw)
-            if record is not None and float(record["until"]) > now:  # type: ignore[arg-type]
-                current[target] = record
-        controls = self.host.suspensions
-        for target, record in current.items():
-            if self.applied.get(target) == record:
-                continue
-            self.applied[target] = record
-            if record["node"] == self.settings.node and any(
-                    s.target.spec == target for s in self.host.scheduler.suspensions):
-                continue  # made here (or in this node's last life) and in force here
-            try:
-                controls.suspend(target, str(record["reason"]),
-                                 float(record["until"]) - now,  # type: ignore[arg-type]
-                                 f"{record['by']} on {record['node']}{FLEET_MARK}")
-            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the rest
-                self.host.log.warning(f"shared state: the fleet's suspension of "
-                                      f"{target} cannot hold here: {exc}")
-        ended = [t for t in self.applied if t not in current]
-        for target in ended:
-            record = self.applied.pop(target)
-            if float(record["until"]) <= now:  # type: ignore[arg-type]
-                ended.remove(target)  # ended by its ttl, here as everywhere
-        # A fleet suspension this server kept across a restart (its state file) that
-        # the fleet ended meanwhile: ended here too.
-        ended += [s.target.spec for s in self.host.scheduler.suspensions
-                  if s.who.endswith(FLEET_MARK) and s.target.spec not in current
-                  and s.target.spec not in ended]
-        for target in ended:
-            try:
-                controls.resume(target, ender)
-            except Exception:  # noqa: BLE001, S110 - resumed here already
-                pass
-
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, object]:
@@ -458,16 +469,3 @@ class Fleet:
                 "unavailable": self.down, "leases_held": len(self.leases),
                 **{name: self.counters[name] for name in COUNTED}}
 
-
-def _record(raw: bytes) -> dict[str, object] | None:
-    """A suspension record from the fleet's table, or None if it is not one."""
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not all(
-            isinstance(record.get(k), str) for k in ("target", "reason", "by", "node")):
-        return None
-    if not isinstance(record.get("until"), int | float):
-        return None
-    return record

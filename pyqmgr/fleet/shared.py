@@ -6,15 +6,18 @@ live under the fleet's prefix (``shared_state_prefix``) and name the destination
 transport and queue name, as every node names it:
 
 ``{prefix}sessions:{transport}:{queue}``
-    A sorted set: one member per delivery under way in the fleet
-    (``node/instance/serial``),
-    scored by when its lease expires (Redis milliseconds). Expired members are dropped
-    whenever the set is touched, so a node killed mid-delivery gives its sessions back
-    within the lease time; a live node renews its leases well before that.
+    A sorted set: one member per delivery under way in the fleet, or about to start
+    (``node/instance/serial``), scored by when its lease expires (Redis
+    milliseconds). Expired members are dropped whenever the set is touched, so a
+    node killed mid-delivery gives its sessions back within the lease time; a live
+    node renews its leases well before that.
 ``{prefix}waiters:{transport}:{queue}``
     The processes refused for want of a session, oldest first: a session given back
-    is announced to the first of them only (on its channel,
-    ``{prefix}freed:{node}/{instance}``), so nodes wait without asking again and again.
+    goes to the first of them only, as a lease made in its name and published on its
+    channel (``{prefix}freed:{node}/{instance}``), so a waiting node neither asks
+    again and again nor asks at all to start the delivery it was handed.
+``{prefix}serial``
+    A counter that names the leases a release makes for the process it hands them to.
 ``{prefix}rate:{transport}:{queue}``
     The GCRA's theoretical arrival time (Redis milliseconds) of the destination's
     fleet-wide rate: a start is allowed when ``now >= tat - (burst - 1) * interval``,
@@ -41,8 +44,9 @@ from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
 #: KEYS: sessions, rate, waiters. ARGV: lease ms, session limit (0: none), rate
 #: interval ms (0: none), burst, member, this process's channel, "1" when it has more
 #: deliveries waiting for the destination. Returns {admitted 1/0, wait ms, sessions
-#: in use}. Refused for want of a session, or admitted with more waiting, the process
-#: is on the destination's waiting list (once), to be told when one is given back.
+#: in use}. Refused for want of a session, or given the last one with more waiting,
+#: the process is on the destination's waiting list (once), to be handed a session
+#: when one is given back (RELEASE).
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -50,16 +54,11 @@ local lease, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local interval, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local used = redis.call('ZCARD', KEYS[1])
-if limit > 0 and used >= limit then
+if limit > 0 and (used >= limit or (used + 1 >= limit and ARGV[7] == '1')) then
   redis.call('LREM', KEYS[3], 0, ARGV[6])
   redis.call('RPUSH', KEYS[3], ARGV[6])
   redis.call('PEXPIRE', KEYS[3], lease)
-  return {0, 0, used}
-end
-if limit > 0 and ARGV[7] == '1' then
-  redis.call('LREM', KEYS[3], 0, ARGV[6])
-  redis.call('RPUSH', KEYS[3], ARGV[6])
-  redis.call('PEXPIRE', KEYS[3], lease)
+  if used >= limit then return {0, 0, used} end
 end
 local tat = now
 if interval > 0 then
@@ -98,16 +97,73 @@ if renewed > 0 then redis.call('PEXPIRE', KEYS[1], lease) end
 return renewed
 """
 
-#: KEYS: sessions, waiters. ARGV: member, the destination as "transport NL queue".
-#: Gives the session back and tells the longest waiting process, if any, that it may
-#: ask again: one process, so a freed session costs one more question, not one per
-#: node.
+#: KEYS: sessions, waiters, the serial. ARGV: member, the destination as "transport NL
+#: queue", lease ms, the session limit (0: tell, do not hand), "1" when this process
+#: has more deliveries waiting for the destination, its channel, the channels'
+#: common prefix. Gives the session back and passes it on in the same step, so that
+#: the next delivery to start needs no question of its own:
+#:
+#: * to the process that has waited longest (another one): a lease made in its name
+#:   and published to it ("transport NL queue NL lease"); it goes to the end of the
+#:   line for the next one (a process passes on what it no longer needs, which takes
+#:   it out of the line), and so does this process if it has more waiting. With a
+#:   limit of 0 (the destination has a fleet rate, which a start must take itself)
+#:   the waiter is only told to ask. A waiter nobody listens for (its process died)
+#:   is skipped;
+#: * else to this process, when it has more waiting: a lease in its own name, kept
+#:   for its next delivery.
+#:
+#: Returns {RELEASED 0 | KEPT 1 | HANDED 2 | TOLD 3, the lease made, sessions in use}.
 RELEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease, limit, more = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
+local me, plen = ARGV[6], string.len(ARGV[7])
 redis.call('ZREM', KEYS[1], ARGV[1])
-local waiter = redis.call('LPOP', KEYS[2])
-if waiter then redis.call('PUBLISH', waiter, ARGV[2]) end
-return 1
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local used = redis.call('ZCARD', KEYS[1])
+local function line_up()
+  redis.call('LREM', KEYS[2], 0, me)
+  if more then
+    redis.call('RPUSH', KEYS[2], me)
+    redis.call('PEXPIRE', KEYS[2], lease)
+  end
+end
+while limit == 0 or used < limit do
+  local waiter = redis.call('LPOP', KEYS[2])
+  if not waiter then break end
+  if waiter ~= me then
+    if limit == 0 then
+      if redis.call('PUBLISH', waiter, ARGV[2]) > 0 then
+        line_up()
+        return {3, '', used}
+      end
+    else
+      local name = string.sub(waiter, plen + 1) .. '/h' .. redis.call('INCR', KEYS[3])
+      redis.call('ZADD', KEYS[1], now + lease, name)
+      if redis.call('PUBLISH', waiter, ARGV[2] .. '\\n' .. name) > 0 then
+        redis.call('PEXPIRE', KEYS[1], lease)
+        -- It stays in line for the next (it passes on what it no longer needs).
+        redis.call('RPUSH', KEYS[2], waiter)
+        line_up()
+        return {2, name, used + 1}
+      end
+      redis.call('ZREM', KEYS[1], name)
+    end
+  end
+end
+if more and limit > 0 and used < limit then
+  local name = string.sub(me, plen + 1) .. '/k' .. redis.call('INCR', KEYS[3])
+  redis.call('ZADD', KEYS[1], now + lease, name)
+  redis.call('PEXPIRE', KEYS[1], lease)
+  return {1, name, used + 1}
+end
+if not more then redis.call('LREM', KEYS[2], 0, me) end
+return {0, '', used}
 """
+
+#: RELEASE's outcomes.
+RELEASED, KEPT, HANDED, TOLD = 0, 1, 2, 3
 
 #: KEYS: waiters. ARGV: the destination. A process told of a session it no longer
 #: needs passes the news on to the next in line.
@@ -165,8 +221,10 @@ class Shared:
         #: two processes with one node name (a restarted qmgr, or two servers with the
         #: same myhostname) from renewing or counting each other's leases as one.
         self.instance = os.urandom(4).hex()
-        #: Where this process hears that a session it waits for was given back.
-        self.channel = f"{prefix}freed:{node}/{self.instance}"
+        #: Where this process hears that a session it waits for was given back (or
+        #: handed to it); what follows the prefix is also its leases' stem.
+        self.channel_prefix = f"{prefix}freed:"
+        self.channel = f"{self.channel_prefix}{node}/{self.instance}"
         self._sha: dict[str, str] = {}
 
     def key(self, kind: str, transport: str, queue: str) -> str:
@@ -198,12 +256,22 @@ class Shared:
             raise RedisUnavailable(f"unexpected reply to the renewal script: {reply!r:.80}")
         return reply
 
-    async def release(self, transport: str, queue: str, lease: str) -> None:
-        """Give a session back to the fleet (a delivery ended)."""
-        if lease:
-            await self._script(RELEASE, [self.key("sessions", transport, queue),
-                                         self.key("waiters", transport, queue)],
-                               [lease, f"{transport}\n{queue}"])
+    async def release(self, transport: str, queue: str, lease: str, limit: int = 0,
+                      more: bool = False) -> tuple[int, str, int]:
+        """Give a session back to the fleet (a delivery ended) and pass it on (see
+        :data:`RELEASE`): (what became of it, the lease made for this process when
+        :data:`KEPT`, sessions in use)."""
+        if not lease:
+            return RELEASED, "", 0
+        reply = await self._script(
+            RELEASE, [self.key("sessions", transport, queue),
+                      self.key("waiters", transport, queue), f"{self.prefix}serial"],
+            [lease, f"{transport}\n{queue}", self.lease_ms, limit, "1" if more else "0",
+             self.channel, self.channel_prefix])
+        if not (isinstance(reply, list) and len(reply) == 3 and isinstance(reply[0], int)
+                and isinstance(reply[1], bytes) and isinstance(reply[2], int)):
+            raise RedisUnavailable(f"unexpected reply to the release script: {reply!r:.80}")
+        return reply[0], reply[1].decode("utf-8", "replace"), reply[2]
 
     async def pass_on(self, transport: str, queue: str) -> None:
         """Tell the next process waiting for the destination instead of this one."""
