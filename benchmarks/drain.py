@@ -54,9 +54,17 @@ from benchmarks import floor_qmgr
 from benchmarks.target import Target, status
 from pyqmgr.testbed.instance import PostfixInstance, free_port, wait_until
 from pyqmgr.testbed.policy_server import FakePolicyServer
+from pyqmgr.testbed.redis import RedisServer
+from pyqmgr.testbed.redis import available as redis_available
 
 #: Each round runs every contender once; the order rotates so none always goes first.
-CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor")
+CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor", "fleet")
+#: The fleet contender's sessions to the discard destination, fleet-wide: one server,
+#: so every delivery takes a session and passes it on, at the node's own
+#: destination_concurrency_limit (20).
+FLEET_SESSIONS = 20
+#: Side-by-side pairs of plain pyqmgr and a fleet of one in each round.
+FLEET_PAIRS_PER_ROUND = 1
 #: Side-by-side pairs of plain pyqmgr and pyqmgr with metrics in each round.
 PAIRS_PER_ROUND = 2
 #: Seconds between two scrapes of the metrics contender (Prometheus's tightest usual).
@@ -157,9 +165,10 @@ def drain_once(qmgr: str, n: int) -> Drain:
             service.stop()
 
 
-def drain_pair(n: int) -> tuple[Drain, Drain]:
-    """Plain pyqmgr and pyqmgr with metrics on and scraped, draining at the same time
-    on two instances: (plain, metrics).
+def drain_pair(n: int, other: str = "metrics",
+               redis: RedisServer | None = None) -> tuple[Drain, Drain]:
+    """Plain pyqmgr and pyqmgr with ``other`` on (metrics scraped, or a fleet of one
+    on ``redis``), draining at the same time on two instances: (plain, other).
 
     Side by side they meet the same machine at every moment, which two drains one
     after the other do not: on this shared machine back-to-back drains of the same
@@ -168,8 +177,13 @@ def drain_pair(n: int) -> tuple[Drain, Drain]:
     metrics' cost.
     """
     port = free_port()
-    with _loaded("pyqmgr", n, None) as plain, _loaded(
-            "metrics", n, {"metrics_listen": f"127.0.0.1:{port}"}) as metrics:
+    if other == "fleet":
+        assert redis is not None
+        other_cf = {"shared_state": redis.url,
+                    "discard_fleet_destination_concurrency_limit": str(FLEET_SESSIONS)}
+    else:
+        other_cf = {"metrics_listen": f"127.0.0.1:{port}"}
+    with _loaded("pyqmgr", n, None) as plain, _loaded(other, n, other_cf) as metrics:
         both = threading.Barrier(2)
         out: dict[str, Drain] = {}
         errors: list[BaseException] = []
@@ -182,14 +196,17 @@ def drain_pair(n: int) -> tuple[Drain, Drain]:
                 errors.append(exc)
 
         threads = [threading.Thread(target=run, args=(plain, "pyqmgr", None)),
-                   threading.Thread(target=run, args=(metrics, "metrics", port))]
+                   threading.Thread(target=run, args=(
+                       metrics, other, port if other == "metrics" else None))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         if errors:
             raise errors[0]
-        return out["pyqmgr"], out["metrics"]
+        if other == "fleet" and metrics.maillog.lines(contains="shared state"):
+            raise RuntimeError("the fleet's node lost Redis during the drain")
+        return out["pyqmgr"], out[other]
 
 
 @contextlib.contextmanager
@@ -263,17 +280,49 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out pyqmgr with its Prometheus exporter on and scraped")
     parser.add_argument("--no-delegation", action="store_true",
                         help="leave out pyqmgr asking a local policy service")
+    parser.add_argument("--no-fleet", action="store_true",
+                        help="leave out pyqmgr with shared_state on a local redis-server")
     args = parser.parse_args(argv)
+    if not args.no_fleet and not redis_available():
+        parser.error("the fleet contender needs Debian's redis-server (./dev installs it); "
+                     "or give --no-fleet")
     contenders = tuple(c for c in CONTENDERS if not (c == "floor" and args.no_floor)
                        and not (c == "metrics" and args.no_metrics)
-                       and not (c == "delegation" and args.no_delegation))
+                       and not (c == "delegation" and args.no_delegation)
+                       and not (c == "fleet" and args.no_fleet))
+    with contextlib.ExitStack() as stack:
+        redis = (stack.enter_context(RedisServer()) if "fleet" in contenders
+                 else None)
+        return _rounds(args, contenders, redis)
+
+
+def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
+            redis: RedisServer | None) -> int:
     times: dict[str, list[float]] = {name: [] for name in contenders}
     cpu: dict[str, list[float]] = {name: [] for name in contenders}
     drains: dict[str, list[Drain]] = {name: [] for name in contenders}
     #: (plain pyqmgr, pyqmgr with metrics) drained side by side.
     pairs: list[tuple[Drain, Drain]] = []
+    #: (plain pyqmgr, a fleet of one, redis-server's CPU seconds) side by side.
+    fleet_pairs: list[tuple[Drain, Drain, float]] = []
     for r in range(args.rounds):
         for qmgr in round_order(contenders, r):
+            if qmgr == "fleet":
+                assert redis is not None and redis.proc is not None
+                for k in range(FLEET_PAIRS_PER_ROUND):
+                    before = _schedstat(redis.proc.pid)[0]
+                    plain, fleet = drain_pair(args.messages, "fleet", redis)
+                    spent = _schedstat(redis.proc.pid)[0] - before
+                    fleet_pairs.append((plain, fleet, spent))
+                    drains["fleet"].append(fleet)
+                    print(f"round {r + 1} fleet pair {k + 1}: side by side, "
+                          f"{args.messages} messages each; qmgr CPU after the first "
+                          f"removal: pyqmgr {plain.drain_cpu:.2f} s, with shared_state "
+                          f"{fleet.drain_cpu:.2f} s, ratio "
+                          f"{fleet.drain_cpu / plain.drain_cpu:.3f}; redis-server CPU "
+                          f"{spent:.2f} s (walls {plain.wall:.2f} and {fleet.wall:.2f} s)",
+                          flush=True)
+                continue
             if qmgr == "metrics":
                 for k in range(PAIRS_PER_ROUND):
                     plain, metrics = drain_pair(args.messages)
@@ -328,6 +377,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{1e6 * extra / args.messages:+.0f} us a message")
         checks.append(METRICS.check(cost <= 1 + METRICS_COST, "pairs' ratios " + ", ".join(
             f"{x:.3f}" for x in paired) + f"; median {cost:.3f}"))
+    if fleet_pairs:
+        ratio = statistics.median(f.drain_cpu / p.drain_cpu for p, f, _ in fleet_pairs)
+        extra = statistics.median(f.drain_cpu - p.drain_cpu for p, f, _ in fleet_pairs)
+        spent = statistics.median(r for _, _, r in fleet_pairs)
+        print(f"shared_state on a local redis-server (a fleet of one, "
+              f"discard_fleet_destination_concurrency_limit = {FLEET_SESSIONS}), side by "
+              f"side with plain pyqmgr: median qmgr CPU ratio {ratio:.3f}, "
+              f"{1e6 * extra / args.messages:+.0f} us a message; redis-server "
+              f"{1e6 * spent / args.messages:.0f} us a message")
     if "delegation" in times:
         asked = statistics.median(times["delegation"])
         asked_cpu = statistics.median(cpu["delegation"])

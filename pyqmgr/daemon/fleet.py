@@ -191,23 +191,27 @@ class Fleet:
             loop.create_task(Subscriber(ep, self.shared.throttling_channel,
                                         self._throttling_heard, timeout=timeout).run())]
 
-    def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
-        """Ask the fleet about the selected entry; the answer comes to :meth:`decided`."""
+    def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> bool:
+        """May the selected entry's delivery start? True at once when this node holds a
+        session kept or handed for it (no question at all); else False, and the
+        fleet's answer comes to :meth:`decided`."""
+        queue = entry.queue
+        key = (queue.transport.name, queue.name)
+        spares = self.spares.get(key)
+        if spares:
+            lease = spares.pop()
+            if not spares:
+                del self.spares[key]
+            self.counters["admitted"] += 1
+            self.leases[call] = (key[0], key[1], lease)
+            return True
         self.host.spawn(self._admit(call, entry, limits))
+        return False
 
     async def _admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
         queue = entry.queue
         key = (queue.transport.name, queue.name)
         in_use = self.seen.get(key, (0, 0))[0]
-        spares = self.spares.get(key)
-        if spares:
-            # A session this node kept from its last delivery, or was handed: no
-            # question at all.
-            lease = spares.pop()
-            if not spares:
-                del self.spares[key]
-            self.decided(call, entry, Admission(True, 0.0, in_use, lease))
-            return
         if key in self.full and self.client.connected and (
                 self.asking.get(key, 0) or self.clock() < self.ask_again.get(key, 0.0)):
             # The fleet's sessions were all in use at the last answer: the next one
@@ -353,13 +357,17 @@ class Fleet:
                                                               self.clock()))
 
     def _spare(self, transport: str, queue: str, lease: str) -> None:
-        """A session for this node's next delivery to the destination: open its gate so
-        that the next delivery starts on it; back after :data:`SPARE_TIME` unused."""
+        """A session for this node's next delivery to the destination: open its gate
+        (if the fleet holds it) so that the next delivery starts on it; back after
+        :data:`SPARE_TIME` unused."""
         key = (transport, queue)
         self.spares.setdefault(key, []).append(lease)
         asyncio.get_running_loop().call_later(SPARE_TIME, self._spare_unused, key, lease)
-        self.host.after_control(self.host.scheduler.lift_hold(transport, queue, GATE_KIND,
-                                                              self.clock()))
+        t = self.host.scheduler.transports.get(transport)
+        shape = t.shapes.get(queue) if t is not None else None
+        if shape is not None and shape.gate is not None and shape.gate.kind == GATE_KIND:
+            self.host.after_control(self.host.scheduler.lift_hold(
+                transport, queue, GATE_KIND, self.clock()))
 
     def _spare_unused(self, key: tuple[str, str], lease: str) -> None:
         spares = self.spares.get(key)
