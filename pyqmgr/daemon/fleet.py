@@ -147,7 +147,12 @@ class Fleet:
         lo, hi = SESSION_RETRY_RANGE
         self.session_retry = min(hi, max(lo, settings.lease_time * SESSION_RETRY_SHARE))
         #: Sessions kept or handed to this node for its next delivery to a destination.
-        self.spares: dict[tuple[str, str], list[str]] = {}
+        #: Each lease with when it came; one timer sweeps out those unused after
+        #: SPARE_TIME, and one gives back the sessions of the deliveries that ended
+        #: within a QUIT_GRACE (a timer a delivery would crowd the event loop's heap).
+        self.spares: dict[tuple[str, str], list[tuple[str, float]]] = {}
+        self._sweep_armed = False
+        self._ended: list[tuple[str, str, str]] = []
         #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
         self._shares: dict[str, bool] = {}
         self.news_warn = WarnGate(60.0)
@@ -199,7 +204,7 @@ class Fleet:
         key = (queue.transport.name, queue.name)
         spares = self.spares.get(key)
         if spares:
-            lease = spares.pop()
+            lease = spares.pop()[0]
             if not spares:
                 del self.spares[key]
             self.counters["admitted"] += 1
@@ -323,11 +328,15 @@ class Fleet:
         on to the next delivery, here or elsewhere (:data:`pyqmgr.fleet.shared.RELEASE`)."""
         held = self.leases.pop(call, None)
         if held is not None:
-            asyncio.get_running_loop().call_later(QUIT_GRACE, self._give_back, *held)
+            if not self._ended:
+                asyncio.get_running_loop().call_later(QUIT_GRACE, self._give_back)
+            self._ended.append(held)
 
-    def _give_back(self, transport: str, queue: str, lease: str) -> None:
-        self.host.spawn(self._release(transport, queue, lease,
-                                      more=self._waiting(transport, queue)))
+    def _give_back(self) -> None:
+        ended, self._ended = self._ended, []
+        for transport, queue, lease in ended:
+            self.host.spawn(self._release(transport, queue, lease,
+                                          more=self._waiting(transport, queue)))
 
     def _waiting(self, transport: str, queue: str) -> bool:
         """Whether this node has deliveries waiting for the destination."""
@@ -361,22 +370,30 @@ class Fleet:
         (if the fleet holds it) so that the next delivery starts on it; back after
         :data:`SPARE_TIME` unused."""
         key = (transport, queue)
-        self.spares.setdefault(key, []).append(lease)
-        asyncio.get_running_loop().call_later(SPARE_TIME, self._spare_unused, key, lease)
+        self.spares.setdefault(key, []).append((lease, self.clock()))
+        if not self._sweep_armed:
+            self._sweep_armed = True
+            asyncio.get_running_loop().call_later(SPARE_TIME, self._sweep)
         t = self.host.scheduler.transports.get(transport)
         shape = t.shapes.get(queue) if t is not None else None
         if shape is not None and shape.gate is not None and shape.gate.kind == GATE_KIND:
             self.host.after_control(self.host.scheduler.lift_hold(
                 transport, queue, GATE_KIND, self.clock()))
 
-    def _spare_unused(self, key: tuple[str, str], lease: str) -> None:
-        spares = self.spares.get(key)
-        if spares is None or lease not in spares:
-            return  # used
-        spares.remove(lease)
-        if not spares:
-            del self.spares[key]
-        self.host.spawn(self._release(key[0], key[1], lease, more=False))
+    def _sweep(self) -> None:
+        """Sessions kept or handed here that no delivery took within SPARE_TIME go back."""
+        self._sweep_armed = False
+        stale = self.clock() - SPARE_TIME
+        for key in list(self.spares):
+            spares = self.spares[key]
+            for lease, since in [sp for sp in spares if sp[1] <= stale]:
+                spares.remove((lease, since))
+                self.host.spawn(self._release(key[0], key[1], lease, more=False))
+            if not spares:
+                del self.spares[key]
+        if self.spares:
+            self._sweep_armed = True
+            asyncio.get_running_loop().call_later(SPARE_TIME, self._sweep)
 
     async def _pass_on(self, transport: str, queue: str) -> None:
         self.counters["round_trips"] += 1
@@ -413,7 +430,7 @@ class Fleet:
             for transport, queue, lease in list(self.leases.values()):
                 by_destination.setdefault((transport, queue), []).append(lease)
             for key, spares in self.spares.items():
-                by_destination.setdefault(key, []).extend(spares)
+                by_destination.setdefault(key, []).extend(lease for lease, _ in spares)
             try:
                 await asyncio.gather(*(self.shared.renew(t, q, leases)
                                        for (t, q), leases in by_destination.items()))
