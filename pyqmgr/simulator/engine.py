@@ -34,8 +34,7 @@ import itertools
 import os
 import random
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 from pyqmgr.postfix.config import QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
@@ -46,110 +45,18 @@ from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.settings import SchedulingSettings, scheduling_settings
 from pyqmgr.scheduler.shaping import RULES
+from pyqmgr.simulator.arrivals import Arrivals
 from pyqmgr.simulator.deferred import DeferredQueue
 from pyqmgr.simulator.delegation import PolicyService
+from pyqmgr.simulator.fleet import FleetRun
 from pyqmgr.simulator.message import SimMessage
 from pyqmgr.simulator.remote import Remote
+from pyqmgr.simulator.result import Delivery, Result
 from pyqmgr.simulator.scenario import (
-    MessageSpec,
     Scenario,
     ScenarioError,
     parse_script,
 )
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One delivery attempt as it ended."""
-
-    start: float
-    end: float
-    transport: str
-    destination: str
-    message: str
-    recipients: int
-    outcome: str  # "sent", "deferred" (hop failure), "retry", "bounced"
-    window: int  # the destination's window when the delivery was chosen
-    reason: str = ""
-
-
-@dataclass
-class Result:
-    deliveries: list[Delivery] = field(default_factory=list)
-    #: Per destination: (time, window, busy) whenever either changed.
-    windows: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
-    sent: dict[str, int] = field(default_factory=dict)
-    deferred: dict[str, int] = field(default_factory=dict)
-    #: Recipients a destination answered with a 5xx (``rcpt_5xx``).
-    bounced: dict[str, int] = field(default_factory=dict)
-    #: Of the deferred, those of a site held dead (qmgr's "delivery temporarily
-    #: suspended", deferred without a try).
-    held_dead: dict[str, int] = field(default_factory=dict)
-    #: Per destination: each sent recipient's delay from its message's arrival (the
-    #: maillog's ``delay``), for messages that count (an arrivals file's measured).
-    delays: dict[str, list[float]] = field(default_factory=dict)
-    log: list[tuple[float, str, str]] = field(default_factory=list)
-    end_time: float = 0.0
-    decisions: int = 0
-    #: The deferred-queue model: (time, queue id, "scan" or "recovery") for every
-    #: message that came back from the deferred queue ...
-    retries: list[tuple[float, str, str]] = field(default_factory=list)
-    #: ... (time, messages it took) for every deferred-queue scan that took some ...
-    scans: list[tuple[float, int]] = field(default_factory=list)
-    #: ... and the messages still deferred when the run ended; messages that outlived
-    #: maximal_queue_lifetime (bounce_queue_lifetime for a bounce) with recipients
-    #: still deferred, returned to sender as stock does.
-    still_deferred: int = 0
-    expired: int = 0
-    #: Delivery policy delegation: questions asked, answers that held a destination
-    #: back (per destination), messages put on hold, recipients rejected to error(8).
-    asked: int = 0
-    held_back: dict[str, int] = field(default_factory=dict)
-    held: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
-
-    def sample(self, now: float, queue: Queue, in_flight: int) -> None:
-        """Record a destination's window and busy count if either changed.
-
-        Only the queue an event touched is looked at, so sampling stays O(1) per
-        event; busy counts are the engine's own per destination (with per-recipient
-        queues one destination has many queues).
-        """
-        dest = queue.nexthop
-        points = self.windows.setdefault(dest, [])
-        point = (now, queue.window, in_flight)
-        if not points or points[-1][1:] != point[1:]:
-            if points and points[-1][0] == now:
-                points[-1] = point
-            else:
-                points.append(point)
-
-    def add_delays(self, now: float, msg: SimMessage, dest: str, n: int) -> None:
-        """``n`` recipients of ``msg`` delivered to ``dest`` now: their delays."""
-        if msg.measured:
-            delays = self.delays.get(dest)
-            if delays is None:
-                delays = self.delays[dest] = []
-            delay = now - msg.arrival
-            for _ in range(n):
-                delays.append(delay)
-
-    def deferral_rate(self, destination: str) -> float:
-        """Deferred recipients / recipients tried, over the first delivery pass."""
-        sent = self.sent.get(destination, 0) + self.bounced.get(destination, 0)
-        deferred = self.deferred.get(destination, 0)
-        return deferred / (sent + deferred) if sent + deferred else 0.0
-
-    def mean_concurrency(self, destination: str) -> float:
-        """Time-weighted mean of busy deliveries while any was under way."""
-        points = self.windows.get(destination, [])
-        total = weight = 0.0
-        for (t0, _, busy), (t1, _, _) in itertools.pairwise(points):
-            if busy > 0:
-                total += busy * (t1 - t0)
-                weight += t1 - t0
-        return total / weight if weight else 0.0
-
 
 #: The scenario file's section with pyqmgr.cf's parameters, as errors name it.
 PYQMGR_CF_SECTION = "pyqmgr_cf"
@@ -233,53 +140,25 @@ class Engine:
         for i, m in enumerate(scenario.trace):
             if 0 <= m.follows < i:
                 self._children.setdefault(m.follows, []).append(i)
+        #: A fleet simulation (simulator/fleet.py): the run, this server's number among
+        #: its servers and its name in the others' logs; None alone.
+        self.fleet: FleetRun | None = None
+        self.node = 0
+        self.server = "sim.example"
+
 
     # -- clock --------------------------------------------------------------------
 
     def at(self, when: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (when, next(self._seq), action))
 
-    def _arrivals(self) -> Iterator[tuple[float, int, Callable[[], None]]]:
-        """Every arrival in time order, each with the sequence number it would have
-        had pushed up front (spec by spec, then the arrivals file), so that arrivals
-        made one at a time keep the same order among events of the same time."""
-        streams: list[Iterator[tuple[float, int, Callable[[], None]]]] = []
-        offset = 0
-        for index, spec in enumerate(self.sc.messages):
-            streams.append(self._spec_arrivals(spec, index, offset))
-            offset += spec.count
-        if self.sc.trace:
-            streams.append(self._trace_arrivals(offset))
-            offset += len(self.sc.trace)
-        self._seq = itertools.count(offset)
-        return heapq.merge(*streams, key=lambda a: (a[0], a[1]))
-
-    def _spec_arrivals(self, spec: MessageSpec, index: int,
-                       offset: int) -> Iterator[tuple[float, int, Callable[[], None]]]:
-        spread = spec.destinations()
-        for k, at in enumerate(spec.times(self.sc.seed, index)):
-            yield at, offset + k, self._arrival(spread, spec.name, k)
-
-    def _trace_arrivals(self,
-                        offset: int) -> Iterator[tuple[float, int, Callable[[], None]]]:
-        for i, m in enumerate(self.sc.trace):
-            if not 0 <= m.follows < i:
-                yield m.at, offset + i, self._trace_arrival(i)
-
-    def _next_arrival(self) -> None:
-        item = next(self._pending, None)
-        if item is None:
-            return
-        when, seq, arrive = item
-
-        def fire() -> None:
-            arrive()
-            self._next_arrival()
-        heapq.heappush(self._events, (when, seq, fire))
+    def start_arrivals(self) -> None:
+        """Push the first arrival (of this server's share, in a fleet) onto the heap."""
+        self.arrivals = Arrivals(self)
+        self.arrivals.push_next()
 
     def run(self) -> Result:
-        self._pending = self._arrivals()
-        self._next_arrival()
+        self.start_arrivals()
         while self._events:
             when, _, action = heapq.heappop(self._events)
             if when > self.sc.duration:
@@ -340,6 +219,7 @@ class Engine:
                           measured)
         msg.children = children
         msg.bounce = bounce
+        msg.node = self
         msg.sched.owner = msg
         self._let_in(msg)
 
@@ -416,6 +296,8 @@ class Engine:
         for d in batch:
             for severity, text in d.log:
                 self.result.log.append((self.now, severity, text))
+            if d.throttled and self.fleet is not None:
+                self.fleet.tell(self, d.throttled)
         for d in batch:
             for when in d.timers:
                 self.at(when, self._tick)
@@ -488,6 +370,12 @@ class Engine:
     def _agent(self, name: str) -> Callable[[], None]:
         def ready() -> None:
             entry = self.apply(self.sched.select(name, self.now))
+            fleet = self.fleet
+            while entry is not None and fleet is not None and not fleet.admit(self, name,
+                                                                               entry):
+                # Held back for the fleet: the agent takes another entry, as the
+                # daemon's does (agent_next).
+                entry = self.apply(self.sched.reselect(name, self.now))
             if entry is None:
                 self._release(name)
                 return
@@ -529,6 +417,8 @@ class Engine:
             queue = entry.queue
             if name not in (RETRY, ERROR):
                 self.in_flight[dest] -= 1
+                if self.fleet is not None:
+                    self.fleet.ended(self, entry)
             elif name == RETRY:
                 res.held_dead[dest] = res.held_dead.get(dest, 0) + n
             if outcome == "sent" and replies is not None:
@@ -560,7 +450,8 @@ class Engine:
             if self.record:
                 res.deliveries.append(Delivery(start, self.now, name, dest,
                                                entry.message.queue_id, n, outcome, window,
-                                               hop.reason if hop else ""))
+                                               hop.reason if hop else "",
+                                               self.server if self.fleet else ""))
                 self._sample(queue)
             self._release(name)
         return finish
@@ -578,4 +469,7 @@ def simulate(scenario: Scenario, seed: int | None = None, record: bool = True) -
     Without ``record`` only counts and delays are kept, not every delivery and window
     change: a replayed day of a busy server fits in memory.
     """
+    if scenario.fleet_servers > 1:
+        return FleetRun(scenario, [Engine(scenario, seed, record)
+                                   for _ in range(scenario.fleet_servers)]).run()
     return Engine(scenario, seed, record).run()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient, Route
@@ -37,7 +38,7 @@ class SimServer:
 class SimMessage:
     __slots__ = ("sched", "routes", "pos", "destination", "arrival", "retry", "waits",
                  "_by_rcpt", "scripts", "tries", "measured", "children", "bounce",
-                 "ready_at")
+                 "ready_at", "node")
 
     scripts: dict[int, tuple[tuple[str, float | None], ...]] | None
 
@@ -62,6 +63,8 @@ class SimMessage:
         self.measured = measured
         #: When its transport's hand-off ends (see Engine._let_in).
         self.ready_at = 0.0
+        #: The engine (server) whose message it is, in a fleet simulation.
+        self.node: Any = None
         #: Messages a content filter re-injects once this one is done (replay).
         self.children: list[int] | None = None
         #: A bounce (null sender): it expires after bounce_queue_lifetime.

@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 class Host(Protocol):
     """What the servers need of the engine: the clock, timers and the delivery's end."""
 
-    now: float
-    sc: Scenario
+    @property
+    def now(self) -> float: ...
+
+    @property
+    def sc(self) -> Scenario: ...
 
     def at(self, when: float, action: Callable[[], None]) -> None: ...
     def _finish(self, entry: Entry, start: float, window: int, dest: str, outcome: str,

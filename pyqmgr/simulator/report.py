@@ -48,8 +48,10 @@ def summary(sc: Scenario, res: Result) -> list[str]:
     if sc.title:
         out.append(sc.title)
     policy = ", ".join(f"{k} = {v}" for k, v in policies(sc).items())
+    fleet = (f"; a fleet of {sc.fleet_servers} servers sharing limits, reported as one "
+             "sender" if sc.fleet_servers > 1 else "")
     out.append(f"simulated {res.end_time:.1f} s, {len(res.deliveries)} deliveries, "
-               f"{res.decisions} scheduling decisions ({policy})")
+               f"{res.decisions} scheduling decisions ({policy}){fleet}")
     rows = destination_rows(res)
     # Wide enough for the longest name, so that the figures stay in their columns.
     width = max([24] + [len(r["destination"]) for r in rows])

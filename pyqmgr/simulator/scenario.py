@@ -438,12 +438,18 @@ class Scenario:
     handoffs: dict[str, Latency] = field(default_factory=dict)
     #: Messages of the ``arrivals`` file, in time order.
     trace: list[TraceMessage] = field(default_factory=list)
+    #: Servers of one fleet sharing their limits ([fleet] servers; 1: no fleet).
+    fleet_servers: int = 1
 
 
 # -- typed reads that name the key ----------------------------------------------------
 
 _TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "transports",
-        "destinations", "deferred", "messages", "compare", "delegation", "arrivals"}
+        "destinations", "deferred", "messages", "compare", "delegation", "arrivals",
+        "fleet"}
+_FLEET = {"servers"}
+#: The most servers a fleet simulation runs.
+MAX_FLEET_SERVERS = 64
 _SCHEDULER = {"feedback_rounding", "policy"}
 _TRANSPORT = {"process_limit", "handoff"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
@@ -623,6 +629,10 @@ def parse(data: dict[str, Any], base_dir: str = ".") -> Scenario:
     sc.retry_deferred = retry
     sc.scan_phase = _number(deferred, "scan_phase", ("deferred",), 0, low=0)
     sc.compare = _compare(_table(data, "compare", ()))
+    fleet = _table(data, "fleet", ())
+    _known(fleet, _FLEET, ("fleet",))
+    sc.fleet_servers = int(_number(fleet, "servers", ("fleet",), 1, low=1,
+                                   high=MAX_FLEET_SERVERS, integer=True))
     if "delegation" in data:
         delegation = data["delegation"]
         if not isinstance(delegation, dict):
