@@ -262,6 +262,17 @@ def test_each_workload_shows_what_it_is_there_for(reports):
                        .get("421 4.7.28", 0) for c in ("stock", "pyqmgr"))
     assert r_ours < r_stock, (r_ours, r_stock)
 
+    # Three servers against a provider's 5 sessions: stock's each open their own and
+    # meet the 421s; pyqmgr's share the fleet's 5 through Redis and meet none.
+    fleet = runs("fleet-421")
+    f_stock, f_ours = (fleet[c]["destinations"]["provider.example"]
+                       for c in ("stock", "pyqmgr"))
+    assert f_stock["deferral_rate"] > 0.2, f_stock
+    assert f_ours["deferral_rate"] == 0 and not f_ours["replies_4xx"], f_ours
+    assert f_ours["in_flight_peak"] <= 5
+    with open(os.path.join(reports["fleet-421"][0], "summary.md"), encoding="utf-8") as f:
+        assert "ran as a fleet of 3 servers" in f.read()
+
     for label, run in runs("dead-mx").items():
         assert run["classes"]["live"]["sent"] == 120, label
         assert run["classes"]["dead"]["undelivered"] == 20, label

@@ -105,6 +105,8 @@ def test_a_dead_site_one_server_finds_is_dead_for_all():
     ({"pyqmgr_cf": {"smtp_fleet_destination_concurrency_limit": "many"}},
      "pyqmgr_cf.smtp_fleet_destination_concurrency_limit: bad numerical value"),
     ({"deferred": {"retry": True}}, "does not model the deferred queue"),
+    ({"main_cf": {"smtp_destination_recipient_limit": "1"}},
+     "smtp_destination_recipient_limit = 1 makes each recipient a destination"),
 ])
 def test_bad_fleet_settings_are_refused_by_name(change, error):
     data = base()

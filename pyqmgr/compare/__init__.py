@@ -143,6 +143,7 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
         "messages": len(plan.arrivals), "recipients": plan.recipients,
         "destinations": sorted(plan.destinations), "main_cf": plan.main_cf,
         "classes": sorted({a.klass for a in plan.arrivals}),
+        "servers": sc.fleet_servers,
     }
     report = build(workload, runs, {c.label: limit for c in chosen})
     with open(os.path.join(out_dir, "report.json"), "w") as f:

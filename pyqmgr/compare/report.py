@@ -226,12 +226,23 @@ DESTS = ["destination", "contender", "sent", "deferred lines", "deferral rate",
 LATENCY = ["class", "contender", "sent", "p50", "p95", "p99", "max"]
 
 
+def _fleet_note(w: dict[str, Any]) -> str:
+    """What a fleet workload's figures are: N servers' together, as one sender's."""
+    n = w.get("servers", 1)
+    if n <= 1:
+        return ""
+    return (f" Each contender ran as a fleet of {n} servers, dealt the messages in turn "
+            "(pyqmgr's sharing their limits through one redis-server, Postfix's own "
+            "each alone); the figures are the fleet's, as one sender's, and the qmgr "
+            f"CPU is the {n} qmgrs' together.")
+
+
 def markdown(report: dict[str, Any]) -> str:
     w = report["workload"]
     out = [f"# pyqmgr compare: {w['title'] or w['path']}", "",
            f"Workload `{w['path']}`, time scale {w['time_scale']:g}, {w['messages']} "
            f"messages, {w['recipients']} recipients; baseline {report['baseline']}; "
-           f"{report['generated']}.", "", "## Differences that matter", ""]
+           f"{report['generated']}.{_fleet_note(w)}", "", "## Differences that matter", ""]
     diffs = report["differences"] or ["No difference crosses the thresholds: the "
                                       "contenders behaved alike on this workload."]
     out += [f"- {d}" for d in diffs] + ["", "## Overview", ""]
@@ -354,7 +365,7 @@ def to_html(report: dict[str, Any]) -> str:
         f"<p class=note>Workload <code>{e(w['path'])}</code>, time scale "
         f"{w['time_scale']:g}, {w['messages']} messages, {w['recipients']} recipients to "
         f"{len(w['destinations'])} destination(s). Baseline: {e(str(report['baseline']))}. "
-        f"Generated {e(report['generated'])}.</p>",
+        f"Generated {e(report['generated'])}.{e(_fleet_note(w))}</p>",
         "<h2>Differences that matter</h2><ul class=diffs>"
         + "".join(f"<li>{e(d)}</li>" for d in diffs) + "</ul>",
         "<h2>Overview</h2>", _html_table(OVERVIEW, _overview_rows(report)),

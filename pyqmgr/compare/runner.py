@@ -26,7 +26,6 @@ import json
 import os
 import queue
 import random
-import shutil
 import smtplib
 import socket
 import threading
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pyqmgr.compare.contender import Contender
 from pyqmgr.compare.figures import DeliveryLine, parse_delivery
 from pyqmgr.compare.plan import Arrival, Plan, parse_address
+from pyqmgr.compare.servers import Servers, fleet_cf
 from pyqmgr.simulator.scenario import Destination, parse_script
 from pyqmgr.testbed.instance import PostfixInstance, TestbedError
 
@@ -412,34 +412,34 @@ def _configuration(plan: Plan, contender: Contender, hosts: dict[str, _Host],
     return main_cf, transports, extra, pyqmgr_cf
 
 
-def _follow(pf: PostfixInstance, submitter: Submitter, tracker: Tracker, meter: QmgrMeter,
-            t0: float, timeout: float, progress: Progress | None, label: str) -> bool:
+def _follow(servers: Servers, tracker: Tracker, t0: float, timeout: float,
+            progress: Progress | None, label: str) -> bool:
     """Read the maillog while the run goes on; True once every recipient settled, False
     when submission failed or the timeout passed."""
     next_sample = 0.0
     while True:
         now = time.monotonic() - t0
-        tracker.feed([d for ln in pf.maillog.refresh()
+        tracker.feed([d for ln in servers.new_lines()
                       if (d := parse_delivery(ln.raw)) is not None])
         if now >= next_sample:
-            meter.sample()
+            servers.sample()
             next_sample = now + 0.5
         if progress is not None:
             progress(label, now, tracker.settled(), len(tracker.expected))
-        if submitter.finished() and tracker.drained():
+        finished = servers.finished()
+        if finished and tracker.drained():
             return True
-        if submitter.errors and submitter.finished():
+        if servers.errors and finished:
             return False
         if now > timeout:
             return False
         time.sleep(POLL)
 
 
-def _record_messages(record: dict[str, Any], plan: Plan, submitter: Submitter) -> None:
+def _record_messages(record: dict[str, Any], plan: Plan, servers: Servers) -> None:
     """What was submitted when, with its queue id, and what could not be."""
-    with submitter.lock:
-        done = dict(submitter.done)
-        record["submission_errors"] = list(submitter.errors)
+    done = servers.done()
+    record["submission_errors"] = servers.errors
     record["messages"] = [
         {"mid": a.mid, "qid": done.get(a.mid, ("", 0.0))[0], "at": round(a.at, 4),
          "submitted": round(done[a.mid][1], 4) if a.mid in done else None,
@@ -459,25 +459,21 @@ def _record_remote(record: dict[str, Any], hosts: dict[str, _Host],
                            f"submitted: {record['submission_errors'][0]}")
 
 
-def _tear_down(run_dir: str, record: dict[str, Any], keep: bool,
-               submitter: Submitter | None, hosts: dict[str, _Host],
-               filt: ContentFilter | None, pf: PostfixInstance | None) -> None:
+def _tear_down(run_dir: str, record: dict[str, Any], keep: bool, hosts: dict[str, _Host],
+               filt: ContentFilter | None, servers: Servers | None) -> None:
     """Stop whatever was started, keep the maillog, and write run.json in any case."""
     try:
-        if submitter is not None:
-            submitter.close()
+        if servers is not None:
+            servers.close_submitters()
         for h in hosts.values():
             h.close()
         if filt is not None:
             filt.stop()
-        if pf is not None:
-            if os.path.exists(pf.maillog_path):
-                shutil.copy(pf.maillog_path, os.path.join(run_dir, "maillog"))
-            if keep:
-                pf.stop()
-                record["instance"] = pf.root
-            else:
-                pf.close()
+        if servers is not None:
+            servers.keep_maillog(os.path.join(run_dir, "maillog"))
+            kept = servers.close(keep)
+            if kept:
+                record["instance"] = kept[0] if len(kept) == 1 else kept
     finally:
         with open(os.path.join(run_dir, "run.json"), "w") as f:
             json.dump(record, f, indent=1)
@@ -494,25 +490,34 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
     os.makedirs(run_dir, exist_ok=True)
     hosts: dict[str, _Host] = {}
     filt: ContentFilter | None = None
-    pf: PostfixInstance | None = None
-    submitter: Submitter | None = None
+    servers: Servers | None = None
+    n = plan.scenario.fleet_servers
     record: dict[str, Any] = {"contender": contender.label, "qmgr": contender.qmgr,
                               "policy": contender.policy, "time_scale": plan.scale,
-                              "timeout": timeout, "error": None}
+                              "timeout": timeout, "error": None, "servers": n}
     try:
         for name, dest in plan.destinations.items():
             hosts[name] = _Host(dest, plan.scenario.seed, plan.scripts)
         filt = _content_filter(plan)
         main_cf, transports, extra, pyqmgr_cf = _configuration(plan, contender, hosts, filt,
                                                                record)
-        pf = PostfixInstance(qmgr=contender.qmgr, main_cf=main_cf, transports=transports,
-                             master_cf_extra=extra, pyqmgr_cf=pyqmgr_cf,
-                             base_dir=base_dir)
+        redis = None
+        servers = Servers([], None)
+        if n > 1 and pyqmgr_cf is not None:
+            # A fleet of pyqmgr servers shares its limits through one redis-server.
+            from pyqmgr.testbed.redis import RedisServer
+
+            redis = servers.redis = RedisServer()
+            redis.start()
+        for k in range(n):
+            servers.pfs.append(PostfixInstance(
+                qmgr=contender.qmgr, main_cf=main_cf, transports=transports,
+                master_cf_extra=extra, pyqmgr_cf=fleet_cf(pyqmgr_cf, redis, k),
+                base_dir=base_dir))
         if plan.process_limits.get("smtp"):
-            pf.postconf("-F", f"smtp/unix/process_limit={plan.process_limits['smtp']}")
-        pf.start()
-        meter = QmgrMeter(pf)
-        meter.settle()
+            for pf in servers.pfs:
+                pf.postconf("-F", f"smtp/unix/process_limit={plan.process_limits['smtp']}")
+        servers.start(QmgrMeter)
         tracker = Tracker(plan, filt.port if filt is not None else None)
         for h in hosts.values():
             h.start()
@@ -520,22 +525,19 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
             filt.start()
         t0 = time.monotonic()
         wall0 = record["started"] = time.time()
-        submitter = Submitter(pf.smtpd_port, plan.arrivals, t0)
-        submitter.start()
-        drained = _follow(pf, submitter, tracker, meter, t0, timeout, progress,
-                          contender.label)
-        meter.sample()
+        servers.submit(Submitter, plan.arrivals, t0)
+        drained = _follow(servers, tracker, t0, timeout, progress, contender.label)
+        servers.sample()
         record.update({"drained": drained, "elapsed": round(time.monotonic() - t0, 4),
-                       "qmgr": meter.record(), "settled": tracker.settled(),
+                       "qmgr": servers.qmgr_record(), "settled": tracker.settled(),
                        "recipients": len(tracker.expected)})
-        _record_messages(record, plan, submitter)
-        submitter.close()
-        submitter = None
-        pf.stop()
+        _record_messages(record, plan, servers)
+        servers.close_submitters()
+        servers.stop()
         _record_remote(record, hosts, filt, t0, wall0)
     except TestbedError as exc:
         record["error"] = str(exc)
         raise RunError(f"{contender.label}: {exc}") from None
     finally:
-        _tear_down(run_dir, record, keep, submitter, hosts, filt, pf)
+        _tear_down(run_dir, record, keep, hosts, filt, servers)
     return record

@@ -166,6 +166,12 @@ class Fleet:
             limits = self.settings.limits_for(transport)
             found = limits if limits.active else None
         self._limits[transport] = found
+        t = self.host.scheduler.transports.get(transport)
+        if found is not None and t is not None and t.recipient_limit == 1:
+            self.host.log.warning(
+                f"{transport}_destination_recipient_limit = 1 makes each recipient a "
+                "destination of its own (Postfix's rule), so the fleet's limits for "
+                f"{transport} count per recipient, not per destination host")
         return found
 
     def shares(self, transport: str) -> bool:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import itertools as _itertools
     import random
 
+    from pyqmgr.postfix.config import QmgrConfig
     from pyqmgr.scheduler.core import Scheduler
     from pyqmgr.scheduler.decisions import Decisions
     from pyqmgr.scheduler.entry import Entry
@@ -52,6 +53,7 @@ class Engine(Protocol):
     node: int
     server: str
     sched: Scheduler
+    cfg: QmgrConfig
     fleet: FleetRun | None
     result: Result
     rng: random.Random
@@ -193,6 +195,14 @@ class FleetRun:
         self.sc = scenario
         self.shared = SharedState(scenario_fleet(scenario))
         self.engines = engines
+        for transport in sorted({d.transport for d in scenario.destinations.values()}):
+            if self.shared.limits(transport) is not None and engines[0].cfg.transport(
+                    transport).destination_recipient_limit == 1:
+                raise ScenarioError(
+                    f"{transport}_destination_recipient_limit = 1 makes each recipient a "
+                    "destination of its own (Postfix's rule), so a fleet limit would count "
+                    f"per recipient: raise it for the {transport} transport's fleet limits "
+                    "to count per destination", ("fleet",))
         self.now = 0.0
         self._sweeping = False
         #: One world of destination servers for all: each sees the fleet as one client.
