@@ -398,3 +398,21 @@ def test_explain_names_the_fleets_share(postfix_instance, sink, redis_server):
     print(f"\nexplain {target}: {texts}")
     pf.wait_until(lambda: len(srv.messages()) == 3, 30, "all three, one at a time")
     assert srv.snapshot().max_concurrent == 1
+
+
+def test_a_fleet_limit_on_per_recipient_queues_is_a_warning(postfix_instance, sink,
+                                                            redis_server):
+    """With destination_recipient_limit = 1 every recipient is a destination (Postfix's
+    rule): the fleet's limit would count per recipient, and the maillog says so."""
+    redis = redis_server()
+    srv: SinkServer = sink(latency=0.05)
+    (pf,) = [postfix_instance(
+        qmgr="pyqmgr", pyqmgr_cf=fleet_cf(redis),
+        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
+        master_cf_extra=["fast unix - - n - 20 smtp"],
+        main_cf={**SMTP, "fast_destination_recipient_limit": "1"})]
+    pf.smtp_send([("s@test.example", ["a@big.example", "b@big.example"])])
+    (line,) = pf.maillog.wait_for("makes each recipient a destination", 20)
+    assert line.severity == "warning" and "fleet's limits for fast count per recipient" \
+        in line.text, line.text
+    pf.wait_until(lambda: len(srv.messages()) == 2, 20, "both delivered all the same")
