@@ -17,6 +17,7 @@ import pytest
 
 from pyqmgr.fleet.client import Endpoint, RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.resp import RedisError
+from pyqmgr.testbed.instance import TestbedError
 from pyqmgr.testbed.redis import RedisServer
 
 
@@ -293,3 +294,11 @@ def test_a_subscription_that_drips_or_stays_silent_costs_nothing_else():
         srv.close()
 
     run(main)
+
+
+def test_the_test_beds_server_refuses_a_second_start(redis_server):
+    """A second start would leave the first redis-server running with nobody to stop it."""
+    server = redis_server()
+    with pytest.raises(TestbedError, match="runs already"):
+        server.start()
+    assert server.command("PING") == "PONG"

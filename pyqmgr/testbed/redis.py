@@ -49,6 +49,10 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20) -> RedisServer:
+        if self.proc is not None and self.proc.poll() is None:
+            # A second server on the same port would fail, and the first would be
+            # left running with nobody to stop it.
+            raise TestbedError(f"redis-server on port {self.port} runs already")
         args = [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(self.port),
                 "--unixsocket", self.socket_path, "--unixsocketperm", "777",
                 "--save", "", "--appendonly", "no", "--dir", self.dir,
