@@ -416,3 +416,30 @@ def test_a_fleet_limit_on_per_recipient_queues_is_a_warning(postfix_instance, si
     assert line.severity == "warning" and "fleet's limits for fast count per recipient" \
         in line.text, line.text
     pf.wait_until(lambda: len(srv.messages()) == 2, 20, "both delivered all the same")
+
+
+def test_mail_after_a_busy_spell_asks_the_fleet_at_once(postfix_instance, sink,
+                                                        redis_server):
+    """A server refused while the fleet's sessions were all in use waits to be handed
+    one (asking again only after a quarter of the lease time, 15 s here). Once it has
+    nothing more waiting for the destination that is over: the next message, minutes
+    or a moment later, asks at once."""
+    redis = redis_server()
+    srv: SinkServer = sink(latency=0.3)
+    (pf,) = [postfix_instance(
+        qmgr="pyqmgr", pyqmgr_cf={"shared_state": redis.url,
+                                  "fast_fleet_destination_concurrency_limit": "1"},
+        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
+        master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=SMTP)]
+    pf.smtp_send([("s@test.example", [f"b{k}@big.example"]) for k in range(3)])
+    pf.wait_until(lambda: len(srv.messages()) == 3, 30, "the busy spell, one at a time")
+    refused = request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status",
+                      timeout=10)["fleet"]["sessions_full"]
+    assert refused > 0, "the spell had this server wait for the fleet's one session"
+    time.sleep(0.5)
+    sent = time.monotonic()
+    pf.smtp_send([("s@test.example", ["late@big.example"])])
+    pf.wait_until(lambda: len(srv.messages()) == 4, 10, "the late message")
+    took = time.monotonic() - sent
+    print(f"\nthe message after the spell delivered {took:.2f} s after submission")
+    assert took < 3.0

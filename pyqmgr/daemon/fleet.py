@@ -341,8 +341,16 @@ class Fleet:
     def _give_back(self) -> None:
         ended, self._ended = self._ended, []
         for transport, queue, lease in ended:
-            self.host.spawn(self._release(transport, queue, lease,
-                                          more=self._waiting(transport, queue)))
+            more = self._waiting(transport, queue)
+            if not more:
+                self._done_waiting((transport, queue))
+            self.host.spawn(self._release(transport, queue, lease, more=more))
+
+    def _done_waiting(self, key: tuple[str, str]) -> None:
+        """Nothing here waits for the destination now: mail that comes for it later
+        asks the fleet at once instead of waiting to be handed a session."""
+        self.full.discard(key)
+        self.ask_again.pop(key, None)
 
     def _waiting(self, transport: str, queue: str) -> bool:
         """Whether this node has deliveries waiting for the destination."""
@@ -358,6 +366,7 @@ class Fleet:
         self.counters["told"] += 1
         if not self._waiting(transport, queue):
             # Nothing here wants it any more: the next in line gets it.
+            self._done_waiting((transport, queue))
             if lease:
                 self.host.spawn(self._release(transport, queue, lease, more=False))
             else:
