@@ -159,7 +159,9 @@ class SharedState:
         line = self.waiters.get(key)
         while line:
             waiter = line.popleft()
-            if waiter is node:
+            if waiter is node or not _wants(waiter, key):
+                # A server that no longer has mail for it passes it on and leaves
+                # the line, as the daemon's does.
                 continue
             self.handed += 1
             line.append(waiter)
@@ -183,6 +185,13 @@ class SharedState:
                 self.sessions[key] -= 1
                 gone.append((k, key))
         return gone
+
+
+def _wants(node: Engine, key: tuple[str, str]) -> bool:
+    """Whether ``node`` has deliveries waiting for the destination."""
+    t = node.sched.transports.get(key[0])
+    queue = t.queues.get(key[1]) if t is not None else None
+    return queue is not None and queue.todo.size > 0
 
 
 class FleetRun:
