@@ -77,6 +77,14 @@ arrivals = "arrivals.csv"  # (top level) more messages, one a line, as pyqmgr re
                            # known: d1.5s2.1), then optionally born,follows,gap (mail
                            # older than its arrival; a content filter's re-injection)
 
+[fleet]                    # N servers sharing their limits, as pyqmgr.cf's shared_state
+servers = 3                # does (default 1: no fleet): each its own scheduler, the
+                           # messages dealt to them in turn, pyqmgr_cf's
+                           # fleet_destination_concurrency_limit, fleet_destination_rate
+                           # and fleet_throttling shared; reported as one sender.
+                           # (compare: N Postfix servers a contender, pyqmgr's sharing
+                           # one redis-server.) Not with [deferred] or [delegation] yet.
+
 [compare]                  # pyqmgr compare only
 time_scale = 0.1           # default --time-scale: arrival times, latencies, timeouts,
                            # rates and dead_until are multiplied by it (rates divided)
