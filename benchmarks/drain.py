@@ -183,7 +183,7 @@ def drain_pair(n: int, other: str = "metrics",
                     "discard_fleet_destination_concurrency_limit": str(FLEET_SESSIONS)}
     else:
         other_cf = {"metrics_listen": f"127.0.0.1:{port}"}
-    with _loaded("pyqmgr", n, None) as plain, _loaded(other, n, other_cf) as metrics:
+    with _loaded("pyqmgr", n, None) as plain, _loaded(other, n, other_cf) as second:
         both = threading.Barrier(2)
         out: dict[str, Drain] = {}
         errors: list[BaseException] = []
@@ -197,14 +197,14 @@ def drain_pair(n: int, other: str = "metrics",
 
         threads = [threading.Thread(target=run, args=(plain, "pyqmgr", None)),
                    threading.Thread(target=run, args=(
-                       metrics, other, port if other == "metrics" else None))]
+                       second, other, port if other == "metrics" else None))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         if errors:
             raise errors[0]
-        if other == "fleet" and metrics.maillog.lines(contains="shared state"):
+        if other == "fleet" and second.maillog.lines(contains="shared state"):
             raise RuntimeError("the fleet's node lost Redis during the drain")
         return out["pyqmgr"], out[other]
 

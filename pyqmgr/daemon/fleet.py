@@ -73,6 +73,14 @@ GATE_KIND = "fleet"
 #: leases expiring (after the lease time), a lost message.
 SESSION_RETRY_SHARE = 0.25
 SESSION_RETRY_RANGE = (1.0, 15.0)
+
+
+def session_retry(lease_time: float) -> float:
+    """Seconds a refused server waits before it asks the fleet again on its own."""
+    lo, hi = SESSION_RETRY_RANGE
+    return min(hi, max(lo, lease_time * SESSION_RETRY_SHARE))
+
+
 #: A session kept or handed for a next delivery that did not start within this long
 #: goes back (and on to whoever waits).
 SPARE_TIME = 1.0
@@ -144,8 +152,7 @@ class Fleet:
         self.asking: dict[tuple[str, str], int] = {}
         #: When each full destination may ask again (unless handed a session first).
         self.ask_again: dict[tuple[str, str], float] = {}
-        lo, hi = SESSION_RETRY_RANGE
-        self.session_retry = min(hi, max(lo, settings.lease_time * SESSION_RETRY_SHARE))
+        self.session_retry = session_retry(settings.lease_time)
         #: Sessions kept or handed to this node for its next delivery to a destination.
         #: Each lease with when it came; one timer sweeps out those unused after
         #: SPARE_TIME, and one gives back the sessions of the deliveries that ended
@@ -424,8 +431,8 @@ class Fleet:
         limit = limits.sessions if limits is not None and limits.rate is None else 0
         self.counters["round_trips"] += 1
         try:
-            outcome, lease, in_use = await self.shared.release(transport, queue, lease,
-                                                               limit, more)
+            outcome, kept, _ = await self.shared.release(transport, queue, lease, limit,
+                                                         more)
         except RedisUnavailable:
             # The lease expires by itself within shared_state_lease_time; nothing will
             # be handed here meanwhile, so the next start asks (and meets the failure
@@ -435,7 +442,7 @@ class Fleet:
             return
         if outcome == KEPT:
             self.counters["kept"] += 1
-            self._spare(transport, queue, lease)
+            self._spare(transport, queue, kept)
 
     async def _renew(self) -> None:
         """Renew every lease held, a third of the lease time before it could expire."""

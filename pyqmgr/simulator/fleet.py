@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from pyqmgr.daemon.fleet import GATE_KIND, SPARE_TIME
+from pyqmgr.daemon.fleet import GATE_KIND, SPARE_TIME, session_retry
 from pyqmgr.fleet.settings import FleetSettings, Limits, fleet_settings
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.core import ERROR, RETRY
@@ -72,9 +72,6 @@ class Engine(Protocol):
                 hop: Dsn | None, session: bool,
                 replies: list[str] | None = None) -> Callable[[], None]: ...
 
-#: A refused server asks again after this long unless handed a session first (the
-#: daemon's quarter of the default lease time).
-ASK_AGAIN = 15.0
 #: Where the scenario's fleet settings are read from, as errors name them.
 SECTION = "pyqmgr_cf"
 
@@ -176,15 +173,12 @@ class SharedState:
             self.spares.setdefault((node.node, key), []).append(now)
         return None
 
-    def sweep(self, now: float) -> list[tuple[int, tuple[str, str]]]:
-        """Spares unused for SPARE_TIME go back; which (server, destination) lost one."""
-        gone = []
-        for (k, key), times in self.spares.items():
+    def sweep(self, now: float) -> None:
+        """Spares unused for SPARE_TIME go back."""
+        for (_, key), times in self.spares.items():
             while times and times[0] <= now - SPARE_TIME:
                 times.pop(0)
                 self.sessions[key] -= 1
-                gone.append((k, key))
-        return gone
 
 
 def _wants(node: Engine, key: tuple[str, str]) -> bool:
@@ -234,7 +228,7 @@ class FleetRun:
             until = node.now + wait
         else:
             text = f"waits for a fleet session: {used} of {limits.sessions} in use"
-            until = node.now + ASK_AGAIN
+            until = node.now + session_retry(self.shared.settings.lease_time)
         node.apply(node.sched.hold_back(entry, until, "fleet_destination_concurrency_limit",
                                         f"{entry.queue.nexthop} {text}", node.now, GATE_KIND))
         return False
