@@ -50,6 +50,15 @@ def start_nodes(postfix_instance, sink: SinkServer, pyqmgr_cf: dict[str, str] | 
         for i in range(NODES)]
 
 
+def one_node(postfix_instance, srv: SinkServer, pyqmgr_cf: dict[str, str],
+             main_cf: dict[str, str] | None = None) -> PostfixInstance:
+    """One pyqmgr server whose "fast" transport goes to the sink."""
+    return postfix_instance(
+        qmgr="pyqmgr", pyqmgr_cf=pyqmgr_cf,
+        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
+        master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=main_cf or SMTP)
+
+
 def send_all(nodes: list[PostfixInstance], tag: str, per_node: int = PER_NODE) -> None:
     """Each node gets its share at once, in parallel, as a busy relay would."""
     errors: list[BaseException] = []
@@ -364,11 +373,8 @@ def test_explain_names_the_fleets_share(postfix_instance, sink, redis_server):
     """A destination waiting for a fleet session: explain says so, with the share."""
     redis = redis_server()
     srv: SinkServer = sink(latency=3.0)
-    (pf,) = [postfix_instance(
-        qmgr="pyqmgr", pyqmgr_cf={"shared_state": redis.url,
-                                  "fast_fleet_destination_concurrency_limit": "1"},
-        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
-        master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=SMTP)]
+    pf = one_node(postfix_instance, srv, {
+        "shared_state": redis.url, "fast_fleet_destination_concurrency_limit": "1"})
     pf.smtp_send([("s@test.example", [f"e{k}@big.example"]) for k in range(3)])
     path = os.path.join(pf.queue_dir, "pyqmgr", "control")
     target = f"[127.0.0.1]:{srv.port}"
@@ -391,11 +397,8 @@ def test_a_fleet_limit_on_per_recipient_queues_is_a_warning(postfix_instance, si
     rule): the fleet's limit would count per recipient, and the maillog says so."""
     redis = redis_server()
     srv: SinkServer = sink(latency=0.05)
-    (pf,) = [postfix_instance(
-        qmgr="pyqmgr", pyqmgr_cf=fleet_cf(redis),
-        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
-        master_cf_extra=["fast unix - - n - 20 smtp"],
-        main_cf={**SMTP, "fast_destination_recipient_limit": "1"})]
+    pf = one_node(postfix_instance, srv, fleet_cf(redis),
+                  {**SMTP, "fast_destination_recipient_limit": "1"})
     pf.smtp_send([("s@test.example", ["a@big.example", "b@big.example"])])
     (line,) = pf.maillog.wait_for("makes each recipient a destination", 20)
     assert line.severity == "warning" and "fleet's limits for fast count per recipient" \
@@ -411,11 +414,8 @@ def test_mail_after_a_busy_spell_asks_the_fleet_at_once(postfix_instance, sink,
     or a moment later, asks at once."""
     redis = redis_server()
     srv: SinkServer = sink(latency=0.3)
-    (pf,) = [postfix_instance(
-        qmgr="pyqmgr", pyqmgr_cf={"shared_state": redis.url,
-                                  "fast_fleet_destination_concurrency_limit": "1"},
-        transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
-        master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=SMTP)]
+    pf = one_node(postfix_instance, srv, {
+        "shared_state": redis.url, "fast_fleet_destination_concurrency_limit": "1"})
     pf.smtp_send([("s@test.example", [f"b{k}@big.example"]) for k in range(3)])
     pf.wait_until(lambda: len(srv.messages()) == 3, 30, "the busy spell, one at a time")
     refused = request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status",
