@@ -863,6 +863,30 @@ def test_single_valued_attributes(name):
     assert batch.warnings == [f"{QID}: ignoring multiple {name} attribute: two"]
 
 
+def test_messages_share_their_client_and_sender_strings_not_their_own_ids():
+    """A full active queue holds thousands of messages from the same few clients:
+    each holds the one copy of a client name, address, helo and sender (memory,
+    issue #24), while a message's own values (log_ident, client_port) stay its own
+    and the shared table stays bounded."""
+    def one(qid: str, port: str) -> Message:
+        env = basic_envelope("b@d", sender="bulk@example.org")
+        env[1:1] = [("A", b"log_client_name=mx.example"), ("A", b"log_helo_name=mx"),
+                    ("A", f"log_client_port={port}".encode()),
+                    ("A", f"log_ident={qid}".encode())]
+        msg, _ = read(build(env), qid=qid)
+        return msg
+
+    a, b = one("A1", "40001"), one("B2", "40002")
+    assert a.client_name == b.client_name == "mx.example" and a.client_name is b.client_name
+    assert a.helo_name is b.helo_name and a.sender is b.sender
+    assert (a.log_ident, b.log_ident, a.client_port, b.client_port) == (
+        "A1", "B2", "40001", "40002")
+    assert b"A1" not in queue_file._SHARED and b"40001" not in queue_file._SHARED
+    for i in range(queue_file.SHARED_MAX + 10):
+        queue_file._shared_text(b"sender%d@example.org" % i)
+    assert len(queue_file._SHARED) <= queue_file.SHARED_MAX
+
+
 def test_rewrite_context_defaults_to_local():
     env = basic_envelope("b@d")
     del env[2]

@@ -105,11 +105,24 @@ class ActiveMessage:
     #: Stock's message->flags: non-zero when something must be tried again.
     flags: int = 0
     in_core: int = 0
+    #: The queue it was taken from ("incoming", "deferred"...): delegation's attempt.
+    source: str = ""
+    #: Recipients read and not yet routed (the first batch, between open and load).
+    pending: list[Recipient] | None = None
+    #: What other parts note on a message now and then (delegation's hold, a failed
+    #: read); every message's own fields are slots above, so this stays an empty
+    #: dict, 64 bytes, for most messages in core.
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def path(self) -> str:
         return f"active/{self.queue_id}"
+
+    def take_pending(self) -> list[Recipient]:
+        """The first batch's recipients, once: routing takes them from here."""
+        recipients, self.pending = self.pending, None
+        assert recipients is not None, "a message loaded twice"
+        return recipients
 
 
 def _now_tv() -> tuple[int, int]:
@@ -203,7 +216,7 @@ class ActiveQueue:
         am = self._open(qid, flags, st.st_mode, st.st_size)
         if am is not None:
             # Where it came from (delivery policy delegation's attempt number).
-            am.extra["queue"] = queue
+            am.source = queue
         return am
 
     def _open(self, qid: str, flags: int, mode: int, size: int) -> ActiveMessage | None:
@@ -289,7 +302,7 @@ class ActiveQueue:
                         single_rcpt=bool(qf.verp_delims), more=qf.rcpt_offset > 0)
         am = ActiveMessage(qid, qf, sched, flags, active_time, request, tflags)
         sched.owner = am
-        am.extra["pending"] = recipients
+        am.pending = recipients
         self.messages[qid] = am
         return am
 
@@ -306,7 +319,7 @@ class ActiveQueue:
             try:
                 if os.stat(defer_log).st_size > 0:
                     am.flags = 1
-                    am.extra["pending"] = []
+                    am.pending = []
                     return False
             except FileNotFoundError:
                 pass

@@ -315,7 +315,7 @@ class Delegation:
         if isinstance(known, int):
             return known
         n = self._attempts.pop(am.queue_id, 0) + 1
-        if am.extra.get("queue") == "deferred":
+        if am.source == "deferred":
             n = max(n, 2)
         self._attempts[am.queue_id] = n
         while len(self._attempts) > ATTEMPT_MEMORY:

@@ -303,8 +303,7 @@ class Qmgr:
             flow.get(count - limit)
 
     def _load(self, am: ActiveMessage) -> None:
-        recipients = am.extra.pop("pending")
-        assert isinstance(recipients, list)
+        recipients = am.take_pending()
         routes = self.active.route(am, recipients) if self.active.prepare(am) else []
         self._assign(am, routes)
 

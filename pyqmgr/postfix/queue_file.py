@@ -145,6 +145,9 @@ _SINGLE_ATTRS = {
     b"log_ident": "log_ident",
     b"rewrite_context": "rewrite_context",
 }
+#: One bit of :attr:`Message.seen_attrs` for each attribute set first-wins.
+_ATTR_BIT = {attr: 1 << i for i, attr in enumerate(
+    dict.fromkeys([*_LOG_ATTRS.values(), *_LEGACY_ATTRS.values(), *_SINGLE_ATTRS.values()]))}
 
 
 class Opened(NamedTuple):
@@ -201,8 +204,9 @@ class Message(ClientAttributes):
     trace_offset: int = 0
     #: Where the next batch starts (just after the last R read); 0 when all are read.
     rcpt_offset: int = 0
-    #: Attributes already set once (stock's "field != NULL"): first-wins bookkeeping.
-    seen_attrs: set[str] = field(default_factory=set, repr=False)
+    #: Attributes already set once (stock's "field != NULL"): first-wins bookkeeping,
+    #: one bit each (``_ATTR_BIT``): a set here cost 728 bytes a message in core.
+    seen_attrs: int = field(default=0, repr=False)
 
     @property
     def seen_all_non_rcpt(self) -> bool:
@@ -302,6 +306,31 @@ def _alldig(s: bytes) -> bool:
 
 def _text(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
+
+
+#: Attribute values seen lately, by their bytes: most messages of a queue share their
+#: sender, client, protocol and helo names, so each message holds a reference, not
+#: its own copy (ten strings, 600 bytes a message in core). Bounded: emptied when
+#: full. Values unique to a message (log_ident, client_port) are not kept here.
+_SHARED: dict[bytes, str] = {}
+SHARED_MAX = 4096
+#: The attributes whose values messages share (see ``_SHARED``).
+_SHARED_ATTRS = frozenset({"client_name", "client_address", "protocol_name", "helo_name",
+                           "sasl_method", "sasl_username", "sasl_sender",
+                           "rewrite_context"})
+
+
+def _attr_text(attr: str, b: bytes) -> str:
+    return _shared_text(b) if attr in _SHARED_ATTRS else _text(b)
+
+
+def _shared_text(b: bytes) -> str:
+    text = _SHARED.get(b)
+    if text is None:
+        if len(_SHARED) >= SHARED_MAX:
+            _SHARED.clear()
+        text = _SHARED[b] = b.decode("utf-8", "surrogateescape")
+    return text
 
 
 def _split_nameval(buf: bytes) -> tuple[str | None, bytes, bytes]:
@@ -475,8 +504,7 @@ class _BatchReader:
                 continue  # non-recipient records: read on the first batch only
             elif rtype == REC_TYPE_ATTR:
                 self.have_log_client_attr = _attribute(
-                    msg, name, value, cur, msg.seen_attrs, self.have_log_client_attr,
-                    warnings)
+                    msg, name, value, cur, self.have_log_client_attr, warnings)
             elif rtype == REC_TYPE_SIZE:
                 if not _size_record(msg, start, data, path, warnings):
                     return REC_TYPE_ERROR
@@ -591,7 +619,7 @@ class _BatchReader:
     def _sender(self, start: bytes, cur: int) -> None:
         msg = self.msg
         if msg.sender is None:
-            msg.sender = _text(start)
+            msg.sender = _shared_text(start)
             self.opened = Opened(msg.sender, msg.cont_length, msg.rcpt_unread)
             self.opened_after = len(self.warnings)
 
@@ -679,7 +707,7 @@ _ENVELOPE_RECORDS: dict[int, Callable[[_BatchReader, bytes, int], None]] = {
 }
 
 
-def _attribute(msg: Message, name: bytes, value: bytes, offset: int, seen: set[str],
+def _attribute(msg: Message, name: bytes, value: bytes, offset: int,
                have_log_client_attr: bool, warnings: list[str]) -> bool:
     """An ``A`` record that is not a pseudo type; returns the updated log-attr flag.
 
@@ -688,25 +716,27 @@ def _attribute(msg: Message, name: bytes, value: bytes, offset: int, seen: set[s
     """
     attr = _LOG_ATTRS.get(name)
     if attr is not None:
-        setattr(msg, attr, _text(value))
-        seen.add(attr)
+        setattr(msg, attr, _attr_text(attr, value))
+        msg.seen_attrs |= _ATTR_BIT[attr]
         return True
     attr = _LEGACY_ATTRS.get(name)
     if attr is not None:
-        if not have_log_client_attr and attr not in seen:
-            setattr(msg, attr, _text(value))
-            seen.add(attr)
+        bit = _ATTR_BIT[attr]
+        if not have_log_client_attr and not msg.seen_attrs & bit:
+            setattr(msg, attr, _attr_text(attr, value))
+            msg.seen_attrs |= bit
         return have_log_client_attr
     attr = _SINGLE_ATTRS.get(name)
     if attr is not None:
-        if attr in seen:
+        bit = _ATTR_BIT[attr]
+        if msg.seen_attrs & bit:
             warnings.append(f"{msg.queue_id}: ignoring multiple {attr} attribute: "
                             f"{_text(value)}")
         else:
-            setattr(msg, attr, _text(value))
-            seen.add(attr)
+            setattr(msg, attr, _attr_text(attr, value))
+            msg.seen_attrs |= bit
     elif name == b"encoding":
-        msg.encoding = _text(value)  # last wins: the extracted segment may override
+        msg.encoding = _shared_text(value)  # last wins: the extracted segment may override
     elif name == b"trace_flags":
         if msg.trace_flags == 0:
             msg.trace_flags = _atoi(value) & DEL_REQ_TRACE_FLAGS_MASK
