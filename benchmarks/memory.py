@@ -11,6 +11,7 @@ finishes):
 The figure is VmRSS of the qmgr process (VmHWM, the peak, in brackets) once the qmgr
 has logged every message as active and its size stopped growing. Target
 (``WITHIN``, checked per load; a miss exits 1): pyqmgr's RSS within 3x of stock's.
+Issue #24's 2x for the 20,000 messages is printed beside it as a goal.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from pyqmgr.testbed.sink import SinkServer
 #: pyqmgr's RSS at most this many times stock's, under each load.
 RATIO = 3.0
 WITHIN = Target(f"pyqmgr's RSS within {RATIO:g}x of stock's")
+#: Issue #24's bar for the 20,000-message load, printed beside the target (a goal,
+#: not enforced: the issue is blocked on its CPU figures, benchmarks/README.md).
+GOAL = 2.0
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -85,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         ratio = rss["pyqmgr"][0] / rss["stock"][0]
         print(f"{label}: ratio pyqmgr/stock {ratio:.2f}", flush=True)
         checks.append(WITHIN.check(ratio <= RATIO, f"{label}: {ratio:.2f}x"))
+        if load == "messages":
+            print(f"goal (issue #24, not enforced): within {GOAL:g}x of stock's with "
+                  f"{args.messages} messages active ({ratio:.2f}x): "
+                  f"{'met' if ratio <= GOAL else 'not met'}", flush=True)
     return status(checks)
 
 
