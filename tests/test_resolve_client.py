@@ -76,3 +76,16 @@ def test_a_silent_trivial_rewrite_times_out_instead_of_hanging(announce):
     finally:
         client.close()
         server.close()
+
+
+def test_transports_and_next_hops_are_shared_and_the_table_bounded():
+    """A batch of 5,000 routes to one domain holds one copy of its transport and next
+    hop, not 5,000 (the 50,000-recipient memory load, issue #24)."""
+    from pyqmgr.postfix import resolve
+
+    a = resolve.shared("".join(["smtp:", "mx.example"]))
+    b = resolve.shared("".join(["smtp:", "mx.example"]))
+    assert a == b == "smtp:mx.example" and a is b
+    for i in range(resolve.SHARED_MAX + 10):
+        resolve.shared(f"hop{i}.example")
+    assert len(resolve._SHARED) <= resolve.SHARED_MAX

@@ -40,6 +40,7 @@ from pyqmgr.postfix.resolve import (
     RESOLVE_FLAG_FAIL,
     ResolverFailure,
     quote_822_local,
+    shared,
 )
 from pyqmgr.scheduler.core import ERROR, RETRY, Route
 from pyqmgr.scheduler.message import Message, Recipient
@@ -407,7 +408,7 @@ class ActiveQueue:
                     address, nexthop, self.cfg.recipient_delimiter,
                     self.cfg.owner_request_special, self.cfg.double_bounce_sender,
                 )
-        return nexthop.lower()
+        return shared(nexthop.lower())
 
     def _discard_double_bounce(self, am: ActiveMessage, rcpt: Recipient) -> None:
         """Mail to the local double-bounce address is logged as sent and marked done."""

@@ -82,6 +82,23 @@ class Resolved:
     flags: int
 
 
+#: Transports and next hops seen lately: a message's recipients at one domain get the
+#: same strings back from trivial-rewrite, and a batch of 5,000 routes holds them all
+#: until they are assigned. One copy each, from a bounded table (emptied when full).
+_SHARED: dict[str, str] = {}
+SHARED_MAX = 4096
+
+
+def shared(text: str) -> str:
+    """The one copy of ``text`` the table holds (``text`` itself the first time)."""
+    kept = _SHARED.get(text)
+    if kept is None:
+        if len(_SHARED) >= SHARED_MAX:
+            _SHARED.clear()
+        kept = _SHARED[text] = text
+    return kept
+
+
 class ResolveClient:
     def __init__(
         self,
@@ -232,7 +249,8 @@ class ResolveClient:
         self._used = time.monotonic()
         if to_int(server_flags, "flags") != 0:
             self.close()
-        return Resolved(transport, nexthop, recipient, to_int(flags, "flags"))
+        return Resolved(shared(transport), shared(nexthop), recipient,
+                        to_int(flags, "flags"))
 
     def expire_idle(self) -> None:
         """Close an idle connection; called from the daemon's periodic timer."""
