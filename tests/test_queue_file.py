@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyqmgr.postfix import queue_file, record
+from pyqmgr.postfix import queue_file, record, shared_strings
 from pyqmgr.postfix.queue_file import (
     READ_FLAG_MIXED_RCPT_OTHER,
     READ_FLAG_SEEN_ALL_NON_RCPT,
@@ -881,10 +881,10 @@ def test_messages_share_their_client_and_sender_strings_not_their_own_ids():
     assert a.helo_name is b.helo_name and a.sender is b.sender
     assert (a.log_ident, b.log_ident, a.client_port, b.client_port) == (
         "A1", "B2", "40001", "40002")
-    assert b"A1" not in queue_file._SHARED and b"40001" not in queue_file._SHARED
-    for i in range(queue_file.SHARED_MAX + 10):
-        queue_file._shared_text(b"sender%d@example.org" % i)
-    assert len(queue_file._SHARED) <= queue_file.SHARED_MAX
+    assert "A1" not in shared_strings._TABLE and "40001" not in shared_strings._TABLE
+    for i in range(shared_strings.LIMIT + 10):
+        shared_strings.shared(f"sender{i}@example.org")
+    assert len(shared_strings._TABLE) <= shared_strings.LIMIT
 
 
 def test_rewrite_context_defaults_to_local():

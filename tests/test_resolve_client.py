@@ -81,11 +81,11 @@ def test_a_silent_trivial_rewrite_times_out_instead_of_hanging(announce):
 def test_transports_and_next_hops_are_shared_and_the_table_bounded():
     """A batch of 5,000 routes to one domain holds one copy of its transport and next
     hop, not 5,000 (the 50,000-recipient memory load, issue #24)."""
-    from pyqmgr.postfix import resolve
+    from pyqmgr.postfix import shared_strings
 
-    a = resolve.shared("".join(["smtp:", "mx.example"]))
-    b = resolve.shared("".join(["smtp:", "mx.example"]))
+    a = shared_strings.shared("".join(["smtp:", "mx.example"]))
+    b = shared_strings.shared("".join(["smtp:", "mx.example"]))
     assert a == b == "smtp:mx.example" and a is b
-    for i in range(resolve.SHARED_MAX + 10):
-        resolve.shared(f"hop{i}.example")
-    assert len(resolve._SHARED) <= resolve.SHARED_MAX
+    for i in range(shared_strings.LIMIT + 10):
+        shared_strings.shared(f"hop{i}.example")
+    assert len(shared_strings._TABLE) <= shared_strings.LIMIT

@@ -40,8 +40,8 @@ from pyqmgr.postfix.resolve import (
     RESOLVE_FLAG_FAIL,
     ResolverFailure,
     quote_822_local,
-    shared,
 )
+from pyqmgr.postfix.shared_strings import shared
 from pyqmgr.scheduler.core import ERROR, RETRY, Route
 from pyqmgr.scheduler.message import Message, Recipient
 

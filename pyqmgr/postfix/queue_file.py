@@ -68,6 +68,7 @@ from pyqmgr.postfix.record import (
 
 # The scheduler's recipient is exactly what an R record carries; the reader builds it
 # directly so the daemon never copies recipients between layers.
+from pyqmgr.postfix.shared_strings import shared
 from pyqmgr.scheduler.message import Recipient
 
 __all__ = [
@@ -308,29 +309,16 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 
 
-#: Attribute values seen lately, by their bytes: most messages of a queue share their
-#: sender, client, protocol and helo names, so each message holds a reference, not
-#: its own copy (ten strings, 600 bytes a message in core). Bounded: emptied when
-#: full. Values unique to a message (log_ident, client_port) are not kept here.
-_SHARED: dict[bytes, str] = {}
-SHARED_MAX = 4096
-#: The attributes whose values messages share (see ``_SHARED``).
+#: The attributes whose values messages share (:mod:`.shared_strings`): most messages
+#: of a queue have the same client, protocol and helo names (ten strings, 600 bytes a
+#: message in core); log_ident and client_port are each message's own.
 _SHARED_ATTRS = frozenset({"client_name", "client_address", "protocol_name", "helo_name",
                            "sasl_method", "sasl_username", "sasl_sender",
                            "rewrite_context"})
 
 
 def _attr_text(attr: str, b: bytes) -> str:
-    return _shared_text(b) if attr in _SHARED_ATTRS else _text(b)
-
-
-def _shared_text(b: bytes) -> str:
-    text = _SHARED.get(b)
-    if text is None:
-        if len(_SHARED) >= SHARED_MAX:
-            _SHARED.clear()
-        text = _SHARED[b] = b.decode("utf-8", "surrogateescape")
-    return text
+    return shared(_text(b)) if attr in _SHARED_ATTRS else _text(b)
 
 
 def _split_nameval(buf: bytes) -> tuple[str | None, bytes, bytes]:
@@ -619,7 +607,7 @@ class _BatchReader:
     def _sender(self, start: bytes, cur: int) -> None:
         msg = self.msg
         if msg.sender is None:
-            msg.sender = _shared_text(start)
+            msg.sender = shared(_text(start))
             self.opened = Opened(msg.sender, msg.cont_length, msg.rcpt_unread)
             self.opened_after = len(self.warnings)
 
@@ -736,7 +724,7 @@ def _attribute(msg: Message, name: bytes, value: bytes, offset: int,
             setattr(msg, attr, _attr_text(attr, value))
             msg.seen_attrs |= bit
     elif name == b"encoding":
-        msg.encoding = _shared_text(value)  # last wins: the extracted segment may override
+        msg.encoding = shared(_text(value))  # last wins: the extracted segment may override
     elif name == b"trace_flags":
         if msg.trace_flags == 0:
             msg.trace_flags = _atoi(value) & DEL_REQ_TRACE_FLAGS_MASK

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyqmgr.postfix.attr import AttrError, AttrParser, check_announcement, encode, expect, to_int
+from pyqmgr.postfix.shared_strings import shared
 
 RESOLVE_FLAG_FINAL = 0x1
 RESOLVE_FLAG_ROUTED = 0x2
@@ -80,23 +81,6 @@ class Resolved:
     nexthop: str
     recipient: str
     flags: int
-
-
-#: Transports and next hops seen lately: a message's recipients at one domain get the
-#: same strings back from trivial-rewrite, and a batch of 5,000 routes holds them all
-#: until they are assigned. One copy each, from a bounded table (emptied when full).
-_SHARED: dict[str, str] = {}
-SHARED_MAX = 4096
-
-
-def shared(text: str) -> str:
-    """The one copy of ``text`` the table holds (``text`` itself the first time)."""
-    kept = _SHARED.get(text)
-    if kept is None:
-        if len(_SHARED) >= SHARED_MAX:
-            _SHARED.clear()
-        kept = _SHARED[text] = text
-    return kept
 
 
 class ResolveClient:
@@ -249,6 +233,7 @@ class ResolveClient:
         self._used = time.monotonic()
         if to_int(server_flags, "flags") != 0:
             self.close()
+        # A batch of 5,000 routes to one domain holds one copy of these, not 5,000.
         return Resolved(shared(transport), shared(nexthop), recipient,
                         to_int(flags, "flags"))
 
