@@ -106,7 +106,7 @@ class Scraper:
         self.thread.join(10)
 
 
-def _schedstat(pid: int) -> tuple[float, float]:
+def schedstat(pid: int) -> tuple[float, float]:
     """(seconds on a CPU, seconds runnable waiting for one) of a live process."""
     with open(f"/proc/{pid}/schedstat") as f:
         on_cpu, waiting, _ = f.read().split()
@@ -237,14 +237,14 @@ def _run(pf: PostfixInstance, qmgr: str, n: int, scrape: int | None = None) -> D
 
         def started() -> bool:
             if first.seen():
-                up[:] = [time.monotonic() - start, _schedstat(pid)[0]]
+                up[:] = [time.monotonic() - start, schedstat(pid)[0]]
                 return True
             return False
 
         wait_until(started, 60, f"the first message removed by {qmgr}", interval=0.005)
         wait_until(pf.queue_empty, 600, f"{n} messages drained by {qmgr}", interval=0.01)
         elapsed = time.monotonic() - start
-        on_cpu, runnable = _schedstat(pid)
+        on_cpu, runnable = schedstat(pid)
     finally:
         if scraper is not None:
             scraper.close()
@@ -310,9 +310,9 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
             if qmgr == "fleet":
                 assert redis is not None and redis.proc is not None
                 for k in range(FLEET_PAIRS_PER_ROUND):
-                    before = _schedstat(redis.proc.pid)[0]
+                    before = schedstat(redis.proc.pid)[0]
                     plain, fleet = drain_pair(args.messages, "fleet", redis)
-                    spent = _schedstat(redis.proc.pid)[0] - before
+                    spent = schedstat(redis.proc.pid)[0] - before
                     fleet_pairs.append((plain, fleet, spent))
                     drains["fleet"].append(fleet)
                     print(f"round {r + 1} fleet pair {k + 1}: side by side, "
