@@ -20,9 +20,10 @@ The default shapes (``field`` and ``filtered``, benchmarks/fidelity_shapes/) are
 ones issue #20's held-out test names, each run short enough (three and a half, one
 and a half minutes) for CI to afford three; ``limiter-near-capacity`` and ``mixed`` are
 the longer first measurements, kept to be run by name. .ci/run runs it: the exit
-status is 1 when a check misses that ALLOWED_MISSES does not list (``--strict``: any
-miss), and the figures are printed either way; benchmarks/README.md ("Replay
-fidelity held out") has why those are listed. ``--json FILE`` writes the figures for
+status is 1 when a check misses that ALLOWED_MISSES (or, for a range's width alone,
+ALLOWED_WIDE) does not excuse (``--strict``: any miss), and the figures are printed
+either way; benchmarks/README.md ("Replay fidelity held out") has why those are
+listed. ``--json FILE`` writes the figures for
 benchmarks/README.md.
 """
 
@@ -67,8 +68,21 @@ ALLOWED_MISSES = {
     "(mean 45.6), replays of five of them 43-46 (about 44.3): the simulation leans one "
     "refusal low at a 421 limiter, as at below.example; a QUIT race at the sink, "
     "modelled, moved it 0.3 (benchmarks/README.md)"}
+#: Figures whose replay range may be wider than the real runs' spread, where the log
+#: itself leaves the answer open; a held-out run outside the range still fails. The
+#: down host's coming-up time: a log shows only that it was down at its last refused
+#: connection and up at its first session (up to 12 s apart), and this workload's
+#: delays flip between two values inside that span (benchmarks/README.md, "the down
+#: host's two delays").
+ALLOWED_WIDE = {
+    ("field", "down.example", figure): "the log leaves the host's coming-up time open "
+    "between its last refused connection and its first session; up before about 38.5 s "
+    "the deferred mail's returns find it up (p50 18 s, not 35 s), which each simulated "
+    "run may draw, where the real runs (up at 40 s) cannot"
+    for figure in ("p50", "p95")}
 #: The target: ``check``'s tests (inside the range, a range no wider than the real
-#: runs' spread) on every held-out figure, ALLOWED_MISSES aside (``--strict``: none).
+#: runs' spread) on every held-out figure, ALLOWED_MISSES and ALLOWED_WIDE aside
+#: (``--strict``: none).
 HELD = Target("every held-out run's figures within the replay's range")
 PYQMGR = [sys.executable, "-c", "import sys; from pyqmgr.cli import main; sys.exit(main())"]
 
@@ -170,14 +184,19 @@ def check(name: str, dirs: list[str], seeds: int) -> tuple[list[str], list[dict[
 
 def verdict(misses: list[str], rows: list[dict[str, Any]],
             strict: bool) -> tuple[list[str], list[str]]:
-    """The misses that fail the run, and those ALLOWED_MISSES excuses (with why)."""
+    """The misses that fail the run, and those ALLOWED_MISSES (or, for a range too wide
+    but holding every held-out run, ALLOWED_WIDE) excuses, with why."""
     if strict:
         return misses, []
     allowed = {}
     for r in rows:
         key = (r["shape"], r["destination"], r["figure"])
-        if not (r["inside"] and r["width_ok"]) and key in ALLOWED_MISSES:
+        if r["inside"] and r["width_ok"]:
+            continue
+        if key in ALLOWED_MISSES:
             allowed[" ".join(key)] = f"{' '.join(key)}: {ALLOWED_MISSES[key]}"
+        elif r["inside"] and key in ALLOWED_WIDE:
+            allowed[" ".join(key)] = f"{' '.join(key)} (its width only): {ALLOWED_WIDE[key]}"
     return [m for m in misses if m not in allowed], list(allowed.values())
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.fidelity import ALLOWED_MISSES, verdict
+from benchmarks.fidelity import ALLOWED_MISSES, ALLOWED_WIDE, verdict
 
 
 def _row(shape: str, dest: str, figure: str, inside: bool, width_ok: bool = True) -> dict:
@@ -40,3 +40,23 @@ def test_only_the_chaotic_shapes_figures_are_allowed():
         ("field", "rate.example", "deferred"), ("field", "rate.example", "p50"),
         ("field", "rate.example", "p95"), ("field", "down.example", "deferred"),
         ("field", "below.example", "deferred"), ("field", "near.example", "deferred")}
+
+
+def test_a_range_allowed_wide_still_fails_a_held_out_run_outside_it():
+    """ALLOWED_WIDE excuses the width test alone: the down host's delays may range over
+    both of their values, but a held-out run outside that range is a miss."""
+    wide = _row("field", "down.example", "p50", True, width_ok=False)
+    failing, allowed = verdict(["field down.example p50"], [wide], strict=False)
+    assert failing == []
+    assert allowed == ["field down.example p50 (its width only): "
+                       + ALLOWED_WIDE[("field", "down.example", "p50")]]
+    outside = _row("field", "down.example", "p95", False, width_ok=False)
+    failing, allowed = verdict(["field down.example p95"], [outside], strict=False)
+    assert failing == ["field down.example p95"] and allowed == []
+    assert verdict(["field down.example p50"], [wide], strict=True) == (
+        ["field down.example p50"], [])
+
+
+def test_only_the_down_hosts_delays_may_range_wide():
+    assert set(ALLOWED_WIDE) == {("field", "down.example", "p50"),
+                                 ("field", "down.example", "p95")}
