@@ -367,6 +367,22 @@ def test_a_busy_queue_managers_rate_limiter_fits_the_servers_own_rate():
     assert not any("stand-in" in notes[d] for d in notes if d != "rate.example")
 
 
+@pytest.mark.parametrize("seed", ["1", "16"])
+def test_a_log_with_few_refusals_fits_its_sinks_limits_under_any_seed(seed):
+    """A real run whose 421 limiter of 5 refused only 8 sessions (the fewest of the
+    runs on record) and whose 4.7.28 limiter deferred 190 times: with one simulated
+    run per candidate, seed 1 fitted the rate limiter as 1 and seed 16 the session
+    limiter as 6, by one run's chance. Three runs averaged give the sinks' own."""
+    rep = json.loads(run("replay", os.path.join(DATA, "fidelity-field-few-refusals.log.gz"),
+                         "--json", "--runs", "1", "--seed", seed, *RATE_SETTINGS).stdout)
+    inst = rep["instances"][0]
+    assert inst["figures"]["log"]["below.example"]["deferred"] == 8
+    notes = {m["destination"]: " ".join(m["notes"]) for m in inst["model"]}
+    assert "server_limit 5:" in notes["below.example"], notes["below.example"]
+    assert "rate_limit 2:" in notes["rate.example"], notes["rate.example"]
+    assert "server_limit 3:" in notes["near.example"], notes["near.example"]
+
+
 FIELD_SET1 = [os.path.join(DATA, f"fidelity-field-set1-run{i}.log.gz") for i in (1, 2, 3)]
 
 

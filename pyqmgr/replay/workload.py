@@ -305,7 +305,9 @@ def _at(base: Scenario, name: str, key: str, limit: int) -> Scenario:
 #: Simulated runs per candidate limit in ``calibrate``, their deferrals averaged. One
 #: run fitted a log's 421 limiter of 5 as 6 under one seed in 60 fits of ten real logs
 #: (the log's 8 refusals the fewest of them, and that run of 6 deferring 8 by chance
-#: where 6 defers 2-3 mostly), and its rate limiter of 2 as 1 under another.
+#: where 6 defers 2-3 mostly), and its rate limiter of 2 as 1 under another. A log of
+#: more than FIT_AMONG_ALL messages runs once: its destination's thousands of sessions
+#: average chance out, and three runs added 36 s to a million deliveries' replay.
 CALIBRATION_RUNS = 3
 
 
@@ -333,17 +335,18 @@ def calibrate(sc: Scenario, name: str, key: str, estimate: int, obs: Observed) -
     cache: dict[int, tuple[float, list[float]]] = {}
     # Made once: a large log's own-mail scenario is a pass over every message.
     base = _fitting(sc, name)
+    runs = CALIBRATION_RUNS if len(sc.trace) <= FIT_AMONG_ALL else 1
 
     def at(limit: int) -> tuple[float, list[float]]:
         if limit not in cache:
             tried, delays = 0, []
             scenario = _at(base, name, key, limit)
-            for i in range(CALIBRATION_RUNS):
+            for i in range(runs):
                 res = simulate(scenario, seed=sc.seed + i, record=False)
                 tried += res.deferred.get(name, 0) - (
                     res.held_dead.get(name, 0) if held else 0)
                 delays += res.delays.get(name, [])
-            cache[limit] = (tried / CALIBRATION_RUNS, delays)
+            cache[limit] = (tried / runs, delays)
         return cache[limit]
 
     lo, hi = 1, max(2 * estimate + 2, 4)
