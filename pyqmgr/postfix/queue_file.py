@@ -65,10 +65,10 @@ from pyqmgr.postfix.record import (
     rec_get_buf,
     rec_goto,
 )
+from pyqmgr.postfix.shared_strings import shared
 
 # The scheduler's recipient is exactly what an R record carries; the reader builds it
 # directly so the daemon never copies recipients between layers.
-from pyqmgr.postfix.shared_strings import shared
 from pyqmgr.scheduler.message import Recipient
 
 __all__ = [
