@@ -113,6 +113,7 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
             queue_done(core, queue)
     t.sync(queue)
     message.refcount -= 1
+    entry.release()
     if (core.bounded_reading and message.more and not message.jobs
             and core.rcpt_count < core.fudge_limit - 100):
         core.realloc(message)

@@ -61,6 +61,12 @@ class FinchEntry(Entry):
         self.job = job
         self.job_node: Node[FinchEntry] = Node(self)
 
+    def release(self) -> None:
+        super().release()
+        node = self.job_node
+        if node.owner is None:
+            node.item = None  # type: ignore[assignment]
+
 
 class FinchJob:
     """One message's work on the transport: its todo entries and its concurrency."""
@@ -210,6 +216,8 @@ class Finch(Policy):
         job.refs -= 1
         if job.refs == 0:
             del self.by_message[job.message]
+            if job.node.owner is None:
+                job.node.item = None  # type: ignore[assignment]  # no cycle (Entry.release)
 
     def resumed(self, queue: Queue) -> None:
         self._unblock(queue)

@@ -53,6 +53,19 @@ class Entry:
     def transport(self) -> str:
         return self.queue.transport.name
 
+    def release(self) -> None:
+        """Finished: its list nodes let go of it, so that it dies by reference count.
+
+        A node and its item refer to each other; left as they are, every finished
+        entry is a cycle that only a full garbage collection frees, and a site down
+        for hours makes a new one per recipient per retry (issue #30). A node still
+        on a list keeps its item: only a bug leaves it there, and it must not turn
+        into a crash on the list's next walk.
+        """
+        node = self.queue_node
+        if node.owner is None:
+            node.item = None  # type: ignore[assignment]
+
     def __repr__(self) -> str:
         return (f"Entry({self.message.queue_id} {self.queue.transport.name}/"
                 f"{self.queue.name} x{len(self.recipients)}{' busy' if self.busy else ''})")

@@ -175,8 +175,10 @@ class Zmailer(Policy):
 
     def queue_done(self, queue: Queue) -> None:
         thread = self.threads.pop(queue, None)
-        if thread is not None and thread.node.owner is not None:
-            thread.node.owner.unlink(thread.node)
+        if thread is not None:
+            if thread.node.owner is not None:
+                thread.node.owner.unlink(thread.node)
+            thread.node.item = None  # type: ignore[assignment]  # no cycle (Entry.release)
 
     def describe(self) -> dict[str, object]:
         return {"policy": self.name, "threads": len(self.threads),

@@ -190,6 +190,10 @@ def job_free(job: Job) -> None:
     if job.stack_level >= 0:
         job_unlink(job)
     del job.message.jobs[job.transport.tname]
+    # No cycle left through its nodes (Entry.release says why).
+    for node in (job.list_node, job.time_node, job.sibling_node):
+        if node.owner is None:
+            node.item = None  # type: ignore[assignment]
 
 
 # -- preemption -------------------------------------------------------------------------

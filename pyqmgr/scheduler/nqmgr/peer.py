@@ -29,6 +29,7 @@ def peer_free(peer: Peer) -> None:
     job = peer.job
     job.peers.unlink(peer.node)
     del job.peer_byname[peer.queue.name]
+    peer.node.item = None  # type: ignore[assignment]  # no cycle left (Entry.release)
 
 
 def peer_select(job: Job) -> Peer | None:

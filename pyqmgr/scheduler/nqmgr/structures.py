@@ -119,3 +119,9 @@ class NqEntry(Entry):
         super().__init__(message, queue)
         self.peer = peer
         self.peer_node: Node[NqEntry] = Node(self)
+
+    def release(self) -> None:
+        super().release()
+        node = self.peer_node
+        if node.owner is None:
+            node.item = None  # type: ignore[assignment]
