@@ -239,17 +239,17 @@ class ActiveQueue:
                 self._move(path, "incoming", qid)
                 return None
             qf = queue_file.Message(queue_id=qid)
-            data = _read_all(fd, size)
             limit = self.qmgr.scheduler.first_read_limit()
-            batch = queue_file.read_batch(
-                data, qf, min(limit, MAX_BATCH), verp_filter=self.cfg.verp_delimiter_filter,
+            batch = queue_file.read_batch(  # the envelope only, never the content
+                queue_file.FileWindow(fd, size), qf, min(limit, MAX_BATCH),
+                verp_filter=self.cfg.verp_delimiter_filter,
                 count_check=not self.qmgr.scheduler.bounded_reading)
             # Stock logs as it reads: warnings before the sender record come first.
             split = batch.opened_after if batch.opened is not None else len(batch.warnings)
             for text in batch.warnings[:split]:
                 self.log.warning(text)
             if batch.opened is not None:
-                self._log_opened(qid, batch.opened)
+                self.log.info(opened_line(qid, batch.opened))
             for text in batch.warnings[split:]:
                 self.log.warning(text)
             if not batch.ok:
@@ -263,13 +263,6 @@ class ActiveQueue:
             if fd >= 0:
                 os.close(fd)
         return self._activate(qid, qf, flags, batch.recipients)
-
-    def _log_opened(self, qid: str, opened: queue_file.Opened) -> None:
-        """Stock logs this when it meets the sender record, with the counts of then."""
-        self.log.info(
-            f"{qid}: from=<{log_address(opened.sender or '')}>, size={opened.size}, "
-            f"nrcpt={opened.nrcpt} (queue active)"
-        )
 
     def _activate(self, qid: str, qf: queue_file.Message, flags: int,
                   recipients: list[Recipient]) -> ActiveMessage:
@@ -545,6 +538,7 @@ class ActiveQueue:
     def _forget(self, am: ActiveMessage) -> None:
         if self.messages.pop(am.queue_id, None) is not None:
             self.qmgr.message_left()
+        am.sched.owner = None  # no cycle left for the garbage collector (issue #30)
 
     def defer(self, am: ActiveMessage) -> None:
         """Move to deferred/ with the next retry time as mtime (``qmgr_active_done_3``).
@@ -620,6 +614,12 @@ class ActiveQueue:
         self.defer(am)
 
 
+def opened_line(qid: str, opened: queue_file.Opened) -> str:
+    """Stock logs this when it meets the sender record, with the counts of then."""
+    return (f"{qid}: from=<{log_address(opened.sender or '')}>, size={opened.size}, "
+            f"nrcpt={opened.nrcpt} (queue active)")
+
+
 def log_address(address: str) -> str:
     """Addresses in log lines use the external (quoted) form, as stock's default
     ``info_log_address_format = external`` does; the null sender stays empty."""
@@ -655,16 +655,16 @@ def per_recipient_queue_name(address: str, nexthop: str, delimiters: str,
     return f"{local}@{nexthop}".lower()
 
 
-def _read_all(fd: int, size_hint: int = 0) -> bytes:
-    """The whole file, normally in one read: ask for more than the size we saw."""
-    want = size_hint + 4096
-    data = os.read(fd, want)
-    if len(data) < want:
-        return data
-    chunks = [data]
-    while chunk := os.read(fd, 1 << 16):
-        chunks.append(chunk)
-    return b"".join(chunks)
+def read_more(am: ActiveMessage, limit: int, verp_filter: str,
+              count_check: bool) -> queue_file.Batch:
+    """The next recipient batch of an active message: from where the last batch
+    stopped (``rcpt_offset``), never the content. OSError: the file did not open."""
+    fd = os.open(am.path, os.O_RDONLY)
+    try:
+        return queue_file.read_batch(queue_file.FileWindow(fd), am.qf, limit,
+                                     verp_filter=verp_filter, count_check=count_check)
+    finally:
+        os.close(fd)
 
 
 def _unlink_quiet(path: str) -> None:

@@ -25,6 +25,7 @@ from pyqmgr.daemon.active import (
     SCAN_START,
     ActiveMessage,
     ActiveQueue,
+    read_more,
 )
 from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
@@ -34,7 +35,7 @@ from pyqmgr.daemon.request import delivery_request
 from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.daemon.suspensions import Suspensions
-from pyqmgr.postfix import bounce, mail_queue, queue_file
+from pyqmgr.postfix import bounce, mail_queue
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import DeliveryReply
 from pyqmgr.postfix.log_adhoc import log_adhoc_line
@@ -329,15 +330,12 @@ class Qmgr:
         resolver's deferral), as stock's qmgr_active_done does.
         """
         try:
-            with open(am.path, "rb") as f:
-                data = f.read()
+            batch = read_more(am, min(limit, MAX_BATCH), self.cfg.verp_delimiter_filter,
+                              count_check=not self.scheduler.bounded_reading)
         except OSError as exc:
             self.log.warning(f"{am.queue_id}: open {am.path}: {exc.strerror}")
             am.extra["read_failed"] = "open"
             return None
-        batch = queue_file.read_batch(data, am.qf, min(limit, MAX_BATCH),
-                                      verp_filter=self.cfg.verp_delimiter_filter,
-                                      count_check=not self.scheduler.bounded_reading)
         for text in batch.warnings:
             self.log.warning(text)
         if not batch.ok:

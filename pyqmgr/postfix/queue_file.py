@@ -7,9 +7,13 @@ that resume at ``rcpt_offset``, and every malformation yields stock's warning te
 
 Why it looks the way it does:
 
-* The whole file is parsed from one in-memory copy (one ``read()``); offsets are
-  physical file offsets, so a recipient's ``offset`` is the byte a delivery agent later
-  overwrites with ``D``.
+* The daemon's files are read through a :class:`FileWindow`: the part of the file the
+  walk is in, read on demand with ``pread``, so that the content is never read (the
+  walk jumps over it) and a later recipient batch reads from where the last one
+  stopped. A file of one line or of 4 MB costs the same; a small file is one read.
+  Offsets are physical file offsets, so a recipient's ``offset`` is the byte a
+  delivery agent later overwrites with ``D``. Tools and tests may pass the whole
+  file as bytes instead.
 * Payloads are handled as C strings (cut at the first NUL) and numbers are parsed the way
   glibc's ``atol``/``atoi``/``sscanf`` do, because odd files must be accepted, refused and
   reported exactly as stock does; a replacement qmgr that is stricter or laxer moves
@@ -32,7 +36,8 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO, NamedTuple
+from functools import partial
+from typing import BinaryIO, NamedTuple, Protocol
 
 from pyqmgr.postfix.deliver_request import ClientAttributes
 from pyqmgr.postfix.expand import LONG_MAX, strtol
@@ -73,6 +78,7 @@ from pyqmgr.scheduler.message import Recipient
 
 __all__ = [
     "Batch",
+    "FileWindow",
     "Message",
     "Opened",
     "QueueFileError",
@@ -337,13 +343,89 @@ def _split_nameval(buf: bytes) -> tuple[str | None, bytes, bytes]:
     return None, m.group(1), buf[m.end():].strip(_SPACES)
 
 
-def _source_bytes(source: bytes | bytearray | memoryview | BinaryIO) -> bytes:
-    if isinstance(source, bytes):
+#: The first read of a file whose size is not known, and every later one: a whole
+#: small message, or the envelope of a few hundred recipients.
+READ_CHUNK = 1 << 16
+
+
+class RecordSource(Protocol):
+    """Where :func:`read_batch` gets records: ``record(pos, path)`` is
+    :func:`~pyqmgr.postfix.record.rec_get_buf` at physical offset ``pos``."""
+
+    def record(self, pos: int, path: str) -> tuple[int, bytes, int]: ...
+
+
+class _Whole:
+    """A file given whole, as bytes (tools and tests)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, data: bytes) -> None:
+        self.record = partial(rec_get_buf, data)
+
+
+class FileWindow:
+    """The part of an open queue file the record walk is in, read on demand.
+
+    Stock reads a queue file through a VSTREAM buffer and seeks: past the content at
+    ``data_offset``, and to ``rcpt_offset`` for a later recipient batch. Reading the
+    whole file instead made a 4 MB message cost 10x the CPU of a small one, and read
+    it again for each batch (issue #30). This window is one ``pread`` at the offset
+    asked for; a record that runs past its end is read again from its start with a
+    window twice as large, and an offset outside it is a new read there. So a record
+    is refused for truncation only where the file really ends, and the result is
+    exactly what the whole file would give (the tests compare both on every sample).
+    """
+
+    __slots__ = ("fd", "buf", "start", "eof", "first", "chunk", "bytes_read")
+
+    def __init__(self, fd: int, size_hint: int = 0, chunk: int = READ_CHUNK) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.start = 0
+        #: The window reaches the end of the file.
+        self.eof = False
+        self.chunk = chunk
+        #: The first read: the whole file when it is small (the usual single read).
+        self.first = min(size_hint + 4096, chunk) if size_hint > 0 else chunk
+        #: What the reads brought in, in all (what the content's size must not change).
+        self.bytes_read = 0
+
+    def record(self, pos: int, path: str) -> tuple[int, bytes, int]:
+        rel = pos - self.start
+        if rel >= 0 and (rel < len(self.buf) or self.eof):
+            try:
+                rtype, payload, end = rec_get_buf(self.buf, rel, path)
+                return rtype, payload, end + self.start
+            except RecordError:
+                if self.eof:
+                    raise
+        # Outside the window, or the record runs past its end: read from here.
+        size = self.first
+        self.first = self.chunk
+        while True:
+            self.buf = buf = os.pread(self.fd, size, pos)
+            self.bytes_read += len(buf)
+            self.start = pos
+            self.eof = len(buf) < size
+            try:
+                rtype, payload, end = rec_get_buf(buf, 0, path)
+                return rtype, payload, end + pos
+            except RecordError:
+                if self.eof:
+                    raise
+            size *= 2
+
+
+def _source(source: bytes | bytearray | memoryview | BinaryIO | FileWindow) -> RecordSource:
+    if isinstance(source, FileWindow):
         return source
+    if isinstance(source, bytes):
+        return _Whole(source)
     if isinstance(source, (bytearray, memoryview)):
-        return bytes(source)
+        return _Whole(bytes(source))
     source.seek(0)
-    return source.read()
+    return _Whole(source.read())
 
 
 # -- the read loop ------------------------------------------------------------------------
@@ -353,7 +435,7 @@ def _source_bytes(source: bytes | bytearray | memoryview | BinaryIO) -> bytes:
 _BAD_POINTER = REC_TYPE_ERROR - 1
 
 
-def _next_record(data: bytes, pos: int, path: str,
+def _next_record(data: RecordSource, pos: int, path: str,
                  warnings: list[str]) -> tuple[int, bytes, int]:
     """The record at ``pos`` as both of stock's read loops take it: (type, payload, next).
 
@@ -364,7 +446,7 @@ def _next_record(data: bytes, pos: int, path: str,
     that cannot be followed is :data:`_BAD_POINTER`, its warning added.
     """
     try:
-        rtype, payload, pos = rec_get_buf(data, pos, path)
+        rtype, payload, pos = data.record(pos, path)
     except RecordError as exc:
         warnings.append(str(exc))
         return REC_TYPE_ERROR, b"", pos
@@ -379,13 +461,15 @@ def _next_record(data: bytes, pos: int, path: str,
     return rtype, payload, pos
 
 
-def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, limit: int,
+def read_batch(source: bytes | bytearray | memoryview | BinaryIO | FileWindow,
+               msg: Message, limit: int,
                *, path: str | None = None, verp_filter: str = DEF_VERP_FILTER,
                count_check: bool = True) -> Batch:
     """Read the next recipient batch of a queue file into ``msg``.
 
-    ``source`` is the whole file (bytes) or a binary file object (read whole from
-    offset 0). The first call, with a fresh ``msg``, reads the envelope and up to
+    ``source`` is a :class:`FileWindow` on the open file (the daemon: only the
+    envelope is read), the whole file as bytes, or a binary file object (read whole
+    from offset 0). The first call, with a fresh ``msg``, reads the envelope and up to
     ``limit`` recipients; later calls resume at ``msg.rcpt_offset`` and read only
     recipients. ``limit`` is what the caller computed (stock: recipient limit minus
     in-core recipients, at least the per-message minimum); it is capped at 5000 here as
@@ -401,7 +485,7 @@ def read_batch(source: bytes | bytearray | memoryview | BinaryIO, msg: Message, 
         raise ValueError(f"{msg.queue_id}: no recipient slots available")
     if path is None:
         path = f"active/{msg.queue_id}"
-    reader = _BatchReader(msg, _source_bytes(source), min(limit, BATCH_CAP), path,
+    reader = _BatchReader(msg, _source(source), min(limit, BATCH_CAP), path,
                           verp_filter)
     save_offset = msg.rcpt_offset
     save_unread = msg.rcpt_unread
@@ -428,7 +512,7 @@ class _BatchReader:
                  "opened", "opened_after", "have_log_client_attr", "orig_rcpt",
                  "dsn_orcpt", "dsn_notify")
 
-    def __init__(self, msg: Message, data: bytes, limit: int, path: str,
+    def __init__(self, msg: Message, data: RecordSource, limit: int, path: str,
                  verp_filter: str) -> None:
         self.msg = msg
         self.data = data
@@ -732,7 +816,7 @@ def _attribute(msg: Message, name: bytes, value: bytes, offset: int,
     return have_log_client_attr
 
 
-def _size_record(msg: Message, start: bytes, data: bytes, path: str,
+def _size_record(msg: Message, start: bytes, data: RecordSource, path: str,
                  warnings: list[str]) -> bool:
     """The ``C`` record; False means the file is refused (warning already added)."""
     qid = msg.queue_id
@@ -773,7 +857,8 @@ def _size_record(msg: Message, start: bytes, data: bytes, path: str,
     return True
 
 
-def _oldstyle_scan(msg: Message, data: bytes, path: str, warnings: list[str]) -> None:
+def _oldstyle_scan(msg: Message, data: RecordSource, path: str,
+                   warnings: list[str]) -> None:
     """A pre-1.0 file (one-field size record): find the offsets by a full rescan.
 
     Stock's ``qmgr_message_oldstyle_scan``: read the file in logical order (pointers
