@@ -5,17 +5,29 @@ NAME is one of: drain (pyqmgr vs stock qmgr draining 5000 messages), decisions
 20,000 active messages and with one 50,000-recipient message), replay (pyqmgr replay
 of a synthetic day of 1,000,000 deliveries: time and peak memory), fidelity (replay
 fitted on one real stock run, held against the others: needs root and Postfix), smtp
-(pyqmgr vs stock qmgr delivering 1,500 messages to 15 SMTP sinks at 20 and 200 ms).
+(pyqmgr vs stock qmgr delivering 1,500 messages to 15 SMTP sinks at 20 and 200 ms),
+big (200 messages of 4 MB through discard, stock vs pyqmgr, and 1 KB ones), deadsite
+(20,000 messages for a site that refuses connections, cycling for minutes: RSS, CPU).
 """
 
 from __future__ import annotations
 
 import sys
 
-from benchmarks import decisions, drain, fidelity, memory, replay, smtp
+from benchmarks import (
+    big_messages,
+    dead_site,
+    decisions,
+    drain,
+    fidelity,
+    memory,
+    replay,
+    smtp,
+)
 
 BENCHMARKS = {"drain": drain.main, "decisions": decisions.main, "memory": memory.main,
-              "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main}
+              "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main,
+              "big": big_messages.main, "deadsite": dead_site.main}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

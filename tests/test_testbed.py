@@ -221,3 +221,27 @@ def test_maillog_reads_incrementally(tmp_path):
     with open(path, "w") as f:  # truncated and rewritten: read from the start again
         f.write(LINES[3] + "\n")
     assert [ln.program_name for ln in log.refresh()] == ["smtpd"]
+
+
+def test_cloned_queue_files_are_real_mail_to_every_qmgr():
+    """Field-sized benchmarks copy a few real queue files to thousands (issue #30):
+    the copies are delivered as the originals would be, under names Postfix keeps
+    (its start renames any file whose name does not end in its inode number, under
+    a running qmgr: a benchmark once lost a message to that), and a past mtime in
+    deferred/ is due at the first scan."""
+    with PostfixInstance(qmgr="pyqmgr", transports={"discard.example": "discard:"}) as pf:
+        pf.start()
+        originals = pf.preload(3, recipients=lambda i: [f"r{i}@discard.example"])
+        templates = pf.queue_file_bytes("incoming")
+        assert len(templates) == 3
+        incoming = pf.clone_queue_files(templates, 30)
+        deferred = pf.clone_queue_files(templates, 20, queue="deferred",
+                                        mtime=time.time() - 3600)
+        assert len(set(incoming + deferred + originals)) == 53
+        for qid in incoming + deferred:
+            st = os.stat(pf.queue_path("incoming", qid) or pf.queue_path("deferred", qid))
+            assert int(qid[5:], 16) == st.st_ino and st.st_mode & 0o777 == 0o700
+        pf.release_preload()
+        pf.wait_removed(incoming + deferred + originals, timeout=60)
+        assert pf.queue_empty()
+        assert not pf.maillog.lines(contains="Renamed to match inode number")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pyqmgr.testbed.instance_base import QUEUES, InstanceBase, wait_until
 
@@ -27,6 +27,64 @@ class InstanceQueue(InstanceBase):
         for _dirpath, _dirs, files in os.walk(os.path.join(self.queue_dir, queue)):
             found.extend(f for f in files if f.isalnum())
         return found
+
+    def queue_file_bytes(self, queue: str) -> list[bytes]:
+        """The complete files of one queue, as this instance's cleanup wrote them."""
+        out = []
+        for dirpath, _dirs, files in os.walk(os.path.join(self.queue_dir, queue)):
+            for name in sorted(f for f in files if f.isalnum()):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    out.append(f.read())
+        return out
+
+    def clone_queue_files(self, templates: Sequence[bytes], count: int,
+                          queue: str = "incoming", mtime: float | None = None
+                          ) -> list[str]:
+        """Write ``count`` copies of real queue files into ``queue`` under new ids.
+
+        Field-sized benchmarks need 20,000 to 200,000 queued messages; cleanup writes a
+        few thousand a minute here, so a few hundred real ones (:meth:`preload` and
+        :meth:`queue_file_bytes`, or another instance's) are copied round-robin
+        instead: the queue id is only the file's name, and the copies are what
+        cleanup wrote, byte for byte. Names are short (hexadecimal) ids spread over
+        the hash directories like real ones, and each ends in its file's inode number
+        as Postfix's own do (``postfix start`` renames any that does not, under a
+        running qmgr). Files are the mail owner's, mode 0700 (complete), with ``mtime``
+        (default now): in deferred/, a past time is due at the next scan. Call it
+        while no qmgr runs (after :meth:`preload` or :meth:`disable_qmgr`, before
+        :meth:`release_preload`), as cleanup's own files would be.
+        """
+        if not templates:
+            raise ValueError("clone_queue_files needs at least one template")
+        uid, gid = self.mail_owner_ids()
+        hashed = queue in self.postconf("-h", "hash_queue_names").replace(",", " ").split()
+        depth = int(self.postconf("-h", "hash_queue_depth"))
+        base = os.path.join(self.queue_dir, queue)
+        qids = []
+        for i in range(count):
+            temp = os.path.join(base, f"clone.{os.getpid()}.{i}")
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, templates[i % len(templates)])
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, 0o700)
+                inode = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            # A short id: five hex digits of microseconds, then the inode number.
+            qid = f"{(i * 7919) % 1_000_000:05X}{inode:X}"
+            where = base
+            for level in qid[:depth] if hashed else "":
+                where = os.path.join(where, level)
+                if not os.path.isdir(where):  # as Postfix makes them: the owner's, 0700
+                    os.mkdir(where, 0o700)
+                    os.chown(where, uid, gid)
+            path = os.path.join(where, qid)
+            os.rename(temp, path)
+            if mtime is not None:
+                os.utime(path, (mtime, mtime))
+            qids.append(qid)
+        return qids
 
     def queue_path(self, queue: str, qid: str) -> str | None:
         """Where a queue file is, or None."""
