@@ -265,14 +265,6 @@ class PostfixInstance(InstanceInjection):
                 return
             path = parent
 
-    def mail_owner_ids(self) -> tuple[int, int]:
-        """(uid, gid) of the postfix account as this instance's release knows it (a
-        release's root has a passwd file of its own)."""
-        if self.release_root is not None:
-            return self.release_root.user("postfix")
-        pf = pwd.getpwnam("postfix")
-        return pf.pw_uid, pf.pw_gid
-
     def use_qmgr(self, which: str) -> None:
         """Make the qmgr service run ``"stock"``, ``"pyqmgr"`` or ``"oqmgr"``.
 

@@ -11,6 +11,7 @@ the names the parts share, so the parts need not import the instance module itse
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import subprocess
 import time
@@ -101,6 +102,14 @@ class InstanceBase:
     maillog: Maillog
     release_root: ReleaseRoot | None
     _binds: list[str]
+
+    def mail_owner_ids(self) -> tuple[int, int]:
+        """(uid, gid) of the postfix account as this instance's release knows it (a
+        release's root has a passwd file of its own)."""
+        if self.release_root is not None:
+            return self.release_root.user("postfix")
+        pf = pwd.getpwnam("postfix")
+        return pf.pw_uid, pf.pw_gid
 
     def _file(self, path: str) -> str:
         """Where one of Postfix's own files is: in the release's root, or the machine's."""
