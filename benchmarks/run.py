@@ -7,7 +7,8 @@ of a synthetic day of 1,000,000 deliveries: time and peak memory), fidelity (rep
 fitted on one real stock run, held against the others: needs root and Postfix), smtp
 (pyqmgr vs stock qmgr delivering 1,500 messages to 15 SMTP sinks at 20 and 200 ms),
 big (200 messages of 4 MB through discard, stock vs pyqmgr, and 1 KB ones), deadsite
-(20,000 messages for a site that refuses connections, cycling for minutes: RSS, CPU).
+(20,000 messages for a site that refuses connections, cycling for minutes: RSS, CPU),
+bigqueue (200,000 messages in deferred/: the scans' time and the RSS; by hand).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 
 from benchmarks import (
     big_messages,
+    big_queue,
     dead_site,
     decisions,
     drain,
@@ -27,7 +29,8 @@ from benchmarks import (
 
 BENCHMARKS = {"drain": drain.main, "decisions": decisions.main, "memory": memory.main,
               "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main,
-              "big": big_messages.main, "deadsite": dead_site.main}
+              "big": big_messages.main, "deadsite": dead_site.main,
+              "bigqueue": big_queue.main}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

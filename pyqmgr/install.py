@@ -312,14 +312,14 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
                                                   files)) + len(ours)
     if settings is not None and cfg is not None and not report.problems:
         # The values, as the daemon's start-up judges them: policies, shaping, rules
-        # files, retry, metrics and delivery policy delegation settings. Only once
+        # files, retry, metrics, delivery policy delegation, fleet and memory settings. Only once
         # everything is trusted, since a module: policy is code that this imports.
         report.problems += _settings_problems(settings, cfg)
     return report
 
 
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
-    from pyqmgr.daemon import delegation, metrics
+    from pyqmgr.daemon import delegation, memory, metrics
     from pyqmgr.daemon.policies import policy_setup
     from pyqmgr.fleet.settings import fleet_settings
     from pyqmgr.scheduler.policy import PolicyError
@@ -327,7 +327,8 @@ def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
     problems: list[str] = []
     for check in (lambda: policy_setup(settings, cfg), lambda: metrics.setup(settings, cfg),
                   lambda: delegation.setup(settings),
-                  lambda: fleet_settings(settings, cfg.myhostname)):
+                  lambda: fleet_settings(settings, cfg.myhostname),
+                  lambda: memory.warning_limit(settings)):
         try:
             check()
         except (PyqmgrCfError, PolicyError, ConfigError) as exc:

@@ -82,12 +82,27 @@ def _dicts(value: object) -> list[dict[str, object]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
+def _memory_line(memory: dict[str, object]) -> str:
+    """The qmgr's own resident size, its peak, and the warning limit if one is set."""
+    def mib(key: str) -> str:
+        value = memory.get(key)
+        return f"{value / 2**20:.1f} MiB" if isinstance(value, int) else "?"
+
+    limit = (f", warning over {mib('warning_limit')} (memory_warning_limit)"
+             if memory.get("warning_limit") else "")
+    return f"qmgr memory: {mib('resident_bytes')} resident, peak {mib('peak_bytes')}{limit}"
+
+
 def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     """Two tables: transports, then destinations in ``sort`` order."""
     transports = _dicts(reply.get("transports"))
     destinations = sorted(_dicts(reply.get("destinations")), key=SORTS[sort])
     lines = [f"active queue: {_fmt(reply.get('messages'))} messages, "
-             f"{_fmt(reply.get('recipients'))} recipients in core", ""]
+             f"{_fmt(reply.get('recipients'))} recipients in core"]
+    memory = reply.get("memory")
+    if isinstance(memory, dict):
+        lines.append(_memory_line(memory))
+    lines.append("")
     rows = [[_fmt(t.get("name")), _fmt(t.get("policy")),
              f"{_fmt(t.get('agents_busy'))}/{_fmt(t.get('process_limit'))}",
              _fmt(t.get("agents_pending")), _fmt(t.get("destinations")),

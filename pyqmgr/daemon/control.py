@@ -350,6 +350,8 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 reply["deferred_retry"] = qmgr.retry.status(now)
             if qmgr.fleet is not None:
                 reply["fleet"] = qmgr.fleet.status()
+            if qmgr.memory is not None:
+                reply["memory"] = qmgr.memory.status()
             return reply
         if command == "explain":
             target = str(request["target"])

@@ -147,6 +147,7 @@ class Qmgr:
             Delegation(self, setup.delegation) if setup.delegation is not None else None)
         #: The fleet's shared limits (pyqmgr.cf shared_state); None: off.
         self.fleet: Fleet | None = Fleet(self, setup.fleet) if setup.fleet is not None else None
+        self.memory = setup.memory
 
     # -- life cycle ---------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyqmgr.daemon.delegation import DelegationSetup
+from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.metrics import MetricsSettings
 from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.daemon.suspensions import StateFile
@@ -30,3 +31,5 @@ class DaemonSetup:
     delegation: DelegationSetup | None = None
     #: shared_state and the fleet's limits (None: one server, no fleet).
     fleet: FleetSettings | None = None
+    #: The resident size for status, and memory_warning_limit's warning.
+    memory: MemoryGuard | None = None

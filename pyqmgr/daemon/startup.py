@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import control, delegation, metrics, suspensions
+from pyqmgr.daemon import control, delegation, memory, metrics, suspensions
+from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.policies import policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.daemon.setup import DaemonSetup
@@ -136,6 +137,8 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     delegation_cf = delegation.setup(pyqmgr_cf)
     # The fleet's shared state: its password file is read now, as root.
     fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
+    # The resident size is read through /proc/self/statm, opened before the chroot.
+    memory_guard = MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf))
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -165,7 +168,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # a site down for hours grew the qmgr by 35 KB a message.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, GC_YOUNG_PER_MIDDLE, 1)
-    setup = DaemonSetup(policies, state, metrics_cf, delegation_cf, fleet_cf)
+    setup = DaemonSetup(policies, state, metrics_cf, delegation_cf, fleet_cf, memory_guard)
     return asyncio.run(_serve(cfg, log, status, flow, daemon, setup,
                               access if control_dir else None))
 
@@ -270,6 +273,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
         server.start()
     qmgr.start()
+    if setup.memory is not None:
+        setup.memory.start(loop)
     channel = None
     if access is not None and isinstance(qmgr, Qmgr):
         # After start(): a failure here is a warning and mail flows regardless.
