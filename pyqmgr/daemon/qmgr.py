@@ -113,13 +113,9 @@ class Qmgr:
             process_limit_for=pol.process_limit, fudge_factor=pol.fudge_factor,
             shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None)
         self.resolver = ResolveClient(
-            f"private/{cfg.rewrite_service_name}",
-            ipc_timeout=cfg.qmgr_ipc_timeout,
-            ipc_idle=cfg.ipc_idle,
-            ipc_ttl=cfg.ipc_ttl,
-            give_up_after=cfg.qmgr_ipc_timeout,
-            warn=log.warning,
-        )
+            f"private/{cfg.rewrite_service_name}", ipc_timeout=cfg.qmgr_ipc_timeout,
+            ipc_idle=cfg.ipc_idle, ipc_ttl=cfg.ipc_ttl, give_up_after=cfg.qmgr_ipc_timeout,
+            warn=log.warning)
         self.active = ActiveQueue(self)
         self.scans = [QueueScan("incoming"), QueueScan("deferred")]
         self.first_scan = INCOMING
@@ -147,6 +143,7 @@ class Qmgr:
             Delegation(self, setup.delegation) if setup.delegation is not None else None)
         #: The fleet's shared limits (pyqmgr.cf shared_state); None: off.
         self.fleet: Fleet | None = Fleet(self, setup.fleet) if setup.fleet is not None else None
+        #: The resident size for status, and memory_warning_limit's warning (#30).
         self.memory = setup.memory
 
     # -- life cycle ---------------------------------------------------------------------
