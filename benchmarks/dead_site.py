@@ -37,6 +37,7 @@ import socket
 import time
 from typing import NamedTuple
 
+from benchmarks.drain import LogTail
 from benchmarks.memory import _status_kb, _steady_rss
 from benchmarks.target import Target, status
 from pyqmgr.testbed.instance import PostfixInstance, wait_until
@@ -69,24 +70,16 @@ class Sample(NamedTuple):
     deferrals: int
 
 
-class LineCounter:
+class LineCounter(LogTail):
     """Lines containing ``needle`` in a growing file, reading only what is new."""
 
     def __init__(self, path: str, needle: bytes) -> None:
-        self.path = path
+        super().__init__(path)
         self.needle = needle
-        self.offset = 0
         self.count = 0
-        self.pending = b""
 
     def update(self) -> int:
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()
-        self.count += sum(1 for ln in lines if self.needle in ln)
+        self.count += sum(1 for ln in self.new_lines() if self.needle in ln)
         return self.count
 
 

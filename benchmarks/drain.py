@@ -130,23 +130,35 @@ class Drain(NamedTuple):
         return self.cpu - self.startup_cpu
 
 
-class FirstRemoval:
-    """Watches the maillog's new lines for the qmgr's first ``removed``: a tail read
-    from where the file ended at the release, so each poll costs only the new bytes."""
+class LogTail:
+    """A growing log's complete lines written since the last look: each poll costs
+    only the new bytes, however long the log has grown."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, offset: int = 0) -> None:
         self.path = path
-        self.offset = os.path.getsize(path)
+        self.offset = offset
         self.pending = b""
 
-    def seen(self) -> bool:
+    def new_lines(self) -> list[bytes]:
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             data = f.read()
         self.offset += len(data)
         lines = (self.pending + data).split(b"\n")
         self.pending = lines.pop()
-        return any(b"postfix/qmgr[" in ln and ln.endswith(b": removed") for ln in lines)
+        return lines
+
+
+class FirstRemoval(LogTail):
+    """Watches the maillog's new lines for the qmgr's first ``removed``, from where
+    the file ended at the release."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, os.path.getsize(path))
+
+    def seen(self) -> bool:
+        return any(b"postfix/qmgr[" in ln and ln.endswith(b": removed")
+                   for ln in self.new_lines())
 
 
 def drain_once(qmgr: str, n: int) -> Drain:

@@ -312,8 +312,9 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
                                                   files)) + len(ours)
     if settings is not None and cfg is not None and not report.problems:
         # The values, as the daemon's start-up judges them: policies, shaping, rules
-        # files, retry, metrics, delivery policy delegation, fleet and memory settings. Only once
-        # everything is trusted, since a module: policy is code that this imports.
+        # files, retry, metrics, delivery policy delegation, fleet and memory
+        # settings. Only once everything is trusted, since a module: policy is code
+        # that this imports.
         report.problems += _settings_problems(settings, cfg)
     return report
 

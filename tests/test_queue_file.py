@@ -1012,10 +1012,9 @@ def test_fuzz_random_bytes(data, limit):
     _read_message_cleanly(data)
 
 
-@_FUZZ
-@given(st.sampled_from(ALL_SAMPLES), st.data())
-def test_fuzz_mutated_samples(name, draw):
-    data = bytearray(sample(name))
+def damaged(data: bytearray, draw: st.DataObject) -> bytes:
+    """A real file with one to six random edits: bytes set, bits flipped, cut short,
+    bytes inserted or deleted (also tests/test_queue_file_window.py's)."""
     for _ in range(draw.draw(st.integers(min_value=1, max_value=6))):
         kind = draw.draw(st.sampled_from(["set", "flip", "cut", "insert", "delete"]))
         pos = draw.draw(st.integers(min_value=0, max_value=max(len(data) - 1, 0)))
@@ -1029,9 +1028,16 @@ def test_fuzz_mutated_samples(name, draw):
             data[pos:pos] = draw.draw(st.binary(min_size=1, max_size=20))
         elif kind == "delete":
             del data[pos:pos + draw.draw(st.integers(min_value=1, max_value=20))]
+    return bytes(data)
+
+
+@_FUZZ
+@given(st.sampled_from(ALL_SAMPLES), st.data())
+def test_fuzz_mutated_samples(name, draw):
+    data = damaged(bytearray(sample(name)), draw)
     record.reset_goto_state()
-    _read_all_batches(bytes(data), draw.draw(st.integers(min_value=1, max_value=3)))
-    _read_message_cleanly(bytes(data))
+    _read_all_batches(data, draw.draw(st.integers(min_value=1, max_value=3)))
+    _read_message_cleanly(data)
 
 
 # -- fast paths against the C-faithful scanners -------------------------------------------

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from pyqmgr.postfix import record
 from pyqmgr.postfix.queue_file import READ_CHUNK, FileWindow, Message, read_batch
-from tests.test_queue_file import ALL_SAMPLES, QID, basic_envelope, build, sample
+from tests.test_queue_file import ALL_SAMPLES, QID, basic_envelope, build, damaged, sample
 
 #: Windows from a few bytes (every record straddles one) to the daemon's own.
 CHUNKS = (1, 3, 7, 64, READ_CHUNK)
@@ -101,20 +101,8 @@ _FUZZ = settings(max_examples=150, deadline=5000,
 @given(st.sampled_from(ALL_SAMPLES), st.data())
 def test_damaged_samples_read_the_same_through_any_window(
         open_file: type[_OpenFile], name: str, draw: st.DataObject) -> None:
-    data = bytearray(sample(name))
-    for _ in range(draw.draw(st.integers(min_value=1, max_value=6))):
-        kind = draw.draw(st.sampled_from(["set", "flip", "cut", "insert"]))
-        pos = draw.draw(st.integers(min_value=0, max_value=max(len(data) - 1, 0)))
-        if kind == "set" and data:
-            data[pos] = draw.draw(st.sampled_from(b"CTSRDOAMXEp\x00\x80\xff"))
-        elif kind == "flip" and data:
-            data[pos] ^= 1 << draw.draw(st.integers(min_value=0, max_value=7))
-        elif kind == "cut":
-            del data[pos:]
-        elif kind == "insert":
-            data[pos:pos] = draw.draw(st.binary(min_size=1, max_size=20))
-    _same_through_windows(bytes(data), draw.draw(st.integers(min_value=1, max_value=3)),
-                          open_file)
+    data = damaged(bytearray(sample(name)), draw)
+    _same_through_windows(data, draw.draw(st.integers(min_value=1, max_value=3)), open_file)
 
 
 @_FUZZ

@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 
+from pyqmgr.postfix import mail_queue
 from pyqmgr.testbed.instance_base import QUEUES, InstanceBase, wait_until
 
 
@@ -57,29 +58,26 @@ class InstanceQueue(InstanceBase):
         if not templates:
             raise ValueError("clone_queue_files needs at least one template")
         uid, gid = self.mail_owner_ids()
-        hashed = queue in self.postconf("-h", "hash_queue_names").replace(",", " ").split()
+        names = self.postconf("-h", "hash_queue_names")
         depth = int(self.postconf("-h", "hash_queue_depth"))
-        base = os.path.join(self.queue_dir, queue)
         qids = []
         for i in range(count):
-            temp = os.path.join(base, f"clone.{os.getpid()}.{i}")
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, templates[i % len(templates)])
-                os.fchown(fd, uid, gid)
-                os.fchmod(fd, 0o700)
-                inode = os.fstat(fd).st_ino
-            finally:
-                os.close(fd)
+            temp = os.path.join(self.queue_dir, queue, f"clone.{os.getpid()}.{i}")
+            with open(temp, "xb") as f:
+                f.write(templates[i % len(templates)])
+                os.fchown(f.fileno(), uid, gid)
+                os.fchmod(f.fileno(), 0o700)
+                inode = os.fstat(f.fileno()).st_ino
             # A short id: five hex digits of microseconds, then the inode number.
             qid = f"{(i * 7919) % 1_000_000:05X}{inode:X}"
-            where = base
-            for level in qid[:depth] if hashed else "":
+            relative = mail_queue.mail_queue_path(queue, qid, names, depth)
+            where = os.path.join(self.queue_dir, queue)
+            for level in os.path.dirname(relative).split("/")[1:]:
                 where = os.path.join(where, level)
                 if not os.path.isdir(where):  # as Postfix makes them: the owner's, 0700
                     os.mkdir(where, 0o700)
                     os.chown(where, uid, gid)
-            path = os.path.join(where, qid)
+            path = os.path.join(self.queue_dir, relative)
             os.rename(temp, path)
             if mtime is not None:
                 os.utime(path, (mtime, mtime))
