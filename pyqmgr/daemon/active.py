@@ -549,11 +549,10 @@ class ActiveQueue:
         cfg = self.cfg
         now = time.time()
         create = am.qf.create_time
+        delay = float(cfg.minimal_backoff_time)
         if create > 0:
-            delay = min(max(now - create, cfg.minimal_backoff_time), cfg.maximal_backoff_time)
-        else:
-            delay = cfg.minimal_backoff_time
-        when: float = int(now) + int(delay)
+            delay = min(max(now - create, delay), cfg.maximal_backoff_time)
+        when = float(int(now) + int(delay))
         retry = self.qmgr.retry
         if retry is not None:
             when = retry.retry_time(when, int(delay))

@@ -83,21 +83,23 @@ class QueueScan:
             self.nflags &= ~SCAN_START
             self._start()
 
-    def _start(self) -> None:
+    def _start(self) -> Iterator[str]:
         self.flags = self.nflags
         self.nflags = 0
-        self.handle = mail_queue.scan_all(self.queue)
+        self.handle = handle = mail_queue.scan_all(self.queue)
+        return handle
 
     def next(self) -> str | None:
-        qid = None
+        # The new scan's handle is the one _start returns: after ``self.handle = None``
+        # mypy holds the attribute to None across the call, and the compiled build
+        # (mypyc) would check that.
+        qid: str | None = None
         if self.handle is not None:
             qid = next(self.handle, None)
             if qid is None:
                 self.handle = None
         if self.handle is None and self.nflags & SCAN_START:
-            self._start()
-            assert self.handle is not None
-            qid = next(self.handle, None)
+            qid = next(self._start(), None)
             if qid is None:
                 self.handle = None
         return qid

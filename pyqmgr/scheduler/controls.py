@@ -64,13 +64,19 @@ def apply_target(core: Core, target: Target) -> list[str]:
     return names
 
 
+def _still_throttled(t: Transport) -> bool:
+    """Read afresh after an unthrottle: mypy keeps ``t.throttled`` narrowed to True
+    across the call, and the compiled build (mypyc) would take its word for it."""
+    return t.throttled
+
+
 def retry(core: Core, target: Target) -> list[str]:
     revived: list[str] = []
     if target.destination is None:
         t = _whole_transport(core, target)
         if t is not None and t.throttled:
             core.transport_unthrottle(t)
-            if not t.throttled:
+            if not _still_throttled(t):
                 revived.append(t.name)
         return revived
     for queue in matching_queues(core, target):

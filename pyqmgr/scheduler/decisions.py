@@ -14,12 +14,13 @@ decide nothing beyond their entry, so the empty value is shared (:data:`NOTHING`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-if TYPE_CHECKING:
-    from pyqmgr.scheduler.message import Message, Recipient
-    from pyqmgr.scheduler.structures import Dsn, Entry
-    from pyqmgr.scheduler.suspension import Suspension
+# Imported at run time, not for type checking only: the compiled build (mypyc) needs
+# the classes its NamedTuple and dataclasses name when the module loads.
+from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.structures import Dsn, Entry
+from pyqmgr.scheduler.suspension import Suspension
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ class Message:
     #: Recipient slots this message may fill; starts at qmgr_message_recipient_minimum.
     rcpt_limit: int = 0
     #: When the last recipient batch was read (scheduler clock).
-    refill_time: float = 0.0
+    refill_time: int = 0
     #: Set when some recipient needs another attempt (agent deferral, crash, dead site).
     deferred: bool = False
     #: nqmgr's jobs by transport name, in creation order (stock's message job list):

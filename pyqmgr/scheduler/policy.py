@@ -40,6 +40,7 @@ from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from pyqmgr.build import mypyc_attr
 from pyqmgr.scheduler.entry import Entry, entry_link
 from pyqmgr.scheduler.structures import ERROR, RETRY
 
@@ -70,6 +71,7 @@ class Context(Protocol):
         """The transport's master.cf process limit (maxproc): its workers."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy:
     """One transport's scheduling decisions. Subclass it; override what differs.
 
@@ -255,6 +257,7 @@ MODULE_PREFIX = "module:"
 STOCK = "nqmgr"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PolicyError(Exception):
     """``scheduler_policy`` names nothing usable; the text says why."""
 
@@ -300,7 +303,7 @@ def load(spec: str) -> PolicyClass:
                           f"{type(exc).__name__}: {exc}") from None
     found = [obj for obj in vars(module).values()
              if inspect.isclass(obj) and issubclass(obj, Policy) and obj is not Policy
-             and obj.__module__ == module.__name__]
+             and getattr(obj, "__module__", None) == module.__name__]
     if len(found) != 1:
         raise PolicyError(f'policy module "{path}" must define one Policy subclass, '
                           f"found {len(found)}")
@@ -397,6 +400,6 @@ class PolicyTable:
                     if name == knob or name.endswith("_" + knob):
                         try:
                             parse_knob(value, kind, lo, hi)
-                        except ValueError as exc:
-                            raise fail(name, str(exc)) from None
+                        except ValueError as bad:  # not "exc": mypyc types a name once
+                            raise fail(name, str(bad)) from None
         return table

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from pyqmgr.build import mypyc_attr
 from pyqmgr.scheduler.feedback import Feedback, rounding_rules
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.qlist import Node, QList
@@ -37,6 +38,7 @@ DEL_REQ_FLAG_CONN_STORE = 1 << 12
 DEL_REQ_FLAG_CONN_MASK = DEL_REQ_FLAG_CONN_LOAD | DEL_REQ_FLAG_CONN_STORE
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Entry:
     __slots__ = ("message", "queue", "recipients", "busy", "queue_node", "started")
 

@@ -25,7 +25,7 @@ from pyqmgr.scheduler.nqmgr.job import (
 )
 from pyqmgr.scheduler.nqmgr.peer import peer_free, peer_obtain
 from pyqmgr.scheduler.nqmgr.structures import NqEntry, NqState, Peer
-from pyqmgr.scheduler.policy import Context, Policy, Reason, reason
+from pyqmgr.scheduler.policy import Context, Reason, reason
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message, Recipient
@@ -33,15 +33,14 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.transport import Transport
 
 
-class Nqmgr(Policy, NqState):
+class Nqmgr(NqState):
     """One transport's nqmgr state: its job lists, candidate cache and slot pools."""
 
     name = "nqmgr"
     holds_slots = True
 
     def __init__(self, transport: Transport, ctx: Context) -> None:
-        Policy.__init__(self, transport, ctx)
-        NqState.__init__(self, transport)
+        NqState.__init__(self, transport, ctx)
 
     # -- recipients in ------------------------------------------------------------------
 

@@ -325,7 +325,7 @@ def _job_peer_select(job: Job, ctx: Refiller) -> Peer | None:
     if message.more and message.refcount > 0 and (
         message.rcpt_limit - message.rcpt_count >= t.refill_limit
         or (message.rcpt_limit > message.rcpt_count
-            and ctx.clock - int(message.refill_time) >= t.refill_delay)
+            and ctx.clock - message.refill_time >= t.refill_delay)
     ):
         ctx.realloc(message)
     if job.has_entries:

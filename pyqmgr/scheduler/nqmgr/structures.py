@@ -10,23 +10,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyqmgr.scheduler.policy import Policy
 from pyqmgr.scheduler.qlist import Node, QList
 from pyqmgr.scheduler.structures import Entry
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
+    from pyqmgr.scheduler.policy import Context
     from pyqmgr.scheduler.structures import Queue, Transport
 
 
-class NqState:
+class NqState(Policy):
     """One transport's nqmgr state: its job lists, candidate cache and slot pools.
 
     The base of the nqmgr policy; the job and peer verbs take it as their transport.
+    A Policy itself, so that the policy has one chain of bases: the compiled build
+    (mypyc) has no multiple inheritance.
     """
 
-    transport: Transport
-
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, ctx: Context) -> None:
+        Policy.__init__(self, transport, ctx)
         cfg = transport.cfg
         #: The scheduler's job list (preemption reorders it).
         self.job_list: QList[Job] = QList()
@@ -48,10 +51,6 @@ class NqState:
         self.rcpt_per_stack = cfg.extra_recipient_limit
         self.refill_limit = cfg.recipient_refill_limit
         self.refill_delay = cfg.recipient_refill_delay
-
-    @property
-    def tname(self) -> str:
-        return self.transport.name
 
 
 class Job:
