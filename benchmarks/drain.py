@@ -28,6 +28,11 @@ policy server answering ``DUNNO`` on loopback from a thread of this benchmark), 
 ``--no-delegation``: its qmgr CPU and drain time against plain pyqmgr are what
 delegation costs a delivery.
 
+A sixth contender, *compiled*, is pyqmgr's compiled build (mypyc, ``./dev compiled``)
+when ``--compiled PYTHON`` names its interpreter (``.ci/run`` gives .venv-compiled's):
+the same source installed from that venv, whose launcher the instance's qmgr service
+runs. Its drain and CPU are reported beside stock's and the pure build's (issue #30).
+
 Every drain also reports its start-up: the time from the release (master spawns the
 qmgr) to its first ``removed`` line and the qmgr's CPU by then, stock's and pyqmgr's
 (issue #24's time to the first delivery).
@@ -44,6 +49,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
@@ -58,7 +64,7 @@ from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.redis import available as redis_available
 
 #: Each round runs every contender once; the order rotates so none always goes first.
-CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor", "fleet")
+CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor", "fleet", "compiled")
 #: The fleet contender's sessions to the discard destination, fleet-wide: one server,
 #: so every delivery takes a session and passes it on, at the node's own
 #: destination_concurrency_limit (20).
@@ -161,12 +167,13 @@ class FirstRemoval(LogTail):
                    for ln in self.new_lines())
 
 
-def drain_once(qmgr: str, n: int) -> Drain:
-    """One drain of ``n`` preloaded messages by ``qmgr``."""
+def drain_once(qmgr: str, n: int, compiled: str | None = None) -> Drain:
+    """One drain of ``n`` preloaded messages by ``qmgr`` (``compiled``: the compiled
+    build's interpreter, for the compiled contender)."""
     service = FakePolicyServer(action="DUNNO").start() if qmgr == "delegation" else None
     pyqmgr_cf = {"delivery_policy_service": service.endpoint} if service else None
     try:
-        with _loaded(qmgr, n, pyqmgr_cf) as pf:
+        with _loaded(qmgr, n, pyqmgr_cf, compiled if qmgr == "compiled" else None) as pf:
             d = _run(pf, qmgr, n)
         if service is not None and service.request_count() != n:
             raise RuntimeError(f"the policy service was asked {service.request_count()} "
@@ -222,12 +229,18 @@ def drain_pair(n: int, other: str = "metrics",
 
 
 @contextlib.contextmanager
-def _loaded(qmgr: str, n: int, pyqmgr_cf: dict[str, str] | None
-            ) -> Iterator[PostfixInstance]:
+def _loaded(qmgr: str, n: int, pyqmgr_cf: dict[str, str] | None,
+            qmgr_python: str | None = None) -> Iterator[PostfixInstance]:
     """A started instance with ``n`` messages preloaded and no qmgr yet; stopped after."""
+    if qmgr_python is not None:
+        build = subprocess.run([qmgr_python, "-I", "-c", "import pyqmgr.build as b; "
+                                "print(b.name())"], capture_output=True, text=True,
+                               check=True, timeout=60).stdout.strip()
+        if not build.startswith("compiled"):
+            raise RuntimeError(f"{qmgr_python} runs pyqmgr's {build} build, not the compiled")
     with PostfixInstance(qmgr="stock" if qmgr == "stock" else "pyqmgr",
                          transports={"discard.example": "discard:"},
-                         pyqmgr_cf=pyqmgr_cf) as pf:
+                         pyqmgr_cf=pyqmgr_cf, qmgr_python=qmgr_python) as pf:
         if qmgr == "floor":
             floor_qmgr.install(pf)
         pf.start()
@@ -294,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out pyqmgr asking a local policy service")
     parser.add_argument("--no-fleet", action="store_true",
                         help="leave out pyqmgr with shared_state on a local redis-server")
+    parser.add_argument("--compiled", metavar="PYTHON",
+                        help="add the compiled build, installed in PYTHON's venv "
+                             "(./dev compiled: .venv-compiled/bin/python)")
     args = parser.parse_args(argv)
     if not args.no_fleet and not redis_available():
         parser.error("the fleet contender needs Debian's redis-server (./dev installs it); "
@@ -301,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     contenders = tuple(c for c in CONTENDERS if not (c == "floor" and args.no_floor)
                        and not (c == "metrics" and args.no_metrics)
                        and not (c == "delegation" and args.no_delegation)
-                       and not (c == "fleet" and args.no_fleet))
+                       and not (c == "fleet" and args.no_fleet)
+                       and not (c == "compiled" and not args.compiled))
     with contextlib.ExitStack() as stack:
         redis = (stack.enter_context(RedisServer()) if "fleet" in contenders
                  else None)
@@ -348,7 +365,7 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
                           f"{plain.startup_cpu:.3f} and {metrics.startup_cpu:.3f} s)",
                           flush=True)
                 continue
-            d = drain_once(qmgr, args.messages)
+            d = drain_once(qmgr, args.messages, args.compiled)
             times[qmgr].append(d.wall)
             cpu[qmgr].append(d.cpu)
             drains[qmgr].append(d)
@@ -405,6 +422,13 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
               f"delegation/pyqmgr {asked / ours:.3f}, {1e6 * (asked - ours) / args.messages:+.0f}"
               f" us a delivery; qmgr CPU {asked_cpu:.2f} s, ratio {asked_cpu / ours_cpu:.3f}, "
               f"{1e6 * (asked_cpu - ours_cpu) / args.messages:+.0f} us a delivery")
+    if "compiled" in times:
+        built = statistics.median(times["compiled"])
+        built_cpu = statistics.median(cpu["compiled"])
+        print(f"median compiled build {built:.2f} s, ratio compiled/stock {built / stock:.2f} "
+              f"(pure {ours / stock:.2f}); qmgr CPU {built_cpu:.2f} s, ratio compiled/stock "
+              f"{built_cpu / stock_cpu:.2f}, compiled/pure {built_cpu / ours_cpu:.3f} "
+              f"({1e6 * built_cpu / args.messages:.0f} us a message)")
     if "floor" in times:
         floor = statistics.median(times["floor"])
         floor_cpu = statistics.median(cpu["floor"])

@@ -70,7 +70,8 @@ def _check(args: argparse.Namespace) -> int:
     else:
         settings = f"{report.pyqmgr_cf}: absent (no settings: stock behaviour)"
     lines = [f"config_dir  {report.config_dir}", f"launcher    {launcher}",
-             f"python      {python}", f"package     {report.package_dir}",
+             f"python      {python}",
+             f"package     {report.package_dir} ({report.build} build)",
              f"pyqmgr.cf   {settings}"]
     lines += [f"policy      {name}: {path}" for name, path in report.policy_modules.items()]
     lines.append(f"checked     {report.paths_checked} paths in "

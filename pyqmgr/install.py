@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from pyqmgr import trust
+from pyqmgr import build, trust
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PYQMGR_CF, PyqmgrCf, PyqmgrCfError
@@ -180,6 +180,8 @@ class CheckReport:
     venv: str | None
     package_dir: str
     pyqmgr_cf: str
+    #: ``pure Python`` or ``compiled (mypyc)`` (:mod:`pyqmgr.build`).
+    build: str
     pyqmgr_cf_exists: bool
     pyqmgr_cf_parameters: list[str] = field(default_factory=list)
     pyqmgr_cf_error: str | None = None
@@ -206,6 +208,7 @@ class CheckReport:
             "python": self.python,
             "venv": self.venv,
             "package_dir": self.package_dir,
+            "build": self.build,
             "pyqmgr_cf": {"path": self.pyqmgr_cf, "exists": self.pyqmgr_cf_exists,
                           "parses": self.pyqmgr_cf_error is None,
                           "error": self.pyqmgr_cf_error,
@@ -270,7 +273,7 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
         launcher_installed=installed,
         launcher_interpreter=_shebang_interpreter(launcher) if installed else None,
         python=sys.executable, venv=trust.venv_root(sys.executable),
-        package_dir=trust.package_dir(),
+        package_dir=trust.package_dir(), build=build.name(),
         pyqmgr_cf=os.path.join(config_dir, PYQMGR_CF), pyqmgr_cf_exists=False)
     if not installed:
         report.notes.append(f"no launcher at {launcher} yet: 'pyqmgr install' writes it")

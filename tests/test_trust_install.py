@@ -84,6 +84,9 @@ def test_check_passes_a_clean_instance_and_reports_json(trusted_base, postfix):
     assert "ok: no problems found" in proc.stdout
     assert "parses, 2 parameter(s)" in proc.stdout
     assert "absent" in proc.stdout, "no launcher before install"
+    # This checkout's editable install is the pure build (the compiled one, in
+    # .venv-compiled, is held to the parity suite by ./dev test-compiled).
+    assert "(pure Python build)" in proc.stdout, proc.stdout
 
     proc = run("check", "--config-dir", pf.config_dir, "--json")
     assert proc.returncode == 0
@@ -94,6 +97,7 @@ def test_check_passes_a_clean_instance_and_reports_json(trusted_base, postfix):
         "parameters": ["pyqmgr_test_note", "smtp_pyqmgr_test_note"]}
     assert report["launcher"]["installed"] is False
     assert report["paths_checked"] > 50
+    assert report["build"] == "pure Python"
 
 
 def test_under_tmp_only_what_lies_outside_postfixs_directories_is_refused(postfix):

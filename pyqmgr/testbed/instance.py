@@ -94,6 +94,8 @@ def _inline_map(entries: dict[str, str]) -> str:
 QMGRS = ("stock", "pyqmgr", "oqmgr")
 #: Where the test bed puts Postfix's oqmgr under the name qmgr (in daemon_directory).
 OQMGR_DIR = "postfix-oqmgr"
+#: The environment variable naming another pyqmgr installation's interpreter.
+QMGR_PYTHON_ENV = "PYQMGR_QMGR_PYTHON"
 
 
 class PostfixInstance(InstanceInjection):
@@ -102,7 +104,8 @@ class PostfixInstance(InstanceInjection):
     ``qmgr`` is ``"stock"`` or ``"pyqmgr"``; ``main_cf`` adds or overrides main.cf
     parameters; ``transports`` maps domains to ``transport:nexthop`` and becomes an
     inline ``transport_maps``; ``master_cf_extra`` lines are appended to master.cf;
-    ``qmgr_args`` are appended to the qmgr service command (e.g. ``["-o", "x=1"]``).
+    ``qmgr_args`` are appended to the qmgr service command (e.g. ``["-o", "x=1"]``);
+    ``qmgr_python`` is another pyqmgr installation's interpreter to run as the qmgr.
     The instance is not started by the constructor: call :meth:`start`.
 
     Configuration and the life cycle are here; the queue, the processes and mail
@@ -123,6 +126,7 @@ class PostfixInstance(InstanceInjection):
         base_dir: str | None = None,
         pyqmgr_cf: dict[str, str] | None = None,
         release: str | None = None,
+        qmgr_python: str | None = None,
     ) -> None:
         if qmgr not in QMGRS:
             raise ValueError(f"qmgr must be one of {', '.join(QMGRS)}, not {qmgr!r}")
@@ -140,6 +144,10 @@ class PostfixInstance(InstanceInjection):
         self.daemon_dir = os.path.join(self.root, "libexec")
         self.smtpd_port = free_port()
         self.qmgr = qmgr
+        #: The interpreter of the pyqmgr installation the qmgr service runs, when not
+        #: this one's: ``qmgr_python`` or $PYQMGR_QMGR_PYTHON (``./dev test-compiled``
+        #: sets it to the compiled build's venv).
+        self.qmgr_python = qmgr_python or os.environ.get(QMGR_PYTHON_ENV) or None
         self.started = False
         #: What ``postfix start`` printed (warnings from ``postfix check`` land here).
         self.start_output = ""
@@ -275,12 +283,15 @@ class PostfixInstance(InstanceInjection):
 
         if which not in QMGRS:
             raise ValueError(f"qmgr must be one of {', '.join(QMGRS)}, not {which!r}")
+        verb = "install" if which == "pyqmgr" else "uninstall"
+        code = f"import sys; from pyqmgr.install import {verb}; {verb}(sys.argv[1])"
         if self.release_root is not None:
             # The launcher must name the root's python3 and edit master.cf with the
             # release's postconf: install runs inside the root.
-            verb = "install" if which == "pyqmgr" else "uninstall"
-            self.run(["python3", "-I", "-c", f"import sys; from pyqmgr.install import {verb}; "
-                      f"{verb}(sys.argv[1])", self.config_dir])
+            self.run(["python3", "-I", "-c", code, self.config_dir])
+        elif self.qmgr_python:
+            # Another installation (the compiled build's venv): its launcher, its build.
+            self.run([self.qmgr_python, "-I", "-c", code, self.config_dir])
         else:
             (install if which == "pyqmgr" else uninstall)(self.config_dir)
         if which == "oqmgr":

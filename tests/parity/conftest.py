@@ -21,6 +21,7 @@ _REPORT = Report()
 @pytest.fixture(scope="session")
 def parity_report() -> Iterator[Report]:
     _REPORT.postfix = _postfix_release()
+    _REPORT.build = _qmgr_build()
     yield _REPORT
     path = os.environ.get("PYQMGR_PARITY_REPORT")
     if path and _REPORT.results:
@@ -39,6 +40,25 @@ def _postfix_release() -> str:
         return ReleaseRoot(name).version()
     return subprocess.run(["postconf", "-dh", "mail_version"], capture_output=True,
                           text=True, check=True, timeout=60).stdout.strip()
+
+
+def _qmgr_build() -> str:
+    """The build the instances' pyqmgr runs, asked of the interpreter the qmgr service
+    will run; ``./dev test-compiled`` must be running the compiled one."""
+    import subprocess
+    import sys
+
+    from pyqmgr.testbed.instance import QMGR_PYTHON_ENV
+
+    python = os.environ.get(QMGR_PYTHON_ENV) or sys.executable
+    build = subprocess.run([python, "-I", "-c", "import pyqmgr.build as b; print(b.name())"],
+                           capture_output=True, text=True, check=True,
+                           timeout=60).stdout.strip()
+    if os.environ.get("PYQMGR_EXPECT_BUILD") and \
+            not build.startswith(os.environ["PYQMGR_EXPECT_BUILD"]):
+        pytest.exit(f"the parity suite was to run pyqmgr's {os.environ['PYQMGR_EXPECT_BUILD']}"
+                    f" build, and {python} runs the {build} one", returncode=1)
+    return build
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
