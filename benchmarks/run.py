@@ -8,7 +8,8 @@ fitted on one real stock run, held against the others: needs root and Postfix), 
 (pyqmgr vs stock qmgr delivering 1,500 messages to 15 SMTP sinks at 20 and 200 ms),
 big (200 messages of 4 MB through discard, stock vs pyqmgr, and 1 KB ones), deadsite
 (20,000 messages for a site that refuses connections, cycling for minutes: RSS, CPU),
-bigqueue (200,000 messages in deferred/: the scans' time and the RSS; by hand).
+bigqueue (200,000 messages in deferred/: the scans' time and the RSS; by hand), soak
+(an hour of that dead site with fresh mail and reloads, side by side; by hand).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from benchmarks import (
     memory,
     replay,
     smtp,
+    soak,
 )
 
 BENCHMARKS = {"drain": drain.main, "decisions": decisions.main, "memory": memory.main,
               "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main,
               "big": big_messages.main, "deadsite": dead_site.main,
-              "bigqueue": big_queue.main}
+              "bigqueue": big_queue.main, "soak": soak.main}
 
 if __name__ == "__main__":
     args = sys.argv[1:]
