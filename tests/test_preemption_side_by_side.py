@@ -96,19 +96,26 @@ def _deferral_rate(make, sink, qmgr: str, feedback: str) -> tuple[float, int]:
     return deferred / n, deferred
 
 
-@pytest.mark.parametrize("feedback, low, high", [
-    # Theory 1/(1 + 5) at concurrency 5.
-    ("1/concurrency", 0.05, 0.30),
+@pytest.mark.parametrize("feedback, low, high, apart", [
+    # Theory 1/(1 + 5) at concurrency 5. Real runs do not vary: six of each qmgr on
+    # 2026-11-27 gave 16.0% but one (15.5%).
+    ("1/concurrency", 0.05, 0.30, 0.03),
     # Stock 3.7's rounding drops the window by two on the first failure after a
     # success: about 1/3, where the seed's 2007 scheduler deferred 1/2 (see
-    # scenarios/limiter-421-feedback-1-stock.toml, which simulates this run).
-    ("1", 0.25, 0.45),
+    # scenarios/limiter-421-feedback-1-stock.toml, which simulates this run). Here
+    # the runs vary with the sessions' timing: six of stock on 2026-11-27 gave 27.5%
+    # to 35.0%, six of pyqmgr 28.5% to 34.5%, and a pair differed by up to 5 points
+    # (a 3-point bar failed four pairs of six by chance alone). So 10 points apart at
+    # most, both inside the band: a qmgr deferring half would be outside it.
+    ("1", 0.25, 0.45, 0.10),
 ])
-def test_421_limiter_deferral_rate_matches_stock(postfix_instance, sink, feedback, low, high):
+def test_421_limiter_deferral_rate_matches_stock(postfix_instance, sink, feedback, low, high,
+                                                 apart):
     rates = {q: _deferral_rate(postfix_instance, sink, q, feedback)
              for q in ("stock", "pyqmgr")}
     (stock, _), (ours, _) = rates["stock"], rates["pyqmgr"]
     print(f"feedback {feedback}: first-pass deferral rate: stock {stock:.1%}, "
           f"pyqmgr {ours:.1%}")
     assert low < stock < high, rates
-    assert abs(stock - ours) <= 0.03, rates
+    assert low < ours < high, rates
+    assert abs(stock - ours) <= apart, rates
