@@ -21,6 +21,7 @@ One module-scoped run of every workload in compat/workloads/ with its own conten
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import glob
 import json
@@ -357,19 +358,36 @@ def test_ctrl_c_stops_everything_and_leaves_nothing_behind():
             stdout, stderr = proc.communicate()
             raise AssertionError(f"compare still running 120 s after Ctrl-C; it printed:\n"
                                  f"{stdout[-2000:]}\n{stderr[-4000:]}") from None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    try:
         assert proc.returncode == 130, (proc.returncode, stderr)
         assert "interrupted; every instance and sink was stopped" in stderr
         assert _masters(instances) == []
         assert os.listdir(instances) == []
         assert os.path.exists(os.path.join(out, "runs", "1-stock", "run.json"))
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        # Whatever compare left running when it failed is stopped here: a hung run
+        # once left its instance's master delivering for an hour after the suite.
+        _stop_masters(instances)
         shutil.rmtree(instances, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _stop_masters(base: str) -> None:
+    """Stop every Postfix instance under ``base`` that still runs (postfix stop, then
+    SIGKILL for a master that outlives it)."""
+    for pid in _masters(base):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            subprocess.run(["postfix", "-c", env[b"MAIL_CONFIG"].decode(), "stop"],
+                           capture_output=True, timeout=60)
+        except (OSError, KeyError, subprocess.TimeoutExpired):
+            pass
+    for pid in _masters(base):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _masters(base: str) -> list[int]:
