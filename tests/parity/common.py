@@ -62,13 +62,20 @@ def notices(inst: PostfixInstance, qids: dict[str, str], user: str = LOCAL_USER)
             continue
         msg = email.message_from_bytes(chunk.partition(b"\n")[2], policy=email.policy.compat32)
         fields = [f"subject={msg.get('Subject', '')}", f"to={msg.get('To', '')}"]
+        per_recipient: list[str] = []
         for part in msg.walk():
             if part.get_content_type() == "message/delivery-status":
                 for sub in part.get_payload():
-                    for key in ("Final-Recipient", "Action", "Status", "Diagnostic-Code"):
-                        if sub.get(key):
-                            fields.append(f"{key}={sub.get(key)}")
-        text = " | ".join(fields)
+                    block = [f"{key}={sub.get(key)}"
+                             for key in ("Final-Recipient", "Action", "Status",
+                                         "Diagnostic-Code") if sub.get(key)]
+                    if block:
+                        per_recipient.append(" | ".join(block))
+        # The per-recipient groups follow the bounce log's record order, which is the
+        # order the delivery agents finished in: two agents for two queues race (seen in
+        # CI: oqmgr's error:5.1.1 and relocated_maps' error:5.1.6 swapped places), so,
+        # like the agents' log lines, they are compared as a set.
+        text = " | ".join(fields + sorted(per_recipient))
         for qid in _QID.findall(text):
             qids.setdefault(qid, f"Q{len(qids) + 1}")
             text = text.replace(qid, qids[qid])
