@@ -336,7 +336,9 @@ def _pixels(png: bytes) -> Any:
 def test_ctrl_c_stops_everything_and_leaves_nothing_behind():
     instances = _base_dir()
     out = _base_dir()
-    env = dict(os.environ, PYQMGR_TESTBED_DIR=instances)
+    # PYTHONFAULTHANDLER: a run that hangs after Ctrl-C is sent SIGABRT, and prints
+    # every thread's stack on its way out.
+    env = dict(os.environ, PYQMGR_TESTBED_DIR=instances, PYTHONFAULTHANDLER="1")
     script = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
     proc = subprocess.Popen(
         [script, "compare", os.path.join(ROOT, "compat", "workloads", "dead-mx.toml"),
@@ -353,9 +355,13 @@ def test_ctrl_c_stops_everything_and_leaves_nothing_behind():
         try:
             stdout, stderr = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
-            # Once in a full suite it took over 60 s (never alone): say what it did.
-            proc.kill()
-            stdout, stderr = proc.communicate()
+            # Once in a full suite it took over 60 s (never alone): say where it was.
+            proc.send_signal(signal.SIGABRT)
+            try:
+                stdout, stderr = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
             raise AssertionError(f"compare still running 120 s after Ctrl-C; it printed:\n"
                                  f"{stdout[-2000:]}\n{stderr[-4000:]}") from None
         assert proc.returncode == 130, (proc.returncode, stderr)
