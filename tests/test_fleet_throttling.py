@@ -5,15 +5,23 @@ Three Postfix instances with pyqmgr and ``shared_state`` on one redis-server. On
 finds a destination dead (nothing listens on its port) or has a response rule
 throttle it (a sink's ``421 [TS01]``); the others, who have not tried it, hold
 their mail for it at once. A server with ``fleet_throttling = no`` learns alone.
-Notices on the channel that are not notices are refused with a warning.
+Notices on the channel that are not notices, or that the fleet's key did not sign,
+are refused with a warning; signed news never routes mail (issue #31).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import secrets
+import socket
 import time
+from collections.abc import Callable
 
 from pyqmgr.control.client import request
+from pyqmgr.fleet.resp import Parser, encode
+from pyqmgr.fleet.shared import NoticeSeal
 from pyqmgr.testbed.instance import PostfixInstance, free_port
 from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.sink import SinkServer
@@ -25,11 +33,11 @@ CHANNEL = "pyqmgr:throttling"
 
 
 def start_nodes(postfix_instance, redis: RedisServer, nexthop: str,
-                extra: list[dict[str, str]]) -> list[PostfixInstance]:
+                extra: list[dict[str, str]], transports: dict[str, str] | None = None
+                ) -> list[PostfixInstance]:
     nodes = [postfix_instance(
-        qmgr="pyqmgr", pyqmgr_cf={"shared_state": redis.url,
-                                  "shared_state_node": f"node{i}", **more},
-        transports={"far.example": f"fast:{nexthop}"},
+        qmgr="pyqmgr", pyqmgr_cf={**redis.fleet_cf(f"node{i}"), **more},
+        transports={"far.example": f"fast:{nexthop}", **(transports or {})},
         master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=SMTP)
         for i, more in enumerate(extra)]
     # Every node listens on the channel before anything happens.
@@ -74,15 +82,15 @@ def test_a_dead_site_one_server_finds_is_dead_on_the_others_within_a_second(
                         [{}, {}, {"fleet_throttling": "no"}])
     nodes[0].smtp_send([("s@test.example", [f"d{k}@far.example"]) for k in range(10)])
     # node0's own mail for the site goes to the retry transport once the site is dead;
-    # node1 says the fleet told it, and who.
-    heard = "seen by node0: dead here too for 300s"
+    # node1, with no mail for it yet, says the fleet told it, and who.
+    heard = "seen by node0: no mail here for it yet: holds for mail that comes within 300s"
     t0, t1 = first_seen(nodes[:2], ["delivery temporarily suspended", heard], 20)
     print(f"\nnode1 held the site dead {t1 - t0:+.2f} s after node0's first deferral "
           "through the retry transport")
     assert t1 - t0 <= 1.0
     (line,) = fleet_lines(nodes[1], heard)
     assert f"fleet: {nexthop} (fast): \"4.4.1 connect to 127.0.0.1[127.0.0.1]:{port}: " \
-           "Connection refused\" seen by node0: dead here too for 300s" in line, line
+           f"Connection refused\" seen by node0: {heard.partition(': ')[2]}" in line, line
     # node1's mail for the site waits without a try: deferred by the retry transport
     # with stock's reason, never by an smtp agent's connection refused.
     ids = nodes[1].smtp_send([("s@test.example", [f"w{k}@far.example"]) for k in range(3)])
@@ -114,16 +122,17 @@ def test_notices_that_are_not_notices_are_refused_with_a_warning(postfix_instanc
     for payload in bad:
         assert redis.command("PUBLISH", CHANNEL, payload.decode()) == 2
     for pf in nodes:
-        (warning,) = pf.maillog.wait_for("ignored a notice of throttling", 10)
-        assert "that is not one (not JSON); this warning at most once a minute" in \
-            warning.text, warning.text
+        (warning,) = pf.maillog.wait_for("refused a notice of throttling", 10)
+        assert "refused a notice of throttling: not signed; this warning at most once a " \
+            "minute" in warning.text, warning.text
     time.sleep(0.5)
     for pf in nodes:
-        assert len(fleet_lines(pf, "ignored a notice")) == 1, "one warning a minute"
+        assert len(fleet_lines(pf, "refused a notice")) == 1, "one warning a minute"
         assert not fleet_lines(pf, "dead here too"), "a bad notice changed something"
         fleet = request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status",
                         timeout=10)["fleet"]
         assert fleet["throttling_heard"] == 0 and fleet["connected"]
+        assert fleet["throttling_refused"] == len(bad)
 
 
 def test_a_response_rule_that_fires_on_one_server_holds_the_others_back(
@@ -140,18 +149,23 @@ def test_a_response_rule_that_fires_on_one_server_holds_the_others_back(
     cf = {"fast_response_rules": str(rules)}
     nodes = start_nodes(postfix_instance, redis, nexthop, [cf, cf, cf])
     nodes[0].smtp_send([("s@test.example", [f"ts{k}@far.example"]) for k in range(4)])
-    heard = "seen by node0 (fleet) matched"
+    # node1 and node2 have no mail for it yet: they keep the news for the next minute.
+    heard = "seen by node0: no mail here for it yet: holds for mail that comes within 60s"
     t0, t1, t2 = first_seen(nodes, ["throttling reply", heard, heard], 20)
-    print(f"\nnode1 and node2 held back {t1 - t0:+.2f} s and {t2 - t0:+.2f} s after "
+    print(f"\nnode1 and node2 heard {t1 - t0:+.2f} s and {t2 - t0:+.2f} s after "
           "node0's rule fired")
     assert max(t1, t2) - t0 <= 1.0
     for pf in nodes[1:]:
         (line,) = fleet_lines(pf, heard)
-        assert f"shaping: {nexthop} (fast): throttling reply \"4.7.0 host 127.0.0.1" in line
+        assert f"fleet: {nexthop} (fast): \"4.7.0 host 127.0.0.1" in line, line
         assert "[TS01] Messages from 127.0.0.1 temporarily deferred" in line
-        assert line.endswith(f"matched {rules}, line 1: held back 60s"), line
-    # node1's mail waits out the backoff without a try, and explain says why.
+    # node1's mail comes: the rule holds it back at once, waits out the backoff
+    # without a try, and explain says why.
     nodes[1].smtp_send([("s@test.example", ["ok@far.example"])])
+    (line,) = nodes[1].maillog.wait_for(re.escape("seen by node0 (fleet) matched"), 10)
+    assert f"shaping: {nexthop} (fast): throttling reply \"4.7.0 host 127.0.0.1" in \
+        line.text
+    assert line.text.endswith(f"matched {rules}, line 1: held back 60s"), line.text
     path = os.path.join(nodes[1].queue_dir, "pyqmgr", "control")
     texts: list[str] = []
 
@@ -165,3 +179,103 @@ def test_a_response_rule_that_fires_on_one_server_holds_the_others_back(
     time.sleep(2)
     assert srv.snapshot().sessions == sessions, "a server tried during the fleet's backoff"
     assert [m for m in srv.messages() if "ok@far.example" in m.recipients] == [], texts
+
+
+# -- hostile notices (issue #31, finding 1) ---------------------------------------------
+
+
+class Listener:
+    """A client subscribed to the throttling channel, as an outsider can be."""
+
+    def __init__(self, redis: RedisServer) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", redis.port), timeout=10)
+        self.sock.sendall(encode("SUBSCRIBE", CHANNEL))
+        self.parser = Parser()
+        self.heard: list[bytes] = []
+        self._read(lambda: False, 1)
+
+    def _read(self, done: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                break
+            self.parser.feed(chunk)
+            for reply in self.parser.replies():
+                if isinstance(reply, list) and reply[:1] == [b"message"]:
+                    self.heard.append(bytes(reply[2]))  # type: ignore[arg-type]
+
+    def wait(self, n: int, timeout: float = 20) -> list[bytes]:
+        self._read(lambda: len(self.heard) >= n, timeout)
+        assert len(self.heard) >= n, f"heard {len(self.heard)} notices in {timeout} s"
+        return self.heard
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def forged(queue: str, nexthop: str, node: str = "node9") -> dict[str, object]:
+    return {"node": node, "instance": "0badc0de", "transport": "fast", "queue": queue,
+            "nexthop": nexthop, "kind": "dead", "status": "4.4.1",
+            "reason": "connect: Connection refused", "lasts": 300.0, "rule": "",
+            "sent": time.time(), "nonce": secrets.token_hex(12)}
+
+
+def sign(record: dict[str, object], key: bytes) -> str:
+    body = json.dumps(record)
+    return NoticeSeal(key, "pyqmgr:")._mac(body.encode()).decode() + " " + body
+
+
+def test_forged_replayed_and_misrouting_notices_reroute_nothing(postfix_instance, sink,
+                                                                redis_server):
+    """An outsider on the channel names a destination's queue with its own server as
+    nexthop: unsigned, signed with a guessed key, and (as a member gone bad, or a
+    stolen key, would) signed with the fleet's; and it replays a member's real
+    notice. Every message for the destination still goes to the destination."""
+    redis = redis_server()
+    victim, attacker = sink(), sink()
+    dead_port = free_port()
+    vnext, anext = f"[127.0.0.1]:{victim.port}", f"[127.0.0.1]:{attacker.port}"
+    nodes = start_nodes(postfix_instance, redis, f"[127.0.0.1]:{dead_port}", [{}, {}],
+                        transports={"victim.example": f"fast:{vnext}"})
+    listener = Listener(redis)
+    try:
+        with open(redis.key_file, "rb") as f:
+            key = f.readline().strip()
+        # Before any mail for victim.example: the attack of issue #31's finding 1.
+        notices = [json.dumps(forged(vnext, anext)),
+                   sign(forged(vnext, anext), b"guess" * 8),
+                   sign(forged(vnext, anext), key)]
+        for notice in notices:
+            assert redis.command("PUBLISH", CHANNEL, notice) == 3  # two nodes, listener
+        for pf in nodes:
+            pf.maillog.wait_for(re.escape(f"fleet: {anext} (fast): \"4.4.1 connect: "
+                                          "Connection refused\" seen by node9: no mail here "
+                                          "for it yet"), 10)
+        # A member's real notice, heard by all, then played again.
+        nodes[0].smtp_send([("s@test.example", [f"d{k}@far.example"]) for k in range(10)])
+        real = [n for n in listener.wait(len(notices) + 1) if b'"node": "node0"' in n]
+        assert len(real) == 1, listener.heard
+        nodes[1].maillog.wait_for("seen by node0: no mail here for it yet", 10)
+        assert redis.command("PUBLISH", CHANNEL, real[0].decode()) == 3
+        # Mail for the victim from the node that heard everything.
+        ids = nodes[1].smtp_send([("s@test.example", [f"v{k}@victim.example"])
+                                  for k in range(5)])
+        victim.wait_delivered(5, 30)
+        assert sorted(r for m in victim.messages() for r in m.recipients) == sorted(
+            f"v{k}@victim.example" for k in range(5))
+        assert attacker.messages() == [] and attacker.snapshot().sessions == 0
+        sent = nodes[1].maillog.wait_for("status=sent", 20, count=5)
+        assert {ln.queue_id for ln in sent} == set(ids)
+        (ignored,) = fleet_lines(nodes[1], "this server routes")
+        assert f"this server routes {vnext} to {vnext}, not {anext}: ignored" in ignored
+        fleet = request(os.path.join(nodes[1].queue_dir, "pyqmgr", "control"), "status",
+                        timeout=10)["fleet"]
+        # Unsigned, a guessed key, the replay; heard: the misrouting one and node0's.
+        assert (fleet["throttling_refused"], fleet["throttling_heard"]) == (3, 2), fleet
+        (warning,) = fleet_lines(nodes[1], "refused a notice of throttling")
+        assert "refused a notice of throttling: not signed;" in warning, warning
+    finally:
+        listener.close()

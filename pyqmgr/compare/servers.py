@@ -49,7 +49,7 @@ def fleet_cf(pyqmgr_cf: dict[str, str] | None, redis: RedisServer | None,
     """Server ``k``'s pyqmgr.cf: the contender's, with the fleet's shared state."""
     if redis is None or pyqmgr_cf is None:
         return pyqmgr_cf
-    return {**pyqmgr_cf, "shared_state": redis.url, "shared_state_node": f"server{k}"}
+    return {**pyqmgr_cf, **redis.fleet_cf(f"server{k}")}
 
 
 class Servers:

@@ -163,7 +163,8 @@ def _fleet_lines(fleet: dict[str, object]) -> list[str]:
              f"{_fmt(fleet.get('admitted'))}, sessions full {_fmt(fleet.get('sessions_full'))}"
              f", rate waits {_fmt(fleet.get('rate_wait'))}, errors {_fmt(fleet.get('errors'))}"
              f"; throttling told {_fmt(fleet.get('throttling_told'))}, heard "
-             f"{_fmt(fleet.get('throttling_heard'))}"]
+             f"{_fmt(fleet.get('throttling_heard'))}, refused "
+             f"{_fmt(fleet.get('throttling_refused'))}"]
     rows = [[_fmt(d.get("queue")), _fmt(d.get("transport")), _fmt(d.get("text"))]
             for d in _dicts(fleet.get("destinations"))]
     if rows:

@@ -51,7 +51,7 @@ from pyqmgr.fleet.settings import (
     FleetSettings,
     Limits,
 )
-from pyqmgr.fleet.shared import KEPT, Admission, Shared, news_payload, parse_news
+from pyqmgr.fleet.shared import KEPT, Admission, NoticeSeal, Shared
 from pyqmgr.postfix.policy_delegation import WarnGate
 from pyqmgr.scheduler.decisions import DEAD
 from pyqmgr.scheduler.structures import ERROR, RETRY
@@ -123,7 +123,8 @@ class FleetHost(Protocol):
 
 #: What ``pyqmgr status`` counts of the fleet's answers to this server.
 COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "handed", "kept",
-           "round_trips", "errors", "throttling_told", "throttling_heard")
+           "round_trips", "errors", "throttling_told", "throttling_heard",
+           "throttling_refused")
 
 
 class Fleet:
@@ -163,6 +164,9 @@ class Fleet:
         #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
         self._shares: dict[str, bool] = {}
         self.news_warn = WarnGate(60.0)
+        #: Signs what this node tells and opens what it hears; None without a key file,
+        #: when no throttling is shared (fleet_throttling's default is then no).
+        self.seal = NoticeSeal(settings.key, settings.prefix) if settings.key else None
 
     def limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits, or None when its deliveries ask nobody."""
@@ -197,7 +201,7 @@ class Fleet:
         throttling other servers find; tell them what this one finds."""
         loop = asyncio.get_running_loop()
         ep, timeout = self.settings.endpoint, self.settings.timeout
-        self.host.scheduler.share_throttling = True
+        self.host.scheduler.share_throttling = self.seal is not None
         self._tasks = [
             loop.create_task(self._renew()),
             loop.create_task(Subscriber(ep, self.shared.channel, self._freed,
@@ -205,9 +209,11 @@ class Fleet:
             loop.create_task(Subscriber(ep, self.shared.suspensions_channel,
                                         self.suspensions.changed, timeout=timeout,
                                         on_subscribed=lambda: self.suspensions.changed(b"")
-                                        ).run()),
-            loop.create_task(Subscriber(ep, self.shared.throttling_channel,
-                                        self._throttling_heard, timeout=timeout).run())]
+                                        ).run())]
+        if self.seal is not None:
+            self._tasks.append(loop.create_task(Subscriber(
+                ep, self.shared.throttling_channel, self._throttling_heard,
+                timeout=timeout).run()))
 
     def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> bool:
         """May the selected entry's delivery start? True at once when this node holds a
@@ -469,13 +475,13 @@ class Fleet:
     def tell(self, found: tuple[Throttling, ...]) -> None:
         """Destinations this server just found dead or throttled: news for the others."""
         for news in found:
-            if self.shares(news.transport):
-                self.host.spawn(self._tell(news))
+            if self.seal is not None and self.shares(news.transport):
+                self.host.spawn(self._tell(self.seal.seal(
+                    news, self.settings.node, self.shared.instance, time.time()), news))
 
-    async def _tell(self, news: Throttling) -> None:
+    async def _tell(self, notice: str, news: Throttling) -> None:
         try:
-            await self.shared.tell_throttling(
-                news_payload(news, self.settings.node, self.shared.instance))
+            await self.shared.tell_throttling(notice)
             self.counters["throttling_told"] += 1
         except RedisUnavailable as exc:
             state = "dead" if news.kind == DEAD else "throttled"
@@ -485,20 +491,24 @@ class Fleet:
 
     def _throttling_heard(self, payload: bytes) -> None:
         """Another server found a destination dead or throttled: so it is here."""
+        if self.seal is None:
+            return
         try:
-            news, node, instance = parse_news(payload)
+            notice = self.seal.open(payload, time.time())
         except ValueError as exc:
+            self.counters["throttling_refused"] += 1
             held = self.news_warn.allow(self.clock())
             if held is not None:
                 more = f" ({held} more since the last warning)" if held else ""
                 self.host.log.warning(
-                    f"shared state {self.settings.endpoint}: ignored a notice of throttling "
-                    f"that is not one ({exc}){more}; this warning at most once a minute")
+                    f"shared state {self.settings.endpoint}: refused a notice of throttling: "
+                    f"{exc}{more}; this warning at most once a minute")
             return
-        if instance == self.shared.instance or not self.shares(news.transport):
+        news = notice.news
+        if notice.instance == self.shared.instance or not self.shares(news.transport):
             return
         self.counters["throttling_heard"] += 1
-        self.host.after_control(self.host.scheduler.learnt(news, node, self.clock()))
+        self.host.after_control(self.host.scheduler.learnt(news, notice.node, self.clock()))
 
     # -- status ---------------------------------------------------------------------------
 

@@ -10,6 +10,12 @@ parameter, as for every other pyqmgr.cf setting.
 ``shared_state_password_file``         a file holding Redis's password (its first line); it
                                        must belong to root and be readable by root alone,
                                        and is read at start-up, before the chroot
+``shared_state_key_file``              a file holding the fleet's key (its first line, at
+                                       least 32 characters: ``openssl rand -hex 32``), the
+                                       same on every node, root's and readable by root
+                                       alone, read at start-up: every notice of throttling
+                                       is signed with it, and a notice that is not, is
+                                       stale or was heard before is refused
 ``shared_state_failure``               ``local`` (Redis slow or gone: each node keeps to its
                                        own limits, with a warning a minute) or ``hold`` (no
                                        new delivery to a shared destination until Redis is
@@ -29,11 +35,13 @@ parameter, as for every other pyqmgr.cf setting.
 ``fleet_destination_rate``             delivery starts to one destination across the fleet,
                                        ``N/PERIOD`` (0: none, the default)
 ``fleet_destination_rate_burst``       starts the rate lets through at once (default 1)
-``fleet_throttling``                   ``yes`` (the default): a destination this node finds
-                                       dead, or that a response rule throttles, is dead or
-                                       throttled on every node at once, and news of the
-                                       same from the others holds here; ``no``: each node
-                                       learns alone
+``fleet_throttling``                   ``yes``: a destination this node finds dead, or that
+                                       a response rule throttles, is dead or throttled on
+                                       every node at once, and news of the same from the
+                                       others holds here; ``no``: each node learns alone.
+                                       The default is ``yes`` with a key file, ``no``
+                                       without: anyone who can reach Redis could publish
+                                       news, so only signed news is ever read
 =====================================  =========================================================
 
 The last four follow Postfix's naming rule: ``smtp_fleet_destination_rate`` for the
@@ -57,6 +65,7 @@ from pyqmgr.scheduler.shaping import Rate, ShapingError, parse_duration, parse_r
 
 SHARED_STATE = "shared_state"
 PASSWORD_FILE = "shared_state_password_file"
+KEY_FILE = "shared_state_key_file"
 FAILURE = "shared_state_failure"
 TIMEOUT = "shared_state_timeout"
 LEASE_TIME = "shared_state_lease_time"
@@ -74,6 +83,8 @@ MAX_FLEET_LIMIT = 100_000
 LOCAL, HOLD = "local", "hold"
 #: The longest password file read (a password is a line).
 MAX_PASSWORD_FILE = 4096
+#: The shortest fleet key: 128 bits of hex is 32 characters.
+MIN_KEY = 32
 #: Redis's own SUN path limit is the kernel's.
 _SUN_PATH_MAX = 107
 
@@ -100,6 +111,9 @@ class FleetSettings:
     lease_time: float = 60.0
     prefix: str = "pyqmgr:"
     node: str = ""
+    #: The fleet's key (the key file's first line), which signs notices of throttling;
+    #: empty: no key file, so no throttling is shared.
+    key: bytes = b""
     #: pyqmgr.cf, for the per-transport limits (every form checked at start-up).
     settings: PyqmgrCf | None = None
 
@@ -112,6 +126,8 @@ class FleetSettings:
     def shares_throttling(self, transport: str) -> bool:
         """Whether the transport's dead sites and throttled destinations are the
         fleet's (told to the others, and taken from them)."""
+        if not self.key:
+            return False
         if self.settings is None:
             return True
         return self.settings.get_bool(FLEET_THROTTLING, transport, True)
@@ -170,7 +186,10 @@ def _db(value: str, text: str) -> int:
 
 
 def read_password(path: str) -> str:
-    """The password file's first line; ValueError unless root's alone and small."""
+    """The password file's first line; ValueError unless root's alone and small.
+
+    The key file is read the same way: both are secrets that a local user who can
+    read or replace them would use against the fleet."""
     if not os.path.isabs(path):
         raise ValueError(f"{path!r} is not an absolute path")
     try:
@@ -202,16 +221,19 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
     text = (settings.get(SHARED_STATE) or "").strip()
     per_transport = [k for k in settings.values if k.endswith(PER_TRANSPORT)]
     if not text:
-        for name in (PASSWORD_FILE, FAILURE, TIMEOUT, LEASE_TIME, PREFIX, NODE,
+        for name in (PASSWORD_FILE, KEY_FILE, FAILURE, TIMEOUT, LEASE_TIME, PREFIX, NODE,
                      *per_transport):
             if settings.get(name) is not None:
                 raise settings.error(name, f"has no effect without {SHARED_STATE}")
         return None
-    for key in per_transport:
-        name = next(n for n in PER_TRANSPORT if key.endswith(n))
-        transport = key[:-len(name) - 1] or None
+    key = _key(settings)
+    for param in per_transport:
+        name = next(n for n in PER_TRANSPORT if param.endswith(n))
+        transport = param[:-len(name) - 1] or None
         if name == FLEET_THROTTLING:
-            settings.get_bool(FLEET_THROTTLING, transport, True)
+            if settings.get_bool(FLEET_THROTTLING, transport, True) and not key:
+                raise settings.error(param, f"yes needs {KEY_FILE}: news of throttling is "
+                                            "read only when signed with the fleet's key")
         else:
             _limits(settings, transport)
     try:
@@ -237,7 +259,22 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
     node = (settings.get(NODE) or myhostname).strip()
     if not node or any(c.isspace() or not c.isprintable() for c in node) or len(node) > 255:
         raise settings.error(NODE, f"a name without spaces, not {node!r}")
-    return FleetSettings(endpoint, failure, timeout, lease, prefix, node, settings)
+    return FleetSettings(endpoint, failure, timeout, lease, prefix, node, key, settings)
+
+
+def _key(settings: PyqmgrCf) -> bytes:
+    """The key file's first line, or b"" when there is none."""
+    path = (settings.get(KEY_FILE) or "").strip()
+    if not path:
+        return b""
+    try:
+        key = read_password(path)
+    except ValueError as exc:
+        raise settings.error(KEY_FILE, str(exc)) from None
+    if len(key) < MIN_KEY:
+        raise settings.error(KEY_FILE, f"{path}: the key is {len(key)} characters, fewer "
+                                       f"than {MIN_KEY} (openssl rand -hex 32 makes one)")
+    return key.encode()
 
 
 def _duration(settings: PyqmgrCf, name: str, default: str, lo: float, hi: float) -> float:

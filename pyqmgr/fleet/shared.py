@@ -339,6 +339,13 @@ def _checked(reply: Reply) -> Reply:
 
 
 # -- news of throttling (pyqmgr.scheduler.throttling) ---------------------------------
+#
+# The channel is anyone's who can reach Redis (or sit on its plaintext TCP), and a
+# notice changes what a server does with its mail. So each notice is signed with the
+# fleet's key (HMAC-SHA256 over the fleet's prefix and the notice), says when it was
+# sent and carries a nonce: a server reads a notice only when the signature is its
+# fleet's, it was sent within NOTICE_AGE of now, and its nonce was not heard before.
+# Even then the notice routes nothing (pyqmgr.scheduler.throttling.learnt).
 
 #: The longest notice of throttling read: a few names and a reply text.
 MAX_NEWS = 8192
@@ -347,21 +354,44 @@ MAX_REASON = 2000
 #: How long news may say a destination is dead (a backoff longer than a day is not
 #: one Postfix would use).
 MAX_LASTS = 86400.0
+#: A notice sent longer ago than this (or this far ahead: the nodes' clocks, NTP's
+#: milliseconds apart, are compared) is refused as stale; within it, a nonce heard
+#: before is refused as a replay.
+NOTICE_AGE = 30.0
+#: Nonces remembered at most: only correctly signed notices are remembered, so only
+#: the fleet's own nodes fill it, and 100,000 in 30 s is no fleet's news.
+MAX_NONCES = 100_000
 _STATUS = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
+_NONCE = re.compile(r"[0-9a-f]{16,64}$")
+_MAC = 64
 
 
-def news_payload(news: Throttling, node: str, instance: str) -> str:
-    """The notice one server publishes of a destination it found dead or throttled."""
+@dataclass(frozen=True)
+class Notice:
+    """A notice of throttling as read: the news and who sent it, when, with what nonce."""
+
+    news: Throttling
+    node: str
+    instance: str
+    sent: float
+    nonce: str
+
+
+def news_payload(news: Throttling, node: str, instance: str, sent: float,
+                 nonce: str) -> str:
+    """The notice one server publishes of a destination it found dead or throttled,
+    before it is signed (:meth:`NoticeSeal.seal`)."""
     return json.dumps({"node": node, "instance": instance, "transport": news.transport,
                        "queue": news.queue, "nexthop": news.nexthop, "kind": news.kind,
                        "status": news.status, "reason": news.reason,
-                       "lasts": news.lasts, "rule": news.rule})
+                       "lasts": news.lasts, "rule": news.rule, "sent": sent,
+                       "nonce": nonce})
 
 
-def parse_news(payload: bytes) -> tuple[Throttling, str, str]:
-    """(the news, the node that saw it, its instance) from a notice; ValueError naming
-    what is wrong with one that is not a notice: the channel is anyone's who can
-    reach Redis, and a bad notice must change nothing."""
+def parse_news(payload: bytes) -> Notice:
+    """A notice's fields, each checked; ValueError naming what is wrong with one that is
+    not a notice: even a signed notice must change nothing unless every field is the
+    right type, size and range."""
     if len(payload) > MAX_NEWS:
         raise ValueError(f"{len(payload)} bytes, more than {MAX_NEWS}")
     try:
@@ -380,6 +410,13 @@ def parse_news(payload: bytes) -> tuple[Throttling, str, str]:
                              if word else f"{name}: unprintable characters")
         return value
 
+    def number(name: str) -> float:
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not \
+                math.isfinite(value):
+            raise ValueError(f"{name}: {value!r:.30} is not a number")
+        return float(value)
+
     node, instance = text("node", 255, word=True), text("instance", 64, word=True)
     kind = record.get("kind")
     if kind not in (DEAD, RULE):
@@ -396,4 +433,61 @@ def parse_news(payload: bytes) -> tuple[Throttling, str, str]:
                       text("nexthop", 1024), str(kind), status,
                       text("reason", MAX_REASON, empty=True), float(lasts),
                       text("rule", 1100, empty=kind == DEAD))
-    return news, node, instance
+    sent = number("sent")
+    nonce = text("nonce", 64)
+    if not _NONCE.match(nonce):
+        raise ValueError(f"nonce: {nonce!r:.70} is not 16 to 64 hex digits")
+    return Notice(news, node, instance, sent, nonce)
+
+
+class NoticeSeal:
+    """Signs this server's notices with the fleet's key, and opens the fleet's: a notice
+    opens only when it is signed with the key, fresh, and not heard before."""
+
+    def __init__(self, key: bytes, prefix: str) -> None:
+        if not key:
+            raise ValueError("a fleet's notices need its key")
+        self._key = key
+        self._prefix = prefix.encode()
+        #: Nonce -> when it may be forgotten (it is stale by then), oldest first.
+        self._seen: dict[str, float] = {}
+
+    def _mac(self, body: bytes) -> bytes:
+        # Imported here: hashlib loads libcrypto, which a server without a fleet key
+        # never needs (tests/unit/test_daemon_imports.py).
+        import hashlib
+        import hmac
+
+        return hmac.new(self._key, self._prefix + b"\0" + body,
+                        hashlib.sha256).hexdigest().encode()
+
+    def seal(self, news: Throttling, node: str, instance: str, now: float) -> str:
+        """The signed notice to publish; ``now`` is the wall clock (time.time())."""
+        body = news_payload(news, node, instance, round(now, 3), os.urandom(12).hex())
+        return f"{self._mac(body.encode()).decode()} {body}"
+
+    def open(self, payload: bytes, now: float) -> Notice:
+        """The notice, or ValueError saying why it is refused."""
+        if len(payload) > _MAC + 1 + MAX_NEWS:
+            raise ValueError(f"{len(payload)} bytes, more than {_MAC + 1 + MAX_NEWS}")
+        mac, space, body = payload.partition(b" ")
+        if not space or len(mac) != _MAC:
+            raise ValueError("not signed")
+        import hmac
+
+        if not hmac.compare_digest(mac, self._mac(body)):
+            raise ValueError("not signed with this fleet's key")
+        notice = parse_news(body)
+        age = now - notice.sent
+        if not -NOTICE_AGE <= age <= NOTICE_AGE:
+            raise ValueError(f"sent {age:.0f} s ago: stale" if age > 0 else
+                             f"sent {-age:.0f} s from now: check the nodes' clocks")
+        seen = self._seen
+        for nonce, until in list(itertools.islice(seen.items(), 64)):
+            if until >= now and len(seen) < MAX_NONCES:
+                break
+            del seen[nonce]
+        if notice.nonce in seen:
+            raise ValueError(f"heard before (nonce {notice.nonce}): a replay")
+        seen[notice.nonce] = now + 2 * NOTICE_AGE
+        return notice

@@ -193,10 +193,10 @@ class Scheduler:
         #: unless :meth:`watch_recovery`: the destinations, by (transport, queue name),
         #: that were dead or throttled and have not delivered since, with why.
         self.recovery_watch: dict[tuple[str, str], str] | None = None
-        #: A fleet's shared state (issue #23): say in the decisions' ``throttled``
-        #: which destinations died or a response rule throttled here. Off unless the
-        #: daemon's fleet shares throttling.
+        #: A fleet's shared state (issue #23): tell in ``throttled`` which destinations
+        #: died or were throttled here; on only while the daemon's fleet shares them.
         self.share_throttling = False
+        self.fleet_heard: dict[tuple[str, str], tuple[Throttling, str, float]] = {}
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler import recovery
+from pyqmgr.scheduler import recovery, throttling
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.defer import POLICY_DSN
 from pyqmgr.scheduler.message import Message, Route
@@ -104,6 +104,8 @@ def assign(core: Core, message: Message, routes: Iterable[Route], flush_each: bo
                 recovery.wait(core, message, t.name, route.queue_name, recovery.why(dsn))
         else:
             queue = queue_obtain(core, t, route.queue_name, route.nexthop)
+            if core.fleet_heard:
+                throttling.arrived(core, t, queue)
             dsn = queue.dsn if queue.throttled else None
             if dsn is not None:
                 queue = error_queue(core, RETRY, dsn)

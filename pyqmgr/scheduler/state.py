@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from pyqmgr.scheduler.decisions import Outbox
+    from pyqmgr.scheduler.decisions import Outbox, Throttling
     from pyqmgr.scheduler.message import Message, Route
     from pyqmgr.scheduler.qlist import QList
     from pyqmgr.scheduler.structures import Queue, Transport
@@ -73,6 +73,9 @@ class Core(Protocol):
     #: Destinations watched for deferred-mail recovery (None: recovery is off).
     recovery_watch: dict[tuple[str, str], str] | None
     share_throttling: bool
+    #: A fleet's news of destinations with no mail here yet, by (transport, queue
+    #: name): (the news, who saw it, until when it holds); pyqmgr.scheduler.throttling.
+    fleet_heard: dict[tuple[str, str], tuple[Throttling, str, float]]
     #: Shaping deadlines: (when, seq, transport, queue name, what).
     gate_heap: list[tuple[float, int, Transport, str, str]]
     gate_seq: itertools.count[int]

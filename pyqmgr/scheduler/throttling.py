@@ -15,6 +15,14 @@ seen:
   rules) takes its action here (the window cap from this server's own deliveries
   in flight, the rate cut, the backoff), and recovers by its own steps.
 
+News routes nothing. It names a destination by transport and queue name and holds
+only where this server's own routing (its trivial-rewrite) sends mail to that queue
+with the nexthop the news names. News of a queue in core with another nexthop is
+logged and changes nothing; news of a destination with no mail here is kept
+(:attr:`Core.fleet_heard`, bounded, until it lapses) and holds when this server's
+own routing makes that queue with that nexthop. (A notice once made the queue,
+nexthop and all, and the next mail for that destination went where it said.)
+
 No I/O and no clock here: the daemon's fleet carries the record, the time comes in.
 """
 
@@ -25,27 +33,71 @@ from typing import TYPE_CHECKING
 from pyqmgr.scheduler.decisions import DEAD, Throttling
 from pyqmgr.scheduler.defer import defer_todo
 from pyqmgr.scheduler.gates import reduce
-from pyqmgr.scheduler.queue import queue_obtain
 from pyqmgr.scheduler.recovery import SITE_SUSPENDED
 from pyqmgr.scheduler.structures import THROTTLED, Dsn
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
+    from pyqmgr.scheduler.structures import Queue, Transport
 
 #: A server's own cut this recently makes another's news of the same burst redundant.
 RECENT_CUT = 1.0
+#: News of destinations with no mail here, kept at most (the oldest goes first).
+MAX_HEARD = 10_000
+#: How long news of a rule's throttling is kept for mail that may come (a dead
+#: site's news is kept for its backoff): a provider's "slow down" is about now, and
+#: mail that comes later meets the provider's answer, and this server's rule, itself.
+RULE_KEPT = 60.0
 
 
 def learnt(core: Core, news: Throttling, who: str, now: float) -> None:
     """Apply what ``who`` (a server's name) saw of a destination, and say so."""
     core.now = now
-    # A transport with no mail here yet comes into core as mail would bring it, so
-    # that the news holds for the mail that comes next.
-    t = core.transport(news.transport)
-    where = f"{news.nexthop} ({news.transport})"
-    said = f"\"{news.status} {news.reason}\" seen by {who}"
+    t = core.transports.get(news.transport)
+    queue = t.queues.get(news.queue) if t is not None else None
+    if t is None or queue is None:
+        until = now + (news.lasts if news.kind == DEAD else RULE_KEPT)
+        heard = core.fleet_heard
+        heard.pop((news.transport, news.queue), None)
+        while len(heard) >= MAX_HEARD or (heard and next(iter(heard.values()))[2] <= now):
+            del heard[next(iter(heard))]
+        heard[(news.transport, news.queue)] = (news, who, until)
+        core.out.log.append(("info", f"fleet: {_where(news)}: {_said(news, who)}: no mail "
+                                     f"here for it yet: holds for mail that comes within "
+                                     f"{until - now:g}s"))
+        return
+    _apply(core, t, queue, news, who, now, news.lasts)
+
+
+def arrived(core: Core, t: Transport, queue: Queue) -> None:
+    """This server's routing made a queue the fleet had news of: the news holds now,
+    if the news's nexthop is the one this server routes to, and it has not lapsed."""
+    kept = core.fleet_heard.pop((t.name, queue.name), None)
+    if kept is None:
+        return
+    news, who, until = kept
+    if until > core.now:
+        _apply(core, t, queue, news, who, core.now, until - core.now)
+
+
+def _where(news: Throttling) -> str:
+    return f"{news.nexthop} ({news.transport})"
+
+
+def _said(news: Throttling, who: str) -> str:
+    return f"\"{news.status} {news.reason}\" seen by {who}"
+
+
+def _apply(core: Core, t: Transport, queue: Queue, news: Throttling, who: str,
+           now: float, lasts: float) -> None:
+    """Hold ``queue`` as the news says, for ``lasts`` seconds if it is dead."""
+    where, said = _where(news), _said(news, who)
+    if queue.nexthop != news.nexthop:
+        core.out.log.append(("warning", f"fleet: {where}: {said}: this server routes "
+                                        f"{news.queue} to {queue.nexthop}, not "
+                                        f"{news.nexthop}: ignored"))
+        return
     if news.kind == DEAD:
-        queue = queue_obtain(core, t, news.queue, news.nexthop)
         if not queue.ready:
             state = "dead here already" if queue.throttled else "paused here"
             core.out.log.append(("info", f"fleet: {where}: {said}: {state}"))
@@ -53,14 +105,14 @@ def learnt(core: Core, news: Throttling, who: str, now: float) -> None:
         dsn = Dsn(news.status, SITE_SUSPENDED + (news.reason or "unknown error"))
         queue.window = THROTTLED
         queue.dsn = dsn
-        queue.revive_at = now + news.lasts
+        queue.revive_at = now + lasts
         t.destinations_died += 1
         core.out.timers.append(queue.revive_at)
         waiting = queue.todo.size
         defer_todo(core, queue, dsn)
         t.sync(queue)
         core.out.log.append(("info", f"fleet: {where}: {said}: dead here too for "
-                                     f"{news.lasts:g}s ({waiting} waiting deferred)"))
+                                     f"{lasts:g}s ({waiting} waiting deferred)"))
         return
     rule = next((r for r in t.shaping.rules if r.where == news.rule), None) if (
         t.shaping is not None) else None
@@ -68,7 +120,6 @@ def learnt(core: Core, news: Throttling, who: str, now: float) -> None:
         core.out.log.append(("warning", f"fleet: {where}: {said} matched {news.rule}, a "
                                         "response rule this server does not have: ignored"))
         return
-    queue = queue_obtain(core, t, news.queue, news.nexthop)
     assert queue.shape is not None
     if now - queue.shape.last_cut < RECENT_CUT:
         core.out.log.append(("info", f"fleet: {where}: {said} matched {rule.where}: cut "

@@ -13,6 +13,7 @@ test takes Redis away mid-run and brings it back; :meth:`freeze` and :meth:`thaw
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -47,6 +48,23 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def key_file(self) -> str:
+        """A fleet key for the servers that share this Redis (root's, mode 0600, made on
+        first use): every fleet the test bed starts signs its notices, as a real one
+        must to share throttling."""
+        path = os.path.join(self.dir, "fleet.key")
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+        return path
+
+    def fleet_cf(self, node: str) -> dict[str, str]:
+        """pyqmgr.cf's fleet settings for the server called ``node`` in this fleet."""
+        return {"shared_state": self.url, "shared_state_node": node,
+                "shared_state_key_file": self.key_file}
 
     def start(self, timeout: float = 20) -> RedisServer:
         if self.proc is not None and self.proc.poll() is None:

@@ -148,15 +148,52 @@ def test_per_transport_limits_follow_postfixs_naming_rule():
     assert none is not None and not none.limits_for("smtp").active
 
 
-def test_throttling_is_the_fleets_unless_a_transport_says_no():
-    got = settings("shared_state = redis://127.0.0.1:6379\n"
+def key_file(tmp_path, key: str = "k" * 64) -> str:
+    path = tmp_path / "fleet.key"
+    path.write_text(key + "\n")
+    os.chmod(path, 0o600)
+    return str(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the key file must belong to root")
+def test_throttling_is_the_fleets_with_a_key_unless_a_transport_says_no(tmp_path):
+    key = f"shared_state_key_file = {key_file(tmp_path)}\n"
+    got = settings("shared_state = redis://127.0.0.1:6379\n" + key +
                    "relay_fleet_throttling = no\n")
-    assert got is not None
+    assert got is not None and got.key == b"k" * 64
     assert got.shares_throttling("smtp") and not got.shares_throttling("relay")
     off = settings("shared_state = redis://127.0.0.1:6379\nfleet_throttling = NO\n"
-                   "smtp_fleet_throttling = yes\n")
+                   "smtp_fleet_throttling = yes\n" + key)
     assert off is not None
     assert off.shares_throttling("smtp") and not off.shares_throttling("relay")
+
+
+def test_without_a_key_no_throttling_is_shared():
+    """Anyone who can reach Redis can publish on its channels: unsigned news would be
+    anyone's news, so without the fleet's key there is none."""
+    got = settings("shared_state = redis://127.0.0.1:6379\n")
+    assert got is not None and got.key == b""
+    assert not got.shares_throttling("smtp")
+    for line in ("fleet_throttling = yes", "smtp_fleet_throttling = yes"):
+        with pytest.raises(PyqmgrCfError, match=line.split(" ")[0] + ": yes needs "
+                                                "shared_state_key_file"):
+            settings(f"shared_state = redis://127.0.0.1:6379\n{line}\n")
+    assert settings("shared_state = redis://127.0.0.1:6379\nfleet_throttling = no\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the key file must belong to root")
+def test_a_key_file_must_be_roots_alone_and_long_enough(tmp_path):
+    base = "shared_state = redis://127.0.0.1:6379\nshared_state_key_file = "
+    path = key_file(tmp_path, "short")
+    with pytest.raises(PyqmgrCfError, match="the key is 5 characters, fewer than 32"):
+        settings(base + path + "\n")
+    path = key_file(tmp_path)
+    os.chmod(path, 0o644)
+    with pytest.raises(PyqmgrCfError, match="shared_state_key_file: .*readable by root "
+                                            "alone"):
+        settings(base + path + "\n")
+    with pytest.raises(PyqmgrCfError, match="shared_state_key_file: has no effect"):
+        settings(f"shared_state_key_file = {path}\n")
 
 
 @pytest.mark.parametrize("line, says", [

@@ -8,6 +8,8 @@ seen it, says who saw what, and recovers by its own timers and deliveries.
 
 from __future__ import annotations
 
+import pytest
+
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
 from pyqmgr.scheduler.message import Message, Recipient
@@ -106,24 +108,97 @@ def test_a_delivery_that_succeeds_here_revives_a_site_the_fleet_called_dead():
     assert not q.throttled, "stock revives a dead site on a success; so does the fleet's"
 
 
-def test_news_of_a_site_with_no_mail_here_still_holds_for_new_mail():
+def test_news_of_a_site_with_no_mail_here_holds_for_new_mail_without_a_queue():
+    """News routes nothing: it makes no queue (one made from a notice once carried the
+    notice's nexthop to the next mail for its destination), and holds when this
+    server's own routing makes the queue."""
     a, b = dies(), server()
     mail(a, 3)
     (news,) = a.done(starts(a, 0.0)[0], 1, REFUSED, False, 1.0).throttled
     mail(b, 1, now=1.0, dest="other.example")
-    b.learnt(news, "relay1", 1.0)
-    assert b.transports["smtp"].queues["d.example"].throttled
+    d = b.learnt(news, "relay1", 1.0)
+    assert "d.example" not in b.transports["smtp"].queues
+    assert d.log == (("info", f"fleet: d.example (smtp): \"4.4.1 {REFUSED.reason}\" seen "
+                              "by relay1: no mail here for it yet: holds for mail that "
+                              "comes within 300s"),)
     mail(b, 2, now=5.0)
+    q = b.transports["smtp"].queues["d.example"]
+    assert q.throttled and q.revive_at == 301.0, "what remains of the backoff"
     assert all(e.queue.name != "d.example" for e in starts(b, 5.0))
+    assert sum(x.todo.size for x in b.transports["retry"].queues.values()) >= 2
 
 
-def test_news_for_a_transport_with_no_mail_here_yet_holds_when_mail_comes():
+def test_news_that_lapsed_before_mail_came_holds_nothing():
+    b = server()
+    news = Throttling("smtp", "d.example", "d.example", DEAD, "4.4.1", "refused", 30)
+    b.learnt(news, "relay1", 0.0)
+    mail(b, 2, now=31.0)
+    assert not b.transports["smtp"].queues["d.example"].throttled
+    assert b.fleet_heard == {}
+
+
+def test_news_for_a_transport_with_no_mail_here_makes_no_transport():
     b = server()
     news = Throttling("relay", "d.example", "d.example", DEAD, "4.4.1", "refused", 300)
     d = b.learnt(news, "relay1", 0.0)
-    assert b.transports["relay"].queues["d.example"].throttled
+    assert "relay" not in b.transports
     assert d.log == (("info", "fleet: d.example (relay): \"4.4.1 refused\" seen by relay1: "
-                              "dead here too for 300s (0 waiting deferred)"),)
+                              "no mail here for it yet: holds for mail that comes within "
+                              "300s"),)
+
+
+def test_news_kept_is_bounded(monkeypatch):
+    from pyqmgr.scheduler import throttling
+
+    monkeypatch.setattr(throttling, "MAX_HEARD", 100)
+    b = server()
+    for i in range(1000):
+        b.learnt(Throttling("smtp", f"d{i}.example", f"d{i}.example", DEAD, "4.4.1", "r",
+                            300), "relay1", i / 100)
+    assert len(b.fleet_heard) == 100
+    assert ("smtp", "d999.example") in b.fleet_heard
+
+
+@pytest.mark.parametrize("kind", [DEAD, RULE])
+def test_news_naming_another_nexthop_for_a_queue_changes_nothing(kind):
+    """A notice that names a destination's queue with somebody else's nexthop neither
+    reroutes its mail nor throttles it."""
+    b = server(Shaping(rules=RULES))
+    mail(b, 3, now=0.0, dest="victim.example")
+    q = b.transports["smtp"].queues["victim.example"]
+    news = Throttling("smtp", "victim.example", "[192.0.2.66]:25", kind, "4.7.0",
+                      TOO_MANY.reason, 300 if kind == DEAD else 0,
+                      "" if kind == DEAD else "rules, line 1")
+    d = b.learnt(news, "relay1", 0.5)
+    assert d.log == (("warning", f"fleet: [192.0.2.66]:25 (smtp): \"4.7.0 {TOO_MANY.reason}"
+                                 "\" seen by relay1: this server routes victim.example to "
+                                 "victim.example, not [192.0.2.66]:25: ignored"),)
+    assert q.nexthop == "victim.example" and not q.throttled and q.cap == 0
+    mail(b, 2, now=1.0, dest="victim.example")
+    out = starts(b, 1.0)
+    assert len(out) == 4 and {e.queue.nexthop for e in out} == {"victim.example"}
+
+
+@pytest.mark.parametrize("kind", [DEAD, RULE])
+def test_news_kept_for_a_queue_routed_elsewhere_changes_nothing(kind):
+    """The forged notice of issue #31 sent before any mail for the victim: the queue
+    the mail makes has this server's nexthop, and the news does not hold."""
+    b = server(Shaping(rules=RULES))
+    news = Throttling("smtp", "victim.example", "[192.0.2.66]:25", kind, "4.7.0",
+                      TOO_MANY.reason, 300 if kind == DEAD else 0,
+                      "" if kind == DEAD else "rules, line 1")
+    b.learnt(news, "relay1", 0.0)
+    d = b.assign(Message("Q1", 1.0), [Route("smtp", "victim.example", "victim.example",
+                                            Recipient(i, f"r{i}@victim.example"))
+                                      for i in range(5)], now=1.0)
+    assert d.log == (("warning", f"fleet: [192.0.2.66]:25 (smtp): \"4.7.0 {TOO_MANY.reason}"
+                                 "\" seen by relay1: this server routes victim.example to "
+                                 "victim.example, not [192.0.2.66]:25: ignored"),)
+    q = b.transports["smtp"].queues["victim.example"]
+    assert q.nexthop == "victim.example" and not q.throttled and q.cap == 0
+    out = starts(b, 1.0)
+    assert len(out) == 4 and {e.queue.nexthop for e in out} == {"victim.example"}
+    assert b.fleet_heard == {}
 
 
 def test_a_rule_that_fires_here_is_news_and_cuts_there_from_its_own_flight():
