@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from pyqmgr.daemon.host import QmgrCore
+from pyqmgr.daemon.host import Fatal, QmgrCore
 from pyqmgr.postfix import bounce, mail_queue, queue_file
 from pyqmgr.postfix.deliver_request import (
     DEL_REQ_FLAG_BOUNCE,
@@ -227,6 +227,10 @@ class ActiveQueue:
         except FileNotFoundError:
             self.log.warning(f"{qid}: open {path}: No such file or directory")
             return None
+        except OSError as exc:
+            # Stock's qmgr_message_open: any other error is fatal; master starts a
+            # new qmgr, whose start-up recovery finds the file still in active/.
+            raise Fatal(f"open active {qid}: {exc.strerror or exc}") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

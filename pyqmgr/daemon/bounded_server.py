@@ -5,8 +5,12 @@ The control channel (:mod:`pyqmgr.daemon.control`) and the metrics endpoint
 deliveries, so neither may let a client hold anything for long. Both bound a client the
 same way, written here once so that a fix to it lands in both:
 
-* at most ``max_clients`` connections are served at once; one more is answered at once
-  with the server's "busy" reply and closed;
+* at most ``max_clients`` connections are served at once (a server may bound them
+  further, per peer: :meth:`BoundedServer.admit`); one more is answered at once with
+  the server's "busy" reply and cut off after :data:`BUSY_LINGER` seconds whatever
+  the client does, and past :data:`MAX_BUSY` such at once a connection is closed
+  unanswered: however many connections a client opens, the daemon holds at most
+  ``max_clients + MAX_BUSY`` descriptors for them, each briefly;
 * a client has ``timeout`` seconds to send its request (then it gets the server's
   "too slow" reply), and as long again to take the reply before it is cut off;
 * after the reply nothing the client sends is answered.
@@ -17,9 +21,14 @@ What a request is, and what the replies say, stays each server's own.
 from __future__ import annotations
 
 import asyncio
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pyqmgr.postfix.maillog_client import MailLog
+
+#: Connections answered "busy" and not yet gone, at most; past it, closed unanswered.
+MAX_BUSY = 32
+#: Seconds a connection answered "busy" has to read the answer.
+BUSY_LINGER = 0.5
 
 
 class BoundedServer:
@@ -33,6 +42,19 @@ class BoundedServer:
         self.timeout = timeout
         #: Largest request in bytes (each server decides what happens past it).
         self.limit = limit
+        #: Connections answered "busy" and not yet gone.
+        self.busy = 0
+
+    def admit(self, conn: OneReplyConnection[Any]) -> bool:
+        """May ``conn`` be served now? Counted in ``clients`` when it may."""
+        if self.clients >= self.max_clients:
+            return False
+        self.clients += 1
+        return True
+
+    def release(self, conn: OneReplyConnection[Any]) -> None:
+        """``conn``, admitted earlier, is gone."""
+        self.clients -= 1
 
 
 ServerT = TypeVar("ServerT", bound=BoundedServer)
@@ -52,6 +74,7 @@ class OneReplyConnection(asyncio.Protocol, Generic[ServerT]):
         self.transport: asyncio.Transport | None = None
         self.answered = False
         self.counted = False
+        self.busy_counted = False
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,20 +82,33 @@ class OneReplyConnection(asyncio.Protocol, Generic[ServerT]):
         self.transport = transport
         self._accepted(transport)
         server = self.server
-        self.timer = asyncio.get_running_loop().call_later(server.timeout, self._timed_out)
-        if server.clients >= server.max_clients:
+        if not server.admit(self):
+            if server.busy >= MAX_BUSY:
+                transport.abort()
+                return
+            # Answered and cut off soon: closing at once with the request unread
+            # would reset the connection before the client read why.
+            server.busy += 1
+            self.busy_counted = True
+            self.answered = True
             self._reply(self._busy_reply())
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = asyncio.get_running_loop().call_later(BUSY_LINGER, self._abort)
             return
-        server.clients += 1
         self.counted = True
+        self.timer = asyncio.get_running_loop().call_later(server.timeout, self._timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         if self.counted:
-            self.server.clients -= 1
+            self.server.release(self)
             self.counted = False
+        if self.busy_counted:
+            self.server.busy -= 1
+            self.busy_counted = False
 
     def _accepted(self, transport: asyncio.Transport) -> None:
         """A new connection, before it is counted: what to learn of the peer now."""

@@ -22,8 +22,18 @@ Why it looks the way it does:
 * **Optional for mail**: failing to make the directory or the socket is a warning, not
   a fatal error; mail flows without the channel.
 
-Every refusal and every malformed request is logged as one warning line naming the
-peer's uid and pid.
+* **No local user can stop mail**: a user other than root and mail_owner is served
+  :data:`MAX_PER_UID` connections at once, and all such users together
+  :data:`MAX_CLIENTS` less :data:`RESERVED`, so root's ``pyqmgr`` commands always get
+  through; a connection over its bound is answered "busy" and closed at once, so
+  however many a user opens, the daemon holds at most :data:`MAX_CLIENTS` of them and
+  its own files always open (issue #31: 1,100 idle connections once made its
+  ``open()`` of a queue file fail with EMFILE).
+
+Every refusal and every malformed request is logged as a warning naming the peer's
+uid and pid; for users other than root and mail_owner at most one a minute for each
+uid (with how many were held back): a user's flood of bad requests must not flood
+the maillog.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyqmgr.control.protocol import (
     CONTROL,
@@ -55,6 +65,7 @@ from pyqmgr.daemon.delegation import annotate
 from pyqmgr.daemon.owned_dir import owned_directory
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
+from pyqmgr.postfix.policy_delegation import WarnGate
 from pyqmgr.postfix.user_acl import UserAcl, UserAclError, configured_acl, login_name
 from pyqmgr.scheduler import explain as scheduler_explain
 
@@ -67,6 +78,12 @@ SOCKET_PATH = os.path.join(SOCKET_DIR, "control")
 
 #: Clients served at once; more are answered "busy" and closed at once.
 MAX_CLIENTS = 16
+#: Connections one user (not root, not mail_owner) is served at once.
+MAX_PER_UID = 4
+#: Connections kept for root and mail_owner whatever other users hold.
+RESERVED = 4
+#: Users whose warnings are paced separately; past it, the oldest is forgotten.
+MAX_WARN_UIDS = 256
 
 #: Seconds a client has to send its whole request (and then to read the reply).
 REQUEST_TIMEOUT = 5.0
@@ -196,6 +213,41 @@ class ControlServer(BoundedServer):
         self.path: str | None = None
         self._bound = (0, 0)
         self._server: asyncio.AbstractServer | None = None
+        #: Connections served now per unprivileged uid, and in all.
+        self.per_uid: dict[int, int] = {}
+        self.unprivileged = 0
+        self._warn_gates: dict[int | None, WarnGate] = {}
+
+    def privileged(self, peer: Peer | None) -> bool:
+        return peer is not None and (peer.uid == 0 or peer.uid == self.access.mail_owner_uid)
+
+    def admit(self, conn: OneReplyConnection[Any]) -> bool:
+        peer = conn.peer if isinstance(conn, _Connection) else None
+        if self.privileged(peer):
+            return super().admit(conn)
+        uid = peer.uid if peer is not None else -1
+        if self.per_uid.get(uid, 0) >= MAX_PER_UID:
+            if isinstance(conn, _Connection):
+                conn.busy = f"too many connections from uid {uid} ({MAX_PER_UID} at once)"
+            return False
+        if self.unprivileged >= self.max_clients - RESERVED or not super().admit(conn):
+            return False
+        self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
+        self.unprivileged += 1
+        return True
+
+    def release(self, conn: OneReplyConnection[Any]) -> None:
+        super().release(conn)
+        peer = conn.peer if isinstance(conn, _Connection) else None
+        if self.privileged(peer):
+            return
+        uid = peer.uid if peer is not None else -1
+        left = self.per_uid.get(uid, 1) - 1
+        if left > 0:
+            self.per_uid[uid] = left
+        else:
+            self.per_uid.pop(uid, None)
+        self.unprivileged -= 1
 
     async def start(self, path: str = SOCKET_PATH) -> None:
         """Bind ``path`` (a stale socket there is removed), mode 0666, and serve."""
@@ -233,8 +285,24 @@ class ControlServer(BoundedServer):
             self.path = None
 
     def warn(self, peer: Peer | None, text: str) -> None:
+        """A warning; for users other than root and mail_owner at most one a minute
+        for each uid (``time.monotonic``: this is the daemon's edge, not the core)."""
         who = str(peer) if peer is not None else "unknown peer"
-        self.log.warning(f"control request from {who}: {text}")
+        if self.privileged(peer):
+            self.log.warning(f"control request from {who}: {text}")
+            return
+        key = peer.uid if peer is not None else None
+        gate = self._warn_gates.pop(key, None)
+        if gate is None:
+            gate = WarnGate(60.0)
+            while len(self._warn_gates) >= MAX_WARN_UIDS:
+                del self._warn_gates[next(iter(self._warn_gates))]
+        self._warn_gates[key] = gate  # the most recent last
+        held = gate.allow(time.monotonic())
+        if held is None:
+            return
+        more = f" ({held} more from this uid since the last warning)" if held else ""
+        self.log.warning(f"control request from {who}: {text}{more}")
 
     def answer(self, request: Request, peer: Peer) -> bytes:
         """The reply to a parsed request: refused, or the handler's result.
@@ -270,6 +338,8 @@ class _Connection(OneReplyConnection[ControlServer]):
         self.parser = RequestParser(server.limit)
         self.peer: Peer | None = None
         self.discarded = 0
+        #: Why it is not served, when it is not.
+        self.busy = f"too many clients ({server.max_clients})"
 
     def _accepted(self, transport: asyncio.Transport) -> None:
         sock = transport.get_extra_info("socket")
@@ -277,7 +347,7 @@ class _Connection(OneReplyConnection[ControlServer]):
             self.peer = peer_credentials(sock)
 
     def _busy_reply(self) -> bytes:
-        text = f"too many clients ({self.server.max_clients}); try again later"
+        text = f"{self.busy}; try again later"
         self.server.warn(self.peer, text)
         return error_reply(text, "busy")
 

@@ -27,3 +27,9 @@ class QmgrCore(Protocol):
 
     @property
     def scheduler(self) -> Scheduler: ...
+
+
+class Fatal(Exception):
+    """An error after which stock's qmgr calls msg_fatal: the daemon logs "fatal: ..."
+    and exits, master starts a new one, and its start-up recovery puts back what was
+    in flight. Raised in a task, it ends the daemon (Qmgr._task_done)."""

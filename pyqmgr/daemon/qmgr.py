@@ -12,6 +12,7 @@ so messages reach the scheduler in the order they were read.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from pyqmgr.daemon.active import (
 from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
 from pyqmgr.daemon.fleet import Fleet
+from pyqmgr.daemon.host import Fatal
 from pyqmgr.daemon.metrics import DeliveryStats
 from pyqmgr.daemon.request import delivery_request
 from pyqmgr.daemon.retry import RetryControl
@@ -94,14 +96,17 @@ class QueueScan:
         # mypy holds the attribute to None across the call, and the compiled build
         # (mypyc) would check that.
         qid: str | None = None
-        if self.handle is not None:
-            qid = next(self.handle, None)
-            if qid is None:
-                self.handle = None
-        if self.handle is None and self.nflags & SCAN_START:
-            qid = next(self._start(), None)
-            if qid is None:
-                self.handle = None
+        try:
+            if self.handle is not None:
+                qid = next(self.handle, None)
+                if qid is None:
+                    self.handle = None
+            if self.handle is None and self.nflags & SCAN_START:
+                qid = next(self._start(), None)
+                if qid is None:
+                    self.handle = None
+        except mail_queue.ScanError as exc:
+            raise Fatal(exc.strerror or str(exc)) from None
         return qid
 
 
@@ -176,10 +181,16 @@ class Qmgr:
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A task that ends in an exception ends the daemon, as msg_fatal ends stock's:
+        a daemon that ran on without its feeder (issue #31: an EMFILE killed it once)
+        would take no more mail until someone restarted it; master restarts this one
+        at once, and start-up recovery puts back what was in flight."""
         self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
-            self.log.warning(f"internal error: {type(exc).__name__}: {exc}")
+            self.log.fatal(str(exc) if isinstance(exc, Fatal) else
+                           f"internal error: {type(exc).__name__}: {exc}")
+            os._exit(1)
 
     def trigger(self, data: bytes) -> None:
         """A trigger arrived on ``public/qmgr``: OR all request bytes, act once."""

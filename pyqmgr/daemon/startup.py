@@ -26,12 +26,13 @@ from typing import Protocol
 
 from pyqmgr import trust
 from pyqmgr.daemon import control, delegation, memory, metrics, suspensions
+from pyqmgr.daemon.host import Fatal
 from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.policies import policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.fleet.settings import fleet_settings
-from pyqmgr.postfix import version
+from pyqmgr.postfix import mail_queue, version
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import (
@@ -87,7 +88,7 @@ def main(argv: list[str], daemon: QueueManagerFactory = Qmgr) -> int:
     try:
         return _run(argv, log, daemon)
     except (UsageError, ConfigError, PyqmgrCfError, trust.UntrustedError,
-            version.VersionError) as exc:
+            version.VersionError, Fatal, mail_queue.ScanError) as exc:
         for text in getattr(exc, "warnings", ()):
             log.warning(text)
         log.fatal(str(exc))

@@ -207,7 +207,10 @@ def scan_all(queue: str, *, warn: Warn | None = None) -> Iterator[str]:
 
     A generator holding its directories open, so the daemon can take one name per
     event-loop pass and the scan sees the directory as it changes, like stock's. Stock
-    dies when a directory cannot be opened; here it is skipped (``warn`` is told).
+    dies when a directory cannot be opened; so does the scan (:class:`ScanError`)
+    unless ``warn`` is given, which is told and the directory skipped. (Skipping in
+    silence once left mail in incoming for good while the qmgr was out of file
+    descriptors: issue #31.)
     """
     stack: list = []  # open os.scandir iterators, innermost last
     try:
@@ -236,13 +239,20 @@ def scan_all(queue: str, *, warn: Warn | None = None) -> Iterator[str]:
             it.close()
 
 
+class ScanError(OSError):
+    """A queue directory that cannot be opened: stock's scan_dir_push is fatal."""
+
+
 def _scan_dir_push(path: str, warn: Warn | None) -> Iterator[os.DirEntry[str]] | None:
-    """Open one directory of the scan; None (and ``warn`` told) where stock would die."""
+    """Open one directory of the scan; None (and ``warn`` told) where stock would die,
+    or :class:`ScanError` without ``warn``."""
     try:
         return os.scandir(path)
     except OSError as exc:
-        if warn is not None:
-            warn(f"scan_dir_push: open directory {path}: {exc.strerror}")
+        text = f"scan_dir_push: open directory {path}: {exc.strerror}"
+        if warn is None:
+            raise ScanError(exc.errno, text) from None
+        warn(text)
         return None
 
 
