@@ -53,20 +53,30 @@ def encode(attrs: Iterable[tuple[str, AttrValue]]) -> bytes:
     return bytes(out)
 
 
+#: The most bytes one attribute list may take: what qmgr reads (a resolve reply, a
+#: delivery status) is a few KiB; a peer that sends more without ending the list is
+#: refused before it takes the daemon's memory (issue #31).
+MAX_LIST = 1 << 20
+
+
 class AttrParser:
     """Incremental parser: feed bytes as they arrive, collect complete lists.
 
     Stream sockets split and merge writes arbitrarily, so the parser keeps partial
     tokens between feeds. Values are decoded as UTF-8 with surrogateescape so that a
-    non-UTF-8 address survives a round trip unchanged.
+    non-UTF-8 address survives a round trip unchanged. A list longer than ``limit``
+    bytes is an AttrError.
     """
 
-    __slots__ = ("_buf", "_current", "_name", "lists")
+    __slots__ = ("_buf", "_current", "_held", "_name", "limit", "lists")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_LIST) -> None:
         self._buf = bytearray()
         self._current: AttrList = []
         self._name: str | None = None
+        #: Bytes of the unfinished list already decoded into ``_current``.
+        self._held = 0
+        self.limit = limit
         self.lists: list[AttrList] = []
 
     def feed(self, data: bytes) -> None:
@@ -79,17 +89,24 @@ class AttrParser:
         buf += data
         end = buf.rfind(b"\0")
         if end < 0:
+            if self._held + len(buf) > self.limit:
+                raise AttrError(f"attribute list longer than {self.limit} bytes")
             return
         tokens = buf[:end].decode("utf-8", "surrogateescape").split("\0")
         del buf[:end + 1]
         name = self._name
         current = self._current
+        held = self._held
         try:
             for token in tokens:
+                held += len(token) + 1
+                if held > self.limit:
+                    raise AttrError(f"attribute list longer than {self.limit} bytes")
                 if name is None:
                     if not token:
                         self.lists.append(current)
                         current = []
+                        held = 0
                     elif token == "{" or token == "}":
                         # Hash tables never occur in qmgr's protocols; refuse them
                         # loudly instead of mis-pairing every following name and value.
@@ -102,6 +119,7 @@ class AttrParser:
         finally:
             self._name = name
             self._current = current
+            self._held = held
 
     def pop(self) -> AttrList | None:
         """Return the oldest complete list, or None when none is complete yet."""
@@ -136,10 +154,17 @@ def expect(attrs: AttrList, names: Sequence[str], what: str) -> list[str]:
 
 
 def to_int(value: str, what: str) -> int:
-    """Parse an int attribute the way Postfix's ``%u`` scan does, as a signed C int."""
-    if not value.isdigit():
-        raise AttrError(f"{what}: bad integer value {value!r}")
-    number = int(value)
+    """Parse an int attribute the way Postfix's ``%u`` scan does, as a signed C int.
+
+    ASCII digits only (``str.isdigit`` takes "²", which ``int`` refuses with a
+    ValueError no caller expects), and the length checked before ``int`` (which
+    refuses 4,300 digits, also with a ValueError): a peer's bad number is an
+    AttrError like any other malformed reply (issue #31)."""
+    if not (value.isascii() and value.isdigit()):
+        raise AttrError(f"{what}: bad integer value {value[:40]!r}")
+    if len(value.lstrip("0")) > 10:
+        raise AttrError(f"{what}: integer value out of range {value[:40]!r}")
+    number = int(value.lstrip("0") or "0")
     if number >= _UINT_MOD:
         raise AttrError(f"{what}: integer value out of range {value!r}")
     return number - _UINT_MOD if number >= 1 << 31 else number

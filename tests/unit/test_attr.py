@@ -62,9 +62,12 @@ def test_data_attribute_is_base64():
 
 
 def test_bad_integers_are_refused():
-    for bad in ("", "-1", "12x", "99999999999"):
+    # "²" and "٣" pass str.isdigit, and 4,300 digits pass it too: each once raised a
+    # ValueError out of the reply's reader (issue #31).
+    for bad in ("", "-1", "12x", "99999999999", "²", "٣", "9" * 4300, "1 ", "+1"):
         with pytest.raises(AttrError):
             to_int(bad, "status")
+    assert to_int("0" * 5000 + "17", "status") == 17, "as scanf reads leading zeros"
 
 
 def test_unexpected_protocol_is_refused():
@@ -90,3 +93,23 @@ def test_multibyte_characters_split_across_reads():
             parser.feed(piece)
         assert parser.pop() == [("recipient", "jürgen@bücher.example"), ("raw", "x\udcc3")]
         assert not parser.pending
+
+
+def test_a_list_longer_than_the_limit_is_refused_not_buffered():
+    """A peer that never ends its token, or its list, is refused at the limit
+    instead of growing the daemon's buffer (issue #31)."""
+    parser = AttrParser(limit=1000)
+    with pytest.raises(AttrError, match="attribute list longer than 1000 bytes"):
+        for _ in range(20):
+            parser.feed(b"x" * 100)
+    parser = AttrParser(limit=1000)
+    with pytest.raises(AttrError, match="longer than 1000 bytes"):
+        for i in range(200):
+            parser.feed(f"name{i}\0value{i}\0".encode())
+    # Lists under the limit, however many, are read.
+    parser = AttrParser(limit=1000)
+    for i in range(500):
+        parser.feed(f"status\0{i}\0\0".encode())
+    assert len(parser.lists) == 500
+    with pytest.raises(AttrError):
+        AttrParser().feed(b"r" * (2 << 20))
