@@ -9,6 +9,7 @@ The forged and replayed fleet notices are in tests/test_fleet_throttling.py
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import resource
@@ -191,3 +192,57 @@ def test_a_queue_file_that_cannot_be_opened_ends_the_daemon_and_master_restarts_
     pf.wait_until(lambda: srv.delivered_count() >= 3, 120, "the message delivered "
                   "by the new qmgr")
     pf.wait_queue_empty(30)
+
+
+# -- oversized input to replay (finding 6) ----------------------------------------------
+
+#: ``pyqmgr ARGS``, printing its peak RSS (KiB) on stderr's last line.
+_MEASURED = ("import resource, sys\nfrom pyqmgr.cli import main\ntry:\n    code = main()\n"
+             "finally:\n    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+             "file=sys.stderr)\nsys.exit(code)\n")
+
+
+def _replay(*paths: str) -> tuple[dict[str, object], int]:
+    proc = subprocess.run([sys.executable, "-c", _MEASURED, "replay", *paths, "--year",
+                           "2026", "--json"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout), int(proc.stderr.strip().splitlines()[-1])
+
+
+def test_a_100_mb_line_and_a_gzip_bomb_cost_replay_no_memory(tmp_path):
+    """A maillog with a 100 MB line among good ones, and a gzip file that expands a
+    thousandfold: replay reads around the first and stops at the second, says so,
+    and its peak memory stays that of a small log's replay (a 60 MB line once cost
+    120 MB)."""
+    from tests.test_replay import message, write
+
+    good: list[str] = []
+    for i in range(5):
+        good += message(f"Nov 24 10:00:0{i}", f"G{i}AAAAAAAA",
+                        [(f"Nov 24 10:00:1{i}", f"u{i}@good.example", "sent")])
+    small = write(str(tmp_path / "small.log"), good)
+    _, base_kib = _replay(small)
+    big = str(tmp_path / "big.log")
+    with open(big, "w") as f:
+        f.write("".join(x + "\n" for x in good[:6]))
+        f.write("Nov 24 10:00:05 mx postfix/smtpd[100]: ")
+        chunk = "x" * (1 << 20)
+        for _ in range(100):
+            f.write(chunk)
+        f.write("\n" + "".join(x + "\n" for x in good[6:]))
+    bomb = str(tmp_path / "mail.log.1.gz")
+    line = ("Nov 24 09:00:00 mx postfix/smtpd[100]: connect from x.example[192.0.2.1]\n"
+            * 100).encode()
+    with gzip.open(bomb, "wb", compresslevel=9) as g:
+        for _ in range(20_000):  # 1.4 GB of text
+            g.write(line * 10)
+    rep, kib = _replay(big, bomb)
+    skipped = rep["input"]["skipped"]  # type: ignore[index]
+    print(f"\nreplay's peak RSS: {base_kib / 1024:.0f} MiB for a small log, "
+          f"{kib / 1024:.0f} MiB with a 100 MB line and a "
+          f"{os.path.getsize(bomb) / 1e6:.1f} MB gzip bomb; skipped {skipped}")
+    assert skipped["line too long"] == 1, skipped
+    assert skipped["gzip file expands more than 200 times over (read up to there)"] == 1
+    assert rep["instances"][0]["messages"]["replayed"] == 5  # type: ignore[index]
+    assert kib < base_kib + 30 * 1024, (base_kib, kib)

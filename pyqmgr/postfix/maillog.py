@@ -26,7 +26,7 @@ import gzip
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, NamedTuple
 
 MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul",
@@ -34,8 +34,40 @@ MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", 
 #: How far a line may go back in time before it is out of order (syslog writes
 #: lines from several processes slightly out of order).
 BACKWARDS = 3600.0
-#: Lines longer than this are cut there (syslog's own limits are 1-8 KB).
+#: Lines longer than this are skipped (syslog's own limits are 1-8 KB); a line is
+#: never held whole past this, however long it is (a 60 MB line once cost 120 MB).
 MAX_LINE = 16384
+#: A gzip file that expands more than this many times over is not a maillog (those
+#: expand 10-30x): reading stops there, with a reason (issue #31).
+MAX_GZIP_RATIO = 200
+#: ... counted after this much text, so that a small file's ratio is not judged.
+GZIP_GRACE = 1 << 20
+
+
+class GzipBomb(ValueError):
+    """A gzip file that expands past MAX_GZIP_RATIO."""
+
+
+def _bounded_lines(f: IO[str], compressed: Callable[[], int] | None) -> Iterator[str]:
+    """The file's lines, each at most MAX_LINE + 1 characters long (a longer line is
+    yielded as its first MAX_LINE + 1 characters, the rest read and dropped), and
+    for gzip, GzipBomb past MAX_GZIP_RATIO."""
+    text = 0
+    while True:
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        text += len(raw)
+        if len(raw) > MAX_LINE and not raw.endswith("\n"):
+            while True:
+                rest = f.readline(MAX_LINE)
+                text += len(rest)
+                if not rest or rest.endswith("\n"):
+                    break
+        if compressed is not None and text > GZIP_GRACE and \
+                text > MAX_GZIP_RATIO * max(1, compressed()):
+            raise GzipBomb(f"expands more than {MAX_GZIP_RATIO} times over")
+        yield raw
 
 _TRADITIONAL = re.compile(
     r"^(?P<mon>[A-Z][a-z]{2}) (?P<day>[ \d]\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
@@ -91,6 +123,15 @@ def _open(path: str) -> IO[str]:
     if path.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")
+
+
+def _compressed_position(f: IO[str]) -> Callable[[], int] | None:
+    """How far into the compressed file a gzip text stream has read; None for plain."""
+    buffer = getattr(f, "buffer", None)
+    raw = getattr(buffer, "fileobj", None)
+    if not isinstance(buffer, gzip.GzipFile) or raw is None:
+        return None
+    return raw.tell
 
 
 def _first_month_day(path: str) -> tuple[int, int] | None:
@@ -152,7 +193,7 @@ class Reader:
         self.files += 1
         try:
             with f:
-                for raw in f:
+                for raw in _bounded_lines(f, _compressed_position(f)):
                     self.lines += 1
                     if len(raw) > MAX_LINE:
                         skipped["line too long"] += 1
@@ -168,6 +209,8 @@ class Reader:
                     if self.last is None or line.time > self.last:
                         self.last = line.time
                     yield line
+        except GzipBomb as exc:
+            skipped[f"gzip file {exc} (read up to there)"] += 1
         except (EOFError, gzip.BadGzipFile, OSError, ValueError):
             # A gzip file cut short (a rotation caught mid-write) or not gzip at all.
             skipped["file cut short or not gzip (read up to the damage)"] += 1
