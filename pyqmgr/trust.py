@@ -221,6 +221,10 @@ def _import_dirs(python_executable: str) -> list[str]:
         stdlib = paths["stdlib"]
         dirs += [stdlib, os.path.join(stdlib, "lib-dynload"), paths["platstdlib"],
                  paths["purelib"], paths["platlib"]]
+        # And whatever else the running interpreter imports from: a venv made with
+        # --system-site-packages adds the system's dist-packages, a .pth file its own
+        # directories; sysconfig names none of them (issue #31).
+        dirs += [p for p in sys.path if p and os.path.isabs(p)]
     venv = venv_root(python_executable)
     if venv is not None:
         dirs += sorted(glob.glob(os.path.join(venv, "lib*", "python*", "site-packages")))

@@ -220,3 +220,17 @@ def test_the_real_installation_is_trusted_and_cheap_to_check():
 def test_judge_reads_only_owner_and_mode():
     st = os.stat_result((stat.S_IFREG | 0o620, 0, 0, 1, 0, NOBODY_UID, 0, 0, 0, 0))
     assert trust.judge("/f", st) == [f"/f: writable by group (gid {NOBODY_UID})"]
+
+
+def test_every_directory_on_sys_path_is_judged(base, monkeypatch):
+    """A venv made with --system-site-packages (or a .pth file) puts directories on
+    sys.path that sysconfig does not name: they were never walked (issue #31)."""
+    extra = os.path.join(base, "dist-packages")
+    os.mkdir(extra, 0o755)
+    make(os.path.join(extra, "evil.pth"), "import os\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, extra])
+    paths = trust.daemon_paths(sys.executable, trust.package_dir())
+    assert extra in paths and os.path.join(extra, "evil.pth") in paths
+    os.chown(os.path.join(extra, "evil.pth"), NOBODY_UID, NOBODY_UID)
+    problems = trust.untrusted_paths(paths)
+    assert any(p.startswith(os.path.join(extra, "evil.pth")) for p in problems), problems

@@ -33,9 +33,10 @@ module:PATH``); :func:`load` finds either.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import os
+import sys
+import types
 from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -288,14 +289,22 @@ def load(spec: str) -> PolicyClass:
     if not os.path.isabs(path):
         raise PolicyError(f'policy module "{path}": the path must be absolute')
     modname = "pyqmgr_policy_" + "".join(c if c.isalnum() else "_" for c in path)
+    if not path.endswith(".py"):
+        raise PolicyError(f'policy module "{path}": not a Python file')
     try:
-        loader_spec = importlib.util.spec_from_file_location(modname, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise PolicyError(f'policy module "{path}": not a Python file')
-        module = importlib.util.module_from_spec(loader_spec)
-        loader_spec.loader.exec_module(module)
-    except PolicyError:
-        raise
+        # From the source the trust check judged, compiled here: never from a
+        # __pycache__ beside it, where a .pyc with a matching header would run as
+        # root instead of the source (issue #31).
+        with open(path, "rb") as f:
+            source = f.read()
+        module = types.ModuleType(modname)
+        module.__file__ = path
+        sys.modules[modname] = module  # dataclasses and typing look modules up there
+        try:
+            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
+        except BaseException:
+            del sys.modules[modname]
+            raise
     except FileNotFoundError:
         raise PolicyError(f'policy module "{path}": no such file') from None
     except Exception as exc:  # noqa: BLE001 - any error in user code is a load failure

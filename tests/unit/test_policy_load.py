@@ -289,3 +289,24 @@ def test_parse_knob_errors(value, kind, text):
     with pytest.raises(ValueError) as info:
         parse_knob(value, kind, 0)
     assert str(info.value) == text
+
+
+def test_a_policy_module_runs_from_its_source_never_from_a_pycache(tmp_path):
+    """A .pyc in __pycache__ whose header (the source's mtime and size) matches is what
+    Python's own loader runs instead of the source; the trust check judges the source,
+    so the loader must not (issue #31)."""
+    import py_compile
+
+    real = ONE_POLICY.replace("class Mine(Policy):", "class Real(Policy):")
+    swapped = ONE_POLICY.replace("class Mine(Policy):", "class Evil(Policy):")
+    assert len(real) == len(swapped)
+    path = write(tmp_path, "mine.py", swapped)
+    py_compile.compile(path, doraise=True)  # __pycache__/mine.cpython-*.pyc: Evil
+    st = os.stat(path)
+    with open(path, "w") as f:
+        f.write(real)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.listdir(tmp_path / "__pycache__"), "a matching .pyc is there"
+    assert load(f"module:{path}").__name__ == "Real"
+    assert not any(name.startswith("pyqmgr_policy_") and "Evil" in vars(m)
+                   for name, m in __import__("sys").modules.items())
