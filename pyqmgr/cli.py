@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pyqmgr.control.protocol import COMMANDS, CONTROL, READ, Arg
+from pyqmgr.output import OutputError, output_dir
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -181,7 +182,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plot:
         try:
             plot(result, args.plot, scenario.title)
-        except PlotError as exc:
+        except (PlotError, OutputError) as exc:
             print(f"pyqmgr simulate: {exc}", file=sys.stderr)
             return 1
     return 0
@@ -224,6 +225,11 @@ def _compare(args: argparse.Namespace) -> int:
         return COMPARE_RUN_FAILED
     stem = os.path.splitext(os.path.basename(args.workload))[0]
     out = args.out or f"pyqmgr-compare-{stem}"
+    try:
+        output_dir(out)
+    except OutputError as exc:
+        print(f"pyqmgr compare: {exc}", file=sys.stderr)
+        return COMPARE_BAD_INPUT
     reports: list[dict[str, Any]] = []
     status = _run_on_postfix("pyqmgr compare", lambda: reports.append(compare(
         args.workload, args.contenders, out, plan.scale, args.timeout, args.keep,
@@ -295,7 +301,11 @@ def _replay(args: argparse.Namespace) -> int:
         for name, sc in workloads.items():
             where = os.path.join(args.write_workload, name.replace("/", "_")) if several \
                 else args.write_workload
-            report.setdefault("workloads", {})[name] = write(sc, where)
+            try:
+                report.setdefault("workloads", {})[name] = write(sc, where)
+            except OutputError as exc:
+                print(f"pyqmgr replay: {exc}", file=sys.stderr)
+                return 1
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -347,7 +357,7 @@ def _run_on_postfix(command: str, run: Callable[[], object]) -> int:
 
     try:
         run()
-    except RunError as exc:
+    except (RunError, OutputError) as exc:
         print(f"\n{command}: {exc}", file=sys.stderr)
         return COMPARE_RUN_FAILED
     except KeyboardInterrupt:

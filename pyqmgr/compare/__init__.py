@@ -23,6 +23,7 @@ from pyqmgr.compare.figures import run_figures
 from pyqmgr.compare.plan import Plan, make_plan
 from pyqmgr.compare.report import build, markdown, to_html
 from pyqmgr.compare.runner import RunError, run_contender
+from pyqmgr.output import open_new, output_dir
 from pyqmgr.simulator.scenario import Scenario, ScenarioError, load, locate
 
 __all__ = ["ContenderError", "RunError", "ScenarioError", "compare", "load_plan"]
@@ -117,7 +118,7 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
     lacking = extras.missing("testbed")
     if lacking is not None:
         raise RunError(lacking)
-    os.makedirs(out_dir, exist_ok=True)
+    output_dir(out_dir)
     runs = []
     for i, c in enumerate(chosen):
         run_dir = os.path.join(out_dir, "runs", f"{i + 1}-{c.slug}")
@@ -146,11 +147,11 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
         "servers": sc.fleet_servers,
     }
     report = build(workload, runs, {c.label: limit for c in chosen})
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
+    with open_new(os.path.join(out_dir, "report.json")) as f:
         json.dump(report, f, indent=1)
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+    with open_new(os.path.join(out_dir, "summary.md")) as f:
         f.write(markdown(report))
-    with open(os.path.join(out_dir, "report.html"), "w") as f:
+    with open_new(os.path.join(out_dir, "report.html")) as f:
         f.write(to_html(report))
     return report
 

@@ -38,6 +38,7 @@ from pyqmgr.compare.contender import Contender
 from pyqmgr.compare.figures import DeliveryLine, parse_delivery
 from pyqmgr.compare.plan import Arrival, Plan, parse_address
 from pyqmgr.compare.servers import Servers, fleet_cf
+from pyqmgr.output import open_new, output_dir
 from pyqmgr.simulator.scenario import Destination, parse_script
 from pyqmgr.testbed.instance import PostfixInstance, TestbedError
 
@@ -475,7 +476,7 @@ def _tear_down(run_dir: str, record: dict[str, Any], keep: bool, hosts: dict[str
             if kept:
                 record["instance"] = kept[0] if len(kept) == 1 else kept
     finally:
-        with open(os.path.join(run_dir, "run.json"), "w") as f:
+        with open_new(os.path.join(run_dir, "run.json")) as f:
             json.dump(record, f, indent=1)
 
 
@@ -487,7 +488,8 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
     Everything started here is stopped and removed before it returns or raises
     (KeyboardInterrupt included); ``keep`` keeps the instance's directory.
     """
-    os.makedirs(run_dir, exist_ok=True)
+    output_dir(os.path.dirname(run_dir))
+    output_dir(run_dir)
     hosts: dict[str, _Host] = {}
     filt: ContentFilter | None = None
     servers: Servers | None = None

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pyqmgr.output import open_new
 from pyqmgr.testbed.instance import PostfixInstance
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Servers:
         if len(self.pfs) == 1:
             pf = self.pfs[0]
             if os.path.exists(pf.maillog_path):
-                with open(pf.maillog_path, "rb") as src, open(path, "wb") as dst:
+                with open(pf.maillog_path, "rb") as src, open_new(path, "wb") as dst:
                     dst.write(src.read())
             return
         lines: list[tuple[str, int, bytes]] = []
@@ -133,7 +134,7 @@ class Servers:
             with open(pf.maillog_path, "rb") as f:
                 lines += [(ln[:15].decode("ascii", "replace"), k, ln) for ln in f]
         lines.sort(key=lambda t: t[0])
-        with open(path, "wb") as f:
+        with open_new(path, "wb") as f:
             f.writelines(ln if ln.endswith(b"\n") else ln + b"\n" for _, _, ln in lines)
 
     def close(self, keep: bool) -> list[str]:

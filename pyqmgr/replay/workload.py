@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyqmgr.compare.figures import percentile
+from pyqmgr.output import open_new, output_dir
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.maillog import delay_quantum
 from pyqmgr.replay.derive import Derived, Observed
@@ -545,7 +546,7 @@ def _fit(sc: Scenario, model: Model, obs: Observed, lacking: str | None) -> None
 
 def write(sc: Scenario, directory: str) -> str:
     """workload.toml and arrivals.csv in ``directory``; the TOML's path."""
-    os.makedirs(directory, exist_ok=True)
+    output_dir(directory)
     write_arrivals(os.path.join(directory, "arrivals.csv"), sc.trace)
     out = [f"title = {_q(sc.title)}",
            "# Derived by pyqmgr replay: edit it as any workload; arrivals.csv holds the",
@@ -592,7 +593,7 @@ def write(sc: Scenario, directory: str) -> str:
         if d.rcpt_5xx:
             out.append(f"rcpt_5xx_reply = {_q(d.rcpt_5xx_reply)}")
     path = os.path.join(directory, "workload.toml")
-    with open(path, "w", encoding="utf-8") as f:
+    with open_new(path, encoding="utf-8") as f:
         f.write("\n".join(out) + "\n")
     return path
 

@@ -6,6 +6,9 @@ simulator does not need it.
 
 from __future__ import annotations
 
+import os
+
+from pyqmgr.output import open_new
 from pyqmgr.simulator.engine import Result
 
 
@@ -33,5 +36,8 @@ def plot(res: Result, path: str, title: str = "") -> None:
     ax.set_title(title or "destination concurrency windows")
     ax.legend(loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path)
+    # Opened here, without following a link (pyqmgr.output); the format from the
+    # name's extension, as savefig(path) would take it.
+    with open_new(path, "wb") as f:
+        fig.savefig(f, format=os.path.splitext(path)[1][1:].lower() or "png")
     plt.close(fig)

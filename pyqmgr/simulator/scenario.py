@@ -143,6 +143,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from pyqmgr.output import open_new
 from pyqmgr.scheduler.feedback import ROUNDINGS
 from pyqmgr.scheduler.shaping import ShapingError, parse_rate
 
@@ -880,7 +881,7 @@ def read_arrivals(path: str, sc: Scenario) -> list[TraceMessage]:
 
 
 def write_arrivals(path: str, trace: Sequence[TraceMessage]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with open_new(path, encoding="utf-8") as f:
         f.write(ARRIVALS_HEADER + "\n")
         for m in trace:
             items = " ".join(dest + (f"*{n}" if n != 1 else "") + (f"={s}" if s else "")
