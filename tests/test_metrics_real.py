@@ -332,3 +332,35 @@ def test_postfix_reload_hands_the_port_to_the_next_qmgr(postfix_instance):
     # moment, and the new one's retries meanwhile stay quiet.
     wait_for_exporter(pf, port, timeout=30)
     assert not [ln.raw for ln in pf.maillog.lines("qmgr") if ln.severity != "info"]
+
+
+def test_per_recipient_queues_export_no_address(postfix_instance, sink):
+    """With a destination recipient limit of 1 each recipient is a queue named
+    user@nexthop; the endpoint is anyone's on the machine, so those queues are one
+    series per nexthop and no address shows (issue #31, finding 7)."""
+    srv: SinkServer = sink(latency=3.0)
+    port = free_port()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"d.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"smtp_destination_recipient_limit": "1"},
+        pyqmgr_cf={"metrics_listen": f"127.0.0.1:{port}"})
+    wait_for_exporter(pf, port)
+    pf.smtp_send([("s@test.example", [f"secret{i}@d.example" for i in range(6)])])
+    nexthop = f"[127.0.0.1]:{srv.port}"
+    series: dict[str, float] = {}
+
+    def in_flight() -> bool:
+        for line in scrape(port).splitlines():
+            if line.startswith("pyqmgr_destination_") and 'transport="smtp"' in line:
+                series[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+        return series.get(f'pyqmgr_destination_in_flight{{destination="{nexthop}",'
+                          f'transport="smtp"}}', 0) + series.get(
+            f'pyqmgr_destination_queued_recipients{{destination="{nexthop}",'
+            f'transport="smtp"}}', 0) == 6
+
+    pf.wait_until(in_flight, 20, "six recipients in one nexthop's series")
+    text = scrape(port)
+    assert "secret" not in text and "@d.example" not in text, [
+        ln for ln in text.splitlines() if "secret" in ln]
+    assert 'pyqmgr_transport_destinations{transport="smtp"} 1.0' in text
+    srv.wait_delivered(6, 60)

@@ -202,6 +202,12 @@ class SchedulerCollector:
         totals: dict[str, list[int]] = {}
         for name, t in sched.transports.items():
             window = busy = rcpts = dead = 0
+            # With a recipient limit of 1 Postfix names each recipient's queue
+            # user@nexthop: the endpoint is readable by every local user, whatever
+            # authorized_mailq_users says, so such queues are one series per nexthop
+            # and no address is exported (issue #31).
+            by_nexthop: dict[str, list[int]] | None = (
+                {} if t.cfg.destination_recipient_limit == 1 else None)
             for q in t.queues.values():
                 w = q.window if q.window > 0 else 0
                 b = q.busy_count
@@ -214,8 +220,19 @@ class SchedulerCollector:
                 busy += b
                 rcpts += r
                 dead += d
-                rows.append(((r + b) * 2 + d, name, q.name, w, b, r, d))
-            totals[name] = [window, busy, rcpts, dead, len(t.queues)]
+                if by_nexthop is None:
+                    rows.append(((r + b) * 2 + d, name, q.name, w, b, r, d))
+                    continue
+                sums = by_nexthop.setdefault(q.nexthop, [0, 0, 0, 0])
+                sums[0] += w
+                sums[1] += b
+                sums[2] += r
+                sums[3] += d
+            if by_nexthop is not None:
+                rows += [((r + b) * 2 + min(d, 1), name, nexthop, w, b, r, d)
+                         for nexthop, (w, b, r, d) in by_nexthop.items()]
+            totals[name] = [window, busy, rcpts, dead, len(t.queues)
+                            if by_nexthop is None else len(by_nexthop)]
         return rows, totals
 
     @staticmethod

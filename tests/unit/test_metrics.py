@@ -397,3 +397,26 @@ def test_100000_destinations_make_a_small_exposition_quickly():
 ])
 def test_request_lines(head, expected):
     assert parse_request(head) == expected
+
+
+def test_per_recipient_queues_are_one_series_per_nexthop_without_addresses():
+    """Recipient limit 1: Postfix names each recipient's queue user@nexthop; the
+    endpoint is anyone's on the machine, so no address is a label (issue #31)."""
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1,
+                                   initial_destination_concurrency=3))
+    s.assign(Message("Q1", 0.0),
+             [Route("smtp", f"u{i}@d.example", "[mx.d.example]:25",
+                    Recipient(i, f"u{i}@d.example")) for i in range(4)]
+             + [Route("smtp", "v@e.example", "e.example", Recipient(9, "v@e.example"))],
+             now=0.0)
+    assert s.select("smtp", 0.0).deliver is not None
+    found = samples(s)
+    labels = {dict(k[1]).get("destination") for k in found}
+    assert not [x for x in labels if x and "@" in x], labels
+    assert value(found, "pyqmgr_destination_in_flight", transport="smtp",
+                 destination="[mx.d.example]:25") + value(
+        found, "pyqmgr_destination_queued_recipients", transport="smtp",
+        destination="[mx.d.example]:25") == 4
+    assert value(found, "pyqmgr_destination_window", transport="smtp",
+                 destination="[mx.d.example]:25") == 12
+    assert value(found, "pyqmgr_transport_destinations", transport="smtp") == 2
