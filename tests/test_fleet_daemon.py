@@ -428,3 +428,75 @@ def test_mail_after_a_busy_spell_asks_the_fleet_at_once(postfix_instance, sink,
     took = time.monotonic() - sent
     print(f"\nthe message after the spell delivered {took:.2f} s after submission")
     assert took < 3.0
+
+
+def test_redis_losing_its_data_mid_run_loosens_no_limit(postfix_instance, sink,
+                                                         redis_server):
+    """Three servers, a sink that takes 5 sessions, a fleet suspension of another
+    destination; mid-run Redis is flushed, and later restarted empty (issue #31).
+    The sink never sees a sixth session: the fleet counts its deliveries again before
+    it starts another; and the suspension holds on every server and is written back,
+    where a flush once lifted it everywhere."""
+    redis = redis_server()
+    srv: SinkServer = sink(latency=0.5, client_limit=SINK_SESSIONS)
+    nodes = start_nodes(postfix_instance, srv, fleet_cf(
+        redis, shared_state_failure="hold", shared_state_lease_time="6s"))
+    for pf in nodes:
+        pf.wait_until(lambda pf=pf: answers(pf), 20, "the control socket answering")
+    held = "destination other.example"
+    proc = cli(nodes[0], "suspend", "other.example", "--fleet", "--reason", "asked",
+               "--ttl", "1h")
+    assert proc.returncode == 0, proc.stderr
+    for pf in nodes:
+        pf.wait_until(lambda pf=pf: held in suspended(pf), 5, "the fleet's suspension")
+    total = NODES * PER_NODE
+    send_all(nodes, "l")
+    nodes[0].wait_until(lambda: len(srv.messages()) >= 10, 30, "deliveries under way")
+    assert redis.command("FLUSHALL") == "OK"
+    flushed = len(srv.messages())
+    nodes[0].wait_until(lambda: len(srv.messages()) >= flushed + 15, 60,
+                        "deliveries after the flush")
+    redis.stop(remove=False)
+    time.sleep(0.5)
+    redis.start()
+    nodes[0].wait_until(lambda: len(srv.messages()) + deferred(nodes) >= total, 180,
+                        f"all {total} messages at the sink or deferred")
+    stats = srv.snapshot()
+    fleets = reply_fleet(nodes)
+    print(f"\nflushed after {flushed} messages, restarted empty later: sink at most "
+          f"{stats.max_concurrent} sessions, 421s {stats.rejected_421}, deferrals "
+          f"{deferred(nodes)}; starts held for a recount "
+          f"{sum(int(f['recount_wait']) for f in fleets)}, leases counted again "
+          f"{sum(int(f['leases_recounted']) for f in fleets)}")
+    assert stats.rejected_421 == 0 and stats.max_concurrent <= SINK_SESSIONS
+    assert max(stats.delivered.values()) == 1
+    assert sum(int(f["leases_recounted"]) for f in fleets) >= 1
+    # The suspension holds everywhere and is in Redis again.
+    for pf in nodes:
+        assert held in suspended(pf), pf.config_dir
+    nodes[0].wait_until(lambda: redis.command("HEXISTS", "pyqmgr:suspensions", held) == 1,
+                        20, "the suspension written back to Redis")
+    assert any(pf.maillog.lines(contains="is missing from Redis") for pf in nodes)
+
+
+def test_a_fleet_suspension_made_while_redis_is_down_holds_and_is_shared_later(
+        postfix_instance, sink, redis_server):
+    """suspend --fleet while Redis is down: the command succeeds and the suspension
+    holds here; when Redis is back it is written to the fleet's table, not undone
+    (issue #31: the reconnection's sync once ended it)."""
+    redis = redis_server()
+    srv: SinkServer = sink(latency=0.05)
+    pf = one_node(postfix_instance, srv, {**fleet_cf(redis), "shared_state_node": "solo",
+                                          "shared_state_timeout": "200ms"})
+    pf.wait_until(lambda: answers(pf), 20, "the control socket answering")
+    redis.stop(remove=False)
+    proc = cli(pf, "suspend", "other.example", "--fleet", "--reason", "asked", "--ttl", "1h")
+    assert proc.returncode == 0, proc.stderr
+    held = "destination other.example"
+    assert held in suspended(pf)
+    pf.maillog.wait_for("holds on this server until Redis is back", 10)
+    redis.start()
+    pf.wait_until(lambda: redis.command("HEXISTS", "pyqmgr:suspensions", held) == 1, 30,
+                  "the suspension written to the fleet's table once Redis is back")
+    time.sleep(1)
+    assert held in suspended(pf), "the reconnection ended the suspension"

@@ -18,7 +18,12 @@ def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(coro_fn(), 60))
 
 
-def nodes(server: RedisServer, n: int = 3, lease_time: float = 60.0) -> list[Shared]:
+def nodes(server: RedisServer, n: int = 3, lease_time: float = 60.0,
+          counted: bool = True) -> list[Shared]:
+    """``n`` nodes of one fleet; ``counted``: the fleet counted its sessions already
+    (else its first start meets the recount of a Redis without an epoch)."""
+    if counted:
+        assert server.command("SET", "t:epoch", "0") == "OK"
     return [Shared(RedisClient(Endpoint(host="127.0.0.1", port=server.port), timeout=2),
                    "t:", f"node{i}", lease_time) for i in range(n)]
 
@@ -65,14 +70,17 @@ def test_a_dead_nodes_leases_expire_and_a_live_ones_are_renewed(redis_server):
         # The live node renews its two; the dead one does nothing.
         for _ in range(4):
             await asyncio.sleep(0.25)
-            assert await live.renew("smtp", "d.example", [a.lease for a in held_live]) == 2
+            assert await live.renew("smtp", "d.example", [a.lease for a in held_live]) == 0
         # A second has passed: the dead node's two sessions are the fleet's again.
         holders = await other.holders("smtp", "d.example")
         assert sorted(holders) == sorted(a.lease for a in held_live)
         taken = [await other.admit("smtp", "d.example", 4) for _ in range(3)]
         assert [a.admitted for a in taken] == [True, True, False]
-        # An expired lease is not renewed back into a slot someone else took.
-        assert await dead.renew("smtp", "d.example", [a.lease for a in held_dead]) == 0
+        # A node that comes back renews its expired leases: its deliveries are still
+        # under way, so they count again, over the limit for a while: nobody starts.
+        assert await dead.renew("smtp", "d.example", [a.lease for a in held_dead]) == 2
+        assert len(await other.holders("smtp", "d.example")) == 6
+        assert not (await live.admit("smtp", "d.example", 4)).admitted
         await close([dead, live, other])
 
     run(main)
@@ -206,5 +214,61 @@ def test_with_a_fleet_rate_the_waiter_is_only_told(redis_server):
         assert await a.holders("smtp", "r.example") == []
         task.cancel()
         await close([a, b])
+
+    run(main)
+
+
+def test_redis_losing_its_data_never_loosens_the_session_limit(redis_server):
+    """Redis flushed (or restarted empty) while deliveries are under way: the next
+    start finds no epoch, asks every node to count again and refuses every start for
+    the recount; the nodes renew, counting their leases again; then the limit holds
+    over what is really under way (issue #31: the count once restarted at zero)."""
+    server = redis_server()
+
+    async def main() -> None:
+        fleet = nodes(server)
+        held = {n.node: [] for n in fleet}  # type: dict[str, list[str]]
+        for i in range(5):
+            node = fleet[i % 3]
+            answer = await node.admit("smtp", "big.example", 5)
+            assert answer.admitted
+            held[node.node].append(answer.lease)
+        heard: list[bytes] = []
+        sub = Subscriber(Endpoint(host="127.0.0.1", port=server.port), "t:recount",
+                         heard.append, timeout=2)
+        task = asyncio.get_running_loop().create_task(sub.run())
+        await asyncio.sleep(0.3)
+        assert await fleet[0].client.call("FLUSHALL") == "OK"
+        t0 = time.monotonic()
+        first = await fleet[1].admit("smtp", "big.example", 5)
+        assert not first.admitted and first.recount and 2.9 <= first.wait <= 3.0, first
+        again = await fleet[2].admit("smtp", "big.example", 5)
+        assert not again.admitted and again.recount and again.wait <= first.wait
+        await asyncio.sleep(0.3)
+        assert heard == [b"recount"]
+        # Every node counts its deliveries again, as the daemon does on the recount.
+        missing = [await n.renew("smtp", "big.example", held[n.node]) for n in fleet]
+        assert sum(missing) == 5
+        await asyncio.sleep(max(0.0, 3.05 - (time.monotonic() - t0)))
+        after = await fleet[1].admit("smtp", "big.example", 5)
+        assert not after.admitted and not after.recount and after.in_use == 5, after
+        await fleet[0].release("smtp", "big.example", held["node0"][0])
+        assert (await fleet[1].admit("smtp", "big.example", 5)).admitted
+        task.cancel()
+        await close(fleet)
+
+    run(main)
+
+
+def test_a_new_fleet_counts_once_before_its_first_start(redis_server):
+    server = redis_server()
+
+    async def main() -> None:
+        (node,) = nodes(server, 1, counted=False)
+        first = await node.admit("smtp", "s.example", 3)
+        assert first.recount and not first.admitted
+        await asyncio.sleep(first.wait + 0.05)
+        assert (await node.admit("smtp", "s.example", 3)).admitted
+        await close([node])
 
     run(main)

@@ -124,7 +124,7 @@ class FleetHost(Protocol):
 #: What ``pyqmgr status`` counts of the fleet's answers to this server.
 COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "handed", "kept",
            "round_trips", "errors", "throttling_told", "throttling_heard",
-           "throttling_refused")
+           "throttling_refused", "recount_wait", "leases_recounted")
 
 
 class Fleet:
@@ -164,6 +164,7 @@ class Fleet:
         #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
         self._shares: dict[str, bool] = {}
         self.news_warn = WarnGate(60.0)
+        self.recount_warn = WarnGate(60.0)
         #: Signs what this node tells and opens what it hears; None without a key file,
         #: when no throttling is shared (fleet_throttling's default is then no).
         self.seal = NoticeSeal(settings.key, settings.prefix) if settings.key else None
@@ -204,6 +205,11 @@ class Fleet:
         self.host.scheduler.share_throttling = self.seal is not None
         self._tasks = [
             loop.create_task(self._renew()),
+            # Also at every (re)subscription: a node that was cut off from a Redis
+            # that restarted empty missed the recount while it reconnected.
+            loop.create_task(Subscriber(ep, self.shared.recount_channel, self._recount,
+                                        timeout=timeout,
+                                        on_subscribed=lambda: self._recount(b"")).run()),
             loop.create_task(Subscriber(ep, self.shared.channel, self._freed,
                                         timeout=timeout).run()),
             loop.create_task(Subscriber(ep, self.shared.suspensions_channel,
@@ -297,7 +303,13 @@ class Fleet:
             self.host.fleet_admitted(call, entry)
             return
         now = self.clock()
-        if answer.wait > 0:
+        if answer.recount:
+            self.counters["recount_wait"] += 1
+            name = FLEET_LIMIT
+            text = (f"the fleet counts its sessions again (Redis lost its data): next "
+                    f"start in {answer.wait:.3g}s")
+            until = now + answer.wait
+        elif answer.wait > 0:
             self.counters["rate_wait"] += 1
             name = FLEET_RATE
             text = f"fleet rate: next start in {answer.wait:.3g}s"
@@ -454,16 +466,33 @@ class Fleet:
         """Renew every lease held, a third of the lease time before it could expire."""
         while True:
             await asyncio.sleep(self.settings.lease_time / 3)
-            by_destination: dict[tuple[str, str], list[str]] = {}
-            for transport, queue, lease in list(self.leases.values()):
-                by_destination.setdefault((transport, queue), []).append(lease)
-            for key, spares in self.spares.items():
-                by_destination.setdefault(key, []).extend(lease for lease, _ in spares)
-            try:
-                await asyncio.gather(*(self.shared.renew(t, q, leases)
-                                       for (t, q), leases in by_destination.items()))
-            except RedisUnavailable:
-                pass  # next round; a lease lost meanwhile only lets the fleet go over
+            await self._renew_all()
+
+    def _recount(self, payload: bytes) -> None:
+        """Redis lost its data (a node's admission found no epoch): count this node's
+        deliveries under way again at once, within the recount's pause."""
+        self.host.spawn(self._renew_all())
+
+    async def _renew_all(self) -> None:
+        by_destination: dict[tuple[str, str], list[str]] = {}
+        for transport, queue, lease in list(self.leases.values()):
+            by_destination.setdefault((transport, queue), []).append(lease)
+        for key, spares in self.spares.items():
+            by_destination.setdefault(key, []).extend(lease for lease, _ in spares)
+        try:
+            missing = await asyncio.gather(*(self.shared.renew(t, q, leases)
+                                             for (t, q), leases in by_destination.items()))
+        except RedisUnavailable:
+            return  # the next round renews them, and counts again what expired meanwhile
+        lost = sum(missing)
+        if lost:
+            self.counters["leases_recounted"] += lost
+            held = self.recount_warn.allow(self.clock())
+            if held is not None:
+                self.host.log.warning(
+                    f"shared state {self.settings.endpoint}: {lost} deliveries under way "
+                    "were missing from Redis's count (Redis restarted, flushed, or too "
+                    "slow to renew): counted again; this warning at most once a minute")
 
     def close(self) -> None:
         for task in self._tasks:

@@ -46,6 +46,16 @@ class SuspensionsHost(Protocol):
 
 
 class FleetSuspensions:
+    """This server's part of the fleet's suspensions table.
+
+    What ends a fleet suspension is its time (``until``) or a resume, nothing else:
+    a resume leaves a tombstone in the table (the record with ``"ended": true``,
+    kept until the suspension would have ended), so that a target missing from the
+    table is one Redis lost (a restart, a flush, an eviction), not one resumed. A
+    suspension in force here that the table lost is written back, and so is one made
+    here while Redis was down (issue #31: both were once lifted on every server).
+    """
+
     def __init__(self, host: SuspensionsHost, shared: Shared,
                  settings: FleetSettings) -> None:
         self.host, self.shared, self.settings = host, shared, settings
@@ -61,39 +71,45 @@ class FleetSuspensions:
         self.host.spawn(self._set(target, json.dumps(record), news))
 
     def end(self, target: str, who: str) -> None:
-        """``pyqmgr resume --fleet`` here: out of the table, news to all."""
-        self.applied.pop(target, None)
+        """``pyqmgr resume --fleet`` here: a tombstone in the table, news to all."""
+        record = self.applied.pop(target, None)
+        until = float(record["until"]) if record is not None else 0.0  # type: ignore[arg-type]
+        tomb = {"target": target, "reason": "", "by": who, "node": self.settings.node,
+                "until": max(until, time.time() + TOMBSTONE), "ended": True}
         news = json.dumps({"by": who, "node": self.settings.node})
-        self.host.spawn(self._set(target, "", news))
+        self.host.spawn(self._set(target, json.dumps(tomb), news))
 
     async def _set(self, target: str, record: str, news: str) -> None:
         try:
             await self.shared.set_suspension(target, record, news)
         except RedisUnavailable as exc:
             self.host.log.warning(f"shared state {self.settings.endpoint}: the fleet did "
-                                  f"not hear of the suspension of {target}: {exc}; it "
-                                  "holds on this server only")
+                                  f"not hear of the change to the suspension of {target}: "
+                                  f"{exc}; it holds on this server until Redis is back, "
+                                  "and then on every server")
 
     def changed(self, news: bytes) -> None:
-        self.host.spawn(self._sync(news))
+        self.host.spawn(self._sync())
 
-    async def _sync(self, news: bytes) -> None:
-        """Bring this server's suspensions in line with the fleet's table."""
+    async def _sync(self) -> None:
+        """Bring this server's suspensions in line with the fleet's table, and the
+        table in line with what this server holds that Redis lost."""
         try:
             table = await self.shared.suspensions()
         except RedisUnavailable:
             return  # the next news, or the next resubscription, reads it again
-        try:
-            said = json.loads(news) if news else {}
-        except ValueError:
-            said = {}
-        ender = (f"{said.get('by', '?')} on {said.get('node', '?')}{FLEET_MARK}"
-                 if isinstance(said, dict) else "the fleet")
         now = time.time()
         current: dict[str, dict[str, object]] = {}
+        tombs: dict[str, dict[str, object]] = {}
         for target, raw in table.items():
             record = _record(raw)
-            if record is not None and float(record["until"]) > now:  # type: ignore[arg-type]
+            if record is None:
+                continue
+            if float(record["until"]) <= now:  # type: ignore[arg-type]
+                self.host.spawn(self._forget(target, raw))
+            elif record.get("ended") is True:
+                tombs[target] = record
+            else:
                 current[target] = record
         controls = self.host.suspensions
         for target, record in current.items():
@@ -110,25 +126,53 @@ class FleetSuspensions:
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the rest
                 self.host.log.warning(f"shared state: the fleet's suspension of "
                                       f"{target} cannot hold here: {exc}")
-        ended = [t for t in self.applied if t not in current]
-        for target in ended:
-            record = self.applied.pop(target)
+        # A fleet suspension this server kept across a restart (its state file).
+        for s in self.host.scheduler.suspensions:
+            spec = s.target.spec
+            if s.who.endswith(FLEET_MARK) and spec not in current and spec not in \
+                    self.applied:
+                by, _, node = s.who[:-len(FLEET_MARK)].rpartition(" on ")
+                self.applied[spec] = {"target": spec, "reason": s.reason, "by": by or s.who,
+                                      "node": node, "until": s.wall_until}
+        for target, record in list(self.applied.items()):
+            if target in current:
+                continue
             if float(record["until"]) <= now:  # type: ignore[arg-type]
-                ended.remove(target)  # ended by its ttl, here as everywhere
-        # A fleet suspension this server kept across a restart (its state file) that
-        # the fleet ended meanwhile: ended here too.
-        ended += [s.target.spec for s in self.host.scheduler.suspensions
-                  if s.who.endswith(FLEET_MARK) and s.target.spec not in current
-                  and s.target.spec not in ended]
-        for target in ended:
-            try:
-                controls.resume(target, ender)
-            except Exception:  # noqa: BLE001, S110 - resumed here already
-                pass
+                del self.applied[target]  # ended by its ttl, here as everywhere
+            elif target in tombs:
+                del self.applied[target]
+                tomb = tombs[target]
+                try:
+                    controls.resume(target, f"{tomb['by']} on {tomb['node']}{FLEET_MARK}")
+                except Exception:  # noqa: BLE001, S110 - resumed here already
+                    pass
+            else:
+                self.host.log.warning(
+                    f"shared state {self.settings.endpoint}: the fleet's suspension of "
+                    f"{target} is missing from Redis (restarted, flushed or evicted?): "
+                    "written back; it holds until its time or a resume")
+                self.host.spawn(self._restore(target, record))
+
+    async def _restore(self, target: str, record: dict[str, object]) -> None:
+        try:
+            await self.shared.restore_suspension(target, json.dumps(record))
+        except RedisUnavailable:
+            pass  # the next sync tries again
+
+    async def _forget(self, target: str, raw: bytes) -> None:
+        try:
+            await self.shared.forget_suspension(target, raw)
+        except RedisUnavailable:
+            pass
+
+
+#: How long a tombstone outlives a resume at least: a server down for less than
+#: this learns the resume rather than reading the target as lost.
+TOMBSTONE = 86400.0
 
 
 def _record(raw: bytes) -> dict[str, object] | None:
-    """A suspension record from the fleet's table, or None if it is not one."""
+    """A suspension record (or tombstone) from the fleet's table, or None."""
     try:
         record = json.loads(raw)
     except ValueError:
@@ -136,6 +180,7 @@ def _record(raw: bytes) -> dict[str, object] | None:
     if not isinstance(record, dict) or not all(
             isinstance(record.get(k), str) for k in ("target", "reason", "by", "node")):
         return None
-    if not isinstance(record.get("until"), int | float):
+    until = record.get("until")
+    if isinstance(until, bool) or not isinstance(until, int | float):
         return None
     return record

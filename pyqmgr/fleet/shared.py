@@ -38,18 +38,34 @@ import re
 from dataclasses import dataclass
 
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable
-from pyqmgr.fleet.resp import RedisError, Reply
+from pyqmgr.fleet.resp import Arg, RedisError, Reply
 from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
 
-#: KEYS: sessions, rate, waiters. ARGV: lease ms, session limit (0: none), rate
-#: interval ms (0: none), burst, member, this process's channel, "1" when it has more
-#: deliveries waiting for the destination. Returns {admitted 1/0, wait ms, sessions
-#: in use}. Refused for want of a session, or given the last one with more waiting,
-#: the process is on the destination's waiting list (once), to be handed a session
-#: when one is given back (RELEASE).
+#: KEYS: sessions, rate, waiters, the epoch. ARGV: lease ms, session limit (0: none),
+#: rate interval ms (0: none), burst, member, this process's channel, "1" when it has
+#: more deliveries waiting for the destination, the recount ms, the recount channel.
+#: Returns {admitted 1/0, wait ms, sessions in use, recounting 1/0}. Refused for want
+#: of a session, or given the last one with more waiting, the process is on the
+#: destination's waiting list (once), to be handed a session when one is given back
+#: (RELEASE).
+#:
+#: The epoch key says when the fleet last counted its sessions. Missing, Redis lost
+#: its data (a restart, a flush, an eviction) or the fleet is new: its session counts
+#: may be short of the deliveries under way, and admitting on them would loosen every
+#: limit. So the script asks every node to count its leases again (a message on the
+#: recount channel) and refuses every start for the recount time.
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = redis.call('GET', KEYS[4])
+if not epoch then
+  redis.call('SET', KEYS[4], now + tonumber(ARGV[8]))
+  redis.call('PUBLISH', ARGV[9], 'recount')
+  return {0, tonumber(ARGV[8]), 0, 1}
+end
+if tonumber(epoch) > now then
+  return {0, tonumber(epoch) - now, 0, 1}
+end
 local lease, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local interval, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -58,7 +74,7 @@ if limit > 0 and (used >= limit or (used + 1 >= limit and ARGV[7] == '1')) then
   redis.call('LREM', KEYS[3], 0, ARGV[6])
   redis.call('RPUSH', KEYS[3], ARGV[6])
   redis.call('PEXPIRE', KEYS[3], lease)
-  if used >= limit then return {0, 0, used} end
+  if used >= limit then return {0, 0, used, 0} end
 end
 local tat = now
 if interval > 0 then
@@ -66,7 +82,7 @@ if interval > 0 then
   if tat < now then tat = now end
   local allow_at = tat - (burst - 1) * interval
   if now < allow_at then
-    return {0, allow_at - now, used}
+    return {0, allow_at - now, used, 0}
   end
   redis.call('SET', KEYS[2], tat + interval, 'PX', tat + interval - now + 1000)
 end
@@ -75,26 +91,25 @@ if limit > 0 then
   redis.call('PEXPIRE', KEYS[1], lease)
   used = used + 1
 end
-return {1, 0, used}
+return {1, 0, used, 0}
 """
 
-#: KEYS: sessions. ARGV: lease ms, members... Renews those still held; returns how
-#: many were (a lease that expired meanwhile is not brought back: its slot may be
-#: another node's by now).
+#: KEYS: sessions. ARGV: lease ms, members... Renews every lease of a delivery still
+#: under way, and counts again one that Redis no longer had (it expired while Redis
+#: was slow, or Redis lost its data): the count may go over the limit for a while,
+#: which holds starts back, never lets more through. Returns how many were missing.
 RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
-local renewed = 0
+local missing = 0
 for i = 2, #ARGV do
   local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if score and tonumber(score) > now then
-    redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[i])
-    renewed = renewed + 1
-  end
+  if not score or tonumber(score) <= now then missing = missing + 1 end
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[i])
 end
-if renewed > 0 then redis.call('PEXPIRE', KEYS[1], lease) end
-return renewed
+redis.call('PEXPIRE', KEYS[1], lease)
+return missing
 """
 
 #: KEYS: sessions, waiters, the serial. ARGV: member, the destination as "transport NL
@@ -162,6 +177,11 @@ if not more then redis.call('LREM', KEYS[2], 0, me) end
 return {0, '', used}
 """
 
+#: How long a recount holds every start back (ms): a node hears the recount and
+#: renews its leases in two round trips; one cut off from Redis resubscribes within
+#: the subscriber's second of retry delay, and renews then.
+RECOUNT_MS = 3000
+
 #: RELEASE's outcomes.
 RELEASED, KEPT, HANDED, TOLD = 0, 1, 2, 3
 
@@ -173,16 +193,30 @@ if waiter then redis.call('PUBLISH', waiter, ARGV[1]) end
 return 1
 """
 
-#: KEYS: the suspensions hash. ARGV: the target, its record (JSON; empty: ended),
-#: the channel, the news (JSON: who, which node). One step, so no server reads the
-#: table between the change and the news of it.
+#: KEYS: the suspensions hash. ARGV: the target, its record (JSON; a resume's is a
+#: tombstone), the channel, the news (JSON: who, which node). One step, so no server
+#: reads the table between the change and the news of it.
 SUSPENSION = """
-if ARGV[2] == '' then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+
+#: KEYS: the suspensions hash. ARGV: the target, the record, the channel, the news.
+#: A record Redis lost, written back unless the table has another meanwhile.
+RESTORE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+end
+return 1
+"""
+
+#: KEYS: the suspensions hash. ARGV: the target, the record read. An ended record
+#: (or tombstone) taken out, unless it was replaced meanwhile.
+FORGET = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
 return 1
 """
 
@@ -205,6 +239,8 @@ class Admission:
     in_use: int
     #: The lease to renew and release (empty when no session limit applies).
     lease: str = ""
+    #: Refused because the fleet counts its sessions again (Redis lost its data).
+    recount: bool = False
 
 
 class Shared:
@@ -226,6 +262,11 @@ class Shared:
         self.channel_prefix = f"{prefix}freed:"
         self.channel = f"{self.channel_prefix}{node}/{self.instance}"
         self._sha: dict[str, str] = {}
+        #: When the fleet last counted its sessions (see ADMIT), and how long a recount
+        #: holds every start back: long enough for every node to hear and renew.
+        self.epoch_key = f"{prefix}epoch"
+        self.recount_channel = f"{prefix}recount"
+        self.recount_ms = RECOUNT_MS
 
     def key(self, kind: str, transport: str, queue: str) -> str:
         return f"{self.prefix}{kind}:{transport}:{queue}"
@@ -237,17 +278,19 @@ class Shared:
         member = f"{self.node}/{self.instance}/{next(self._serial)}" if limit > 0 else ""
         reply = await self._script(
             ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue),
-                    self.key("waiters", transport, queue)],
+                    self.key("waiters", transport, queue), self.epoch_key],
             [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-",
-             self.channel, "1" if more else "0"])
-        if not (isinstance(reply, list) and len(reply) == 3
+             self.channel, "1" if more else "0", self.recount_ms, self.recount_channel])
+        if not (isinstance(reply, list) and len(reply) == 4
                 and all(isinstance(x, int) for x in reply)):
             raise RedisUnavailable(f"unexpected reply to the admission script: {reply!r:.80}")
-        admitted, wait_ms, in_use = (int(x) for x in reply)  # type: ignore[arg-type]
-        return Admission(bool(admitted), wait_ms / 1000, in_use, member if admitted else "")
+        admitted, wait_ms, in_use, recount = (int(x) for x in reply)  # type: ignore[arg-type]
+        return Admission(bool(admitted), wait_ms / 1000, in_use, member if admitted else "",
+                         bool(recount))
 
     async def renew(self, transport: str, queue: str, leases: list[str]) -> int:
-        """Renew this node's leases on one destination; how many were still held."""
+        """Renew this node's leases on one destination, counting again those Redis
+        no longer had; how many those were."""
         if not leases:
             return 0
         reply = await self._script(RENEW, [self.key("sessions", transport, queue)],
@@ -296,6 +339,17 @@ class Shared:
         await self._script(SUSPENSION, [f"{self.prefix}suspensions"],
                            [target, record, self.suspensions_channel, news])
 
+    async def restore_suspension(self, target: str, record: str) -> None:
+        """Write back a suspension Redis lost (unless the table has another now)."""
+        await self._script(RESTORE, [f"{self.prefix}suspensions"],
+                           [target, record, self.suspensions_channel,
+                            json.dumps({"by": "restored", "node": self.node})])
+
+    async def forget_suspension(self, target: str, raw: bytes) -> None:
+        """Take an ended record out of the table, unless it changed meanwhile."""
+        await self._script(FORGET, [f"{self.prefix}suspensions"],
+                           [target, raw])
+
     async def suspensions(self) -> dict[str, bytes]:
         """The fleet's suspensions: target -> record (JSON)."""
         reply = _checked(await self.client.call("HGETALL", f"{self.prefix}suspensions"))
@@ -317,7 +371,7 @@ class Shared:
     async def _script(self, script: str, keys: list[str], args: list[object]) -> Reply:
         """EVALSHA, loading the script once per connection's server when missing."""
         sha = self._sha.get(script)
-        argv = [str(a) for a in args]
+        argv: list[Arg] = [a if isinstance(a, bytes) else str(a) for a in args]
         if sha is not None:
             reply = await self.client.call("EVALSHA", sha, len(keys), *keys, *argv)
             if not (isinstance(reply, RedisError) and reply.kind == "NOSCRIPT"):
