@@ -246,3 +246,24 @@ def test_a_100_mb_line_and_a_gzip_bomb_cost_replay_no_memory(tmp_path):
     assert skipped["gzip file expands more than 200 times over (read up to there)"] == 1
     assert rep["instances"][0]["messages"]["replayed"] == 5  # type: ignore[index]
     assert kib < base_kib + 30 * 1024, (base_kib, kib)
+
+
+def test_unpriv_n_keeps_root_as_stock_does_and_says_so(postfix_instance):
+    """master.cf's unpriv column n: stock's qmgr runs as root; so does pyqmgr, with a
+    warning (pyqmgr(8) once said it always drops privileges, issue #31 finding 8)."""
+    pf: PostfixInstance = postfix_instance(qmgr="pyqmgr")
+    wait_for_channel(pf)
+    pid = pf.qmgr_pid()
+    assert _uid(pid) != 0, "unpriv - drops to mail_owner"
+    assert not pf.maillog.lines(contains="with unpriv = n")
+    pf.postconf("-F", "qmgr/unix/unprivileged=n")
+    pf.reload()
+    pf.wait_until(lambda: pf.pids("qmgr") not in ([], [pid]), 20, "a new qmgr")
+    (line,) = pf.maillog.wait_for("with unpriv = n", 20)
+    assert "pyqmgr keeps root privileges, as stock's qmgr would" in line.text, line.text
+    assert _uid(pf.qmgr_pid()) == 0
+
+
+def _uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("Uid:"))

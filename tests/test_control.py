@@ -354,3 +354,20 @@ def test_lookup_table_acl_is_a_warning_and_root_still_reads(postfix_instance, ac
                 if ln.program_name == "qmgr" and ln.severity == "warning"]
     assert any(f"authorized_mailq_users = {acl}: the lookup table" in t for t in warnings)
     assert cli(pf, "status").returncode == 0
+
+
+def test_status_counts_nothing_once_the_queue_drained(postfix_instance, sink):
+    """Six messages delivered and removed: status says 0 messages, 0 recipients. It
+    once kept saying "1 messages", a copy set only when a message was assigned
+    (issue #31, finding 8)."""
+    srv: SinkServer = sink()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"fast.example": f"smtp:[127.0.0.1]:{srv.port}"})
+    wait_for_channel(pf)
+    pf.smtp_send([("s@test.example", [f"r{i}@fast.example"]) for i in range(6)])
+    srv.wait_delivered(6, 30)
+    pf.wait_queue_empty(30)
+    pf.wait_until(lambda: request(control_path(pf), "status", timeout=5)["messages"] == 0,
+                  10, "status counting no message")
+    reply = request(control_path(pf), "status", timeout=5)
+    assert (reply["messages"], reply["recipients"]) == (0, 0), reply

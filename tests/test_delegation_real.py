@@ -321,3 +321,25 @@ def test_a_bad_setting_is_fatal_and_names_the_parameter(postfix_instance, sink):
                           "duration 'soon' (examples: 500ms, 30s, 10m, 1h)"), fatal.text
     assert pf.queue_path("incoming", qid) or pf.queue_path("active", qid)
     assert srv.delivered_count() == 0
+
+
+def test_a_service_that_holds_everything_can_be_refused(postfix_instance, sink,
+                                                       policy_server):
+    """delivery_policy_hold = defer: a HOLD is a DEFER with a warning, so a service
+    that answers HOLD to every delivery holds mail back but parks none of it in hold/
+    (issue #31, finding 8); once it answers DUNNO the mail goes."""
+    server = policy_server(action="HOLD everything")
+    srv: SinkServer = sink()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"held.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        pyqmgr_cf={"delivery_policy_service": server.endpoint,
+                   "delivery_policy_hold": "defer", "delivery_policy_defer_delay": "2s"})
+    wait_for_channel(pf)
+    (qid,) = pf.smtp_send([(SENDER, ["a@held.example", "b@held.example"])])
+    pf.maillog.wait_for(lambda ln: ln.program_name == "qmgr" and "treated as DEFER, as "
+                        "delivery_policy_hold = defer" in ln.text, 30, what="the warning")
+    assert not pf.queue_files("hold") and srv.delivered_count() == 0
+    server.set_mode("reply", action="DUNNO")
+    srv.wait_delivered(2, 30)
+    pf.wait_queue_empty(30)
+    assert not qmgr_lines(pf, f"{qid}: hold: ")

@@ -94,9 +94,10 @@ TIMEOUT = "delivery_policy_timeout"
 DEFAULT_ACTION = "delivery_policy_default_action"
 DEFER_DELAY = "delivery_policy_defer_delay"
 REJECT = "delivery_policy_reject"
+HOLD = "delivery_policy_hold"
 CONNECTIONS = "delivery_policy_connections"
 CONTEXT = "delivery_policy_context"
-NAMES = (SERVICE, TIMEOUT, DEFAULT_ACTION, DEFER_DELAY, REJECT, CONNECTIONS, CONTEXT)
+NAMES = (SERVICE, TIMEOUT, DEFAULT_ACTION, DEFER_DELAY, REJECT, HOLD, CONNECTIONS, CONTEXT)
 
 #: The gate kind explain shows for a destination a service held back.
 GATE_KIND = "policy service"
@@ -123,6 +124,9 @@ class ServiceSettings:
     defer_delay: float = 60.0
     #: delivery_policy_reject: a REJECT defers or bounces.
     reject: str = "defer"
+    #: delivery_policy_hold: a HOLD moves the message to hold/ or defers (a service
+    #: that answers HOLD to everything must not be able to stop all mail: issue #31).
+    hold: str = "hold"
     #: delivery_policy_connections: pooled connections to the service.
     connections: int = 4
     #: delivery_policy_context: sent as the request's ``policy_context``.
@@ -154,6 +158,10 @@ def _check(settings: PyqmgrCf, name: str, transport: str | None,
         if name == REJECT:
             if text.lower() not in ("defer", "bounce"):
                 raise ValueError(f'"{text}" is neither defer nor bounce')
+            return text.lower()
+        if name == HOLD:
+            if text.lower() not in ("hold", "defer"):
+                raise ValueError(f'"{text}" is neither hold nor defer')
             return text.lower()
         if name == CONNECTIONS:
             if not text.isdigit() or not 1 <= int(text) <= MAX_CONNECTIONS:
@@ -209,6 +217,7 @@ class DelegationSetup:
                     default_action=cast(str, value(DEFAULT_ACTION, transport, "DUNNO")),
                     defer_delay=cast(float, value(DEFER_DELAY, transport, 60.0)),
                     reject=cast(str, value(REJECT, transport, "defer")),
+                    hold=cast(str, value(HOLD, transport, "hold")),
                     connections=cast(int, value(CONNECTIONS, transport, 4)),
                     context=cast(str, value(CONTEXT, transport, "")))
         self._cache[transport] = found
@@ -401,7 +410,13 @@ class Delegation:
             qmgr.agent_deliver(call, entry)
             return
         reply = f'"{decision.action.strip()}"'
-        if verdict is Verdict.HOLD:
+        if verdict is Verdict.HOLD and svc.settings.hold == "defer":
+            svc.counters.hold += 1
+            log.warning(f"{qid}: {svc.name} replied {reply} for delivery to {where}; "
+                        f"treated as DEFER, as {HOLD} = defer")
+            self._hold_back(entry, svc, svc.settings.defer_delay, where, f"replied {reply}",
+                            now)
+        elif verdict is Verdict.HOLD:
             svc.counters.hold += 1
             am.extra["hold"] = f"{svc.name} replied {reply}"
             rcpt = entry.recipients[0].address if entry.recipients else ""

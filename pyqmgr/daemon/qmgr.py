@@ -393,6 +393,9 @@ class Qmgr:
 
     def message_left(self) -> None:
         self.message_count -= 1
+        # The core's copy too: pyqmgr status reads it, and kept saying "1 messages"
+        # after the queue had drained when it was set at assignment only (issue #31).
+        self.scheduler.message_count = self.message_count
         self.wakeup.set()
 
     def _message_done(self, am: ActiveMessage) -> None:

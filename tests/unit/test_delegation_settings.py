@@ -39,6 +39,7 @@ def test_per_transport_forms_and_defaults():
         "smtp_delivery_policy_timeout = 500ms\n"
         "delivery_policy_default_action = defer\n"
         "relay_delivery_policy_reject = BOUNCE\n"
+        "relay_delivery_policy_hold = Defer\n"
         "delivery_policy_connections = 2\n"
         "delivery_policy_context = outbound\n"))
     assert found is not None
@@ -48,7 +49,8 @@ def test_per_transport_forms_and_defaults():
             smtp.connections, smtp.context) == (0.5, "DEFER", 60.0, "defer", 2, "outbound")
     relay = found.for_transport("relay")
     assert relay is not None and str(relay.endpoint) == "unix:private/policy"
-    assert relay.reject == "bounce" and relay.timeout == 5.0
+    assert relay.reject == "bounce" and relay.timeout == 5.0 and relay.hold == "defer"
+    assert smtp.hold == "hold", "stock Postfix's HOLD, unless refused"
     assert found.for_transport("local") is None, "an empty service turns it off"
     assert found.for_transport("error") is None and found.for_transport("retry") is None
 
@@ -66,6 +68,8 @@ def test_per_transport_forms_and_defaults():
      '"OK" is neither DUNNO (deliver) nor DEFER'),
     ("relay_delivery_policy_reject = discard", "relay_delivery_policy_reject",
      '"discard" is neither defer nor bounce'),
+    ("delivery_policy_hold = discard", "delivery_policy_hold",
+     '"discard" is neither hold nor defer'),
     ("delivery_policy_connections = 0", "delivery_policy_connections",
      '"0" is not a whole number from 1 to 100'),
 ])
