@@ -46,6 +46,7 @@ from pyqmgr.scheduler.core import ERROR, RETRY, Route
 from pyqmgr.scheduler.message import Message, Recipient
 
 if TYPE_CHECKING:
+    from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.postfix.resolve import ResolveClient
 
 
@@ -144,6 +145,19 @@ def sort_key(route: Route) -> tuple[str, str, int, str, str]:
     return (route.transport, route.queue_name, has_at, _lower_domain_key(address), address)
 
 
+def _open_active(path: str, qid: str, log: MailLog) -> int:
+    """The file's descriptor, or -1 (a warning) when it is gone. Any other error is
+    fatal, as in stock's qmgr_message_open: master starts a new qmgr, whose start-up
+    recovery finds the file still in active/."""
+    try:
+        return os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        log.warning(f"{qid}: open {path}: No such file or directory")
+        return -1
+    except OSError as exc:
+        raise Fatal(f"open active {qid}: {exc.strerror or exc}") from None
+
+
 class ActiveQueue:
     """Moves files in and out of ``active/`` and drives each message's life cycle."""
 
@@ -222,15 +236,9 @@ class ActiveQueue:
 
     def _open(self, qid: str, flags: int, mode: int, size: int) -> ActiveMessage | None:
         path = f"active/{qid}"
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            self.log.warning(f"{qid}: open {path}: No such file or directory")
+        fd = _open_active(path, qid, self.log)
+        if fd < 0:
             return None
-        except OSError as exc:
-            # Stock's qmgr_message_open: any other error is fatal; master starts a
-            # new qmgr, whose start-up recovery finds the file still in active/.
-            raise Fatal(f"open active {qid}: {exc.strerror or exc}") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

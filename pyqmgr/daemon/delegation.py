@@ -410,21 +410,8 @@ class Delegation:
             qmgr.agent_deliver(call, entry)
             return
         reply = f'"{decision.action.strip()}"'
-        if verdict is Verdict.HOLD and svc.settings.hold == "defer":
-            svc.counters.hold += 1
-            log.warning(f"{qid}: {svc.name} replied {reply} for delivery to {where}; "
-                        f"treated as DEFER, as {HOLD} = defer")
-            self._hold_back(entry, svc, svc.settings.defer_delay, where, f"replied {reply}",
-                            now)
-        elif verdict is Verdict.HOLD:
-            svc.counters.hold += 1
-            am.extra["hold"] = f"{svc.name} replied {reply}"
-            rcpt = entry.recipients[0].address if entry.recipients else ""
-            from pyqmgr.daemon.active import log_address
-
-            log.info(f"{qid}: hold: {svc.name} replied {reply} for delivery to {where}; "
-                     f"from=<{log_address(am.request.sender)}> to=<{log_address(rcpt)}>")
-            qmgr.apply(qmgr.scheduler.drop_message(entry, now))
+        if verdict is Verdict.HOLD:
+            self._held(am, entry, svc, reply, where, now)
         elif verdict is Verdict.REJECT and svc.settings.reject == "bounce":
             svc.counters.reject += 1
             assert decision.dsn is not None
@@ -452,6 +439,25 @@ class Delegation:
             delay = decision.delay if decision.delay is not None else svc.settings.defer_delay
             self._hold_back(entry, svc, delay, where, f"replied {reply}", now)
         qmgr.agent_next(call, transport)
+
+    def _held(self, am: ActiveMessage, entry: Entry, svc: Service, reply: str, where: str,
+              now: float) -> None:
+        """HOLD: the message to hold/, or with delivery_policy_hold = defer a DEFER."""
+        svc.counters.hold += 1
+        qid, log = am.queue_id, self.qmgr.log
+        if svc.settings.hold == "defer":
+            log.warning(f"{qid}: {svc.name} replied {reply} for delivery to {where}; "
+                        f"treated as DEFER, as {HOLD} = defer")
+            self._hold_back(entry, svc, svc.settings.defer_delay, where, f"replied {reply}",
+                            now)
+            return
+        am.extra["hold"] = f"{svc.name} replied {reply}"
+        rcpt = entry.recipients[0].address if entry.recipients else ""
+        from pyqmgr.daemon.active import log_address
+
+        log.info(f"{qid}: hold: {svc.name} replied {reply} for delivery to {where}; "
+                 f"from=<{log_address(am.request.sender)}> to=<{log_address(rcpt)}>")
+        self.qmgr.apply(self.qmgr.scheduler.drop_message(entry, now))
 
     def _hold_back(self, entry: Entry, svc: Service, delay: float, where: str,
                    why: str, now: float) -> None:

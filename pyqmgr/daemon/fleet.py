@@ -41,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pyqmgr.daemon.fleet_news import FleetNews
 from pyqmgr.daemon.fleet_suspensions import FleetSuspensions
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.settings import (
@@ -51,9 +52,8 @@ from pyqmgr.fleet.settings import (
     FleetSettings,
     Limits,
 )
-from pyqmgr.fleet.shared import KEPT, Admission, NoticeSeal, Shared
+from pyqmgr.fleet.shared import KEPT, Admission, Shared
 from pyqmgr.postfix.policy_delegation import WarnGate
-from pyqmgr.scheduler.decisions import DEAD
 from pyqmgr.scheduler.structures import ERROR, RETRY
 
 if TYPE_CHECKING:
@@ -163,11 +163,9 @@ class Fleet:
         self._ended: list[tuple[str, str, str]] = []
         #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
         self._shares: dict[str, bool] = {}
-        self.news_warn = WarnGate(60.0)
         self.recount_warn = WarnGate(60.0)
-        #: Signs what this node tells and opens what it hears; None without a key file,
-        #: when no throttling is shared (fleet_throttling's default is then no).
-        self.seal = NoticeSeal(settings.key, settings.prefix) if settings.key else None
+        #: News of throttling, told and heard (none without a key file).
+        self.news = FleetNews(host, self.shared, settings, self.counters, clock)
 
     def limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits, or None when its deliveries ask nobody."""
@@ -202,7 +200,7 @@ class Fleet:
         throttling other servers find; tell them what this one finds."""
         loop = asyncio.get_running_loop()
         ep, timeout = self.settings.endpoint, self.settings.timeout
-        self.host.scheduler.share_throttling = self.seal is not None
+        self.host.scheduler.share_throttling = self.news.seal is not None
         self._tasks = [
             loop.create_task(self._renew()),
             # Also at every (re)subscription: a node that was cut off from a Redis
@@ -216,9 +214,10 @@ class Fleet:
                                         self.suspensions.changed, timeout=timeout,
                                         on_subscribed=lambda: self.suspensions.changed(b"")
                                         ).run())]
-        if self.seal is not None:
+        if self.news.seal is not None:
             self._tasks.append(loop.create_task(Subscriber(
-                ep, self.shared.throttling_channel, self._throttling_heard,
+                ep, self.shared.throttling_channel,
+                lambda payload: self.news.heard(payload, self.shares),
                 timeout=timeout).run()))
 
     def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> bool:
@@ -499,45 +498,11 @@ class Fleet:
             task.cancel()
         self.host.spawn(self.client.close())
 
-    # -- throttling (dead sites, response rules) ----------------------------------------
+    # -- throttling (dead sites, response rules): pyqmgr/daemon/fleet_news.py -------------
 
     def tell(self, found: tuple[Throttling, ...]) -> None:
         """Destinations this server just found dead or throttled: news for the others."""
-        for news in found:
-            if self.seal is not None and self.shares(news.transport):
-                self.host.spawn(self._tell(self.seal.seal(
-                    news, self.settings.node, self.shared.instance, time.time()), news))
-
-    async def _tell(self, notice: str, news: Throttling) -> None:
-        try:
-            await self.shared.tell_throttling(notice)
-            self.counters["throttling_told"] += 1
-        except RedisUnavailable as exc:
-            state = "dead" if news.kind == DEAD else "throttled"
-            self.host.log.warning(
-                f"shared state {self.settings.endpoint}: the fleet did not hear that "
-                f"{news.nexthop} ({news.transport}) is {state}: {exc}")
-
-    def _throttling_heard(self, payload: bytes) -> None:
-        """Another server found a destination dead or throttled: so it is here."""
-        if self.seal is None:
-            return
-        try:
-            notice = self.seal.open(payload, time.time())
-        except ValueError as exc:
-            self.counters["throttling_refused"] += 1
-            held = self.news_warn.allow(self.clock())
-            if held is not None:
-                more = f" ({held} more since the last warning)" if held else ""
-                self.host.log.warning(
-                    f"shared state {self.settings.endpoint}: refused a notice of throttling: "
-                    f"{exc}{more}; this warning at most once a minute")
-            return
-        news = notice.news
-        if notice.instance == self.shared.instance or not self.shares(news.transport):
-            return
-        self.counters["throttling_heard"] += 1
-        self.host.after_control(self.host.scheduler.learnt(news, notice.node, self.clock()))
+        self.news.tell(found, self.shares)
 
     # -- status ---------------------------------------------------------------------------
 

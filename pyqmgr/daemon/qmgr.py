@@ -110,6 +110,25 @@ class QueueScan:
         return qid
 
 
+def scan_requests(data: bytes) -> tuple[int, int]:
+    """The scan flags of a trigger's request bytes (mail_proto.h's QMGR_REQ_*), for
+    (incoming, deferred): every byte counts, each once."""
+    incoming = deferred = 0
+    for byte in set(data):
+        ch = chr(byte)
+        if ch in "WI":
+            incoming |= SCAN_START
+        elif ch == "D":
+            deferred |= SCAN_START
+        elif ch == "A":
+            incoming |= SCAN_ALL
+            deferred |= SCAN_ALL
+        elif ch == "F":
+            incoming |= FLUSH_ONCE | FLUSH_DFXP
+            deferred |= FLUSH_ONCE | FLUSH_DFXP
+    return incoming, deferred
+
+
 class Qmgr:
     def __init__(self, cfg: QmgrConfig, log: MailLog, flow: FlowControl | None,
                  setup: DaemonSetup) -> None:
@@ -194,19 +213,7 @@ class Qmgr:
 
     def trigger(self, data: bytes) -> None:
         """A trigger arrived on ``public/qmgr``: OR all request bytes, act once."""
-        incoming = deferred = 0
-        for byte in set(data):
-            ch = chr(byte)
-            if ch in "WI":
-                incoming |= SCAN_START
-            elif ch == "D":
-                deferred |= SCAN_START
-            elif ch == "A":
-                incoming |= SCAN_ALL
-                deferred |= SCAN_ALL
-            elif ch == "F":
-                incoming |= FLUSH_ONCE | FLUSH_DFXP
-                deferred |= FLUSH_ONCE | FLUSH_DFXP
+        incoming, deferred = scan_requests(data)
         if (incoming | deferred) & FLUSH_ONCE:
             self.apply(self.scheduler.enable_all())
         if incoming:

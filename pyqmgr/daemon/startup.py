@@ -153,14 +153,8 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # Operator suspensions outlive the process in data_directory, outside the chroot:
     # its directory is opened now and used through the descriptor from then on.
     state = suspensions.open_state(cfg, log)
-    _drop_privileges(cfg, chroot=opts.chroot, unprivileged=opts.unprivileged)
-    if not opts.unprivileged:
-        # Stock's qmgr stays root too with unpriv = n; said, because root then parses
-        # every reply, request and notice pyqmgr reads (issue #31).
-        log.warning(f"master.cf runs {opts.service_name} with unpriv = n: pyqmgr keeps "
-                    f"root privileges, as stock's qmgr would, and parses what delivery "
-                    f"agents, the control socket and Redis send as root; set the unpriv "
-                    f"column to - or y to run it as {cfg.mail_owner}")
+    _drop_privileges(cfg, log, opts.service_name, chroot=opts.chroot,
+                     unprivileged=opts.unprivileged)
 
     status = MasterStatus(STATUS_FD, os.getpid(), generation) if _fd_open(STATUS_FD) else None
     flow = FlowControl() if _fd_open(3) and _fd_open(4) else None
@@ -232,8 +226,16 @@ def _fd_open(fd: int) -> bool:
         return False
 
 
-def _drop_privileges(cfg: QmgrConfig, *, chroot: bool, unprivileged: bool) -> None:
+def _drop_privileges(cfg: QmgrConfig, log: MailLog, service: str, *, chroot: bool,
+                     unprivileged: bool) -> None:
     """setgid, initgroups, chroot, setuid: the order of Postfix's ``chroot_uid()``."""
+    if not unprivileged:
+        # Stock's qmgr stays root too with unpriv = n; said, because root then parses
+        # every reply, request and notice pyqmgr reads (issue #31).
+        log.warning(f"master.cf runs {service} with unpriv = n: pyqmgr keeps root "
+                    f"privileges, as stock's qmgr would, and parses what delivery "
+                    f"agents, the control socket and Redis send as root; set the unpriv "
+                    f"column to - or y to run it as {cfg.mail_owner}")
     if not unprivileged and not chroot:
         return
     if unprivileged:

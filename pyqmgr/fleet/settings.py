@@ -216,8 +216,12 @@ def read_password(path: str) -> str:
     return password
 
 
-def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
-    """pyqmgr.cf's fleet settings; None when ``shared_state`` is unset or empty."""
+def fleet_settings(settings: PyqmgrCf, myhostname: str,
+                   key: bytes | None = None) -> FleetSettings | None:
+    """pyqmgr.cf's fleet settings; None when ``shared_state`` is unset or empty.
+
+    ``key``: the fleet's key given, not read from ``shared_state_key_file`` (the
+    simulator's fleet, whose news never leaves the process)."""
     text = (settings.get(SHARED_STATE) or "").strip()
     per_transport = [k for k in settings.values if k.endswith(PER_TRANSPORT)]
     if not text:
@@ -226,7 +230,7 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str) -> FleetSettings | None:
             if settings.get(name) is not None:
                 raise settings.error(name, f"has no effect without {SHARED_STATE}")
         return None
-    key = _key(settings)
+    key = _key(settings) if key is None else key
     for param in per_transport:
         name = next(n for n in PER_TRANSPORT if param.endswith(n))
         transport = param[:-len(name) - 1] or None

@@ -84,7 +84,10 @@ def scenario_fleet(sc: Scenario) -> FleetSettings:
     """
     values = {"shared_state": "redis://simulated.invalid:6379", **sc.pyqmgr_cf}
     try:
-        settings = fleet_settings(PyqmgrCf(SECTION, True, values), "sim.example")
+        # News between simulated servers never leaves the process: nothing to sign,
+        # and throttling is shared as a real fleet with its key shares it.
+        settings = fleet_settings(PyqmgrCf(SECTION, True, values), "sim.example",
+                                  key=b"simulated")
     except PyqmgrCfError as exc:
         raise ScenarioError(str(exc).replace(": parameter ", ".", 1)) from None
     assert settings is not None
