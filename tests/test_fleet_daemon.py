@@ -438,7 +438,9 @@ def test_redis_losing_its_data_mid_run_loosens_no_limit(postfix_instance, sink,
     it starts another; and the suspension holds on every server and is written back,
     where a flush once lifted it everywhere."""
     redis = redis_server()
-    srv: SinkServer = sink(latency=0.5, client_limit=SINK_SESSIONS)
+    # Deliveries of 2 s, leases of 6 s renewed every 2 s: deliveries under way when
+    # Redis loses its data are still under way at the recount and the next renewal.
+    srv: SinkServer = sink(latency=2.0, client_limit=SINK_SESSIONS)
     nodes = start_nodes(postfix_instance, srv, fleet_cf(
         redis, shared_state_failure="hold", shared_state_lease_time="6s"))
     for pf in nodes:
@@ -449,9 +451,10 @@ def test_redis_losing_its_data_mid_run_loosens_no_limit(postfix_instance, sink,
     assert proc.returncode == 0, proc.stderr
     for pf in nodes:
         pf.wait_until(lambda pf=pf: held in suspended(pf), 5, "the fleet's suspension")
-    total = NODES * PER_NODE
-    send_all(nodes, "l")
-    nodes[0].wait_until(lambda: len(srv.messages()) >= 10, 30, "deliveries under way")
+    per_node = 20
+    total = NODES * per_node
+    send_all(nodes, "l", per_node)
+    nodes[0].wait_until(lambda: len(srv.messages()) >= 10, 60, "deliveries under way")
     assert redis.command("FLUSHALL") == "OK"
     flushed = len(srv.messages())
     nodes[0].wait_until(lambda: len(srv.messages()) >= flushed + 15, 60,
@@ -474,7 +477,8 @@ def test_redis_losing_its_data_mid_run_loosens_no_limit(postfix_instance, sink,
     # The suspension holds everywhere and is in Redis again.
     for pf in nodes:
         assert held in suspended(pf), pf.config_dir
-    nodes[0].wait_until(lambda: redis.command("HEXISTS", "pyqmgr:suspensions", held) == 1,
+    nodes[0].wait_until(lambda: redis.command("HEXISTS", "pyqmgr:suspensions",
+                                              "other.example") == 1,
                         20, "the suspension written back to Redis")
     assert any(pf.maillog.lines(contains="is missing from Redis") for pf in nodes)
 
@@ -496,7 +500,8 @@ def test_a_fleet_suspension_made_while_redis_is_down_holds_and_is_shared_later(
     assert held in suspended(pf)
     pf.maillog.wait_for("holds on this server until Redis is back", 10)
     redis.start()
-    pf.wait_until(lambda: redis.command("HEXISTS", "pyqmgr:suspensions", held) == 1, 30,
+    pf.wait_until(lambda: redis.command("HEXISTS", "pyqmgr:suspensions",
+                                        "other.example") == 1, 30,
                   "the suspension written to the fleet's table once Redis is back")
     time.sleep(1)
     assert held in suspended(pf), "the reconnection ended the suspension"
