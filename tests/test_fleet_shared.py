@@ -272,3 +272,25 @@ def test_a_new_fleet_counts_once_before_its_first_start(redis_server):
         await close([node])
 
     run(main)
+
+
+def test_the_suspensions_table_forgets_only_what_did_not_change(redis_server):
+    """An ended record is taken out only when it is still the one read (a server may
+    have written a new one meanwhile); a lost one is written back only when the
+    table has none (issue #31: the table never dropped expired records)."""
+    server = redis_server()
+
+    async def main() -> None:
+        (node,) = nodes(server, 1)
+        await node.set_suspension("x.example", '{"old": 1}', "{}")
+        await node.set_suspension("x.example", '{"new": 2}', "{}")
+        await node.forget_suspension("x.example", b'{"old": 1}')
+        assert await node.suspensions() == {"x.example": b'{"new": 2}'}
+        await node.forget_suspension("x.example", b'{"new": 2}')
+        assert await node.suspensions() == {}
+        await node.restore_suspension("y.example", '{"lost": 1}')
+        await node.restore_suspension("y.example", '{"stale": 1}')
+        assert await node.suspensions() == {"y.example": b'{"lost": 1}'}
+        await close([node])
+
+    run(main)
