@@ -23,9 +23,15 @@ def nodes(server: RedisServer, n: int = 3, lease_time: float = 60.0,
     """``n`` nodes of one fleet; ``counted``: the fleet counted its sessions already
     (else its first start meets the recount of a Redis without an epoch)."""
     if counted:
-        assert server.command("SET", "t:epoch", "0") == "OK"
+        assert server.command("SET", "t:epoch", f"{run_id(server)} 0") == "OK"
     return [Shared(RedisClient(Endpoint(host="127.0.0.1", port=server.port), timeout=2),
                    "t:", f"node{i}", lease_time) for i in range(n)]
+
+
+def run_id(server: RedisServer) -> str:
+    info = server.command("INFO", "server")
+    assert isinstance(info, bytes)
+    return info.decode().split("run_id:", 1)[1].split()[0]
 
 
 async def close(fleet: list[Shared]) -> None:
@@ -291,6 +297,25 @@ def test_the_suspensions_table_forgets_only_what_did_not_change(redis_server):
         await node.restore_suspension("y.example", '{"lost": 1}')
         await node.restore_suspension("y.example", '{"stale": 1}')
         assert await node.suspensions() == {"y.example": b'{"lost": 1}'}
+        await close([node])
+
+    run(main)
+
+
+def test_another_redis_process_means_a_recount(redis_server):
+    """Redis restarted from a snapshot (or a replica promoted) brings back an epoch
+    and counts older than the deliveries under way: the epoch names the Redis process
+    that wrote it, and another process's epoch is a recount too."""
+    server = redis_server()
+
+    async def main() -> None:
+        (node,) = nodes(server, 1)
+        assert (await node.admit("smtp", "s.example", 3)).admitted
+        assert server.command("SET", "t:epoch", "0123abcd 0") == "OK"
+        again = await node.admit("smtp", "s.example", 3)
+        assert again.recount and not again.admitted
+        epoch = server.command("GET", "t:epoch")
+        assert isinstance(epoch, bytes) and epoch.startswith(run_id(server).encode())
         await close([node])
 
     run(main)

@@ -49,22 +49,30 @@ from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
 #: destination's waiting list (once), to be handed a session when one is given back
 #: (RELEASE).
 #:
-#: The epoch key says when the fleet last counted its sessions. Missing, Redis lost
-#: its data (a restart, a flush, an eviction) or the fleet is new: its session counts
-#: may be short of the deliveries under way, and admitting on them would loosen every
-#: limit. So the script asks every node to count its leases again (a message on the
-#: recount channel) and refuses every start for the recount time.
+#: The epoch key says which Redis process (its run_id) last had the fleet count its
+#: sessions, and from when starts may go on ("RUN_ID MS"). Missing, or of another
+#: process, Redis lost its data (a flush, an eviction; a restart, even from a
+#: snapshot, which brings back counts older than the deliveries under way; a
+#: failover to a replica) or the fleet is new: admitting on those counts would
+#: loosen every limit. So the script asks every node to count its leases again (a
+#: message on the recount channel) and refuses every start for the recount time.
 ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or '-'
 local epoch = redis.call('GET', KEYS[4])
-if not epoch then
-  redis.call('SET', KEYS[4], now + tonumber(ARGV[8]))
+local from = nil
+if epoch then
+  local r, ms = string.match(epoch, '^(%S+) (%d+)$')
+  if r == run then from = tonumber(ms) end
+end
+if not from then
+  redis.call('SET', KEYS[4], run .. ' ' .. (now + tonumber(ARGV[8])))
   redis.call('PUBLISH', ARGV[9], 'recount')
   return {0, tonumber(ARGV[8]), 0, 1}
 end
-if tonumber(epoch) > now then
-  return {0, tonumber(epoch) - now, 0, 1}
+if from > now then
+  return {0, from - now, 0, 1}
 end
 local lease, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local interval, burst = tonumber(ARGV[3]), tonumber(ARGV[4])
