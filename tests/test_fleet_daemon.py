@@ -505,3 +505,27 @@ def test_a_fleet_suspension_made_while_redis_is_down_holds_and_is_shared_later(
                   "the suspension written to the fleet's table once Redis is back")
     time.sleep(1)
     assert held in suspended(pf), "the reconnection ended the suspension"
+    # Records that are not records, from anyone who reaches Redis: read as nothing,
+    # never a failed task (which would end the daemon, again at every restart).
+    pid = pf.qmgr_pid()
+    bad = ('{"target": "x", "reason": "r", "by": "b", "node": "n", "until": 1'
+           + "0" * 400 + "}")
+    redis.command("HSET", "pyqmgr:suspensions", "bad.example", bad)
+    redis.command("HSET", "pyqmgr:suspensions", "deep.example", "[" * 100_000)
+    redis.command("PUBLISH", "pyqmgr:suspensions", "{}")
+    time.sleep(1.5)
+    assert pf.qmgr_pid() == pid and not pf.maillog.lines(contains="fatal")
+    assert held in suspended(pf)
+    # A resume while Redis is down holds too: written when Redis is back, not undone
+    # by the record the table has again (Redis comes back from a snapshot taken
+    # while the suspension was in force).
+    assert redis.command("SAVE") == "OK"
+    redis.stop(remove=False)
+    proc = cli(pf, "resume", "other.example", "--fleet")
+    assert proc.returncode == 0, proc.stderr
+    redis.start()
+    pf.wait_until(lambda: b'"ended": true' in (redis.command(
+        "HGET", "pyqmgr:suspensions", "other.example") or b""), 30,
+        "the resume's tombstone in the fleet's table")
+    time.sleep(1)
+    assert held not in suspended(pf), "the reconnection suspended it again"

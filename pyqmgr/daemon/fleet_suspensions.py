@@ -11,6 +11,7 @@ suspension, and on which server, is in every server's maillog, marked
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,6 +62,9 @@ class FleetSuspensions:
         self.host, self.shared, self.settings = host, shared, settings
         #: The fleet's suspensions in force here, by target: the record as read.
         self.applied: dict[str, dict[str, object]] = {}
+        #: Resumes made here that Redis has not taken yet (it was down): target ->
+        #: tombstone, written at the next sync before the table is read as news.
+        self.unsent: dict[str, str] = {}
 
     def share(self, target: str, reason: str, ttl: float, who: str) -> None:
         """A suspension made here with --fleet: into the fleet's table, news to all."""
@@ -77,11 +81,14 @@ class FleetSuspensions:
         tomb = {"target": target, "reason": "", "by": who, "node": self.settings.node,
                 "until": max(until, time.time() + TOMBSTONE), "ended": True}
         news = json.dumps({"by": who, "node": self.settings.node})
-        self.host.spawn(self._set(target, json.dumps(tomb), news))
+        self.unsent[target] = json.dumps(tomb)
+        self.host.spawn(self._set(target, self.unsent[target], news))
 
     async def _set(self, target: str, record: str, news: str) -> None:
         try:
             await self.shared.set_suspension(target, record, news)
+            if self.unsent.get(target) == record:
+                del self.unsent[target]
         except RedisUnavailable as exc:
             self.host.log.warning(f"shared state {self.settings.endpoint}: the fleet did "
                                   f"not hear of the change to the suspension of {target}: "
@@ -92,12 +99,26 @@ class FleetSuspensions:
         self.host.spawn(self._sync())
 
     async def _sync(self) -> None:
+        try:
+            await self._sync_table()
+        except RedisUnavailable:
+            pass  # the next news, or the next resubscription, reads it again
+        except Exception as exc:  # noqa: BLE001 - Redis is anyone's who reaches it
+            # A task that fails ends the daemon (Qmgr._task_done); what the table holds
+            # must not, or one bad record would restart every server of the fleet.
+            self.host.log.warning(f"shared state {self.settings.endpoint}: the fleet's "
+                                  f"suspensions not read: {type(exc).__name__}: {exc}")
+
+    async def _sync_table(self) -> None:
         """Bring this server's suspensions in line with the fleet's table, and the
         table in line with what this server holds that Redis lost."""
-        try:
-            table = await self.shared.suspensions()
-        except RedisUnavailable:
-            return  # the next news, or the next resubscription, reads it again
+        for target, unsent in list(self.unsent.items()):
+            news = json.dumps({"by": "resumed while Redis was away",
+                               "node": self.settings.node})
+            await self.shared.set_suspension(target, unsent, news)
+            if self.unsent.get(target) == unsent:
+                del self.unsent[target]
+        table = await self.shared.suspensions()
         now = time.time()
         current: dict[str, dict[str, object]] = {}
         tombs: dict[str, dict[str, object]] = {}
@@ -171,16 +192,30 @@ class FleetSuspensions:
 TOMBSTONE = 86400.0
 
 
+#: The longest record read from the table (a reason is at most a few hundred bytes).
+MAX_RECORD = 8192
+
+
 def _record(raw: bytes) -> dict[str, object] | None:
-    """A suspension record (or tombstone) from the fleet's table, or None."""
+    """A suspension record (or tombstone) from the fleet's table, or None: the table
+    is anyone's who reaches Redis, and no record may raise (a 400-digit ``until``,
+    JSON nested 100,000 deep)."""
+    if len(raw) > MAX_RECORD:
+        return None
     try:
         record = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or not all(
             isinstance(record.get(k), str) for k in ("target", "reason", "by", "node")):
         return None
     until = record.get("until")
     if isinstance(until, bool) or not isinstance(until, int | float):
+        return None
+    try:
+        record["until"] = float(until)
+    except OverflowError:
+        return None
+    if not math.isfinite(record["until"]):  # type: ignore[arg-type]
         return None
     return record
