@@ -22,10 +22,13 @@ class OutputError(Exception):
 
 def output_dir(path: str) -> str:
     """Make ``path`` (and what is missing above it), or accept it as it is: a real
-    directory owned by this user, writable by no one else. OutputError otherwise."""
+    directory owned by this user, writable by no one else, under directories where
+    no one else can swap it for a link (each is root's or this user's, and writable
+    by no one else unless sticky, as /tmp is). OutputError otherwise."""
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         os.makedirs(parent, 0o755, exist_ok=True)
+    _check_ancestors(os.path.realpath(parent))
     try:
         os.mkdir(path, 0o755)
     except FileExistsError:
@@ -44,6 +47,28 @@ def output_dir(path: str) -> str:
         raise OutputError(f"{path}: others can write to it (mode "
                           f"{stat.S_IMODE(st.st_mode):04o}); name another or chmod go-w")
     return path
+
+
+def _check_ancestors(directory: str) -> None:
+    """Every directory from / down to ``directory`` (links resolved): one whose
+    entries another user may rename is one where the output could be swapped for a
+    link while a run writes into it."""
+    me = os.geteuid()
+    current = directory
+    while True:
+        st = os.stat(current)
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        if st.st_uid not in (0, me):
+            raise OutputError(f"{current} belongs to uid {st.st_uid}: another user could "
+                              "swap the output for a link; write elsewhere")
+        if st.st_mode & 0o022 and not sticky:
+            raise OutputError(f"{current} can be written by others (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}, not sticky): another user "
+                              "could swap the output for a link; write elsewhere")
+        up = os.path.dirname(current)
+        if up == current:
+            return
+        current = up
 
 
 def open_new(path: str, mode: str = "w", **kw: Any) -> IO[Any]:

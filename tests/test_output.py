@@ -106,3 +106,21 @@ def test_the_tools_refuse_a_planted_link_and_leave_its_target_alone(shared, tmp_
         assert proc.returncode == 1 and "plot.png: a symbolic link; not written" in \
             proc.stderr, proc.stderr
     assert victim.read_text() == "precious\n"
+
+
+def test_a_directory_under_one_others_can_rename_in_is_refused(tmp_path):
+    """A parent others can write to without the sticky bit lets them rename the output
+    directory mid-run and put a link in its place: refused, whoever owns the output."""
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    with pytest.raises(OutputError, match=r"can be written by others \(mode 0777, not "
+                                          r"sticky\): another user could swap"):
+        output_dir(str(loose / "out"))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, OTHER, OTHER)
+    with pytest.raises(OutputError, match=f"belongs to uid {OTHER}: another user could"):
+        output_dir(str(theirs / "out"))
+    os.chmod(loose, 0o1777)
+    assert output_dir(str(loose / "out")), "sticky, as /tmp: others cannot rename ours"
