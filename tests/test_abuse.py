@@ -203,9 +203,10 @@ _MEASURED = ("import resource, sys\nfrom pyqmgr.cli import main\ntry:\n    code 
 
 
 def _replay(*paths: str) -> tuple[dict[str, object], int]:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", _MEASURED, "replay", *paths, "--year",
                            "2026", "--json"], capture_output=True, text=True, timeout=300,
-                          check=False)
+                          check=False, env=dict(os.environ, PYTHONPATH=root))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout), int(proc.stderr.strip().splitlines()[-1])
 
@@ -237,13 +238,24 @@ def test_a_100_mb_line_and_a_gzip_bomb_cost_replay_no_memory(tmp_path):
     with gzip.open(bomb, "wb", compresslevel=9) as g:
         for _ in range(20_000):  # 1.4 GB of text
             g.write(line * 10)
-    rep, kib = _replay(big, bomb)
+    # And one with no newline at all: 1 GB of one endless line.
+    endless = str(tmp_path / "mail.log.2.gz")
+    with gzip.open(endless, "wb", compresslevel=1) as g:
+        chunk = b"y" * (1 << 20)
+        for _ in range(1024):
+            g.write(chunk)
+    t0 = time.monotonic()
+    rep, kib = _replay(big, bomb, endless)
+    took = time.monotonic() - t0
     skipped = rep["input"]["skipped"]  # type: ignore[index]
     print(f"\nreplay's peak RSS: {base_kib / 1024:.0f} MiB for a small log, "
           f"{kib / 1024:.0f} MiB with a 100 MB line and a "
-          f"{os.path.getsize(bomb) / 1e6:.1f} MB gzip bomb; skipped {skipped}")
+          f"{os.path.getsize(bomb) / 1e6:.1f} MB gzip bomb and a "
+          f"{os.path.getsize(endless) / 1e6:.1f} MB one without a newline, in {took:.1f} s; "
+          f"skipped {skipped}")
     assert skipped["line too long"] == 1, skipped
-    assert skipped["gzip file expands more than 200 times over (read up to there)"] == 1
+    assert skipped["gzip file expands more than 200 times over (read up to there)"] == 2
+    assert took < 60, took
     assert rep["instances"][0]["messages"]["replayed"] == 5  # type: ignore[index]
     assert kib < base_kib + 30 * 1024, (base_kib, kib)
 

@@ -53,21 +53,34 @@ def _bounded_lines(f: IO[str], compressed: Callable[[], int] | None) -> Iterator
     yielded as its first MAX_LINE + 1 characters, the rest read and dropped), and
     for gzip, GzipBomb past MAX_GZIP_RATIO."""
     text = 0
+    limit = GZIP_GRACE if compressed is not None else -1
     while True:
         raw = f.readline(MAX_LINE + 1)
         if not raw:
             return
         text += len(raw)
         if len(raw) > MAX_LINE and not raw.endswith("\n"):
+            # The rest of an endless line, dropped; a bomb with no newline at all is
+            # stopped here too.
             while True:
                 rest = f.readline(MAX_LINE)
                 text += len(rest)
+                if 0 <= limit < text:
+                    limit = _ratio_check(text, compressed)
                 if not rest or rest.endswith("\n"):
                     break
-        if compressed is not None and text > GZIP_GRACE and \
-                text > MAX_GZIP_RATIO * max(1, compressed()):
-            raise GzipBomb(f"expands more than {MAX_GZIP_RATIO} times over")
+        if 0 <= limit < text:
+            limit = _ratio_check(text, compressed)
         yield raw
+
+
+def _ratio_check(text: int, compressed: Callable[[], int] | None) -> int:
+    """GzipBomb past MAX_GZIP_RATIO; else how much text to read before the next check
+    (every 64 KiB of text, not every line)."""
+    assert compressed is not None
+    if text > MAX_GZIP_RATIO * max(1, compressed()):
+        raise GzipBomb(f"expands more than {MAX_GZIP_RATIO} times over")
+    return text + 65536
 
 _TRADITIONAL = re.compile(
     r"^(?P<mon>[A-Z][a-z]{2}) (?P<day>[ \d]\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
