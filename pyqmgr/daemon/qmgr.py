@@ -106,7 +106,7 @@ class QueueScan:
                 if qid is None:
                     self.handle = None
         except mail_queue.ScanError as exc:
-            raise Fatal(exc.strerror or str(exc)) from None
+            raise Fatal(str(exc)) from None
         return qid
 
 

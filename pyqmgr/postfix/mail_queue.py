@@ -239,8 +239,11 @@ def scan_all(queue: str, *, warn: Warn | None = None) -> Iterator[str]:
             it.close()
 
 
-class ScanError(OSError):
-    """A queue directory that cannot be opened: stock's scan_dir_push is fatal."""
+class ScanError(Exception):
+    """A queue directory that cannot be opened: stock's scan_dir_push is fatal.
+
+    Not an OSError subclass: this module is compiled (pyqmgr.build), and mypyc does
+    not subclass most built-in types."""
 
 
 def _scan_dir_push(path: str, warn: Warn | None) -> Iterator[os.DirEntry[str]] | None:
@@ -251,7 +254,7 @@ def _scan_dir_push(path: str, warn: Warn | None) -> Iterator[os.DirEntry[str]] |
     except OSError as exc:
         text = f"scan_dir_push: open directory {path}: {exc.strerror}"
         if warn is None:
-            raise ScanError(exc.errno, text) from None
+            raise ScanError(text) from None
         warn(text)
         return None
 

@@ -73,3 +73,42 @@ def test_no_compiled_function_binds_a_handler_name_to_two_types():
             found += [(os.path.relpath(path, ROOT), *hit)
                       for hit in handler_names_with_two_types(f.read())]
     assert not found, found
+
+
+#: Built-in types mypyc lets a compiled class have in its MRO (mypyc's
+#: can_subclass_builtin, BaseException and dict special-cased); any other ("Inheriting
+#: from most builtin types is unimplemented": a ScanError(OSError) once broke the
+#: compiled build while the pure suite passed).
+COMPILABLE_BUILTINS = {"object", "Exception", "BaseException", "LookupError", "IndexError",
+                       "Warning", "UserWarning", "ValueError", "dict"}
+
+
+def builtin_bases(source: str) -> list[tuple[str, int, str]]:
+    """(class, line, base) for every class with a built-in base mypyc refuses."""
+    import builtins
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = ast.unparse(base)
+                kind = getattr(builtins, name, None)
+                if isinstance(kind, type) and any(
+                        c.__name__ not in COMPILABLE_BUILTINS for c in kind.__mro__):
+                    found.append((node.name, node.lineno, name))
+    return found
+
+
+def test_the_check_finds_a_class_based_on_a_builtin():
+    assert builtin_bases("class E(OSError):\n    pass\n") == [("E", 1, "OSError")]
+    assert builtin_bases("class E(Exception):\n    pass\n") == []
+    assert builtin_bases("class E(ValueError):\n    pass\n") == []
+    assert builtin_bases("class E(KeyError):\n    pass\n") == [("E", 1, "KeyError")]
+
+
+def test_no_compiled_class_is_based_on_a_builtin_mypyc_refuses():
+    found = []
+    for path in compiled_files():
+        with open(path, encoding="utf-8") as f:
+            found += [(os.path.relpath(path, ROOT), *hit) for hit in builtin_bases(f.read())]
+    assert not found, found
