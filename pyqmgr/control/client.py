@@ -52,6 +52,20 @@ def socket_path(config_dir: str) -> str:
     return os.path.join(queue_directory(config_dir), SOCKET_PATH)
 
 
+def _connect(sock: socket.socket, path: str, deadline: float) -> None:
+    """connect(), again while the socket's listen queue is full (EAGAIN) and time is
+    left: another user's flood of connections can fill it for moments at a time, and
+    the daemon empties it fast (issue #31)."""
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + 0.02 >= deadline:
+                raise
+            time.sleep(0.02)
+
+
 def request(path: str, command: str, args: dict[str, object] | None = None, *,
             timeout: float = CLIENT_TIMEOUT) -> dict[str, object]:
     """Send one request to the daemon at ``path``; return its decoded reply.
@@ -65,7 +79,7 @@ def request(path: str, command: str, args: dict[str, object] | None = None, *,
     try:
         sock.settimeout(timeout)
         try:
-            sock.connect(path)
+            _connect(sock, path, deadline)
         except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):
             raise ClientError(f"cannot connect to {path}: the pyqmgr daemon is not running "
                               "(or this instance does not run pyqmgr)", "unavailable") from None

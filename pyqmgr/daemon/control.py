@@ -78,6 +78,11 @@ SOCKET_PATH = os.path.join(SOCKET_DIR, "control")
 
 #: Clients served at once; more are answered "busy" and closed at once.
 MAX_CLIENTS = 16
+#: The listening socket's queue of connections not yet accepted, and so the most
+#: connections accepted in one event-loop pass (asyncio's accept loop takes that
+#: many): deep enough that a flood leaves root room, shallow enough that the
+#: descriptors a flood costs at once stay a few dozen.
+LISTEN_BACKLOG = 64
 #: Connections one user (not root, not mail_owner) is served at once.
 MAX_PER_UID = 4
 #: Connections kept for root and mail_owner whatever other users hold.
@@ -258,11 +263,13 @@ class ControlServer(BoundedServer):
         try:
             sock.bind(path)
             os.chmod(path, 0o666)
-            sock.listen(self.max_clients)
+            # A deep queue: a local user's flood of connections must not leave root's
+            # none (the client also retries a full one, EAGAIN, until its timeout).
+            sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
             self._server = await loop.create_unix_server(
-                lambda: _Connection(self), sock=sock)
+                lambda: _Connection(self), sock=sock, backlog=LISTEN_BACKLOG)
         except BaseException:
             sock.close()
             raise
