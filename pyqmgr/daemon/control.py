@@ -135,9 +135,13 @@ class Access:
     names: dict[int, str] = field(default_factory=dict)
     acl_error: str | None = None
 
+    def privileged(self, peer: Peer | None) -> bool:
+        """root or mail_owner: may send controls, and is never bounded as a user is."""
+        return peer is not None and (peer.uid == 0 or peer.uid == self.mail_owner_uid)
+
     def refusal(self, request: Request, peer: Peer) -> str | None:
         """None if ``peer`` may send ``request``, else the text of the refusal."""
-        privileged = peer.uid == 0 or peer.uid == self.mail_owner_uid
+        privileged = self.privileged(peer)
         if request.kind == CONTROL:
             if privileged:
                 return None
@@ -223,12 +227,9 @@ class ControlServer(BoundedServer):
         self.unprivileged = 0
         self._warn_gates: dict[int | None, WarnGate] = {}
 
-    def privileged(self, peer: Peer | None) -> bool:
-        return peer is not None and (peer.uid == 0 or peer.uid == self.access.mail_owner_uid)
-
     def admit(self, conn: OneReplyConnection[Any]) -> bool:
         peer = conn.peer if isinstance(conn, _Connection) else None
-        if self.privileged(peer):
+        if self.access.privileged(peer):
             return super().admit(conn)
         uid = peer.uid if peer is not None else -1
         if self.per_uid.get(uid, 0) >= MAX_PER_UID:
@@ -244,7 +245,7 @@ class ControlServer(BoundedServer):
     def release(self, conn: OneReplyConnection[Any]) -> None:
         super().release(conn)
         peer = conn.peer if isinstance(conn, _Connection) else None
-        if self.privileged(peer):
+        if self.access.privileged(peer):
             return
         uid = peer.uid if peer is not None else -1
         left = self.per_uid.get(uid, 1) - 1
@@ -295,7 +296,7 @@ class ControlServer(BoundedServer):
         """A warning; for users other than root and mail_owner at most one a minute
         for each uid (``time.monotonic``: this is the daemon's edge, not the core)."""
         who = str(peer) if peer is not None else "unknown peer"
-        if self.privileged(peer):
+        if self.access.privileged(peer):
             self.log.warning(f"control request from {who}: {text}")
             return
         key = peer.uid if peer is not None else None
