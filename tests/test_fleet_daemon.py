@@ -123,7 +123,11 @@ def test_three_nodes_keep_to_the_fleets_five_sessions(postfix_instance, sink, re
     # next start, here or on another server; beyond that only each server's first
     # questions and last releases.
     assert trips <= total + NODES * (SINK_SESSIONS + 2), trips
-    assert busy > 0.9, f"the sink was busy {busy:.0%} of its {SINK_SESSIONS} sessions"
+    # A session lost for the whole run caps this at 4 of 5 (0.8); a
+    # serialising fleet at 1 of 5. Above 0.8 is what the fleet guarantees; the
+    # rest is the ramp and the tail, which the machine's load moves (89.996% in
+    # one CI run, 90-95% here).
+    assert busy > 0.8, f"the sink was busy {busy:.0%} of its {SINK_SESSIONS} sessions"
     assert max(stats.delivered.values()) == 1, "a recipient delivered twice"
     for pf in nodes:
         assert not pf.maillog.lines(contains="shared state"), "Redis was there all along"
