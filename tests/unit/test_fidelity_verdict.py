@@ -1,62 +1,79 @@
-"""The held-out fidelity benchmark's verdict: which misses fail ``.ci/run``."""
+"""The fidelity gate's criterion (benchmarks/fidelity.py): the score, and its verdict
+on forecasts whose faults are known."""
 
 from __future__ import annotations
 
-from benchmarks.fidelity import ALLOWED_MISSES, ALLOWED_WIDE, verdict
+import random
+
+import pytest
+
+from benchmarks.fidelity import RESOLUTION, TOLERANCE, crps, score
 
 
-def _row(shape: str, dest: str, figure: str, inside: bool, width_ok: bool = True) -> dict:
-    return {"shape": shape, "destination": dest, "figure": figure, "real": [1, 2, 3],
-            "range": [1, 3], "inside": inside, "width_ok": width_ok}
+def test_crps_is_zero_for_a_forecast_all_at_the_value_and_grows_with_distance():
+    assert crps([5, 5, 5], 5) == 0
+    assert crps([5], 7) == 2
+    assert crps([4, 6], 5) == pytest.approx(1 - 1)  # near 1 on average, spread 2 / 2
+    assert crps([5, 5], 8) > crps([5, 5], 6) > 0
 
 
-def test_an_allowed_miss_is_reported_with_its_reason_and_does_not_fail():
-    rows = [_row("field", "rate.example", "deferred", False),
-            _row("field", "near.example", "p50", True)]
-    failing, allowed = verdict(["field rate.example deferred"], rows, strict=False)
-    assert failing == []
-    assert allowed == ["field rate.example deferred: "
-                       + ALLOWED_MISSES[("field", "rate.example", "deferred")]]
+def test_crps_charges_a_forecast_spread_too_wide():
+    # The value is always 10: a forecast around it with a wide spread scores worse than
+    # a narrow one, though both are centred.
+    assert crps([0, 20, 0, 20], 10) > crps([9, 11, 9, 11], 10)
 
 
-def test_any_other_miss_fails_and_strict_fails_them_all():
-    rows = [_row("field", "rate.example", "p50", True, width_ok=False),
-            _row("field", "near.example", "p95", False),
-            _row("filtered", "rate.example", "deferred", False)]
-    misses = ["field rate.example p50", "field near.example p95",
-              "filtered rate.example deferred"]
-    failing, allowed = verdict(misses, rows, strict=False)
-    assert failing == ["field near.example p95", "filtered rate.example deferred"]
-    assert len(allowed) == 1
-    assert verdict(misses, rows, strict=True) == (misses, [])
+def _real(n: int, mean: float, sd: float, rng: random.Random) -> list[float | None]:
+    return [rng.gauss(mean, sd) for _ in range(n)]
 
 
-def test_only_the_chaotic_shapes_figures_are_allowed():
-    """What a site held dead decides (issue #20): the rate limiter's deferrals and
-    delays, the down host's deferral count, and the two 421 limiters' deferral counts,
-    where the replay leans one refusal low for a cause not found; never a delay of a
-    destination not held dead, a bounce or another shape."""
-    assert set(ALLOWED_MISSES) == {
-        ("field", "rate.example", "deferred"), ("field", "rate.example", "p50"),
-        ("field", "rate.example", "p95"), ("field", "down.example", "deferred"),
-        ("field", "below.example", "deferred"), ("field", "near.example", "deferred")}
+def test_a_replay_drawn_as_reality_is_judged_faithful():
+    rng = random.Random(7)
+    real = _real(10, 100, 10, rng)
+    replays = [[rng.gauss(100, 10) for _ in range(10)] for _ in real]
+    row = score("deferred", real, replays)
+    assert row is not None and row["faithful"], row
 
 
-def test_a_range_allowed_wide_still_fails_a_held_out_run_outside_it():
-    """ALLOWED_WIDE excuses the width test alone: the down host's delays may range over
-    both of their values, but a held-out run outside that range is a miss."""
-    wide = _row("field", "down.example", "p50", True, width_ok=False)
-    failing, allowed = verdict(["field down.example p50"], [wide], strict=False)
-    assert failing == []
-    assert allowed == ["field down.example p50 (its width only): "
-                       + ALLOWED_WIDE[("field", "down.example", "p50")]]
-    outside = _row("field", "down.example", "p95", False, width_ok=False)
-    failing, allowed = verdict(["field down.example p95"], [outside], strict=False)
-    assert failing == ["field down.example p95"] and allowed == []
-    assert verdict(["field down.example p50"], [wide], strict=True) == (
-        ["field down.example p50"], [])
+def test_a_replay_off_by_its_spread_or_too_sure_or_too_wide_is_not():
+    rng = random.Random(7)
+    real = _real(10, 100, 10, rng)
+    for mean, sd in ((120, 10), (100, 60)):
+        replays = [[rng.gauss(mean, sd) for _ in range(10)] for _ in real]
+        row = score("deferred", real, replays)
+        assert row is not None and not row["faithful"], (mean, sd, row)
 
 
-def test_only_the_down_hosts_delays_may_range_wide():
-    assert set(ALLOWED_WIDE) == {("field", "down.example", "p50"),
-                                 ("field", "down.example", "p95")}
+def test_reality_that_agrees_with_itself_leaves_the_resolution_only():
+    # Ten runs with no bounces: a replay one bounce off on average is within a try,
+    # two off is not.
+    real: list[float | None] = [0.0] * 10
+    ok = score("bounced", real, [[1.0] * 10] * 10)
+    off = score("bounced", real, [[2.0] * 10] * 10)
+    assert ok is not None and ok["faithful"] and ok["bar"] == RESOLUTION["bounced"]
+    assert off is not None and not off["faithful"]
+
+
+def test_no_run_is_scored_against_its_own_replay():
+    # Run 0's replay predicts run 0 exactly and everything else badly: it must not
+    # get credit for its own run.
+    real: list[float | None] = [0.0, 10.0, 10.0, 10.0]
+    replays = [[0.0] * 5, [10.0] * 5, [10.0] * 5, [10.0] * 5]
+    row = score("p50", real, replays)
+    assert row is not None
+    # Pairs (0, j) score 10 each (3 of 12), the others score 0 or 10 (against run 0).
+    assert row["score_replay"] == pytest.approx((3 * 10 + 3 * 10) / 12)
+
+
+def test_missing_values_are_left_out_and_too_few_runs_give_no_row():
+    assert score("p50", [1.0, None], [[1.0], [1.0]]) is None
+    row = score("p50", [1.0, None, 1.0, 1.0], [[1.0]] * 4)
+    assert row is not None and row["faithful"]
+
+
+def test_the_bar_is_reality_times_the_tolerance_plus_the_resolution():
+    real: list[float | None] = [10.0, 20.0, 30.0]
+    row = score("p95", real, [[20.0] * 4] * 3)
+    assert row is not None
+    assert row["bar"] == pytest.approx(row["score_real"] * (1 + TOLERANCE)
+                                       + RESOLUTION["p95"], abs=1e-3)
