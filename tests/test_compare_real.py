@@ -343,7 +343,10 @@ def test_ctrl_c_stops_everything_and_leaves_nothing_behind():
     proc = subprocess.Popen(
         [script, "compare", os.path.join(ROOT, "compat", "workloads", "dead-mx.toml"),
          "--time-scale", "1", "--with", "stock", "--out", out], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As from a terminal: a suite started in the background (nohup, &) has SIGINT
+        # ignored, children inherit that, and Python then leaves it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         # Wait until its instance runs: a master process of that directory.
