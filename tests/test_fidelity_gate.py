@@ -84,3 +84,18 @@ def test_a_broken_replay_of_an_enforced_shape_fails_the_run():
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "target: every figure of filtered" in proc.stdout and "MISSED" in proc.stdout
+
+
+def test_a_recording_of_a_changed_workload_is_refused(tmp_path):
+    """The workload file is the recording's meaning: changed, its runs no longer stand
+    for it, and the gate says so rather than judging a replay against them."""
+    import shutil
+
+    shutil.copytree(os.path.join(RECORDINGS, "filtered"), tmp_path / "filtered")
+    changed = tmp_path / "filtered.toml"
+    changed.write_text(open(SHAPES["filtered"]).read().replace("count = 120", "count = 121"))
+    assert stale("filtered", SHAPES["filtered"], str(tmp_path)) is None
+    why = stale("filtered", str(changed), str(tmp_path))
+    assert why is not None and "record it again" in why
+    with pytest.raises(RuntimeError, match="--record mixed"):
+        load("mixed", str(tmp_path))
