@@ -55,7 +55,7 @@ SHAPES = {"field": os.path.join(HERE, "fidelity_shapes", "field.toml"),
           "limiter-near-capacity": os.path.join(ROOT, "tests", "data", "replay-fidelity.toml"),
           "mixed": os.path.join(HERE, "fidelity_shapes", "mixed.toml")}
 #: The recorded shapes the gate replays.
-DEFAULT = ("field", "filtered")
+DEFAULT = ("field", "filtered", "limiter-near-capacity")
 FIGURES = ("deferred", "bounced", "p50", "p95")
 #: Simulated runs of each fitted replay (seeds 1..SEEDS): the replay's ensemble.
 SEEDS = 10
@@ -72,7 +72,8 @@ RESOLUTION = {"deferred": 1.0, "bounced": 1.0, "p50": 0.5, "p95": 0.5}
 SHAPE_TARGETS = {
     shape: Target(f"every figure of {shape} replayed at least as faithfully as reality "
                   f"predicts itself, +{TOLERANCE:.0%} and a log's resolution",
-                  goal={"field": "fidelity-field", "mixed": "fidelity-mixed"}.get(shape, ""))
+                  goal={"field": "fidelity-field", "mixed": "fidelity-mixed",
+                        "limiter-near-capacity": "fidelity-limiter"}.get(shape, ""))
     for shape in SHAPES}
 
 Figures = dict[str, dict[str, float | None]]
