@@ -55,7 +55,7 @@ SHAPES = {"field": os.path.join(HERE, "fidelity_shapes", "field.toml"),
           "limiter-near-capacity": os.path.join(ROOT, "tests", "data", "replay-fidelity.toml"),
           "mixed": os.path.join(HERE, "fidelity_shapes", "mixed.toml")}
 #: The recorded shapes the gate replays.
-DEFAULT = ("field", "filtered", "limiter-near-capacity")
+DEFAULT = ("field", "filtered", "mixed", "limiter-near-capacity")
 FIGURES = ("deferred", "bounced", "p50", "p95")
 #: Simulated runs of each fitted replay (seeds 1..SEEDS): the replay's ensemble.
 SEEDS = 10
