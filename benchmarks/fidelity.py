@@ -40,13 +40,21 @@ import dataclasses
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from benchmarks.fidelity_record import RECORDINGS, RecordedRun, load, record, stale
+from benchmarks.fidelity_record import (
+    RECORDINGS,
+    RecordedRun,
+    load_run,
+    provenance,
+    record,
+    stale,
+)
 from benchmarks.target import Target, status
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -180,8 +188,7 @@ def replayed(run: RecordedRun, seeds: int, broken: str | None = None
 def _replayed_job(args: tuple[str, str, int, int, str | None]
                   ) -> tuple[Figures, list[Figures]]:
     shape, where, index, seeds, broken = args
-    _, runs = load(shape, where)
-    return replayed(runs[index], seeds, broken)
+    return replayed(load_run(shape, index, where), seeds, broken)
 
 
 # -- the criterion ------------------------------------------------------------------------
@@ -234,12 +241,12 @@ def score(figure: str, real: Sequence[float | None],
     s_real = sum(real_scores) / len(real_scores)
     s_replay = sum(replay_scores) / len(replay_scores)
     bar = s_real * (1 + TOLERANCE) + res
-    values = sorted(x for x in real if x is not None)
-    return {"figure": figure, "real": [x for x in real],
-            "real_min": values[0], "real_median": values[len(values) // 2],
-            "real_max": values[-1],
-            "replay_median": sorted(y for s in replays for y in s if y is not None)[
-                sum(y is not None for s in replays for y in s) // 2],
+    values = [x for x in real if x is not None]
+    return {"figure": figure, "real": list(real),
+            "real_min": min(values), "real_median": statistics.median_high(values),
+            "real_max": max(values),
+            "replay_median": statistics.median_high(
+                [y for s in replays for y in s if y is not None]),
             "score_real": round(s_real, 3), "score_replay": round(s_replay, 3),
             "bar": round(bar, 3),
             "covered_real": round(real_in / len(real_scores), 3),
@@ -250,8 +257,8 @@ def score(figure: str, real: Sequence[float | None],
 def judge(shape: str, where: str = RECORDINGS, seeds: int = SEEDS,
           broken: str | None = None, workers: int | None = None) -> list[dict[str, Any]]:
     """Every figure's row for one recorded shape."""
-    provenance, runs = load(shape, where)
-    jobs = [(shape, where, i, seeds, broken) for i in range(len(runs))]
+    runs = int(provenance(shape, where)["runs"])
+    jobs = [(shape, where, i, seeds, broken) for i in range(runs)]
     n = workers or min(len(jobs), os.cpu_count() or 1)
     if n > 1:
         with ProcessPoolExecutor(n) as pool:
@@ -275,11 +282,11 @@ def _g(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
 
 
-def table(shape: str, provenance: dict[str, Any], rows: list[dict[str, Any]],
+def table(shape: str, prov: dict[str, Any], rows: list[dict[str, Any]],
           seeds: int, broken: str | None) -> list[str]:
     """The shape's figures as text: no clock, no path, the same bytes every time."""
-    out = [f"{shape}: {provenance['runs']} real runs recorded {provenance['date']} "
-           f"(Postfix {provenance['postfix']}, {provenance['machine']['cores']} cores); "
+    out = [f"{shape}: {prov['runs']} real runs recorded {prov['date']} "
+           f"(Postfix {prov['postfix']}, {prov['machine']['cores']} cores); "
            f"each replayed over {seeds} seeds, held against the other runs"
            + (f"; BROKEN: {broken}" if broken else ""),
            f"  {'destination':<22} {'figure':<8} {'real min-median-max':<22} "
@@ -295,10 +302,10 @@ def table(shape: str, provenance: dict[str, Any], rows: list[dict[str, Any]],
     return out
 
 
-def markdown(shape: str, provenance: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+def markdown(shape: str, prov: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """The shape's table for benchmarks/README.md."""
-    out = [f"**{shape}** ({provenance['runs']} real runs, {provenance['date']}, Postfix "
-           f"{provenance['postfix']}; scores: mean CRPS, lower is better)", "",
+    out = [f"**{shape}** ({prov['runs']} real runs, {prov['date']}, Postfix "
+           f"{prov['postfix']}; scores: mean CRPS, lower is better)", "",
            "| destination | figure | real runs min-median-max | replay median | "
            "real against real | replay against real | bar | in central 80%: real, "
            "replay | verdict |", "|---|---|---|---|---|---|---|---|---|"]
@@ -317,9 +324,8 @@ def gate(shapes: Sequence[str], where: str = RECORDINGS, seeds: int = SEEDS,
     lines: list[str] = []
     rows: list[dict[str, Any]] = []
     for shape in shapes:
-        provenance, _ = load(shape, where)
         shape_rows = judge(shape, where, seeds, broken)
-        lines += table(shape, provenance, shape_rows, seeds, broken)
+        lines += table(shape, provenance(shape, where), shape_rows, seeds, broken)
         rows += shape_rows
     missed = [f"{r['shape']} {r['destination']} {r['figure']}" for r in rows
               if not r["faithful"]]
@@ -369,9 +375,9 @@ def main(argv: list[str]) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             for shape in shapes:
-                provenance, _ = load(shape, args.recordings)
                 f.writelines(line + "\n" for line in markdown(
-                    shape, provenance, [r for r in rows if r["shape"] == shape]))
+                    shape, provenance(shape, args.recordings),
+                    [r for r in rows if r["shape"] == shape]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"seeds": args.seeds, "tolerance": TOLERANCE, "rows": rows}, f,

@@ -95,7 +95,7 @@ def record(shape: str, workload: str, runs: int, out: str | None = None) -> str:
                         gzip.GzipFile(os.path.join(staged, f"run{i + 1:02d}.{target}"),
                                       "wb", mtime=0) as g:
                     g.write(f.read())
-        provenance = {
+        made = {
             "shape": shape, "runs": runs,
             "workload": os.path.relpath(workload, ROOT), "workload_sha256": sha256(workload),
             "postfix": postfix_release(), "pyqmgr_commit": commit(),
@@ -105,7 +105,7 @@ def record(shape: str, workload: str, runs: int, out: str | None = None) -> str:
             "command": "./dev bench fidelity --record " + shape + f" --runs {runs}",
             "seconds": round(time.time() - started, 1), "each": runs_meta}
         with open(os.path.join(staged, "provenance.json"), "w") as f:
-            json.dump(provenance, f, indent=1)
+            json.dump(made, f, indent=1)
             f.write("\n")
         shutil.rmtree(dest, ignore_errors=True)
         os.rename(staged, dest)
@@ -114,31 +114,39 @@ def record(shape: str, workload: str, runs: int, out: str | None = None) -> str:
     return dest
 
 
-def load(shape: str, where: str = RECORDINGS) -> tuple[dict[str, Any], list[RecordedRun]]:
-    """A recording's provenance and runs, in run order."""
-    d = os.path.join(where, shape)
+def provenance(shape: str, where: str = RECORDINGS) -> dict[str, Any]:
+    """A recording's provenance.json (how many runs, and what made them)."""
     try:
-        with open(os.path.join(d, "provenance.json")) as f:
-            provenance = json.load(f)
+        with open(os.path.join(where, shape, "provenance.json")) as f:
+            return dict(json.load(f))
     except FileNotFoundError:
         raise RuntimeError(f"no recording of {shape!r} in {where} (make one with "
                            f"./dev bench fidelity --record {shape})") from None
-    out = []
-    for i in range(1, int(provenance["runs"]) + 1):
-        with gzip.open(os.path.join(d, f"run{i:02d}.maillog.gz"), "rb") as g:
-            maillog = g.read()
-        with gzip.open(os.path.join(d, f"run{i:02d}.run.json.gz"), "rb") as g:
-            rec = json.loads(g.read())
-        out.append(RecordedRun(f"run{i:02d}", maillog, rec))
-    return provenance, out
+
+
+def load_run(shape: str, index: int, where: str = RECORDINGS) -> RecordedRun:
+    """One recorded run (0-based), as a replay job needs it: only its own files."""
+    name = f"run{index + 1:02d}"
+    d = os.path.join(where, shape)
+    with gzip.open(os.path.join(d, f"{name}.maillog.gz"), "rb") as g:
+        maillog = g.read()
+    with gzip.open(os.path.join(d, f"{name}.run.json.gz"), "rb") as g:
+        rec = json.loads(g.read())
+    return RecordedRun(name, maillog, rec)
+
+
+def load(shape: str, where: str = RECORDINGS) -> tuple[dict[str, Any], list[RecordedRun]]:
+    """A recording's provenance and runs, in run order."""
+    prov = provenance(shape, where)
+    return prov, [load_run(shape, i, where) for i in range(int(prov["runs"]))]
 
 
 def stale(shape: str, workload: str, where: str = RECORDINGS) -> str | None:
     """Why a recording no longer stands for its workload file (it was changed), or None."""
-    provenance, _ = load(shape, where)
-    if provenance["workload_sha256"] != sha256(workload):
+    prov = provenance(shape, where)
+    if prov["workload_sha256"] != sha256(workload):
         return (f"{shape}: the workload file changed since it was recorded "
-                f"({provenance['date']}); record it again")
+                f"({prov['date']}); record it again")
     return None
 
 
