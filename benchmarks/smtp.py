@@ -34,6 +34,9 @@ from pyqmgr.testbed.sink import SinkServer
 
 #: Latency (seconds a recipient) -> issue #24's bar for pyqmgr's time against stock's.
 GOALS = {0.02: 1.05, 0.2: 1.02}
+#: Those bars as goals (benchmarks/target.py GOALS["smtp-time"]), one a latency.
+TIME = {latency: Target(f"pyqmgr within {goal:g}x of stock's time at {latency * 1000:g} ms",
+                        goal="smtp-time") for latency, goal in GOALS.items()}
 CONTENDERS = ("stock", "pyqmgr")
 
 
@@ -102,10 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{latency * 1000:g} ms: median stock {wall['stock']:.2f} s, pyqmgr "
               f"{wall['pyqmgr']:.2f} s, ratio pyqmgr/stock {ratio:.3f}; qmgr CPU stock "
               f"{cpu['stock']:.2f} s, pyqmgr {cpu['pyqmgr']:.2f} s", flush=True)
-        goal = GOALS.get(latency)
-        if goal is not None:
-            Target(f"pyqmgr within {goal:g}x of stock's time at {latency * 1000:g} ms",
-                   goal="smtp-time").check(ratio <= goal, f"{ratio:.3f}x")
+        if latency in TIME:
+            TIME[latency].check(ratio <= GOALS[latency], f"{ratio:.3f}x")
     return 0
 
 
