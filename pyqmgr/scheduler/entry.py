@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyqmgr.scheduler.clock import timer_base
 from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
 from pyqmgr.scheduler.structures import (
     DEL_REQ_FLAG_CONN_LOAD,
@@ -96,15 +97,16 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
         if queue.throttled:
             queue_unthrottle(queue)
         if queue.ready:
-            queue.pause(core.now, delay)
-            core.out.timers.append(core.now + delay)
+            base = timer_base(core)
+            queue.pause(base, delay)
+            core.out.timers.append(base + delay)
     if not t.broken:
         try:
             t.policy.done(entry, busy)
         except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
             core.policy_failed(t, "done", exc)
     if busy:
-        queue.last_done = int(core.now)  # core.clock without a call (once per delivery)
+        queue.last_done = core.clock
     if queue.idle:
         # A dead site's empty queue goes too once queues crowd memory.
         if queue.throttled and core.queue_count > 2 * core.rcpt_limit:
