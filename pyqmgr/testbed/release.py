@@ -221,9 +221,17 @@ def _checked(args: Sequence[str], timeout: float, what: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``./dev root NAME...``: make (or check) the roots; prints each one's release."""
+    """``./dev root NAME...``: make (or check) the roots; prints each one's release
+    (``host``: the machine's own Postfix, which needs no root)."""
     names = argv or list(RELEASES)
     for name in names:
+        if name == HOST:
+            version = subprocess.run(["postconf", "-dh", "mail_version"], capture_output=True,
+                                     text=True, timeout=60).stdout.strip()
+            print(f"{HOST}: Postfix {version or 'not found'}")
+            if not version:
+                return 1
+            continue
         try:
             root = ReleaseRoot(name).ensure(lambda text: print(text, flush=True))
         except ReleaseError as exc:
