@@ -17,7 +17,6 @@ import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
-from pyqmgr.daemon import timers
 from pyqmgr.daemon.active import (
     FLUSH_DFXP,
     FLUSH_EACH,
@@ -65,7 +64,6 @@ NAMES_PER_PASS = 64
 
 INCOMING = 0
 DEFERRED = 1
-
 
 
 class QueueScan:
@@ -144,7 +142,6 @@ class Qmgr:
             cfg, refill=self._refill, policies=pol.table,
             process_limit_for=pol.process_limit, fudge_factor=pol.fudge_factor,
             shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None)
-        self.scheduler.second_phase = timers.second_phase()
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}", ipc_timeout=cfg.qmgr_ipc_timeout,
             ipc_idle=cfg.ipc_idle, ipc_ttl=cfg.ipc_ttl, give_up_after=cfg.qmgr_ipc_timeout,
@@ -190,8 +187,7 @@ class Qmgr:
         self.scans[INCOMING].request(SCAN_START)
         self.scans[DEFERRED].request(SCAN_START)
         self.spawn(self._feeder())
-        self.spawn(timers.deferred_runs(self.scans[DEFERRED], self.cfg.queue_run_delay,
-                                        self.wakeup))
+        self.spawn(self._deferred_timer())
         self.spawn(self._ticker())
 
     def close(self) -> None:
@@ -227,6 +223,12 @@ class Qmgr:
         self.dispatch()
         self.wakeup.set()
 
+    async def _deferred_timer(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.queue_run_delay)
+            self.scans[DEFERRED].request(SCAN_START)
+            self.wakeup.set()
+
     def _on_timer(self) -> None:
         """A deadline the core asked for: revive or resume destinations, deliver."""
         self.apply(self.scheduler.tick(time.monotonic()))
@@ -236,7 +238,6 @@ class Qmgr:
         """Revive dead transports and destinations when their timers expire."""
         while True:
             await asyncio.sleep(1.0)
-            self.scheduler.second_phase = timers.second_phase()
             self.apply(self.scheduler.tick(time.monotonic()))
             self.resolver.expire_idle()
             expire_calls(self.calls, self.log)
@@ -583,7 +584,7 @@ class Qmgr:
         if d.timers:
             now = time.monotonic()
             for when in d.timers:
-                self.loop.call_later(max(0.0, when - now) + timers.TIMER_SLACK, self._on_timer)
+                self.loop.call_later(max(0.0, when - now), self._on_timer)
         for severity, text in d.log:
             self.log.log(severity, text)
         for deferral in d.deferrals:

@@ -54,7 +54,6 @@ from pyqmgr.scheduler import (
     reading,
     throttling,
 )
-from pyqmgr.scheduler.clock import timer_base
 from pyqmgr.scheduler.decisions import Decisions, Outbox, Throttling
 from pyqmgr.scheduler.defer import POLICY_DSN
 from pyqmgr.scheduler.deliver import dsn_valid
@@ -155,7 +154,8 @@ class Scheduler:
         self.bounded_reading = self.policies.bounded_reading
         #: oqmgr's qmgr_fudge_factor (percent of the recipient limit per batch).
         self.fudge_factor = fudge_factor
-        self.min_backoff_time, self.transport_retry_time = min_backoff_time, transport_retry_time
+        self.min_backoff_time = min_backoff_time
+        self.transport_retry_time = transport_retry_time
         self.initial_concurrency = initial_concurrency
         self.feedback_debug = feedback_debug
         self.active_limit = active_limit
@@ -176,9 +176,8 @@ class Scheduler:
         self.rcpt_count = 0
         #: Destination queues in core (stock's qmgr_queue_count).
         self.queue_count = 0
-        #: The scheduler clock as of the latest event that carried a time, and where
-        #: time()'s whole seconds fall on it (:mod:`.clock`).
-        self.now, self.second_phase = 0.0, 0.0
+        #: The scheduler clock as of the latest event that carried a time.
+        self.now = 0.0
         self.transports: dict[str, Transport] = {}
         #: Transports in round-robin order for agent allocation (new ones go first).
         self.transport_list: QList[Transport] = QList()
@@ -229,7 +228,7 @@ class Scheduler:
     @property
     def clock(self) -> int:
         """Stock's whole-second clock for preemption scores, refills and caching."""
-        return int(self.now + self.second_phase)
+        return int(self.now)
 
     # -- transports and queues ----------------------------------------------------
 
@@ -398,7 +397,7 @@ class Scheduler:
         if t.broken:
             if any(q.busy_count for q in t.queues.values()):
                 # Deliveries chosen by the broken policy are still out: wait longer.
-                t.revive_at = timer_base(self) + self.transport_retry_time
+                t.revive_at = self.now + self.transport_retry_time
                 self.out.timers.append(t.revive_at)
                 return
             t.broken = False

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import recovery
-from pyqmgr.scheduler.clock import timer_base
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.entry import entry_done, entry_move_todo
 from pyqmgr.scheduler.queue import error_queue
@@ -49,7 +48,7 @@ def defer_transport(core: Core, name: str, dsn: Dsn, now: float) -> None:
     if not t.throttled:
         t.times_died += 1
         t.dsn = dsn
-        t.revive_at = timer_base(core) + core.transport_retry_time
+        t.revive_at = now + core.transport_retry_time
         core.out.timers.append(t.revive_at)
     for queue in list(t.queues.values()):
         defer_todo(core, queue, dsn)

@@ -14,7 +14,6 @@ import re
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import recovery
-from pyqmgr.scheduler.clock import timer_base
 from pyqmgr.scheduler.decisions import DEAD, Throttling
 from pyqmgr.scheduler.defer import defer_todo
 from pyqmgr.scheduler.entry import entry_done
@@ -92,8 +91,8 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
                 # once it is dead (_defer_todo).
                 recovery.wait(core, message, t.name, queue.name, None)
             if queue.ready:
-                if queue.throttle(dsn, timer_base(core), core.min_backoff_time):
-                    core.out.timers.append(timer_base(core) + core.min_backoff_time)
+                if queue.throttle(dsn, now, core.min_backoff_time):
+                    core.out.timers.append(now + core.min_backoff_time)
                     defer_todo(core, queue, dsn)
                     if core.share_throttling:
                         core.out.throttled.append(Throttling(

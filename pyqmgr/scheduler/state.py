@@ -48,8 +48,6 @@ class Core(Protocol):
     out: Outbox
     #: The scheduler clock as of the latest event that carried a time.
     now: float
-    #: Where the wall clock's whole seconds fall on it (Scheduler.second_phase).
-    second_phase: float
     transports: dict[str, Transport]
     #: Transports in round-robin order for agent allocation (new ones go first).
     transport_list: QList[Transport]

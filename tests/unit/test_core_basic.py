@@ -117,38 +117,3 @@ def test_send_failure_puts_the_entry_back_and_defers_the_transport():
     assert all(name != "smtp" for name in iter(s.allocate, None))
     s.tick(65.0)
     assert t.revive_at is None
-
-
-def test_a_dead_site_comes_back_at_a_whole_second_of_time_as_stocks_timer_does():
-    # event_request_timer counts from time() in whole seconds: a site that dies at
-    # 10.9 s of a clock whose whole seconds are time()'s comes back at 310, not 310.9;
-    # on the daemon's monotonic clock, time()'s seconds fall where second_phase says.
-    for phase, died, due in ((0.0, 10.9, 310.0), (0.25, 10.9, 310.75), (0.25, 10.7, 309.75),
-                             (0.5, 10.4, 309.5), (0.5, 10.6, 310.5)):
-        s = make(initial_destination_concurrency=1, destination_recipient_limit=1)
-        s.second_phase = phase
-        s.assign(Message("Q1", 0.0), routes(2))
-        e = s.select("smtp").deliver
-        d = s.done(e, -1, Dsn("4.4.1", "connect refused"), False, died)
-        q = s.transport("smtp").queues["example.com"]
-        assert q.revive_at == due and due in d.timers, (phase, died, q.revive_at)
-        s.tick(due - 0.01)
-        assert q.throttled, "not before the whole second"
-        s.tick(due)
-        assert not q.throttled
-
-
-def test_a_dead_transport_comes_back_at_a_whole_second():
-    s = make(destination_recipient_limit=1)
-    s.second_phase = 0.5
-    s.assign(Message("Q1", 0.0), routes(1))
-    e = s.select("smtp").deliver
-    d = s.send_failed(e, Dsn("4.3.0", "mail transport unavailable"), 5.2)
-    # time() was 5.7: 5 whole seconds, so due at time() 65, here 64.5.
-    assert s.transport("smtp").revive_at == 64.5 and 64.5 in d.timers
-
-
-def test_the_clock_for_scores_and_back_to_back_counts_times_whole_seconds():
-    s = make()
-    s.now, s.second_phase = 99.6, 0.5
-    assert s.clock == 100
