@@ -245,3 +245,31 @@ def test_cloned_queue_files_are_real_mail_to_every_qmgr():
         pf.wait_removed(incoming + deferred + originals, timeout=60)
         assert pf.queue_empty()
         assert not pf.maillog.lines(contains="Renamed to match inode number")
+
+
+def test_chromium_pipe_keeps_an_event_read_together_with_a_reply():
+    """The DevTools pipe's framing: a reply and the events after it, in one read, are
+    all kept. A page that loaded at once had its load event in the navigation reply's
+    read; it was dropped and the wait for it timed out (CI, under load)."""
+    import json
+
+    from pyqmgr.testbed.chromium import _Pipe
+
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    try:
+        batch = b"".join(json.dumps(m).encode() + b"\0" for m in (
+            {"method": "Network.requestWillBeSent", "params": {}},
+            {"id": 1, "result": {"frameId": "F"}},
+            {"method": "Page.loadEventFired", "params": {"timestamp": 1}}))
+        os.write(from_w, batch)
+        pipe = _Pipe(None, to_w, from_r)  # type: ignore[arg-type]
+        assert pipe.send("Page.navigate", {"url": "about:blank"}, timeout=2) == {"frameId": "F"}
+        assert pipe.wait_event("Page.loadEventFired", 0.5)["params"] == {"timestamp": 1}
+        assert [m.get("method") for m in pipe.events] == ["Network.requestWillBeSent",
+                                                          "Page.loadEventFired"]
+        sent = os.read(to_r, 4096)
+        assert json.loads(sent.rstrip(b"\0"))["method"] == "Page.navigate"
+    finally:
+        for fd in (to_r, to_w, from_r, from_w):
+            os.close(fd)
