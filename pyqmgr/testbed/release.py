@@ -225,14 +225,12 @@ def main(argv: list[str]) -> int:
     (``host``: the machine's own Postfix, which needs no root)."""
     names = argv or list(RELEASES)
     for name in names:
-        if name == HOST:
-            version = subprocess.run(["postconf", "-dh", "mail_version"], capture_output=True,
-                                     text=True, timeout=60).stdout.strip()
-            print(f"{HOST}: Postfix {version or 'not found'}")
-            if not version:
-                return 1
-            continue
         try:
+            if name == HOST:
+                version = _checked(["postconf", "-dh", "mail_version"], timeout=60,
+                                   what="postconf -dh mail_version").strip()
+                print(f"{HOST}: Postfix {version}")
+                continue
             root = ReleaseRoot(name).ensure(lambda text: print(text, flush=True))
         except ReleaseError as exc:
             print(f"root {name}: {exc}", file=sys.stderr)
