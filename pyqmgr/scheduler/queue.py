@@ -51,6 +51,7 @@ def queue_done(core: Core, queue: Queue) -> None:
         del t.queues[queue.name]
         core.queue_count -= 1
     t.ready_queues.pop(queue, None)
+    t.over_busy.pop(queue, None)
     if not t.broken:
         t.policy.queue_done(queue)
     shape = queue.shape

@@ -310,6 +310,9 @@ class Transport:
         self.queues: dict[str, Queue] = {}
         #: Queues that could take a delivery now (ready, room, todo): allocation test.
         self.ready_queues: dict[Queue, None] = {}
+        #: Live queues with more deliveries out than their window (negative feedback
+        #: came while they were busy): they count against the allocation test.
+        self.over_busy: dict[Queue, None] = {}
         self.dsn: Dsn | None = None
         self.revive_at: float | None = None
         #: transport_rate_delay: no new agent until the current delivery is over.
@@ -394,20 +397,47 @@ class Transport:
             self.ready_queues[queue] = None
         else:
             self.ready_queues.pop(queue, None)
+        if queue.busy_count > queue.window > 0:
+            self.over_busy[queue] = None
+        elif self.over_busy:
+            self.over_busy.pop(queue, None)
 
     def wants_agent(self) -> bool:
         """``qmgr_transport_select``'s test: enough deliverable work for one more agent.
 
-        Stock walks the queue list summing min(room, todo) over ready queues until it
-        covers pending + 1; queues outside :attr:`ready_queues` add nothing, and each
-        queue inside adds at least one, so at most MAX_PENDING + 1 are looked at.
+        Stock walks the queue list (creation order; oqmgr's round-robin order) summing
+        min(window - busy, todo) over live queues until it covers pending + 1. A queue
+        with more deliveries out than its window adds a negative number: until its
+        deliveries end, the work behind it in the list waits for more work (in a field
+        mix, the second and third sessions to a rate limiter waited 0.2 s behind a 421
+        limiter's over-busy queue in all ten stock runs; #32). With no such queue, only
+        :attr:`ready_queues` add anything, each at least one, so at most MAX_PENDING + 1
+        are looked at; with one, the list is walked in stock's order up to the point
+        where the work suffices, as stock walks it.
         """
         if (self.dsn is not None or self.rate_lock or self.pending >= MAX_PENDING
                 or self.suspension is not None):
             return False
         need = self.pending + 1
+        if self.over_busy:
+            return self._wants_agent_in_list_order(need)
         for queue in self.ready_queues:
             need -= min(self.room(queue), len(queue.todo))
+            if need <= 0:
+                return not self.gated or self.policy.has_work()
+        return False
+
+    def _wants_agent_in_list_order(self, need: int) -> bool:
+        ordered = getattr(self.policy, "queue_list", None)
+        for queue in (ordered if ordered is not None else self.queues.values()):
+            if queue.window <= 0:
+                continue
+            if queue.busy_count > queue.window:
+                need -= min(queue.window - queue.busy_count, len(queue.todo))
+            elif queue in self.ready_queues:
+                need -= min(self.room(queue), len(queue.todo))
+            else:
+                continue
             if need <= 0:
                 return not self.gated or self.policy.has_work()
         return False

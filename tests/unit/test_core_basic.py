@@ -117,3 +117,25 @@ def test_send_failure_puts_the_entry_back_and_defers_the_transport():
     assert all(name != "smtp" for name in iter(s.allocate, None))
     s.tick(65.0)
     assert t.revive_at is None
+
+
+def test_a_queue_with_more_out_than_its_window_holds_back_an_agent_for_the_next():
+    # qmgr_transport_select sums min(window - busy, todo) over the live queues in list
+    # order: a.example, with 3 deliveries out and its window cut to 1 by negative
+    # feedback, counts -2; one message for b.example behind it is not work enough for
+    # an agent until a.example's deliveries end.
+    s = make(initial_destination_concurrency=3, destination_recipient_limit=1)
+    s.assign(Message("Q1", 0.0), routes(5, queue="a.example"))
+    picked = [s.select("smtp").deliver for _ in range(3)]
+    t = s.transport("smtp")
+    a = t.queues["a.example"]
+    s.done(picked[0], -1, Dsn("4.7.0", "421 too many connections"), False, 1.0)
+    assert a.window == 1 and a.busy_count == 2 and not a.throttled
+    t.pending = 0
+    assert s.allocate() is None, "a.example: todo 2, room -1; nothing else"
+    s.assign(Message("Q2", 1.0), routes(1, queue="b.example"))
+    assert t.queues["b.example"] in t.ready_queues
+    assert s.allocate() is None, "-1 + 1 does not cover one agent"
+    s.done(picked[1], 0, None, False, 2.0)
+    # a.example: window 1 busy 1 (room 0), b.example: 1.
+    assert s.allocate() == "smtp"
