@@ -372,7 +372,14 @@ def test_a_log_with_few_refusals_fits_its_sinks_limits_under_any_seed(seed):
     """A real run whose 421 limiter of 5 refused only 8 sessions (the fewest of the
     runs on record) and whose 4.7.28 limiter deferred 190 times: with one simulated
     run per candidate, seed 1 fitted the rate limiter as 1 and seed 16 the session
-    limiter as 6, by one run's chance. Three runs averaged give the sinks' own."""
+    limiter as 6, by one run's chance. Three runs averaged give the sinks' own.
+
+    With stock's agent allocation (over-busy queues counted, #32) the log's 101
+    refused sessions, the fewest of every real run on record (the ten recorded runs
+    refused 111-132), lie between the simulation's 94 at the sink's rate of 2 and 111
+    at 1 (means of 40 seeds): refusals alone picked 1 for 15 of 38 three-seed windows,
+    seed 1's among them. Where the two are as near within the runs' chance, the
+    log's own sessions a second decide, and the note says so."""
     rep = json.loads(run("replay", os.path.join(DATA, "fidelity-field-few-refusals.log.gz"),
                          "--json", "--runs", "1", "--seed", seed, *RATE_SETTINGS).stdout)
     inst = rep["instances"][0]
@@ -381,6 +388,8 @@ def test_a_log_with_few_refusals_fits_its_sinks_limits_under_any_seed(seed):
     assert "server_limit 5:" in notes["below.example"], notes["below.example"]
     assert "rate_limit 2:" in notes["rate.example"], notes["rate.example"]
     assert "server_limit 3:" in notes["near.example"], notes["near.example"]
+    tie = "within the runs' chance: the log's own 2 a second decided"
+    assert (tie in notes["rate.example"]) == (seed == "1"), notes["rate.example"]
 
 
 FIELD_SET1 = [os.path.join(DATA, f"fidelity-field-set1-run{i}.log.gz") for i in (1, 2, 3)]
@@ -392,6 +401,13 @@ def _deferred_lines(path: str, domain: str) -> int:
         return sum(1 for line in f if f"@{domain}>" in line and "status=deferred" in line)
 
 
+#: The ten real runs of the same workload (field.toml unchanged since set 1) that the
+#: fidelity gate holds replays against, recorded two days after set 1.
+FIELD_RECORDED = [os.path.join(os.path.dirname(os.path.dirname(DATA)), "benchmarks",
+                               "fidelity_recordings", "field", f"run{i:02d}.maillog.gz")
+                  for i in range(1, 11)]
+
+
 def test_a_down_host_held_dead_past_its_return_is_replayed_as_a_span():
     """A host down for 40 s (a real stock run of benchmarks/fidelity_shapes/field.toml):
     stock refused its last connection 39.7 s into the log and then held the site dead
@@ -399,7 +415,13 @@ def test_a_down_host_held_dead_past_its_return_is_replayed_as_a_span():
     so the log's first session says nothing of when it came up. Replayed with the
     server up at the first session, every run deferred 46-48 times; the two other
     real runs of the workload deferred 42 and 39. Each run now draws the time between
-    the last refusal and the first session: the held-out runs fall in the range."""
+    the last refusal and the first session: the held-out runs fall in the range.
+
+    Reality's spread is that of every real run of the workload on record: set 1's
+    three (39-45) and the ten recorded for the fidelity gate (35-39). Against set 1's
+    three alone the bar was 7.6 wide; with stock's agent allocation (over-busy queues
+    counted, #32) the replay's five runs spread 35-45, as the thirteen real runs do,
+    and the gate's own score for this figure went from a miss to a pass."""
     rep = json.loads(run("replay", FIELD_SET1[0], "--json", "--runs", "5",
                          *RATE_SETTINGS).stdout)
     inst = rep["instances"][0]
@@ -408,8 +430,12 @@ def test_a_down_host_held_dead_past_its_return_is_replayed_as_a_span():
     assert "each simulated run draws the time" in notes["down.example"]
     logged = [_deferred_lines(p, "down.example") for p in FIELD_SET1]
     assert logged == [45, 42, 39]
+    recorded = [_deferred_lines(p, "down.example") for p in FIELD_RECORDED]
+    assert sorted(recorded) == [35] * 8 + [39] * 2
     assert inst["figures"]["log"]["down.example"]["deferred"] == logged[0]
     lo, hi = inst["ranges"]["stock"]["down.example"]["deferred"]
-    print(f"\nreal runs {logged}, replay's range {lo}-{hi}")
-    assert all(lo - 1 <= n <= hi + 1 for n in logged[1:]), (lo, hi)
-    assert hi - lo <= 1.1 * (max(logged) - min(logged)) + 1
+    held_out = logged[1:] + recorded
+    print(f"\nreal runs {logged} and {recorded}, replay's range {lo}-{hi}")
+    assert all(lo - 1 <= n <= hi + 1 for n in held_out), (lo, hi)
+    everyone = logged + recorded
+    assert hi - lo <= 1.1 * (max(everyone) - min(everyone)) + 1
