@@ -51,11 +51,13 @@ GOALS: dict[str, str] = {
         "issue #30: deferrals a minute at 61-94% of stock's, limited by the same CPU a "
         "message as deadsite-cpu"),
     "fidelity-field": (
-        "the replay is pyqmgr's scheduler, and pyqmgr departs from stock at a 4.7.28 rate "
-        "limiter: on real Postfix with this workload pyqmgr deferred 152-187 times where "
-        "stock deferred 412-669 (benchmarks/README.md, \"Fidelity on recordings\"); the "
-        "replay's rate.example figures follow pyqmgr. A parity fix settles it; and the "
-        "down host's delays, where a log leaves its coming-up time open"),
+        "the replay is pyqmgr's scheduler, and at a 4.7.28 rate limiter pyqmgr still "
+        "leaves stock's death cycle sooner: with stock's agent allocation (#32) the "
+        "replay defers 392 times at the median against the real runs' 412-648 (was "
+        "227; p50 73 s against 73-131), score 83 against a bar of 62; on real Postfix "
+        "pyqmgr deferred 200-304 times in three runs where stock deferred 574 beside "
+        "them (benchmarks/README.md, \"Fidelity on recordings\"); and the down host's "
+        "p50, where a log leaves its coming-up time open"),
     "fidelity-limiter": (
         "at the 421 limiter of 3 fed a list at once, the replay's retried mail comes "
         "back about a second early: p50 50.3 s at the replays' median against 51.5 s in "
