@@ -52,6 +52,7 @@ from pyqmgr.scheduler import (
     enable,
     gates,
     reading,
+    site,
     throttling,
 )
 from pyqmgr.scheduler.decisions import Decisions, Outbox, Throttling
@@ -73,6 +74,7 @@ from pyqmgr.scheduler.structures import (
     Backend,
     Dsn,
     Queue,
+    SiteTable,
     Transport,
     TransportParams,
 )
@@ -136,6 +138,7 @@ class Scheduler:
         fudge_factor: int = 100,
         process_limit_for: Callable[[str], int] | None = None,
         shaping_for: Callable[[str], Shaping | None] | None = None,
+        sites: SiteTable | None = None,
     ) -> None:
         self.params_for = params_for
         #: pyqmgr.cf's shaping per transport (:mod:`.shaping`); None: stock everywhere.
@@ -146,11 +149,9 @@ class Scheduler:
         self.process_limit_for = process_limit_for
         #: The policy classes in use, for their per-message hooks.
         self.policy_classes: list[PolicyClass] = []
-        #: A policy without nqmgr's job slots is in use: a message without jobs then
-        #: reads its recipients by oqmgr's limits (:meth:`read_limit`).
+        #: A policy without job slots is in use: jobless messages read by oqmgr's limits.
         self.slotless = False
-        #: oqmgr's reading as a whole (the default policy is oqmgr): no more files
-        #: opened while the in-core recipient limit is reached, early refills.
+        #: oqmgr's reading (the default policy is oqmgr): bounded in-core recipients.
         self.bounded_reading = self.policies.bounded_reading
         #: oqmgr's qmgr_fudge_factor (percent of the recipient limit per batch).
         self.fudge_factor = fudge_factor
@@ -166,8 +167,7 @@ class Scheduler:
         #: qmgr_message_recipient_minimum: every message's own slot reserve.
         self.msg_rcpt_limit = msg_rcpt_limit
         self.refill = refill
-        #: "stock" (the daemon, always) or "pseudocode" (the seed's 2007 rules, for
-        #: reproducing its tables in the simulator): see feedback.ROUNDINGS.
+        #: "stock" (the daemon) or "pseudocode" (the seed's rules): feedback.ROUNDINGS.
         rounding_rules(feedback_rounding)  # refuse an unknown rule now, not at first use
         self.feedback_rounding = feedback_rounding
         #: Messages in the active queue; the driver keeps it current (clog warnings).
@@ -181,22 +181,22 @@ class Scheduler:
         self.transports: dict[str, Transport] = {}
         #: Transports in round-robin order for agent allocation (new ones go first).
         self.transport_list: QList[Transport] = QList()
-        #: The decisions of the event under way (:mod:`.decisions`); each event's last
-        #: step hands them to the driver as one value.
+        #: The decisions of the event under way (:mod:`.decisions`), taken at its end.
         self.out = Outbox()
         #: Operators' suspensions in force (:mod:`.suspension`).
         self.suspensions = SuspensionTable()
         #: Shaping deadlines: (when, seq, transport, queue name, what), see gates.py.
         self.gate_heap: list[tuple[float, int, Transport, str, str]] = []
         self.gate_seq = itertools.count()
-        #: Deferred-mail recovery (pyqmgr.cf ``deferred_recovery_rate``), off (None)
-        #: unless :meth:`watch_recovery`: the destinations, by (transport, queue name),
+        #: Deferred-mail recovery (``deferred_recovery_rate``; None: off): destinations
         #: that were dead or throttled and have not delivered since, with why.
         self.recovery_watch: dict[tuple[str, str], str] | None = None
         #: A fleet's shared state (issue #23): tell in ``throttled`` which destinations
         #: died or were throttled here; on only while the daemon's fleet shares them.
         self.share_throttling = False
         self.fleet_heard: dict[tuple[str, str], tuple[Throttling, str, float]] = {}
+        #: Provider sites (pyqmgr.cf ``site_grouping``, :mod:`.site`); None: off.
+        self.sites = sites
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
@@ -204,7 +204,8 @@ class Scheduler:
                       policies: PolicyTable | None = None,
                       process_limit_for: Callable[[str], int] | None = None,
                       fudge_factor: int = 100,
-                      shaping_for: Callable[[str], Shaping | None] | None = None) -> Scheduler:
+                      shaping_for: Callable[[str], Shaping | None] | None = None,
+                      sites: SiteTable | None = None) -> Scheduler:
         """The scheduler as main.cf configures it: the daemon's and the simulator's."""
         return cls(
             cfg.transport,
@@ -223,6 +224,7 @@ class Scheduler:
             process_limit_for=process_limit_for,
             fudge_factor=fudge_factor,
             shaping_for=shaping_for,
+            sites=sites,
         )
 
     @property
@@ -377,7 +379,7 @@ class Scheduler:
         (moved to the retry transport) and no agent is asked for until
         ``transport_retry_time`` has passed.
         """
-        entry_unselect(entry)
+        entry_unselect(self, entry)
         defer.defer_transport(self, entry.queue.transport.name, dsn, now)
         return self.out.take()
 
@@ -489,6 +491,15 @@ class Scheduler:
     def lift_hold(self, transport: str, queue_name: str, kind: str, now: float) -> Decisions:
         """A hold of ``kind`` ends early (the fleet freed a session here)."""
         delegation.lift_hold(self, transport, queue_name, kind, now)
+        return self.out.take()
+
+    # -- provider sites (pyqmgr.cf site_grouping; see site.py) -------------------------
+
+    def site_learnt(self, domain: str, name: str, until: float, now: float) -> Decisions:
+        """A lookup the core asked for (``Decisions.resolve``) found the domain's site,
+        valid until ``until``: its queues count there from now on."""
+        self.now = now
+        site.site_learnt(self, domain, name, until)
         return self.out.take()
 
     # -- a fleet's shared throttling (pyqmgr.cf shared_state; see throttling.py) -------

@@ -85,6 +85,9 @@ class Decisions(NamedTuple):
     #: Destinations this server just found dead or throttled by a response rule, for
     #: the fleet's other servers (only while ``share_throttling`` is on).
     throttled: tuple[Throttling, ...] = ()
+    #: Domains whose site the core needs (sites on): look them up, then answer with
+    #: ``site_learnt``. Each is asked once until answered.
+    resolve: tuple[str, ...] = ()
 
 
 NOTHING = Decisions()
@@ -94,7 +97,7 @@ class Outbox:
     """The decisions of the event under way; :meth:`take` ends the event."""
 
     __slots__ = ("log", "deferrals", "finished", "timers", "gate_timers", "ended", "waits",
-                 "recovered", "affected", "throttled", "_lists")
+                 "recovered", "affected", "throttled", "resolve", "_lists")
 
     def __init__(self) -> None:
         self.log: list[tuple[str, str]] = []
@@ -107,10 +110,12 @@ class Outbox:
         self.recovered: list[tuple[str, str, str, str]] = []
         self.affected: list[str] = []
         self.throttled: list[Throttling] = []
+        self.resolve: list[str] = []
         # In the order of Decisions' fields after ``deliver``.
         self._lists: tuple[list[Any], ...] = (
             self.log, self.deferrals, self.finished, self.timers, self.gate_timers,
-            self.ended, self.waits, self.recovered, self.affected, self.throttled)
+            self.ended, self.waits, self.recovered, self.affected, self.throttled,
+            self.resolve)
 
     def take(self, deliver: Entry | None = None) -> Decisions:
         """The event is over: its decisions as one value; the outbox starts empty.
@@ -124,7 +129,7 @@ class Outbox:
         # Spelt out, so that the usual case (a finished message, a timer) copies and
         # clears only what is there.
         (log, deferrals, finished, timers, gate_timers, ended, waits, recovered, affected,
-         throttled) = lists
+         throttled, resolve) = lists
         decisions = Decisions(
             deliver,
             tuple(log) if log else (),
@@ -136,7 +141,8 @@ class Outbox:
             tuple(waits) if waits else (),
             tuple(recovered) if recovered else (),
             tuple(affected) if affected else (),
-            throttled=tuple(throttled) if throttled else ())
+            throttled=tuple(throttled) if throttled else (),
+            resolve=tuple(resolve) if resolve else ())
         for pending in lists:
             if pending:
                 pending.clear()

@@ -44,7 +44,7 @@ def hold_back(core: Core, entry: Entry, until: float, setting: str, text: str,
     core.now = now
     queue = entry.queue
     t = queue.transport
-    entry_unselect(entry)
+    entry_unselect(core, entry)
     if not t.broken:
         t.policy.requeued(entry)
     dsn = t.dsn if t.throttled else queue.dsn if queue.throttled else None
@@ -90,7 +90,7 @@ def reject_to_error(core: Core, entry: Entry, dsn: Dsn, now: float) -> bool:
     err = error_queue(core, ERROR, dsn)
     if err is None:
         return False
-    entry_unselect(entry)
+    entry_unselect(core, entry)
     entry_move_todo(core, err, entry)
     return True
 
@@ -109,7 +109,7 @@ def drop_message(core: Core, entry: Entry, now: float) -> None:
     core.now = now
     message = entry.message
     message.more = False
-    entry_unselect(entry)
+    entry_unselect(core, entry)
     waiting: list[Entry] = []
     for t in list(core.transports.values()):
         if t.broken:

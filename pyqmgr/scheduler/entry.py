@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
+from pyqmgr.scheduler.site import site_settle
 from pyqmgr.scheduler.structures import (
     DEL_REQ_FLAG_CONN_LOAD,
     DEL_REQ_FLAG_CONN_MASK,
@@ -61,7 +62,7 @@ def entry_select(entry: Entry, now: int) -> Entry:
     return entry
 
 
-def entry_unselect(entry: Entry) -> None:
+def entry_unselect(core: Core, entry: Entry) -> None:
     """Put a busy entry back to todo (``qmgr_entry_unselect``): its request never left.
 
     At the end of the queue's todo list, as stock does.
@@ -70,10 +71,15 @@ def entry_unselect(entry: Entry) -> None:
     assert entry.busy, f"entry_unselect: {entry!r} is not busy"
     entry.busy = False
     queue.busy_count -= 1
+    site = queue.site
+    if site is not None:
+        site.busy -= 1
     queue.todo.append(entry.queue_node)
     if not queue.transport.broken:
         queue.transport.policy.unselect(entry)
     queue.transport.sync(queue)
+    if site is not None:
+        site_settle(core, site)
 
 
 def entry_done(core: Core, entry: Entry, busy: bool) -> None:
@@ -81,9 +87,12 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
     queue = entry.queue
     message = entry.message
     t = queue.transport
+    site = queue.site
     if busy:
         entry.busy = False
         queue.busy_count -= 1
+        if site is not None:
+            site.busy -= 1
     else:
         queue.todo.unlink(entry.queue_node)
     n = len(entry.recipients)
@@ -112,6 +121,8 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
         if queue.ready:
             queue_done(core, queue)
     t.sync(queue)
+    if busy and site is not None:
+        site_settle(core, site)
     message.refcount -= 1
     entry.release()
     if (core.bounded_reading and message.more and not message.jobs

@@ -1,4 +1,4 @@
-"""Gates on destination queues: operators' suspensions and pyqmgr.cf's shaping.
+"""Gates on destination queues: operators' suspensions, full sites, pyqmgr.cf's shaping.
 
 A gated queue takes no delivery (``Transport.room`` is 0) until its gate opens. The
 gate is an operator's :class:`~pyqmgr.scheduler.suspension.Suspension` when one covers
@@ -25,11 +25,15 @@ if TYPE_CHECKING:
 
 
 def gate_for(core: Core, queue: Queue) -> Suspension | Gate | None:
-    """The gate a queue should have now: an operator's suspension, else shaping's."""
+    """The gate a queue should have now: an operator's suspension, else its full
+    site's (:mod:`.site`), else shaping's."""
     if core.suspensions:
         s = core.suspensions.for_queue(queue.transport.name, queue.name, queue.nexthop)
         if s is not None:
             return s
+    site = queue.site
+    if site is not None and site.gate is not None:
+        return site.gate
     shape = queue.shape
     return shape.gate if shape is not None else None
 

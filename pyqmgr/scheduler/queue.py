@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.gates import gate_for, push_gate
 from pyqmgr.scheduler.shaping import Shape
+from pyqmgr.scheduler.site import site_attach, site_leave
 from pyqmgr.scheduler.structures import PAUSED, THROTTLED, Dsn, Queue
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ def queue_obtain(core: Core, t: Transport, name: str, nexthop: str) -> Queue:
                 queue.window = queue.cap
         if core.suspensions or (queue.shape is not None and queue.shape.gate is not None):
             queue.gate = gate_for(core, queue)
+        if core.sites is not None:
+            site_attach(core, queue)
     return queue
 
 
@@ -52,6 +55,8 @@ def queue_done(core: Core, queue: Queue) -> None:
         core.queue_count -= 1
     t.ready_queues.pop(queue, None)
     t.over_busy.pop(queue, None)
+    if queue.site is not None:
+        site_leave(core, queue)
     if not t.broken:
         t.policy.queue_done(queue)
     shape = queue.shape

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.decisions import Outbox, Throttling
     from pyqmgr.scheduler.message import Message, Route
     from pyqmgr.scheduler.qlist import QList
-    from pyqmgr.scheduler.structures import Queue, Transport
+    from pyqmgr.scheduler.structures import Queue, SiteTable, Transport
     from pyqmgr.scheduler.suspension import SuspensionTable
 
 #: refill(message, limit): read up to ``limit`` more recipients of the message, set
@@ -52,6 +52,8 @@ class Core(Protocol):
     #: Transports in round-robin order for agent allocation (new ones go first).
     transport_list: QList[Transport]
     suspensions: SuspensionTable
+    #: Provider sites (:mod:`.site`); None: off, limits per destination as stock's.
+    sites: SiteTable | None
     #: Recipients in core (stock's qmgr_recipient_count), queues in core, messages.
     rcpt_count: int
     queue_count: int

@@ -136,6 +136,8 @@ class Queue:
     cap: int = 0
     #: Shaping state (:class:`.shaping.Shape`) when the transport has shaping.
     shape: Shape | None = None
+    #: The provider site it belongs to while sites are on (:mod:`.site`); None: none.
+    site: Site | None = None
 
     @property
     def ready(self) -> bool:
@@ -250,6 +252,131 @@ class Queue:
             self.revive_at = now + min_backoff_time
         self._log_window("qmgr_queue_throttle")
         return dead
+
+
+class Site:
+    """A provider's site: the destinations one set of MX hosts serves (issue #33).
+
+    Postfix counts sessions per destination; a provider counts them per site, and
+    three hundred Workspace domains are one Google to it. A site sums the deliveries
+    in flight of its member queues (one transport's; sites are per transport, as
+    destination limits are) and, at ``limit``, gates every member (:attr:`gate`, the
+    attribute every policy tests) until one of them finishes. The per-destination
+    window stays stock's, below the site's cap. The verbs are in :mod:`.site`.
+    """
+
+    __slots__ = ("name", "transport", "limit", "setting", "busy", "members", "gate")
+
+    def __init__(self, name: str, transport: str, limit: int, setting: str) -> None:
+        self.name = name
+        self.transport = transport
+        #: Most deliveries in flight at the site (0: no cap), and the parameter that
+        #: set it (for explain).
+        self.limit = limit
+        self.setting = setting
+        #: Deliveries in flight to the site: the sum of its members' busy counts.
+        self.busy = 0
+        #: Its destination queues in core.
+        self.members: dict[Queue, None] = {}
+        #: The gate its members have while the site is closed (at its limit).
+        self.gate: Gate | None = None
+
+    @property
+    def full(self) -> bool:
+        return 0 < self.limit <= self.busy
+
+    def __repr__(self) -> str:
+        return f"Site({self.transport}/{self.name} {self.busy}/{self.limit or '-'})"
+
+
+#: The gate kind explain shows for a destination whose site is full.
+SITE_GATE = "site"
+
+#: Domains whose learnt site is remembered at most; the oldest answer goes first.
+MAX_KNOWN = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class SiteLimits:
+    """A transport's site limits: most deliveries in flight per site (0: none), and
+    the parameter that set it, as explain names it."""
+
+    concurrency: int
+    setting: str
+
+
+def site_domain(nexthop: str) -> str | None:
+    """The domain whose MX records name a destination's site, or None.
+
+    ``[host]`` and ``[host]:port`` are no domain: smtp(8) looks up no MX for them,
+    and an address has no provider to group by. ``domain:port`` is the domain.
+    """
+    if not nexthop or nexthop[0] == "[":
+        return None
+    host, sep, port = nexthop.rpartition(":")
+    if not sep:
+        host = nexthop
+    elif not port.isdigit() or ":" in host:
+        return None
+    host = host.rstrip(".").lower()
+    return host or None
+
+
+class SiteTable:
+    """Which site each domain is at, and the sites in core; the core owns one while
+    sites are on (``Scheduler.sites``; None: off, stock's per-destination limits)."""
+
+    def __init__(self, limits_for: Callable[[str], SiteLimits | None],
+                 pinned: dict[str, str] | None = None,
+                 skip: frozenset[str] = frozenset()) -> None:
+        #: A transport's site limits; None: its destinations are not grouped.
+        self.limits_for = limits_for
+        self._limits: dict[str, SiteLimits | None] = {}
+        #: Domains the admin put at a site (pyqmgr.cf), never looked up.
+        self.pinned = {d.lower(): s for d, s in (pinned or {}).items()}
+        #: Next hops never grouped (the relay host).
+        self.skip = skip
+        #: Learnt answers: domain -> (site, until when it holds on the scheduler clock).
+        self.known: dict[str, tuple[str, float]] = {}
+        #: Lookups asked of the driver and not answered yet.
+        self.asked: set[str] = set()
+        #: Sites with members or deliveries in flight, by (transport, site name).
+        self.sites: dict[tuple[str, str], Site] = {}
+
+    def limits(self, transport: str) -> SiteLimits | None:
+        if transport not in self._limits:
+            self._limits[transport] = self.limits_for(transport)
+        return self._limits[transport]
+
+    def name_of(self, domain: str, now: float, resolve: list[str]) -> str:
+        """The domain's site as known now; asks for a lookup (in ``resolve``) when
+        unknown or stale, and meanwhile answers the last one known, or the domain."""
+        pin = self.pinned.get(domain)
+        if pin is not None:
+            return pin
+        got = self.known.get(domain)
+        if got is not None and got[1] > now:
+            return got[0]
+        if domain not in self.asked:
+            self.asked.add(domain)
+            resolve.append(domain)
+        return got[0] if got is not None else domain
+
+    def learn(self, domain: str, name: str, until: float) -> str:
+        """An answer: the site the domain's queues were counted at until now."""
+        self.asked.discard(domain)
+        old = self.known.pop(domain, None)
+        if len(self.known) >= MAX_KNOWN:
+            del self.known[next(iter(self.known))]
+        self.known[domain] = (name, until)
+        return old[0] if old is not None else domain
+
+    def site(self, transport: str, name: str, limits: SiteLimits) -> Site:
+        site = self.sites.get((transport, name))
+        if site is None:
+            site = self.sites[(transport, name)] = Site(
+                name, transport, limits.concurrency, limits.setting)
+        return site
 
 
 #: Stock keeps at most this many agent connections per transport waiting for an agent.
@@ -373,9 +500,11 @@ class Transport:
         return queue
 
     def room(self, queue: Queue) -> int:
-        """Deliveries ``queue`` may start now: its window, capped by the policy's cap.
+        """Deliveries ``queue`` may start now: its window, capped by the policy's cap
+        and by what its site has left.
 
-        Zero while the destination is gated (suspended, rate-spaced, backing off).
+        Zero while the destination is gated (suspended, rate-spaced, backing off, its
+        site full).
         """
         if queue.gate is not None:
             return 0
@@ -383,7 +512,11 @@ class Transport:
         cap = self.dest_cap
         if cap and window > cap:
             window = cap
-        return window - queue.busy_count
+        room = window - queue.busy_count
+        site = queue.site
+        if site is not None and site.limit and site.limit - site.busy < room:
+            return site.limit - site.busy
+        return room
 
     def sync(self, queue: Queue) -> None:
         """Keep :attr:`ready_queues` true for ``queue`` after any change to it.

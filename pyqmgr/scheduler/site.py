@@ -1,0 +1,127 @@
+"""Provider sites: destinations grouped by where their mail really goes (issue #33).
+
+Postfix's limits count per next-hop domain, and so does its feedback: 300 Google
+Workspace domains get 300 windows and may open 300 times
+``smtp_destination_concurrency_limit`` sessions to one provider, and a
+``421 4.7.28`` that one domain earns slows none of the others. A provider counts per
+site, the hosts its MX records name. Here a :class:`~.structures.Site` groups the
+in-core destination queues of one transport that share a site and caps their sum of
+deliveries in flight; each destination keeps stock's own window below that cap.
+
+Which site a domain is at comes from outside the core, which does no I/O: when a
+queue is made for a domain whose site is not known (or whose answer expired), the
+core asks for a lookup in the event's decisions (``Decisions.resolve``) and, until
+the answer comes, counts the domain as a site of its own, so mail never waits on
+DNS. The driver answers with :meth:`~.core.Scheduler.site_learnt` (the daemon from
+the MX records, the simulator from its scenario, replay from the log's ``relay=``
+hosts); the domain's queues then move to their site, deliveries in flight and all.
+Delivery is untouched: the agent still gets the domain as its next hop and chooses
+the MX host itself.
+
+A full site gates its members (``Queue.gate``, the attribute every policy tests)
+until one of its deliveries ends; the gate's text is what explain says. Closing
+and opening walk the site's members, so a saturated site of N busy domains costs
+O(N) per delivery; everything else here is O(1) per event.
+
+The structures (:class:`~.structures.Site`, the core's :class:`~.structures.SiteTable`)
+are declared in :mod:`.structures`; the verbs that change them are here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.gates import regate
+from pyqmgr.scheduler.shaping import Gate
+from pyqmgr.scheduler.structures import SITE_GATE, Site, site_domain
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.state import Core
+    from pyqmgr.scheduler.structures import Queue
+
+def site_attach(core: Core, queue: Queue) -> None:
+    """A new queue joins its site (``queue_obtain``), when its transport has sites."""
+    table = core.sites
+    assert table is not None
+    limits = table.limits(queue.transport.name)
+    if limits is None:
+        return
+    domain = site_domain(queue.nexthop)
+    if domain is None or queue.nexthop in table.skip or domain in table.skip:
+        return
+    name = table.name_of(domain, core.now, core.out.resolve)
+    _join(core, queue, table.site(queue.transport.name, name, limits))
+
+
+def _join(core: Core, queue: Queue, site: Site) -> None:
+    queue.site = site
+    site.members[queue] = None
+    site.busy += queue.busy_count
+    if site.gate is not None:
+        regate(core, queue)
+    elif site.full:
+        _close(core, site)
+
+
+def site_leave(core: Core, queue: Queue) -> None:
+    """A queue leaves its site (discarded, or moved to the site a lookup found)."""
+    site = queue.site
+    assert site is not None
+    queue.site = None
+    site.members.pop(queue, None)
+    site.busy -= queue.busy_count
+    site_settle(core, site)
+    if not site.members and core.sites is not None:
+        core.sites.sites.pop((site.transport, site.name), None)
+
+
+def site_started(core: Core, queue: Queue) -> None:
+    """A delivery to a member started: the site may be full now."""
+    site = queue.site
+    assert site is not None
+    site.busy += 1
+    if site.gate is None and site.full:
+        _close(core, site)
+
+
+def site_settle(core: Core, site: Site) -> None:
+    """After a member's delivery ended (``site.busy`` already counted down): a closed
+    site that has room again opens."""
+    if site.gate is not None and not site.full:
+        site.gate = None
+        for member in list(site.members):
+            if member.site is site and member.gate is not None:
+                regate(core, member)
+
+
+def _close(core: Core, site: Site) -> None:
+    site.gate = Gate(SITE_GATE, math.inf, site.setting,
+                     f"site {site.name} holds {site.busy} of {site.limit} sessions")
+    for member in list(site.members):
+        if member.gate is None:
+            regate(core, member)
+
+
+def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
+    """The driver found the domain's site: its queues move there, with what they
+    have in flight (a site that fills closes, one that empties opens)."""
+    table = core.sites
+    if table is None:
+        return
+    domain = domain.lower()
+    if domain in table.pinned:
+        table.asked.discard(domain)
+        return
+    old = table.learn(domain, name, until)
+    if old == name:
+        return
+    for (transport, sname), site in list(table.sites.items()):
+        if sname != old:
+            continue
+        limits = table.limits(transport)
+        for queue in list(site.members):
+            if queue.site is site and site_domain(queue.nexthop) == domain and limits:
+                site_leave(core, queue)
+                _join(core, queue, table.site(transport, name, limits))
+                regate(core, queue)

@@ -1,0 +1,121 @@
+"""A site's name from a domain's MX hosts, and the provider table (issue #33).
+
+Two domains are at one site when their MX records name the same hosts: every
+Google Workspace domain names ``aspmx.l.google.com`` and its four alternates. The
+site is named by those hosts, factored by their common suffix, so that an admin
+reads it: ``(alt1|alt2|alt3|alt4)?.aspmx.l.google.com`` (KumoMTA names sites the
+same way). Some providers give each customer its own MX host
+(``example-com.mail.protection.outlook.com``); a host name does not reveal they are
+one site, so a provider table maps host suffixes to a provider's name: the one
+shipped (``pyqmgr/site-providers``, commented) and the admin's own files after it,
+a later line overriding an earlier one for the same suffix.
+
+Pure functions on strings: the daemon calls them with what DNS answered, replay
+with the ``relay=`` hosts of a log, the simulator with its scenario's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+#: MX hosts a site's name is made of at most, by preference: a domain with 500 MX
+#: records is named by its first 32 (and a name stays under about 2 KB).
+MAX_MX = 32
+#: A provider table file is read up to this size (the shipped one is a few KB).
+MAX_TABLE = 1 << 20
+
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site-providers")
+
+
+class ProviderTableError(ValueError):
+    """A provider table line that is not ``SUFFIX NAME``; the text says where."""
+
+
+def normal_host(host: str) -> str:
+    return host.strip().rstrip(".").lower()
+
+
+def mx_site_name(hosts: Iterable[str]) -> str | None:
+    """The site name of an MX host set; None for no host (or only a null MX ".")."""
+    names = sorted({h for h in (normal_host(x) for x in hosts) if h})
+    if not names:
+        return None
+    if len(names) == 1:
+        return names[0]
+    split = [n.split(".") for n in names]
+    common = 0
+    shortest = min(len(s) for s in split)
+    while common < shortest and len({s[-1 - common] for s in split}) == 1:
+        common += 1
+    if common == 0:
+        return "(" + "|".join(names) + ")"
+    suffix = ".".join(split[0][-common:])
+    prefixes = [".".join(s[:-common]) for s in split]
+    alternatives = sorted(p for p in prefixes if p)
+    optional = "?" if "" in prefixes else ""
+    return f"({'|'.join(alternatives)}){optional}.{suffix}"
+
+
+class Providers:
+    """MX host suffix -> provider name; the longest matching suffix wins."""
+
+    def __init__(self, entries: dict[str, str] | None = None) -> None:
+        self.by_suffix: dict[str, str] = dict(entries or {})
+        self._longest = max((s.count(".") + 1 for s in self.by_suffix), default=0)
+
+    @classmethod
+    def parse(cls, text: str, where: str, base: Providers | None = None) -> Providers:
+        """A table's text: ``SUFFIX NAME`` per line, ``#`` comments; later lines win."""
+        entries = dict(base.by_suffix) if base is not None else {}
+        for number, raw in enumerate(text.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            fields = line.split()
+            if len(fields) != 2:
+                raise ProviderTableError(
+                    f"{where}, line {number}: expected an MX host suffix and a site name, "
+                    f"got {raw.strip()!r}")
+            suffix, name = normal_host(fields[0]), fields[1]
+            suffix = suffix[1:] if suffix.startswith(".") else suffix
+            if not suffix or any(not label for label in suffix.split(".")):
+                raise ProviderTableError(f"{where}, line {number}: {fields[0]!r} is no "
+                                         "host name suffix")
+            entries[suffix] = name
+        return cls(entries)
+
+    def provider(self, host: str) -> str | None:
+        """The provider of one MX host, by its longest listed suffix."""
+        labels = normal_host(host).split(".")
+        for n in range(min(len(labels), self._longest), 0, -1):
+            name = self.by_suffix.get(".".join(labels[-n:]))
+            if name is not None:
+                return name
+        return None
+
+
+def load_providers(paths: Sequence[str]) -> Providers:
+    """The shipped table (``builtin``) and the admin's files, in the order given."""
+    table = Providers()
+    for path in paths:
+        where = SHIPPED if path == "builtin" else path
+        with open(where, encoding="utf-8") as f:
+            text = f.read(MAX_TABLE + 1)
+        if len(text) > MAX_TABLE:
+            raise ProviderTableError(f"{where}: larger than {MAX_TABLE} bytes")
+        table = Providers.parse(text, where, table)
+    return table
+
+
+def site_name(mx: Sequence[tuple[int, str]], providers: Providers) -> str | None:
+    """A domain's site from its MX records (preference, host): the provider of its
+    most preferred host that has one, else the factored host set (the MAX_MX most
+    preferred); None when there is no host (the domain is its own site)."""
+    ranked = sorted((pref, normal_host(host)) for pref, host in mx)
+    hosts = [host for _, host in ranked if host][:MAX_MX]
+    for host in hosts:
+        name = providers.provider(host)
+        if name is not None:
+            return name
+    return mx_site_name(hosts)

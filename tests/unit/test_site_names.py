@@ -1,0 +1,92 @@
+"""Site names from MX host sets, and the provider table (issue #33)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyqmgr.site_names import (
+    MAX_MX,
+    SHIPPED,
+    Providers,
+    ProviderTableError,
+    load_providers,
+    mx_site_name,
+    site_name,
+)
+
+GMAIL = [(5, "gmail-smtp-in.l.google.com."), (10, "alt1.gmail-smtp-in.l.google.com."),
+         (20, "alt2.gmail-smtp-in.l.google.com."), (30, "alt3.gmail-smtp-in.l.google.com."),
+         (40, "alt4.gmail-smtp-in.l.google.com.")]
+
+
+def test_a_host_set_is_named_by_its_common_suffix():
+    assert mx_site_name(h for _, h in GMAIL) == \
+        "(alt1|alt2|alt3|alt4)?.gmail-smtp-in.l.google.com"
+    assert mx_site_name(["mx2.example.net", "MX1.Example.NET."]) == "(mx1|mx2).example.net"
+    assert mx_site_name(["a.example", "b.other"]) == "(a.example|b.other)"
+    assert mx_site_name(["mx.example.net"]) == "mx.example.net"
+    assert mx_site_name([]) is None and mx_site_name(["."]) is None
+
+
+def test_the_name_does_not_depend_on_order_or_case():
+    hosts = [h for _, h in GMAIL]
+    assert mx_site_name(hosts) == mx_site_name(reversed([h.upper() for h in hosts]))
+
+
+def test_two_domains_with_one_mx_set_are_one_site_without_a_table():
+    empty = Providers()
+    other = [(p, h) for p, h in reversed(GMAIL)]
+    assert site_name(GMAIL, empty) == site_name(other, empty)
+
+
+def test_the_shipped_table_names_the_big_providers():
+    table = load_providers(["builtin"])
+    assert site_name(GMAIL, table) == "google"
+    assert site_name([(0, "example-com.mail.protection.outlook.com")], table) == "microsoft"
+    assert site_name([(0, "hotmail-com.olc.protection.outlook.com")], table) == "microsoft"
+    assert site_name([(1, "mta5.am0.yahoodns.net")], table) == "yahoo"
+    assert site_name([(10, "mx.example.org")], table) == "mx.example.org"
+    assert table.provider("notgoogle.com") is None, "a suffix matches whole labels"
+
+
+def test_the_most_preferred_host_with_a_provider_decides():
+    table = Providers({"pphosted.com": "proofpoint", "google.com": "google"})
+    mx = [(20, "aspmx.l.google.com"), (10, "mx0a-001.pphosted.com")]
+    assert site_name(mx, table) == "proofpoint"
+
+
+def test_an_admins_table_overrides_and_the_longest_suffix_wins(tmp_path):
+    mine = tmp_path / "providers"
+    mine.write_text("# ours\ngoogle.com  g-suite\nmx.example.net  mine  # inline comment\n"
+                    "example.net  theirs\n")
+    table = load_providers(["builtin", str(mine)])
+    assert site_name(GMAIL, table) == "g-suite"
+    assert table.provider("a.mx.example.net") == "mine"
+    assert table.provider("b.example.net") == "theirs"
+
+
+@pytest.mark.parametrize("line", ["google.com", "google.com a b", "..com x", "a..b x"])
+def test_a_bad_table_line_says_where(line):
+    with pytest.raises(ProviderTableError, match=r"t, line 2"):
+        Providers.parse("# x\n" + line, "t")
+
+
+def test_an_oversized_table_is_refused(tmp_path):
+    big = tmp_path / "big"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ProviderTableError, match="larger than"):
+        load_providers([str(big)])
+
+
+def test_five_hundred_mx_records_name_a_site_of_the_most_preferred():
+    mx = [(i, f"mx{i}.example.net") for i in range(500)]
+    name = site_name(mx, Providers())
+    assert name is not None and name.count("|") == MAX_MX - 1 and "mx0|" in name
+    assert len(name) < 2048
+
+
+def test_the_shipped_table_parses_and_is_documented():
+    with open(SHIPPED) as f:
+        text = f.read()
+    assert text.startswith("# pyqmgr's provider table")
+    assert len(Providers.parse(text, SHIPPED).by_suffix) >= 20

@@ -1,0 +1,209 @@
+"""Provider sites in the core (issue #33): each transition on a Scheduler, per policy.
+
+A site caps the deliveries in flight of its member destinations together; a full
+site gates every member until one delivery ends; a domain whose site is not known
+yet counts as a site of its own while the core asks for a lookup; a lookup's answer
+moves the domain's queues, deliveries in flight and all. With sites off nothing of
+it exists (``Queue.site`` is None everywhere).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pyqmgr.scheduler.core import Route, Scheduler
+from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.scheduler.structures import MAX_KNOWN, SiteLimits, SiteTable, site_domain
+from pyqmgr.scheduler.suspension import Suspension, Target
+from tests.unit.params import Params
+
+POLICIES = ["nqmgr", "oqmgr", "finch", "zmailer"]
+LIMITS = SiteLimits(2, "smtp_site_concurrency_limit")
+
+
+def sched(policy: str = "nqmgr", limit: int = 2, pinned: dict[str, str] | None = None,
+          transports: tuple[str, ...] = ("smtp",), **params: int) -> Scheduler:
+    p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 5,
+         "destination_concurrency_limit": 20, **params}
+    limits = SiteLimits(limit, "smtp_site_concurrency_limit")
+    table = SiteTable(lambda t: limits if t in transports else None, pinned=pinned,
+                      skip=frozenset({"relay.example"}))
+    return Scheduler(lambda n: Params(**p), policies=PolicyTable(load(policy)), sites=table)
+
+
+def mail(s: Scheduler, dest: str, n: int, qid: str | None = None, transport: str = "smtp"):
+    m = Message(qid or f"Q{dest}", 0.0)
+    d = s.assign(m, [Route(transport, dest, dest, Recipient(i, f"r{i}@{dest}"))
+                     for i in range(n)])
+    return m, d
+
+
+def drain(s: Scheduler, now: float = 1.0) -> list:
+    """Every entry agents get now (each select is one agent)."""
+    out = []
+    while (e := s.select("smtp", now).deliver) is not None:
+        out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_full_site_gates_every_member_until_a_delivery_ends(policy):
+    s = sched(policy, pinned={"a.example": "g", "b.example": "g", "c.example": "g"})
+    for d in ("a.example", "b.example", "c.example"):
+        mail(s, d, 5)
+    first = drain(s)
+    assert len(first) == 2, "the site takes two at once, whatever the windows say"
+    t = s.transport("smtp")
+    site = t.queues["a.example"].site
+    assert site is not None and site.busy == 2 and site.full
+    assert all(q.gate is site.gate and q.status == "held" for q in t.queues.values())
+    assert site.gate is not None and site.gate.kind == "site"
+    assert site.gate.text == "site g holds 2 of 2 sessions"
+    assert not s.has_work("smtp"), "no agent is asked for while the site is full"
+    s.done(first[0], 0, None, False, 2.0)
+    assert site.gate is None and all(q.gate is None for q in t.queues.values())
+    assert len(drain(s, 2.0)) == 1
+    assert site.busy == 2
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_without_sites_nothing_changes(policy):
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1),
+                  policies=PolicyTable(load(policy)))
+    for d in ("a.example", "b.example"):
+        mail(s, d, 5)
+    assert drain(s)
+    assert s.sites is None
+    assert all(q.site is None for q in s.transport("smtp").queues.values())
+
+
+def test_an_unknown_domain_is_its_own_site_and_is_asked_once():
+    s = sched()
+    _, d = mail(s, "a.example", 3)
+    assert d.resolve == ("a.example",)
+    _, d = mail(s, "a.example", 1, qid="Q2")
+    assert d.resolve == (), "asked once until answered"
+    site = s.transport("smtp").queues["a.example"].site
+    assert site is not None and site.name == "a.example"
+    assert len(drain(s)) == 2
+
+
+def test_an_answer_moves_the_domains_queues_with_their_deliveries():
+    s = sched(pinned={"b.example": "google"})
+    mail(s, "a.example", 4)
+    mail(s, "b.example", 4)
+    got = drain(s)
+    assert len(got) == 4, "two sites of two"
+    t = s.transport("smtp")
+    qa, qb = t.queues["a.example"], t.queues["b.example"]
+    assert qa.site is not None and qa.site.name == "a.example" and qa.site.full
+    d = s.site_learnt("a.example", "google", 3600.0, 1.0)
+    assert d == d._replace(resolve=()), d
+    assert qa.site is qb.site and qa.site is not None
+    google = qa.site
+    assert google.busy == 4 and google.full and qa.gate is google.gate
+    assert s.sites is not None and ("smtp", "a.example") not in s.sites.sites, \
+        "the empty site is gone"
+    # Two deliveries must end before the site (limit 2) has room again.
+    s.done(got[0], 0, None, False, 2.0)
+    assert google.gate is not None and drain(s, 2.0) == []
+    s.done(got[1], 0, None, False, 2.0)
+    s.done(got[2], 0, None, False, 2.0)
+    assert google.gate is None and len(drain(s, 2.0)) == 1
+
+
+def test_a_stale_answer_is_asked_again_and_used_meanwhile():
+    s = sched()
+    mail(s, "a.example", 1)
+    s.site_learnt("a.example", "google", 10.0, 1.0)
+    e = drain(s)[0]
+    s.done(e, 0, None, False, 5.0)
+    assert "a.example" not in s.transport("smtp").queues, "the idle queue went"
+    m = Message("Q9", 0.0)
+    d = s.assign(m, [Route("smtp", "a.example", "a.example", Recipient(0, "r@a.example"))],
+                 now=11.0)
+    assert d.resolve == ("a.example",)
+    site = s.transport("smtp").queues["a.example"].site
+    assert site is not None and site.name == "google"
+
+
+def test_what_is_not_grouped():
+    s = sched(transports=("smtp",))
+    for nexthop in ("[192.0.2.1]", "[mx.example]:2525", "relay.example"):
+        m = Message(f"Q{nexthop}", 0.0)
+        d = s.assign(m, [Route("smtp", nexthop, nexthop, Recipient(0, "r@x.example"))])
+        assert d.resolve == ()
+        assert s.transport("smtp").queues[nexthop].site is None
+    _, d = mail(s, "a.example", 1, transport="local")
+    assert d.resolve == () and s.transport("local").queues["a.example"].site is None
+
+
+@pytest.mark.parametrize(("nexthop", "domain"), [
+    ("Example.COM", "example.com"), ("example.com.", "example.com"),
+    ("example.com:2525", "example.com"), ("[example.com]", None), ("[::1]:25", None),
+    ("example.com:smtp", None), ("", None), ("a:b:c", None)])
+def test_site_domain(nexthop, domain):
+    assert site_domain(nexthop) == domain
+
+
+def test_a_send_failure_gives_the_site_its_slot_back():
+    s = sched(pinned={"a.example": "g", "b.example": "g"})
+    mail(s, "a.example", 3)
+    mail(s, "b.example", 3)
+    got = drain(s)
+    site = got[0].queue.site
+    assert site is not None and site.full
+    s.send_failed(got[0], Dsn("4.3.0", "agent gone"), 1.0)
+    assert site.busy == 1 and site.gate is None
+
+
+def test_a_dead_member_does_not_take_the_site_with_it():
+    s = sched(pinned={"a.example": "g", "b.example": "g"}, initial_destination_concurrency=1)
+    mail(s, "a.example", 3)
+    mail(s, "b.example", 3)
+    got = drain(s)
+    assert len(got) == 2
+    dead = next(e for e in got if e.queue.name == "a.example")
+    s.done(dead, 1, Dsn("4.4.1", "connect refused"), False, 2.0)
+    t = s.transport("smtp")
+    assert "a.example" in t.queues and t.queues["a.example"].status == "dead"
+    assert t.queues["b.example"].status == "ready"
+    site = t.queues["b.example"].site
+    assert site is not None and site.busy == 1 and site.gate is None
+    s.done(next(e for e in got if e.queue.name == "b.example"), 0, None, False, 3.0)
+    assert [e.queue.name for e in drain(s, 3.0)] == ["b.example"] * 2
+
+
+def test_a_suspended_member_stays_suspended_when_its_site_opens():
+    s = sched(pinned={"a.example": "g", "b.example": "g"})
+    mail(s, "a.example", 3)
+    mail(s, "b.example", 3)
+    got = drain(s)
+    s.suspend(Suspension(Target(None, "b.example"), "maintenance", "root", 1.0, 100.0,
+                         1e9))
+    for e in got:
+        s.done(e, 0, None, False, 2.0)
+    t = s.transport("smtp")
+    assert t.queues["b.example"].status == "held"
+    assert t.queues["a.example"].gate is None
+    assert {e.queue.name for e in drain(s, 2.0)} == {"a.example"}
+
+
+def test_an_agent_is_asked_for_only_as_far_as_the_site_has_room():
+    s = sched(limit=1, pinned={"a.example": "g"})
+    mail(s, "a.example", 5)
+    t = s.transport("smtp")
+    q = t.queues["a.example"]
+    assert t.room(q) == 1, "the window has 5, the site 1"
+    assert s.allocate() == "smtp" and s.allocate() is None
+
+
+def test_known_answers_are_bounded():
+    table = SiteTable(lambda t: LIMITS)
+    for i in range(MAX_KNOWN + 10):
+        table.learn(f"d{i}.example", "g", math.inf)
+    assert len(table.known) == MAX_KNOWN and "d0.example" not in table.known
