@@ -16,7 +16,7 @@ uses the limits then.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyqmgr.postfix.config import ConfigError, QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.postfix.master_cf import load_master_cf
@@ -37,6 +37,8 @@ class PolicySetup:
     shaping: ShapingTable | None = None
     #: Retry jitter and recovery (:mod:`pyqmgr.daemon.retry`); None: stock's retries.
     retry: RetrySettings | None = None
+    #: master.cf's unix services and their commands (which transports are smtp).
+    commands: dict[str, str] = field(default_factory=dict)
 
     def process_limit(self, transport: str) -> int:
         return self.process_limits.get(transport, self.default_process_limit)
@@ -48,6 +50,7 @@ def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     parsed = scheduling_settings(settings)
     table = parsed.policies
     limits: dict[str, int] = {}
+    commands: dict[str, str] = {}
     try:
         master = load_master_cf(cfg.config_dir,
                                 default_process_limit=cfg.default_process_limit)
@@ -60,8 +63,9 @@ def policy_setup(settings: PyqmgrCf, cfg: QmgrConfig) -> PolicySetup:
     for service in master.services if master is not None else ():
         if service.type == "unix":
             limits[service.service] = service.process_limit
+            commands[service.service] = service.command
     # Only the other policies' reading uses qmgr_fudge_factor; stock qmgr never reads
     # it, so a bad value must not stop stock scheduling either.
     fudge = 100 if table.stock else oqmgr_fudge_factor(cfg)
     return PolicySetup(table, limits, cfg.default_process_limit, fudge, parsed.shaping,
-                       parsed.retry)
+                       parsed.retry, commands)

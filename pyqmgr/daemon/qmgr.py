@@ -28,6 +28,7 @@ from pyqmgr.daemon.active import (
     ActiveQueue,
     read_more,
 )
+from pyqmgr.daemon.applier import Applier
 from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
 from pyqmgr.daemon.fleet import Fleet
@@ -36,16 +37,16 @@ from pyqmgr.daemon.metrics import DeliveryStats
 from pyqmgr.daemon.request import delivery_request
 from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.setup import DaemonSetup
+from pyqmgr.daemon.sites import SiteResolver
 from pyqmgr.daemon.suspensions import Suspensions
-from pyqmgr.postfix import bounce, mail_queue
+from pyqmgr.postfix import mail_queue
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import DeliveryReply
-from pyqmgr.postfix.log_adhoc import log_adhoc_line
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.postfix.master import FlowControl
 from pyqmgr.postfix.resolve import ResolveClient
 from pyqmgr.scheduler.core import Route, Scheduler
-from pyqmgr.scheduler.decisions import NOTHING, Decisions, DeferRecipient
+from pyqmgr.scheduler.decisions import Decisions
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
@@ -141,7 +142,8 @@ class Qmgr:
         self.scheduler = Scheduler.from_settings(
             cfg, refill=self._refill, policies=pol.table,
             process_limit_for=pol.process_limit, fudge_factor=pol.fudge_factor,
-            shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None)
+            shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None,
+            sites=setup.sites.settings.table() if setup.sites is not None else None)
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}", ipc_timeout=cfg.qmgr_ipc_timeout,
             ipc_idle=cfg.ipc_idle, ipc_ttl=cfg.ipc_ttl, give_up_after=cfg.qmgr_ipc_timeout,
@@ -156,9 +158,7 @@ class Qmgr:
         self.loop = asyncio.get_running_loop()
         #: Operator controls (suspend, resume, retry) and their state file.
         self.suspensions = Suspensions(self, setup.state, pol.process_limits)
-        #: The armed shaping timer (at most one: the core asks for its earliest).
-        self._gate_timer: asyncio.TimerHandle | None = None
-        self._gate_at = 0.0
+        self.applier = Applier(self)
         #: Delivery counts for the metrics exporter; None (not counted) unless
         #: pyqmgr.cf sets metrics_listen.
         self.metrics: DeliveryStats | None = (
@@ -171,6 +171,10 @@ class Qmgr:
         #: Delivery policy delegation (pyqmgr.cf delivery_policy_service); None: off.
         self.delegation: Delegation | None = (
             Delegation(self, setup.delegation) if setup.delegation is not None else None)
+        #: Provider sites' MX lookups (pyqmgr.cf site_grouping); None: off.
+        self.sites: SiteResolver | None = (
+            SiteResolver(self, setup.sites.settings, setup.sites.lookup)
+            if setup.sites is not None else None)
         #: The fleet's shared limits (pyqmgr.cf shared_state); None: off.
         self.fleet: Fleet | None = Fleet(self, setup.fleet) if setup.fleet is not None else None
         #: The resident size for status, and memory_warning_limit's warning (#30).
@@ -228,11 +232,6 @@ class Qmgr:
             await asyncio.sleep(self.cfg.queue_run_delay)
             self.scans[DEFERRED].request(SCAN_START)
             self.wakeup.set()
-
-    def _on_timer(self) -> None:
-        """A deadline the core asked for: revive or resume destinations, deliver."""
-        self.apply(self.scheduler.tick(time.monotonic()))
-        self.dispatch()
 
     async def _ticker(self) -> None:
         """Revive dead transports and destinations when their timers expire."""
@@ -344,7 +343,7 @@ class Qmgr:
                                          flush_each=bool(am.scan_flags & FLUSH_EACH),
                                          now=time.monotonic()))
         if am.sched.refcount == 0:
-            self._message_done(am)
+            self.message_done(am)
         self.dispatch()
 
     def _read_more(self, am: ActiveMessage, limit: int) -> list[Route] | None:
@@ -405,7 +404,7 @@ class Qmgr:
         self.scheduler.message_count = self.message_count
         self.wakeup.set()
 
-    def _message_done(self, am: ActiveMessage) -> None:
+    def message_done(self, am: ActiveMessage) -> None:
         if "hold" in am.extra:
             # A delivery policy service said HOLD: to hold/, nothing else done.
             self.active.hold(am)
@@ -553,66 +552,6 @@ class Qmgr:
         self.apply(decisions)
         self.dispatch()
 
-    def _on_gate_timer(self) -> None:
-        """A shaping gate opens or a recovery step is due (rates, response rules)."""
-        self._gate_timer = None
-        self.apply(self.scheduler.open_gates(time.monotonic()))
-        self.dispatch()
-
-    def _arm_gate_timer(self, when: float) -> None:
-        if self._gate_timer is not None:
-            if self._gate_at <= when:
-                return
-            self._gate_timer.cancel()
-        self._gate_at = when
-        self._gate_timer = self.loop.call_later(max(0.0, when - time.monotonic()),
-                                                self._on_gate_timer)
-
     def apply(self, d: Decisions) -> Entry | None:
-        """Carry out what the core decided in one event; the entry it chose, if any.
-
-        The one place the daemon acts on the core's decisions (the simulator's
-        ``Engine.apply`` is the other): log lines, timers, synchronous deferrals,
-        deferred-mail recovery, ended suspensions and finished messages, in that order.
-        """
-        if d is NOTHING:
-            return None
-        if d.ended:
-            self.suspensions.ended(list(d.ended))
-        if d.gate_timers:
-            self._arm_gate_timer(min(d.gate_timers))
-        if d.timers:
-            now = time.monotonic()
-            for when in d.timers:
-                self.loop.call_later(max(0.0, when - now), self._on_timer)
-        for severity, text in d.log:
-            self.log.log(severity, text)
-        for deferral in d.deferrals:
-            self.spawn(self._defer_recipient(deferral))
-        if d.waits or d.recovered:
-            assert self.retry is not None
-            self.retry.decisions(d.waits, d.recovered)
-        for message in d.finished:
-            if message.owner is not None:
-                self._message_done(message.owner)
-        if d.throttled and self.fleet is not None:
-            self.fleet.tell(d.throttled)
-        return d.deliver
-
-    async def _defer_recipient(self, d: DeferRecipient) -> None:
-        """The retry transport is dead too: append to the defer log ourselves."""
-        am: ActiveMessage = d.message.owner
-        r = d.recipient
-        am.flags |= 1
-        await bounce.append("defer", am.tflags, am.queue_id, r.orig_addr, r.address,
-                            r.offset, r.dsn_orcpt, r.dsn_notify, d.dsn.status, "delayed",
-                            d.dsn.reason)
-        now = time.time()
-        sec = int(now)
-        self.log.info(log_adhoc_line(
-            am.queue_id, r.address, r.orig_addr, "none", am.qf.arrival_time, am.active_time,
-            (sec, int((now - sec) * 1e6)), d.dsn.status, "deferred", d.dsn.reason,
-            self.cfg.delay_logging_resolution_limit,
-        ))
-
-
+        """Carry out one event's decisions (:class:`~pyqmgr.daemon.applier.Applier`)."""
+        return self.applier.apply(d)

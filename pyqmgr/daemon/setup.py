@@ -14,6 +14,7 @@ from pyqmgr.daemon.delegation import DelegationSetup
 from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.metrics import MetricsSettings
 from pyqmgr.daemon.policies import PolicySetup
+from pyqmgr.daemon.sites import SiteSetup
 from pyqmgr.daemon.suspensions import StateFile
 from pyqmgr.fleet.settings import FleetSettings
 
@@ -33,3 +34,5 @@ class DaemonSetup:
     fleet: FleetSettings | None = None
     #: The resident size for status, and memory_warning_limit's warning.
     memory: MemoryGuard | None = None
+    #: site_grouping's settings and MX lookup (None: no sites).
+    sites: SiteSetup | None = None

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import control, delegation, memory, metrics, suspensions
+from pyqmgr.daemon import control, delegation, memory, metrics, sites, suspensions
 from pyqmgr.daemon.host import Fatal
 from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.policies import policy_setup
@@ -140,6 +140,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
     # The resident size is read through /proc/self/statm, opened before the chroot.
     memory_guard = MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf))
+    sites_cf = sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "")  # resolv.conf
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -170,7 +171,8 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # a site down for hours grew the qmgr by 35 KB a message.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, GC_YOUNG_PER_MIDDLE, 1)
-    setup = DaemonSetup(policies, state, metrics_cf, delegation_cf, fleet_cf, memory_guard)
+    setup = DaemonSetup(policies, state, metrics_cf, delegation_cf, fleet_cf, memory_guard,
+                        sites_cf)
     return asyncio.run(_serve(cfg, log, status, flow, daemon, setup,
                               access if control_dir else None))
 

@@ -1,0 +1,123 @@
+"""The daemon's applier: where the core's decisions become actions.
+
+Every event into the core returns one :class:`~pyqmgr.scheduler.decisions.Decisions`;
+:meth:`Applier.apply` is the one place the daemon carries one out (the simulator's
+``Engine.apply`` is the other): log lines, timers, synchronous deferrals,
+deferred-mail recovery, ended suspensions, finished messages, the fleet's news and
+the sites' lookups, in that order. Its timers call back into the core and then let
+the dispatcher run. Split from :class:`~pyqmgr.daemon.qmgr.Qmgr`, which feeds and
+dispatches, so that a new kind of decision is one line here and nothing there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pyqmgr.postfix import bounce
+from pyqmgr.postfix.log_adhoc import log_adhoc_line
+from pyqmgr.scheduler.decisions import NOTHING, Decisions, DeferRecipient
+from pyqmgr.scheduler.entry import Entry
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from pyqmgr.daemon.active import ActiveMessage
+    from pyqmgr.daemon.fleet import Fleet
+    from pyqmgr.daemon.retry import RetryControl
+    from pyqmgr.daemon.sites import SiteResolver
+    from pyqmgr.daemon.suspensions import Suspensions
+    from pyqmgr.postfix.config import QmgrConfig
+    from pyqmgr.postfix.maillog_client import MailLog
+    from pyqmgr.scheduler.core import Scheduler
+
+
+class ApplierHost(Protocol):
+    """What the applier acts through (:class:`~pyqmgr.daemon.qmgr.Qmgr`)."""
+
+    cfg: QmgrConfig
+    log: MailLog
+    loop: asyncio.AbstractEventLoop
+    scheduler: Scheduler
+    suspensions: Suspensions
+    retry: RetryControl | None
+    fleet: Fleet | None
+    sites: SiteResolver | None
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+    def dispatch(self) -> None: ...
+    def message_done(self, am: ActiveMessage) -> None: ...
+
+
+class Applier:
+    def __init__(self, qmgr: ApplierHost) -> None:
+        self.q = qmgr
+        #: The armed shaping timer (at most one: the core asks for its earliest).
+        self._gate_timer: asyncio.TimerHandle | None = None
+        self._gate_at = 0.0
+
+    def apply(self, d: Decisions) -> Entry | None:
+        """Carry out what the core decided in one event; the entry it chose, if any."""
+        if d is NOTHING:
+            return None
+        q = self.q
+        if d.ended:
+            q.suspensions.ended(list(d.ended))
+        if d.gate_timers:
+            self._arm_gate_timer(min(d.gate_timers))
+        if d.timers:
+            now = time.monotonic()
+            for when in d.timers:
+                q.loop.call_later(max(0.0, when - now), self._on_timer)
+        for severity, text in d.log:
+            q.log.log(severity, text)
+        for deferral in d.deferrals:
+            q.spawn(self._defer_recipient(deferral))
+        if d.waits or d.recovered:
+            assert q.retry is not None
+            q.retry.decisions(d.waits, d.recovered)
+        for message in d.finished:
+            if message.owner is not None:
+                q.message_done(message.owner)
+        if d.throttled and q.fleet is not None:
+            q.fleet.tell(d.throttled)
+        if d.resolve and q.sites is not None:
+            q.sites.resolve(d.resolve)
+        return d.deliver
+
+    def _on_timer(self) -> None:
+        """A deadline the core asked for: revive or resume destinations, deliver."""
+        self.apply(self.q.scheduler.tick(time.monotonic()))
+        self.q.dispatch()
+
+    def _on_gate_timer(self) -> None:
+        """A shaping gate opens or a recovery step is due (rates, response rules)."""
+        self._gate_timer = None
+        self.apply(self.q.scheduler.open_gates(time.monotonic()))
+        self.q.dispatch()
+
+    def _arm_gate_timer(self, when: float) -> None:
+        if self._gate_timer is not None:
+            if self._gate_at <= when:
+                return
+            self._gate_timer.cancel()
+        self._gate_at = when
+        self._gate_timer = self.q.loop.call_later(max(0.0, when - time.monotonic()),
+                                                  self._on_gate_timer)
+
+    async def _defer_recipient(self, d: DeferRecipient) -> None:
+        """The retry transport is dead too: append to the defer log ourselves."""
+        am: ActiveMessage = d.message.owner
+        r = d.recipient
+        am.flags |= 1
+        await bounce.append("defer", am.tflags, am.queue_id, r.orig_addr, r.address,
+                            r.offset, r.dsn_orcpt, r.dsn_notify, d.dsn.status, "delayed",
+                            d.dsn.reason)
+        now = time.time()
+        sec = int(now)
+        self.q.log.info(log_adhoc_line(
+            am.queue_id, r.address, r.orig_addr, "none", am.qf.arrival_time, am.active_time,
+            (sec, int((now - sec) * 1e6)), d.dsn.status, "deferred", d.dsn.reason,
+            self.q.cfg.delay_logging_resolution_limit,
+        ))

@@ -1,0 +1,265 @@
+"""Provider sites in the daemon: pyqmgr.cf's settings and the MX lookups (issue #33).
+
+``site_grouping = mx`` turns sites on for the transports whose master.cf command is
+smtp or lmtp (``site_transports`` names others or fewer). The core asks for a
+domain's site when it first sees the domain (``Decisions.resolve``); this module
+looks up its MX records with dnspython's asyncio resolver, names the site
+(:mod:`pyqmgr.site_names`) and answers the core with ``site_learnt``. Until then,
+and for ``site_dns_negative_ttl`` after a lookup failed, the domain is a site of its
+own: mail never waits on DNS, and a failure logs one line (the domain and the
+cause), not one per message.
+
+The event loop never waits on DNS either: lookups run as tasks, at most
+``site_dns_lookups`` at once (the rest wait their turn in a FIFO), each bounded by
+``site_dns_timeout``. An answer holds for its TTL, at most ``site_dns_max_ttl``;
+the core asks again for a domain whose answer ran out the next time it makes the
+domain's queue, and keeps the old site meanwhile.
+
+dnspython reads /etc/resolv.conf when the resolver is made, which start-up does
+before the chroot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pyqmgr.pyqmgr_cf import PyqmgrCf
+from pyqmgr.scheduler.shaping import ShapingError, parse_duration
+from pyqmgr.scheduler.structures import SiteLimits, SiteTable
+from pyqmgr.site_names import Providers, ProviderTableError, load_providers, site_name
+
+if TYPE_CHECKING:
+    from pyqmgr.postfix.maillog_client import MailLog
+    from pyqmgr.scheduler.core import Scheduler
+    from pyqmgr.scheduler.decisions import Decisions
+    from pyqmgr.scheduler.structures import Entry
+
+GROUPING = "site_grouping"
+TRANSPORTS = "site_transports"
+LIMIT = "site_concurrency_limit"
+PROVIDERS = "site_providers"
+PINS = "site_pins"
+TIMEOUT = "site_dns_timeout"
+NEGATIVE_TTL = "site_dns_negative_ttl"
+MAX_TTL = "site_dns_max_ttl"
+LOOKUPS = "site_dns_lookups"
+
+#: master.cf commands whose next hops are mail exchangers to group.
+GROUPED_COMMANDS = ("smtp", "lmtp")
+#: Lookups waiting their turn at most; beyond, a domain stays its own site until the
+#: core asks again (a flood of new domains cannot grow memory).
+MAX_WAITING = 10_000
+
+
+@dataclass(frozen=True)
+class SiteSettings:
+    """pyqmgr.cf's site settings, checked; the core's table is made from them."""
+
+    limits: dict[str, SiteLimits]
+    providers: Providers
+    pins: dict[str, str]
+    skip: frozenset[str]
+    timeout: float = 5.0
+    negative_ttl: float = 300.0
+    max_ttl: float = 86400.0
+    lookups: int = 16
+
+    def table(self) -> SiteTable:
+        return SiteTable(self.limits.get, self.pins, self.skip)
+
+
+def _duration(settings: PyqmgrCf, name: str, default: float) -> float:
+    text = settings.get(name)
+    if text is None:
+        return default
+    try:
+        return parse_duration(text, name)
+    except ShapingError as exc:
+        raise settings.error(name, str(exc).partition(": ")[2]) from None
+
+
+def site_settings(settings: PyqmgrCf, commands: dict[str, str],
+                  relayhost: str = "") -> SiteSettings | None:
+    """pyqmgr.cf's sites; None when ``site_grouping`` is unset or ``none``.
+
+    ``commands``: master.cf's unix services and their commands (which transports
+    deliver to mail exchangers); ``relayhost``: main.cf's, never grouped.
+    """
+    grouping = (settings.get(GROUPING) or "none").strip().lower()
+    if grouping == "none":
+        return None
+    if grouping != "mx":
+        raise settings.error(GROUPING, f'"{grouping}" is not one of: none, mx')
+    listed = settings.get(TRANSPORTS)
+    if listed is not None:
+        transports = [t for t in listed.replace(",", " ").split() if t]
+        unknown = [t for t in transports if t not in commands]
+        if unknown:
+            raise settings.error(TRANSPORTS, f"no master.cf unix service {unknown[0]!r}")
+    else:
+        transports = [t for t, cmd in commands.items() if cmd in GROUPED_COMMANDS]
+    limits = {}
+    for t in transports:
+        n = settings.get_int(LIMIT, t, 0, 0, 100_000)
+        limits[t] = SiteLimits(n, f"{settings.which(LIMIT, t) or LIMIT} in pyqmgr.cf")
+    try:
+        providers = load_providers((settings.get(PROVIDERS) or "builtin").replace(
+            ",", " ").split())
+    except (ProviderTableError, OSError) as exc:
+        raise settings.error(PROVIDERS, str(exc)) from None
+    pins: dict[str, str] = {}
+    pin_file = (settings.get(PINS) or "").strip()
+    if pin_file:
+        try:
+            pins = Providers.parse(_read(pin_file), pin_file).by_suffix
+        except (ProviderTableError, OSError) as exc:
+            raise settings.error(PINS, str(exc)) from None
+    relay = relayhost.strip().lower()
+    return SiteSettings(
+        limits, providers, pins, frozenset({relay} if relay else ()),
+        timeout=_duration(settings, TIMEOUT, 5.0),
+        negative_ttl=_duration(settings, NEGATIVE_TTL, 300.0),
+        max_ttl=_duration(settings, MAX_TTL, 86400.0),
+        lookups=settings.get_int(LOOKUPS, None, 16, 1, 1000))
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read(1 << 20)
+
+
+@dataclass(frozen=True)
+class SiteSetup:
+    """The settings and the lookup made at start-up (before the chroot)."""
+
+    settings: SiteSettings
+    lookup: Callable[[str], Any]
+
+
+def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str) -> SiteSetup | None:
+    """Start-up's sites: the settings checked and dnspython's resolver made; None: off."""
+    checked = site_settings(settings, commands, relayhost)
+    if checked is None:
+        return None
+    return SiteSetup(checked, DnsLookup(checked).found)
+
+
+class SiteHost(Protocol):
+    """What the resolver needs of the daemon (:class:`~pyqmgr.daemon.qmgr.Qmgr`)."""
+
+    @property
+    def log(self) -> MailLog: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    def spawn(self, coro: Any) -> None: ...  # noqa: ANN401 - a coroutine
+    def apply(self, decisions: Decisions) -> Entry | None: ...
+    def dispatch(self) -> None: ...
+
+
+#: What one lookup found: the site (None: the domain is its own), how long the answer
+#: holds, and why it failed (None: it did not).
+Found = tuple[str | None, float, str | None]
+
+
+class SiteResolver:
+    """The daemon's MX lookups for the core, bounded and off the event loop's path."""
+
+    def __init__(self, host: SiteHost, settings: SiteSettings,
+                 lookup: Callable[[str], Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.host = host
+        self.settings = settings
+        self.clock = clock
+        #: The coroutine function that looks a domain up: dnspython's unless a test
+        #: gives its own.
+        self.lookup = lookup or DnsLookup(settings).found
+        self.waiting: deque[str] = deque()
+        self.running = 0
+        #: Counters for status: lookups answered, failed by cause.
+        self.answered = 0
+        self.failed: dict[str, int] = {}
+
+    def resolve(self, domains: tuple[str, ...]) -> None:
+        """The core asked for these domains' sites (``Decisions.resolve``)."""
+        for domain in domains:
+            if self.running < self.settings.lookups:
+                self.running += 1
+                self.host.spawn(self._one(domain))
+            elif len(self.waiting) < MAX_WAITING:
+                self.waiting.append(domain)
+            else:
+                self._learnt(domain, None, self.settings.negative_ttl, "too many lookups")
+
+    async def _one(self, domain: str) -> None:
+        try:
+            while True:
+                try:
+                    name, ttl, why = await self.lookup(domain)
+                except Exception as exc:  # noqa: BLE001 - a resolver bug must not stop mail
+                    name, ttl, why = None, self.settings.negative_ttl, f"error: {exc!r}"
+                self._learnt(domain, name, ttl, why)
+                if not self.waiting:
+                    return
+                domain = self.waiting.popleft()
+        finally:
+            self.running -= 1
+
+    def _learnt(self, domain: str, name: str | None, ttl: float, why: str | None) -> None:
+        if why is not None:
+            self.failed[why.split(":")[0]] = self.failed.get(why.split(":")[0], 0) + 1
+            self.host.log.warning(f"sites: {domain}: MX lookup failed ({why}); its own "
+                                  f"site for {ttl:g}s")
+        else:
+            self.answered += 1
+        now = self.clock()
+        ttl = min(ttl, self.settings.max_ttl)
+        self.host.apply(self.host.scheduler.site_learnt(domain, name or domain, now + ttl,
+                                                        now))
+        self.host.dispatch()
+
+    def status(self) -> dict[str, object]:
+        return {"lookups_running": self.running, "lookups_waiting": len(self.waiting),
+                "answered": self.answered, "failed": dict(self.failed)}
+
+
+class DnsLookup:
+    """dnspython's asyncio resolver, made now (it reads /etc/resolv.conf: before the
+    chroot), asked for MX records with a bounded lifetime."""
+
+    def __init__(self, settings: SiteSettings) -> None:
+        import dns.asyncresolver
+
+        self.settings = settings
+        self.resolver = dns.asyncresolver.Resolver()
+
+    async def found(self, domain: str) -> Found:
+        import dns.exception
+        import dns.resolver
+
+        s = self.settings
+        try:
+            answer = await self.resolver.resolve(domain, "MX", lifetime=s.timeout,
+                                                 search=False)
+        except dns.resolver.NXDOMAIN:
+            return None, s.negative_ttl, "NXDOMAIN"
+        except dns.resolver.NoAnswer:
+            # No MX: smtp(8) delivers to the domain's own address; it is its own site.
+            return None, s.negative_ttl, None
+        except dns.resolver.LifetimeTimeout:
+            return None, s.negative_ttl, f"timeout after {s.timeout:g}s"
+        except dns.resolver.NoNameservers as exc:
+            return None, s.negative_ttl, f"no server answered: {_short(exc)}"
+        except dns.exception.DNSException as exc:
+            return None, s.negative_ttl, f"{type(exc).__name__}: {_short(exc)}"
+        mx = [(int(r.preference), r.exchange.to_text(omit_final_dot=True)) for r in answer]
+        ttl = float(answer.rrset.ttl) if answer.rrset is not None else s.negative_ttl
+        return site_name(mx, s.providers), ttl, None
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."
