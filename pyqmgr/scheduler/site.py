@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.gates import regate
 from pyqmgr.scheduler.shaping import Gate
-from pyqmgr.scheduler.structures import SITE_GATE, Site, site_domain
+from pyqmgr.scheduler.structures import LOOKUP_GATE, SITE_GATE, Site, site_domain
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
@@ -51,7 +51,18 @@ def site_attach(core: Core, queue: Queue) -> None:
     if domain is None or queue.nexthop in table.skip or domain in table.skip:
         return
     name = table.name_of(domain, core.now, core.out.resolve)
-    _join(core, queue, table.site(queue.transport.name, name, limits))
+    site = table.site(queue.transport.name, name, limits)
+    if (table.wait > 0 and name == domain and domain in table.asked and not site.members
+            and site.gate is None and domain not in table.known):
+        # The first lookup is under way (a local resolver answers in milliseconds):
+        # wait for it a moment, or the domain's first deliveries count at a site of
+        # their own and overrun the real site's limit.
+        until = core.now + table.wait
+        site.gate = Gate(LOOKUP_GATE, until, "site_dns_wait in pyqmgr.cf",
+                         f"the MX lookup of {domain} is under way")
+        table.waiting[site] = until
+        core.out.timers.append(until)
+    _join(core, queue, site)
 
 
 def _join(core: Core, queue: Queue, site: Site) -> None:
@@ -64,6 +75,29 @@ def _join(core: Core, queue: Queue, site: Site) -> None:
         _close(core, site)
 
 
+def _stop_waiting(core: Core, site: Site) -> None:
+    """A site's wait for its lookup ends: its members deliver (unless full)."""
+    if core.sites is not None:
+        core.sites.waiting.pop(site, None)
+    if site.gate is not None and site.gate.kind == LOOKUP_GATE:
+        site.gate = None
+        if site.full:
+            _close(core, site)
+        for member in list(site.members):
+            if member.site is site and member.gate is not None:
+                regate(core, member)
+
+
+def site_wait_due(core: Core, now: float) -> None:
+    """Time passed (``tick``): waits for lookups that took too long end."""
+    table = core.sites
+    if table is None or not table.waiting:
+        return
+    for site, until in list(table.waiting.items()):
+        if until <= now:
+            _stop_waiting(core, site)
+
+
 def site_leave(core: Core, queue: Queue) -> None:
     """A queue leaves its site (discarded, or moved to the site a lookup found)."""
     site = queue.site
@@ -74,6 +108,7 @@ def site_leave(core: Core, queue: Queue) -> None:
     site_settle(core, site)
     if not site.members and core.sites is not None:
         core.sites.sites.pop((site.transport, site.name), None)
+        core.sites.waiting.pop(site, None)
 
 
 def site_started(core: Core, queue: Queue) -> None:
@@ -88,7 +123,7 @@ def site_started(core: Core, queue: Queue) -> None:
 def site_settle(core: Core, site: Site) -> None:
     """After a member's delivery ended (``site.busy`` already counted down): a closed
     site that has room again opens."""
-    if site.gate is not None and not site.full:
+    if site.gate is not None and site.gate.kind == SITE_GATE and not site.full:
         site.gate = None
         for member in list(site.members):
             if member.site is site and member.gate is not None:
@@ -115,6 +150,9 @@ def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
         return
     old = table.learn(domain, name, until)
     if old == name:
+        for (_, sname), waiting in list(table.sites.items()):
+            if sname == name:
+                _stop_waiting(core, waiting)
         return
     for (transport, sname), site in list(table.sites.items()):
         if sname != old:

@@ -289,8 +289,10 @@ class Site:
         return f"Site({self.transport}/{self.name} {self.busy}/{self.limit or '-'})"
 
 
-#: The gate kind explain shows for a destination whose site is full.
+#: The gate kinds explain shows for a destination whose site is full, and for one
+#: whose first MX lookup is under way (``site_dns_wait``).
 SITE_GATE = "site"
+LOOKUP_GATE = "site lookup"
 
 #: Domains whose learnt site is remembered at most; the oldest answer goes first.
 MAX_KNOWN = 100_000
@@ -328,7 +330,7 @@ class SiteTable:
 
     def __init__(self, limits_for: Callable[[str], SiteLimits | None],
                  pinned: dict[str, str] | None = None,
-                 skip: frozenset[str] = frozenset()) -> None:
+                 skip: frozenset[str] = frozenset(), wait: float = 0.0) -> None:
         #: A transport's site limits; None: its destinations are not grouped.
         self.limits_for = limits_for
         self._limits: dict[str, SiteLimits | None] = {}
@@ -342,6 +344,10 @@ class SiteTable:
         self.asked: set[str] = set()
         #: Sites with members or deliveries in flight, by (transport, site name).
         self.sites: dict[tuple[str, str], Site] = {}
+        #: How long a new domain's queue waits for its first lookup (0: not at all),
+        #: and the sites waiting so, with when they stop.
+        self.wait = wait
+        self.waiting: dict[Site, float] = {}
 
     def limits(self, transport: str) -> SiteLimits | None:
         if transport not in self._limits:

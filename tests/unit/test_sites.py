@@ -207,3 +207,57 @@ def test_known_answers_are_bounded():
     for i in range(MAX_KNOWN + 10):
         table.learn(f"d{i}.example", "g", math.inf)
     assert len(table.known) == MAX_KNOWN and "d0.example" not in table.known
+
+
+def waiting_sched(**kw: int) -> Scheduler:
+    table = SiteTable(lambda t: LIMITS if t == "smtp" else None, wait=0.2)
+    p = {"destination_recipient_limit": 1, **kw}
+    return Scheduler(lambda n: Params(**p), sites=table)
+
+
+def test_a_new_domain_waits_for_its_first_lookup_until_the_answer():
+    s = waiting_sched()
+    _, d = mail(s, "a.example", 3)
+    assert d.resolve == ("a.example",) and d.timers == (0.2,)
+    q = s.transport("smtp").queues["a.example"]
+    assert q.status == "held" and q.gate is not None and q.gate.kind == "site lookup"
+    assert drain(s, 0.05) == [] and not s.has_work("smtp")
+    mail(s, "a.example", 1, qid="Q2")
+    assert q.gate is not None, "more mail for it waits too"
+    s.site_learnt("a.example", "google", 3600.0, 0.05)
+    assert q.site is not None and q.site.name == "google" and q.gate is None
+    assert len(drain(s, 0.05)) == 2, "then the site's limit"
+
+
+def test_a_slow_lookup_lets_the_mail_go_at_the_domains_own_site():
+    s = waiting_sched()
+    mail(s, "a.example", 3)
+    q = s.transport("smtp").queues["a.example"]
+    s.tick(0.1)
+    assert q.gate is not None
+    s.tick(0.2)
+    assert q.gate is None and len(drain(s, 0.2)) == 2
+    assert s.sites is not None and not s.sites.waiting
+    s.site_learnt("a.example", "google", 3600.0, 0.5)
+    assert q.site is not None and q.site.name == "google" and q.site.busy == 2
+
+
+def test_a_failed_lookup_ends_the_wait_at_once():
+    s = waiting_sched()
+    mail(s, "a.example", 3)
+    s.site_learnt("a.example", "a.example", 300.0, 0.01)
+    q = s.transport("smtp").queues["a.example"]
+    assert q.gate is None and len(drain(s, 0.01)) == 2
+    assert s.sites is not None and not s.sites.waiting
+
+
+def test_a_known_domain_does_not_wait_again():
+    s = waiting_sched()
+    mail(s, "a.example", 1)
+    s.site_learnt("a.example", "google", 10.0, 0.0)
+    e = drain(s, 0.0)[0]
+    s.done(e, 0, None, False, 1.0)
+    _, d = mail(s, "a.example", 1, qid="Q3")
+    q = s.transport("smtp").queues["a.example"]
+    assert d.resolve == () and q.gate is None and q.site is not None
+    assert q.site.name == "google"

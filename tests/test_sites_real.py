@@ -1,0 +1,74 @@
+"""Sites on real Postfix (issue #33): domains whose MX records name one server.
+
+A real DNS server (unbound on loopback, pyqmgr/testbed/dns.py) serves MX records for
+ten domains that all name ``mx.site.test`` (127.0.0.1); one sink behind it takes 5
+sessions and answers 421 beyond. Each domain's next hop is ``domain:PORT`` (the
+sink's port), so smtp(8) looks the MX up through that server itself, as pyqmgr does
+for the site. Stock qmgr counts ten destinations of five sessions and meets the 421s;
+pyqmgr with ``site_grouping = mx`` and ``site_concurrency_limit = 5`` counts one site.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pyqmgr.testbed import dns
+from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.sink import SinkServer
+
+pytestmark = pytest.mark.skipif(not dns.available(), reason="needs unbound (./dev installs it)")
+
+DOMAINS = [f"d{i}.test" for i in range(10)]
+RECORDS = ["mx.site.test. 300 IN A 127.0.0.1",
+           *[f"{d}. 300 IN MX 10 mx.site.test." for d in DOMAINS]]
+
+
+def _run(postfix_instance, srv: SinkServer, server: dns.DnsServer, qmgr: str, n: int,
+         pyqmgr_cf: dict[str, str] | None) -> PostfixInstance:
+    pf: PostfixInstance = postfix_instance(
+        start=False, qmgr=qmgr, pyqmgr_cf=pyqmgr_cf,
+        transports={d: f"smtp:{d}:{srv.port}" for d in DOMAINS},
+        main_cf={"smtp_host_lookup": "dns", "smtp_connection_cache_on_demand": "no",
+                 "minimal_backoff_time": "3600s", "maximal_backoff_time": "3600s"})
+    pf.start(prefix=server.start_prefix())
+    pf.smtp_send([("s@test.example", [f"r{i}@{DOMAINS[i % len(DOMAINS)]}"])
+                  for i in range(n)])
+    return pf
+
+
+def _tried(pf: PostfixInstance) -> tuple[int, int]:
+    lines = pf.maillog.lines()
+    sent = sum(1 for ln in lines if "status=sent" in ln.text and ".test>" in ln.text)
+    deferred = sum(1 for ln in lines if "status=deferred" in ln.text and ".test>" in ln.text)
+    return sent, deferred
+
+
+def test_ten_domains_at_one_mx_are_one_site(postfix_instance, sink):
+    n = 200
+    with dns.DnsServer(["test"], RECORDS) as server:
+        stock_srv: SinkServer = sink(latency=0.2, client_limit=5)
+        pf = _run(postfix_instance, stock_srv, server, "stock", n, None)
+        pf.wait_until(lambda: sum(_tried(pf)) >= n, 120, f"{n} messages tried once")
+        stock_sent, stock_deferred = _tried(pf)
+        stock_peak = stock_srv.snapshot().max_concurrent
+        stock_refused = stock_srv.snapshot().rejected_421
+        pf.stop()
+
+        srv: SinkServer = sink(latency=0.2, client_limit=5)
+        pf = _run(postfix_instance, srv, server, "pyqmgr", n,
+                  {"site_grouping": "mx", "site_concurrency_limit": "5"})
+        pf.wait_until(lambda: sum(_tried(pf)) >= n, 120, f"{n} messages tried once")
+        sent, deferred = _tried(pf)
+
+        st = srv.snapshot()
+        span = max(st.opened) - min(st.opened)
+    print(f"\n{n} messages to 10 domains at one MX (5 sessions, 421 beyond): stock "
+          f"{stock_deferred / n:.1%} deferred on the first try, {stock_refused} sessions "
+          f"refused, peak {stock_peak} sessions; pyqmgr with sites {deferred / n:.1%} "
+          f"deferred, peak {st.max_concurrent}, {n / span:.1f} messages a second "
+          f"(the sink's capacity {5 / 0.2:.0f})")
+    assert stock_deferred >= 0.2 * n, "the control: stock meets the 421s"
+    assert stock_refused > 0
+    assert deferred == 0 and sent == n
+    assert st.max_concurrent <= 5 and st.rejected_421 == 0
+    assert n / span >= 0.8 * 5 / 0.2, "the site's five sessions are kept busy"
