@@ -20,7 +20,7 @@ from pyqmgr.scheduler.entry import entry_done
 from pyqmgr.scheduler.gates import started, throttled
 from pyqmgr.scheduler.queue import queue_unthrottle
 from pyqmgr.scheduler.recovery import SITE_SUSPENDED
-from pyqmgr.scheduler.site import site_started
+from pyqmgr.scheduler.site import site_started, site_throttled
 from pyqmgr.scheduler.structures import Dsn
 
 if TYPE_CHECKING:
@@ -82,6 +82,8 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
             # Throttling, not failure: the rule's action instead of negative
             # feedback, and never a failed cohort (the site is alive).
             throttled(core, queue, rule, hop, now, entry.started)
+            if queue.site is not None:
+                site_throttled(core, queue.site, rule, now, entry.started)
             if core.recovery_watch is not None:
                 recovery.wait(core, message, t.name, queue.name, recovery.why(hop, rule.where))
         elif hop is not None and hop.status:

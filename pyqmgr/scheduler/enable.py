@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import controls
 from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
-from pyqmgr.scheduler.site import site_wait_due
+from pyqmgr.scheduler.site import site_due
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 def enable_due(core: Core, now: float) -> None:
     """Time passed: revive dead transports and sites, resume rate-delayed ones."""
     core.now = now
-    if core.sites is not None and core.sites.waiting:
-        site_wait_due(core, now)
+    if core.sites is not None and core.sites.due:
+        site_due(core, now)
     if core.suspensions:
         for s in core.suspensions:
             if now >= s.until:

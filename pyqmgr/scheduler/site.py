@@ -33,8 +33,14 @@ import math
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.gates import regate
-from pyqmgr.scheduler.shaping import Gate
-from pyqmgr.scheduler.structures import LOOKUP_GATE, SITE_GATE, Site, site_domain
+from pyqmgr.scheduler.shaping import Gate, Rule, Shape, triggered
+from pyqmgr.scheduler.structures import (
+    BACKOFF_GATE,
+    LOOKUP_GATE,
+    SITE_GATE,
+    Site,
+    site_domain,
+)
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
@@ -60,8 +66,7 @@ def site_attach(core: Core, queue: Queue) -> None:
         until = core.now + table.wait
         site.gate = Gate(LOOKUP_GATE, until, "site_dns_wait in pyqmgr.cf",
                          f"the MX lookup of {domain} is under way")
-        table.waiting[site] = until
-        core.out.timers.append(until)
+        _due(core, site, until)
     _join(core, queue, site)
 
 
@@ -75,11 +80,10 @@ def _join(core: Core, queue: Queue, site: Site) -> None:
         _close(core, site)
 
 
-def _stop_waiting(core: Core, site: Site) -> None:
-    """A site's wait for its lookup ends: its members deliver (unless full)."""
-    if core.sites is not None:
-        core.sites.waiting.pop(site, None)
-    if site.gate is not None and site.gate.kind == LOOKUP_GATE:
+def _open_timed(core: Core, site: Site) -> None:
+    """A site's timed gate (its lookup's wait, a backoff) ends: its members deliver,
+    unless the site is full."""
+    if site.gate is not None and site.gate.kind != SITE_GATE:
         site.gate = None
         if site.full:
             _close(core, site)
@@ -88,14 +92,113 @@ def _stop_waiting(core: Core, site: Site) -> None:
                 regate(core, member)
 
 
-def site_wait_due(core: Core, now: float) -> None:
-    """Time passed (``tick``): waits for lookups that took too long end."""
+def _stop_waiting(core: Core, site: Site) -> None:
+    if site.gate is not None and site.gate.kind == LOOKUP_GATE:
+        _open_timed(core, site)
+        if core.sites is not None and (site.shape is None or site.shape.rule is None):
+            core.sites.due.pop(site, None)
+
+
+def _due(core: Core, site: Site, when: float) -> None:
     table = core.sites
-    if table is None or not table.waiting:
+    assert table is not None
+    if when < table.due.get(site, math.inf):
+        table.due[site] = when
+        core.out.timers.append(when)
+
+
+def site_due(core: Core, now: float) -> None:
+    """Time passed (``tick``): lookups' waits and backoffs end, throttled sites step
+    back up."""
+    table = core.sites
+    if table is None or not table.due:
         return
-    for site, until in list(table.waiting.items()):
-        if until <= now:
-            _stop_waiting(core, site)
+    for site, when in list(table.due.items()):
+        if when > now:
+            continue
+        del table.due[site]
+        if site.gate is not None and site.gate.kind != SITE_GATE and site.gate.until <= now:
+            _open_timed(core, site)
+        shape = site.shape
+        if shape is not None and shape.rule is not None:
+            _step_up(core, site, now)
+        nxt = min(site.gate.until if site.gate is not None and site.gate.kind != SITE_GATE
+                  else math.inf, shape.next_step if shape is not None and shape.rule
+                  else math.inf)
+        if nxt < math.inf:
+            _due(core, site, nxt)
+
+
+def site_throttled(core: Core, site: Site, rule: Rule, now: float, started: float) -> None:
+    """A member's reply matched a throttling rule: the whole site slows, at once.
+
+    A provider that answers ``421 4.7.28`` to one of its customers' domains is
+    answering for all of them: the rule's window factor caps the site's deliveries
+    in flight (from those in flight now), its ``suspend`` holds every member. One
+    reduction per round trip, as for a destination: replies to deliveries started
+    before the last cut were sent at the old pace.
+    """
+    shape = site.shape
+    if shape is None:
+        shape = site.shape = Shape()
+    if not triggered(rule, shape, now) or started < shape.last_cut:
+        return
+    shape.matches.clear()
+    shape.last_cut = shape.last_match = now
+    shape.rule = rule
+    done = []
+    if rule.window is not None:
+        cap = max(rule.window_floor, math.floor(site.busy * rule.window))
+        if shape.cap:
+            cap = min(cap, shape.cap)
+        shape.cap = cap
+        _bound(site)
+        done.append(f"site capped at {cap} ({site.busy} in flight)")
+    if rule.suspend is not None and (site.gate is None or site.gate.kind == SITE_GATE
+                                     or site.gate.until < now + rule.suspend):
+        site.gate = Gate(BACKOFF_GATE, now + rule.suspend, rule.where,
+                         f"site {site.name} is held back {rule.suspend:g} s after a "
+                         f"throttling reply ({rule.describe()})")
+        for member in list(site.members):
+            regate(core, member)
+        done.append(f"held back {rule.suspend:g}s")
+    elif site.gate is None and site.full:
+        _close(core, site)
+    shape.next_step = now + rule.quiet
+    _due(core, site, min(shape.next_step, site.gate.until if site.gate is not None
+                         and site.gate.kind != SITE_GATE else math.inf))
+    core.out.log.append(("info", f"sites: site {site.name} ({site.transport}): throttling "
+                                 f"reply matched {rule.where}: "
+                                 f"{', '.join(done) or 'counted'}"))
+
+
+def _bound(site: Site) -> None:
+    cap = site.shape.cap if site.shape is not None else 0
+    site.bound = min(site.limit, cap) if site.limit and cap else (site.limit or cap)
+
+
+def _step_up(core: Core, site: Site, now: float) -> None:
+    """A quiet interval passed with no throttling reply: give one step back."""
+    shape = site.shape
+    assert shape is not None and shape.rule is not None
+    rule = shape.rule
+    if now < shape.next_step:
+        return
+    if now - shape.last_match >= rule.ttl:
+        shape.cap, shape.rule = 0, None
+    elif shape.cap:
+        shape.cap += rule.step
+        if site.limit and shape.cap >= site.limit:
+            shape.cap = 0
+    if not shape.cap:
+        shape.rule = None
+        what = "throttling over"
+    else:
+        shape.next_step = now + rule.quiet
+        what = f"quiet for {rule.quiet:g}s: site cap {shape.cap}"
+    _bound(site)
+    site_settle(core, site)
+    core.out.log.append(("info", f"sites: site {site.name} ({site.transport}): {what}"))
 
 
 def site_leave(core: Core, queue: Queue) -> None:
@@ -108,7 +211,7 @@ def site_leave(core: Core, queue: Queue) -> None:
     site_settle(core, site)
     if not site.members and core.sites is not None:
         core.sites.sites.pop((site.transport, site.name), None)
-        core.sites.waiting.pop(site, None)
+        core.sites.due.pop(site, None)
 
 
 def site_started(core: Core, queue: Queue) -> None:

@@ -265,7 +265,8 @@ class Site:
     window stays stock's, below the site's cap. The verbs are in :mod:`.site`.
     """
 
-    __slots__ = ("name", "transport", "limit", "setting", "busy", "members", "gate")
+    __slots__ = ("name", "transport", "limit", "setting", "busy", "members", "gate",
+                 "bound", "shape")
 
     def __init__(self, name: str, transport: str, limit: int, setting: str) -> None:
         self.name = name
@@ -278,21 +279,29 @@ class Site:
         self.busy = 0
         #: Its destination queues in core.
         self.members: dict[Queue, None] = {}
-        #: The gate its members have while the site is closed (at its limit).
+        #: The gate its members have while the site is closed: at its limit, backing
+        #: off after a throttling reply, or waiting for its first MX lookup.
         self.gate: Gate | None = None
+        #: The limit in force: ``limit``, or a response rule's lower cap (0: none).
+        self.bound = limit
+        #: A response rule's state at site level (its cap, matches, recovery steps);
+        #: None until a member's reply first matches a throttling rule.
+        self.shape: Shape | None = None
 
     @property
     def full(self) -> bool:
-        return 0 < self.limit <= self.busy
+        return 0 < self.bound <= self.busy
 
     def __repr__(self) -> str:
-        return f"Site({self.transport}/{self.name} {self.busy}/{self.limit or '-'})"
+        return f"Site({self.transport}/{self.name} {self.busy}/{self.bound or '-'})"
 
 
-#: The gate kinds explain shows for a destination whose site is full, and for one
-#: whose first MX lookup is under way (``site_dns_wait``).
+#: The gate kinds explain shows for a destination whose site is full, for one whose
+#: first MX lookup is under way (``site_dns_wait``), and for one whose site backs off
+#: after a throttling reply (a response rule's ``suspend``).
 SITE_GATE = "site"
 LOOKUP_GATE = "site lookup"
+BACKOFF_GATE = "site backoff"
 
 #: Domains whose learnt site is remembered at most; the oldest answer goes first.
 MAX_KNOWN = 100_000
@@ -344,10 +353,11 @@ class SiteTable:
         self.asked: set[str] = set()
         #: Sites with members or deliveries in flight, by (transport, site name).
         self.sites: dict[tuple[str, str], Site] = {}
-        #: How long a new domain's queue waits for its first lookup (0: not at all),
-        #: and the sites waiting so, with when they stop.
+        #: How long a new domain's queue waits for its first lookup (0: not at all).
         self.wait = wait
-        self.waiting: dict[Site, float] = {}
+        #: Sites with something timed (a lookup's wait, a backoff, a recovery step),
+        #: with its time; ``tick`` runs them.
+        self.due: dict[Site, float] = {}
 
     def limits(self, transport: str) -> SiteLimits | None:
         if transport not in self._limits:
@@ -520,8 +530,8 @@ class Transport:
             window = cap
         room = window - queue.busy_count
         site = queue.site
-        if site is not None and site.limit and site.limit - site.busy < room:
-            return site.limit - site.busy
+        if site is not None and site.bound and site.bound - site.busy < room:
+            return site.bound - site.busy
         return room
 
     def sync(self, queue: Queue) -> None:

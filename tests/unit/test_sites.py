@@ -17,6 +17,7 @@ from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable, load
 from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.scheduler.shaping import Shaping, parse_rules
 from pyqmgr.scheduler.structures import MAX_KNOWN, SiteLimits, SiteTable, site_domain
 from pyqmgr.scheduler.suspension import Suspension, Target
 from tests.unit.params import Params
@@ -237,7 +238,7 @@ def test_a_slow_lookup_lets_the_mail_go_at_the_domains_own_site():
     assert q.gate is not None
     s.tick(0.2)
     assert q.gate is None and len(drain(s, 0.2)) == 2
-    assert s.sites is not None and not s.sites.waiting
+    assert s.sites is not None and not s.sites.due
     s.site_learnt("a.example", "google", 3600.0, 0.5)
     assert q.site is not None and q.site.name == "google" and q.site.busy == 2
 
@@ -248,7 +249,7 @@ def test_a_failed_lookup_ends_the_wait_at_once():
     s.site_learnt("a.example", "a.example", 300.0, 0.01)
     q = s.transport("smtp").queues["a.example"]
     assert q.gate is None and len(drain(s, 0.01)) == 2
-    assert s.sites is not None and not s.sites.waiting
+    assert s.sites is not None and not s.sites.due
 
 
 def test_a_known_domain_does_not_wait_again():
@@ -261,3 +262,72 @@ def test_a_known_domain_does_not_wait_again():
     q = s.transport("smtp").queues["a.example"]
     assert d.resolve == () and q.gate is None and q.site is not None
     assert q.site.name == "google"
+
+
+RATE_REPLY = Dsn("4.7.28", "host mx[192.0.2.1] said: 421 4.7.28 Our system has detected an "
+                           "unusual rate of mail from your IP address")
+SITE_RULES = """
+/4\\.7\\.28/        throttle window=0.5 quiet=30s step=1 ttl=5m
+/\\[TS01\\]/        throttle suspend=60s quiet=30s ttl=5m
+"""
+
+
+def throttling_sched(limit: int = 8) -> Scheduler:
+    rules = parse_rules(SITE_RULES, "rules")
+    table = SiteTable(lambda t: SiteLimits(limit, "site_concurrency_limit in pyqmgr.cf")
+                      if t == "smtp" else None,
+                      pinned={f"d{i}.example": "g" for i in range(4)})
+    return Scheduler(lambda n: Params(destination_recipient_limit=1,
+                                      initial_destination_concurrency=5),
+                     sites=table, shaping_for=lambda name: Shaping(rules=rules))
+
+
+def test_a_throttling_reply_to_one_domain_slows_its_whole_site():
+    s = throttling_sched()
+    for i in range(4):
+        mail(s, f"d{i}.example", 10)
+    out = drain(s, 0.0)
+    assert len(out) == 8
+    site = out[0].queue.site
+    assert site is not None and site.full
+    hit = next(e for e in out if e.queue.name == "d0.example")
+    d = s.done(hit, 1, RATE_REPLY, False, 1.0)
+    assert site.bound == 4, "half of the 8 in flight (the refused one counted, as for a "\
+        "destination)"
+    assert any("sites: site g (smtp): throttling reply matched rules, line 2: site capped "
+               "at 4 (8 in flight)" in text for _, text in d.log), d.log
+    others = [e for e in out if e is not hit]
+    for e in others[:3]:
+        s.done(e, 0, None, False, 2.0)
+    assert site.busy == 4 and drain(s, 2.0) == [], "every domain of the site waits"
+    for e in others[3:]:
+        s.done(e, 0, None, False, 3.0)
+    got = drain(s, 3.0)
+    assert len(got) == 4 and site.busy == 4
+    # A quiet interval gives a step back; the TTL ends the cap.
+    s.tick(31.0)
+    assert site.bound == 5
+    s.tick(400.0)
+    assert site.bound == 8 and (site.shape is None or site.shape.rule is None)
+
+
+def test_a_suspend_rule_holds_the_whole_site_then_lets_it_go():
+    s = throttling_sched()
+    for i in range(2):
+        mail(s, f"d{i}.example", 5)
+    out = drain(s, 0.0)
+    reply = Dsn("4.7.0", "host mx[192.0.2.1] said: 421 [TS01] Messages from 192.0.2.9 "
+                         "temporarily deferred")
+    d = s.done(out[0], 1, reply, False, 1.0)
+    t = s.transport("smtp")
+    assert all(q.gate is not None and q.gate.kind == "site backoff"
+               for q in t.queues.values())
+    assert 31.0 in d.timers, "the first recovery step; the backoff's end comes after"
+    for e in out[1:]:
+        s.done(e, 0, None, False, 2.0)
+    assert drain(s, 2.0) == []
+    assert 61.0 in s.tick(31.0).timers
+    assert all(q.gate is not None for q in t.queues.values())
+    s.tick(61.0)
+    assert all(q.gate is None for q in t.queues.values())
+    assert drain(s, 61.0)
