@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.pyqmgr_cf import PyqmgrCf
-from pyqmgr.scheduler.shaping import ShapingError, parse_duration
+from pyqmgr.scheduler.shaping import Shaping, ShapingError, parse_duration, parse_rate
 from pyqmgr.scheduler.structures import SiteLimits, SiteTable
 from pyqmgr.site_names import Providers, ProviderTableError, load_providers, site_name
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 GROUPING = "site_grouping"
 TRANSPORTS = "site_transports"
 LIMIT = "site_concurrency_limit"
+RATE = "site_rate"
 PROVIDERS = "site_providers"
 PINS = "site_pins"
 TIMEOUT = "site_dns_timeout"
@@ -112,7 +113,14 @@ def site_settings(settings: PyqmgrCf, commands: dict[str, str],
     limits = {}
     for t in transports:
         n = settings.get_int(LIMIT, t, 0, 0, 100_000)
-        limits[t] = SiteLimits(n, f"{settings.which(LIMIT, t) or LIMIT} in pyqmgr.cf")
+        try:
+            rate = parse_rate(settings.get(RATE, t) or "", settings.which(RATE, t) or RATE)
+        except ShapingError as exc:
+            raise settings.error(settings.which(RATE, t) or RATE,
+                                 str(exc).partition(": ")[2]) from None
+        limits[t] = SiteLimits(n, f"{settings.which(LIMIT, t) or LIMIT} in pyqmgr.cf",
+                               Shaping(rate=rate),
+                               f"{settings.which(RATE, t) or RATE} in pyqmgr.cf")
     try:
         providers = load_providers((settings.get(PROVIDERS) or "builtin").replace(
             ",", " ").split())

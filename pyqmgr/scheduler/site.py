@@ -33,10 +33,18 @@ import math
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.gates import regate
-from pyqmgr.scheduler.shaping import Gate, Rule, Shape, triggered
+from pyqmgr.scheduler.shaping import (
+    Gate,
+    Rule,
+    Shape,
+    effective_interval,
+    observed_rate,
+    triggered,
+)
 from pyqmgr.scheduler.structures import (
     BACKOFF_GATE,
     LOOKUP_GATE,
+    RATE_GATE,
     SITE_GATE,
     Site,
     site_domain,
@@ -154,15 +162,20 @@ def site_throttled(core: Core, site: Site, rule: Rule, now: float, started: floa
         shape.cap = cap
         _bound(site)
         done.append(f"site capped at {cap} ({site.busy} in flight)")
-    if rule.suspend is not None and (site.gate is None or site.gate.kind == SITE_GATE
-                                     or site.gate.until < now + rule.suspend):
-        site.gate = Gate(BACKOFF_GATE, now + rule.suspend, rule.where,
-                         f"site {site.name} is held back {rule.suspend:g} s after a "
-                         f"throttling reply ({rule.describe()})")
-        for member in list(site.members):
-            regate(core, member)
+    shaping = site.limits.shaping if site.limits is not None else None
+    if rule.rate is not None and shaping is not None:
+        if shaping.rate is None and shape.rate_factor >= 1.0:
+            shape.learnt_rate = observed_rate(shape, now)
+        if shaping.rate is not None or shape.learnt_rate > 0:
+            shape.rate_factor *= rule.rate
+            done.append(f"site rate lowered to one start every "
+                        f"{effective_interval(shaping, shape):.3g} s")
+    if rule.suspend is not None:
+        _hold(core, site, BACKOFF_GATE, now + rule.suspend, rule.where,
+              f"site {site.name} is held back {rule.suspend:g} s after a throttling "
+              f"reply ({rule.describe()})")
         done.append(f"held back {rule.suspend:g}s")
-    elif site.gate is None and site.full:
+    if site.gate is None and site.full:
         _close(core, site)
     shape.next_step = now + rule.quiet
     _due(core, site, min(shape.next_step, site.gate.until if site.gate is not None
@@ -185,17 +198,22 @@ def _step_up(core: Core, site: Site, now: float) -> None:
     if now < shape.next_step:
         return
     if now - shape.last_match >= rule.ttl:
-        shape.cap, shape.rule = 0, None
-    elif shape.cap:
-        shape.cap += rule.step
-        if site.limit and shape.cap >= site.limit:
-            shape.cap = 0
-    if not shape.cap:
+        shape.cap, shape.rule, shape.rate_factor, shape.learnt_rate = 0, None, 1.0, 0.0
+    else:
+        if shape.cap:
+            shape.cap += rule.step
+            if site.limit and shape.cap >= site.limit:
+                shape.cap = 0
+        if rule.rate is not None and shape.rate_factor < 1.0:
+            shape.rate_factor = min(1.0, shape.rate_factor / rule.rate)
+    if not shape.cap and shape.rate_factor >= 1.0:
         shape.rule = None
         what = "throttling over"
     else:
         shape.next_step = now + rule.quiet
-        what = f"quiet for {rule.quiet:g}s: site cap {shape.cap}"
+        what = (f"quiet for {rule.quiet:g}s: " + (f"site cap {shape.cap}" if shape.cap
+                                                  else "no site cap")
+                + (f", rate x{shape.rate_factor:.3g}" if shape.rate_factor < 1 else ""))
     _bound(site)
     site_settle(core, site)
     core.out.log.append(("info", f"sites: site {site.name} ({site.transport}): {what}"))
@@ -215,12 +233,46 @@ def site_leave(core: Core, queue: Queue) -> None:
 
 
 def site_started(core: Core, queue: Queue) -> None:
-    """A delivery to a member started: the site may be full now."""
+    """A delivery to a member started: the site may be full now, or have to wait for
+    its next start (a site rate, or one a response rule lowered)."""
     site = queue.site
     assert site is not None
     site.busy += 1
+    shape = site.shape
+    if shape is None:
+        shape = site.shape = Shape()
+    shape.starts.append(core.now)
+    limits = site.limits
+    shaping = limits.shaping if limits is not None else None
+    interval = effective_interval(shaping, shape) if shaping is not None else 0.0
+    if interval > 0:
+        shape.tat = max(shape.tat, core.now) + interval
+        if shape.tat > core.now + 1e-9:
+            _hold(core, site, RATE_GATE, shape.tat, _rate_setting(site),
+                  f"site {site.name} starts a delivery at most every {interval:.3g} s")
+            return
     if site.gate is None and site.full:
         _close(core, site)
+
+
+def _rate_setting(site: Site) -> str:
+    shape, limits = site.shape, site.limits
+    if shape is not None and shape.rule is not None and shape.rate_factor < 1.0:
+        return shape.rule.where
+    return limits.rate_setting if limits is not None else "site_rate in pyqmgr.cf"
+
+
+def _hold(core: Core, site: Site, kind: str, until: float, setting: str, text: str) -> None:
+    """Gate every member until ``until`` (a timed site gate: a rate's spacing, a
+    backoff), unless a timed gate already holds it longer."""
+    gate = site.gate
+    if gate is not None and gate.kind != SITE_GATE and gate.until >= until:
+        return
+    site.gate = Gate(kind, until, setting, text)
+    for member in list(site.members):
+        if member.site is site:
+            regate(core, member)
+    _due(core, site, until)
 
 
 def site_settle(core: Core, site: Site) -> None:

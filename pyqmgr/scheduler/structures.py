@@ -266,7 +266,7 @@ class Site:
     """
 
     __slots__ = ("name", "transport", "limit", "setting", "busy", "members", "gate",
-                 "bound", "shape")
+                 "bound", "shape", "limits")
 
     def __init__(self, name: str, transport: str, limit: int, setting: str) -> None:
         self.name = name
@@ -284,9 +284,11 @@ class Site:
         self.gate: Gate | None = None
         #: The limit in force: ``limit``, or a response rule's lower cap (0: none).
         self.bound = limit
-        #: A response rule's state at site level (its cap, matches, recovery steps);
-        #: None until a member's reply first matches a throttling rule.
+        #: The site's shaping state: its starts (for a rate to learn), its rate's
+        #: GCRA, a response rule's cap, matches and recovery steps.
         self.shape: Shape | None = None
+        #: Its transport's site limits (the rate among them).
+        self.limits: SiteLimits | None = None
 
     @property
     def full(self) -> bool:
@@ -302,6 +304,7 @@ class Site:
 SITE_GATE = "site"
 LOOKUP_GATE = "site lookup"
 BACKOFF_GATE = "site backoff"
+RATE_GATE = "site rate"
 
 #: Domains whose learnt site is remembered at most; the oldest answer goes first.
 MAX_KNOWN = 100_000
@@ -310,10 +313,14 @@ MAX_KNOWN = 100_000
 @dataclass(frozen=True, slots=True)
 class SiteLimits:
     """A transport's site limits: most deliveries in flight per site (0: none), and
-    the parameter that set it, as explain names it."""
+    the parameter that set it, as explain names it; the starts a site takes (its
+    ``shaping.rate``; a Shaping with no rate when none is set, whose rate a
+    response rule can still learn and lower)."""
 
     concurrency: int
     setting: str
+    shaping: Shaping | None = None
+    rate_setting: str = "site_rate in pyqmgr.cf"
 
 
 def site_domain(nexthop: str) -> str | None:
@@ -392,6 +399,7 @@ class SiteTable:
         if site is None:
             site = self.sites[(transport, name)] = Site(
                 name, transport, limits.concurrency, limits.setting)
+            site.limits = limits
         return site
 
 

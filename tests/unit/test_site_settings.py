@@ -33,6 +33,19 @@ def test_the_smtp_and_lmtp_transports_are_grouped_with_per_transport_limits():
     assert (s.timeout, s.negative_ttl, s.max_ttl, s.lookups) == (5.0, 300.0, 86400.0, 16)
 
 
+def test_a_site_rate_per_transport():
+    s = settings("site_grouping = mx\nsite_rate = 10/1s\nrelay_site_rate = 1/2s\n")
+    assert s is not None
+    smtp, relay = s.limits["smtp"].shaping, s.limits["relay"].shaping
+    assert smtp is not None and smtp.rate is not None and smtp.rate.interval == 0.1
+    assert relay is not None and relay.rate is not None and relay.rate.interval == 2.0
+    assert s.limits["relay"].rate_setting == "relay_site_rate in pyqmgr.cf"
+    lmtp = s.limits["lmtp"].shaping
+    assert lmtp is not None and lmtp.rate == smtp.rate
+    with pytest.raises(PyqmgrCfError, match=r"parameter smtp_site_rate: "):
+        settings("site_grouping = mx\nsmtp_site_rate = fast\n")
+
+
 def test_transports_named_and_dns_knobs():
     s = settings("site_grouping = mx\nsite_transports = smtp\nsite_dns_timeout = 2s\n"
                  "site_dns_negative_ttl = 1m\nsite_dns_max_ttl = 1h\nsite_dns_lookups = 4\n")

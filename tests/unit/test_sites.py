@@ -17,7 +17,7 @@ from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable, load
 from pyqmgr.scheduler.queue import Dsn
-from pyqmgr.scheduler.shaping import Shaping, parse_rules
+from pyqmgr.scheduler.shaping import Rate, Shaping, parse_rules
 from pyqmgr.scheduler.structures import MAX_KNOWN, SiteLimits, SiteTable, site_domain
 from pyqmgr.scheduler.suspension import Suspension, Target
 from tests.unit.params import Params
@@ -269,12 +269,14 @@ RATE_REPLY = Dsn("4.7.28", "host mx[192.0.2.1] said: 421 4.7.28 Our system has d
 SITE_RULES = """
 /4\\.7\\.28/        throttle window=0.5 quiet=30s step=1 ttl=5m
 /\\[TS01\\]/        throttle suspend=60s quiet=30s ttl=5m
+/\\[TSS04\\]/       throttle rate=0.5 quiet=30s ttl=5m
 """
 
 
-def throttling_sched(limit: int = 8) -> Scheduler:
+def throttling_sched(limit: int = 8, rate: Rate | None = None) -> Scheduler:
     rules = parse_rules(SITE_RULES, "rules")
-    table = SiteTable(lambda t: SiteLimits(limit, "site_concurrency_limit in pyqmgr.cf")
+    table = SiteTable(lambda t: SiteLimits(limit, "site_concurrency_limit in pyqmgr.cf",
+                                           Shaping(rate=rate))
                       if t == "smtp" else None,
                       pinned={f"d{i}.example": "g" for i in range(4)})
     return Scheduler(lambda n: Params(destination_recipient_limit=1,
@@ -331,3 +333,39 @@ def test_a_suspend_rule_holds_the_whole_site_then_lets_it_go():
     s.tick(61.0)
     assert all(q.gate is None for q in t.queues.values())
     assert drain(s, 61.0)
+
+
+def test_a_site_rate_spaces_the_starts_of_all_its_domains():
+    s = throttling_sched(limit=0, rate=Rate(2, 1.0))
+    for i in range(4):
+        mail(s, f"d{i}.example", 5)
+    first = drain(s, 0.0)
+    assert len(first) == 1
+    t = s.transport("smtp")
+    assert all(q.gate is not None and q.gate.kind == "site rate" for q in t.queues.values())
+    assert t.queues["d1.example"].gate.text == "site g starts a delivery at most every 0.5 s"
+    s.tick(0.49)
+    assert drain(s, 0.49) == []
+    s.tick(0.5)
+    assert len(drain(s, 0.5)) == 1, "the next start (whichever domain's the policy picks)"
+    assert all(q.gate is not None for q in t.queues.values())
+
+
+def test_a_rate_rule_lowers_the_site_rate_it_learnt():
+    s = throttling_sched(limit=0)
+    for i in range(4):
+        mail(s, f"d{i}.example", 20)
+    out = drain(s, 0.0)
+    assert len(out) == 20, "no rate and no cap: every window's worth"
+    reply = Dsn("4.7.0", "host mx[192.0.2.1] said: 421 [TSS04] Messages temporarily "
+                         "deferred due to user complaints")
+    d = s.done(out[0], 1, reply, False, 1.0)
+    assert any("site rate lowered to one start every 0.1 s" in text for _, text in d.log), \
+        d.log
+    for e in out[1:]:
+        s.done(e, 0, None, False, 1.0)
+    got = drain(s, 1.0)
+    assert len(got) == 1, "one start, then the site waits 0.1 s"
+    assert len(drain(s, 1.05)) == 0
+    s.tick(1.1)
+    assert len(drain(s, 1.1)) == 1
