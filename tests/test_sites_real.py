@@ -72,3 +72,45 @@ def test_ten_domains_at_one_mx_are_one_site(postfix_instance, sink):
     assert deferred == 0 and sent == n
     assert st.max_concurrent <= 5 and st.rejected_421 == 0
     assert n / span >= 0.8 * 5 / 0.2, "the site's five sessions are kept busy"
+
+
+RATE_RULES = "/4\\.7\\.28/   throttle window=0.5 quiet=30s step=1 ttl=5m\n"
+
+
+def _rate_run(postfix_instance, sink, server: dns.DnsServer, rules: str,
+              sites: bool) -> tuple[SinkServer, PostfixInstance, int]:
+    srv: SinkServer = sink(latency=0.5, rate_limit=8)
+    pyqmgr_cf = {"smtp_response_rules": rules}
+    if sites:
+        pyqmgr_cf.update({"site_grouping": "mx", "site_concurrency_limit": "20"})
+    n = 300
+    pf = _run(postfix_instance, srv, server, "pyqmgr", n, pyqmgr_cf)
+    pf.wait_until(lambda: sum(_tried(pf)) >= n, 180, f"{n} messages tried once")
+    pf.stop()
+    return srv, pf, n
+
+
+def test_a_rate_reply_to_one_domain_slows_the_whole_site(postfix_instance, sink, tmp_path):
+    """A provider's 421 4.7.28 (more than 8 sessions a second) behind ten domains,
+    with a rule that halves the window on it. Per destination, each domain learns on
+    its own replies; with sites, the first reply cuts the whole site, and within one
+    delivery (0.5 s) the server sees no more sessions at once than the cut allows."""
+    rules = tmp_path / "rules"
+    rules.write_text(RATE_RULES)
+    with dns.DnsServer(["test"], RECORDS) as server:
+        alone, _, n = _rate_run(postfix_instance, sink, server, str(rules), sites=False)
+        srv, pf, n = _rate_run(postfix_instance, sink, server, str(rules), sites=True)
+    a, st = alone.snapshot(), srv.snapshot()
+    cuts = [ln.text for ln in pf.maillog.lines() if "sites: site mx.site.test" in ln.text]
+    print(f"\n{n} messages, ten domains at one MX answering 4.7.28 above 8 sessions a "
+          f"second: per destination {a.rejected_rate} sessions refused (peak "
+          f"{a.max_concurrent} at once); per site {st.rejected_rate} (peak "
+          f"{st.max_concurrent}); {cuts[:2]}")
+    assert cuts and "throttling reply matched" in cuts[0] and "site capped at" in cuts[0]
+    cap = int(cuts[0].split("site capped at ")[1].split()[0])
+    first = st.rate_refused[0]
+    # Within one delivery of the first reply, and before the first quiet interval
+    # (30 s) gives a step back.
+    later = [k for t, k in st.timeline if first + 0.6 < t < first + 25]
+    assert later and max(later) <= cap, (cap, max(later))
+    assert st.rejected_rate < a.rejected_rate / 2

@@ -139,6 +139,14 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     if isinstance(fleet, dict):
         lines += _fleet_lines(fleet)
         lines.append("")
+    sites = _dicts(reply.get("sites"))
+    if sites:
+        lines += _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "STATE", "RULE"],
+                        [[_fmt(x.get("name")), _fmt(x.get("transport")),
+                          _fmt(x.get("destinations")),
+                          f"{_fmt(x.get('in_flight'))}/{_fmt(x.get('bound') or '-')}",
+                          _fmt(x.get("state")), _fmt(x.get("rule") or "-")] for x in sites])
+        lines.append("")
     if not destinations:
         lines.append("no destinations in core")
         return lines

@@ -16,6 +16,7 @@ the delivery path.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, cast
 
 from pyqmgr.scheduler.policy import Policy, Reason, reason
@@ -27,11 +28,13 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
     from pyqmgr.scheduler.queue import Queue
     from pyqmgr.scheduler.shaping import Gate
+    from pyqmgr.scheduler.structures import Site
     from pyqmgr.scheduler.transport import Transport
 
 
 def _in(when: float | None, now: float) -> float | None:
-    return None if when is None else round(when - now, 3)
+    """Seconds from now; None when never (no time, or a gate with no end: a full site)."""
+    return None if when is None or when == math.inf else round(when - now, 3)
 
 
 def suspension_status(s: Suspension | None, now: float) -> dict[str, object] | None:
@@ -109,6 +112,24 @@ def destination_status(queue: Queue, now: float) -> dict[str, object]:
             queue.gate if isinstance(queue.gate, Suspension) else None, now),
         "gate": _gate_status(queue.gate, now),
         "cap": queue.cap or None,
+        **({"site": queue.site.name} if queue.site is not None else {}),
+    }
+
+
+def site_status(site: Site, now: float) -> dict[str, object]:
+    """One provider site (issue #33), as ``pyqmgr status`` shows it."""
+    shape = site.shape
+    return {
+        "transport": site.transport,
+        "name": site.name,
+        "destinations": len(site.members),
+        "in_flight": site.busy,
+        "limit": site.limit,
+        "bound": site.bound,
+        "state": "open" if site.gate is None else site.gate.kind,
+        "opens_in": _in(site.gate.until, now) if site.gate is not None else None,
+        "rule": shape.rule.where if shape is not None and shape.rule is not None else None,
+        "rate_factor": round(shape.rate_factor, 3) if shape is not None else 1.0,
     }
 
 
@@ -122,6 +143,9 @@ def status(sched: Scheduler, now: float) -> dict[str, object]:
         "destinations": [destination_status(q, now) for t in transports
                          for q in sorted(t.queues.values(), key=lambda q: q.name)],
         "suspensions": [suspension_status(s, now) for s in sched.suspensions],
+        **({"sites": [site_status(site, now) for _, site in sorted(
+            sched.sites.sites.items(), key=lambda kv: kv[0])]}
+           if sched.sites is not None else {}),
     }
 
 
@@ -173,8 +197,10 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
         out.append(_suspended(gate, queue.nexthop, now))
         return out
     if gate is not None:
-        out.append(reason(gate.kind, gate.setting, f"{gate.text}; next start in "
-                          f"{_in(gate.until, now)} s", opens_in=_in(gate.until, now)))
+        opens = _in(gate.until, now)
+        out.append(reason(gate.kind, gate.setting, gate.text + (
+            f"; next start in {opens} s" if opens is not None else
+            "; the next starts when one of its deliveries ends"), opens_in=opens))
         return out
     if queue.paused:
         out.append(reason(

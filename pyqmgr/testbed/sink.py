@@ -73,6 +73,8 @@ class SinkStats:
     timeline: list[tuple[float, int]] = field(default_factory=list)
     #: When each accepted session started (time.monotonic()).
     opened: list[float] = field(default_factory=list)
+    #: When each session refused by the rate limit came (time.monotonic()).
+    rate_refused: list[float] = field(default_factory=list)
 
     def mean_concurrency(self) -> float:
         """Time-weighted mean of sessions open while any was open."""
@@ -310,6 +312,7 @@ class SinkServer(LoopThreadServer):
                 if len(starts) >= self.rate_limit:
                     self._starts[client] = starts
                     self.stats.rejected_rate += 1
+                    self.stats.rate_refused.append(now)
                     return self.rate_reply
                 starts.append(now)
                 self._starts[client] = starts

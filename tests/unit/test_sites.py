@@ -13,7 +13,9 @@ import math
 
 import pytest
 
+from pyqmgr.control.render import status_lines
 from pyqmgr.scheduler.core import Route, Scheduler
+from pyqmgr.scheduler.explain import explain, status
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable, load
 from pyqmgr.scheduler.queue import Dsn
@@ -369,3 +371,29 @@ def test_a_rate_rule_lowers_the_site_rate_it_learnt():
     assert len(drain(s, 1.05)) == 0
     s.tick(1.1)
     assert len(drain(s, 1.1)) == 1
+
+
+def test_status_and_explain_say_which_site_holds_a_destination():
+    s = sched(pinned={"a.example": "google", "b.example": "google"})
+    mail(s, "a.example", 3)
+    mail(s, "b.example", 3)
+    drain(s, 0.0)
+    (r,) = [r for r in explain(s, "b.example", 1.0)["reasons"] if r["constraint"] == "site"]
+    assert r["setting"] == "smtp_site_concurrency_limit"
+    assert r["text"] == ("site google holds 2 of 2 sessions; the next starts when one of "
+                         "its deliveries ends")
+    assert r["opens_in"] is None
+    st = status(s, 1.0)
+    assert st["sites"] == [{"transport": "smtp", "name": "google", "destinations": 2,
+                            "in_flight": 2, "limit": 2, "bound": 2, "state": "site",
+                            "opens_in": None, "rule": None, "rate_factor": 1.0}]
+    assert {d["site"] for d in st["destinations"]} == {"google"}
+    text = "\n".join(status_lines(st))
+    assert "SITE" in text and "google" in text and "2/2" in text
+
+
+def test_status_without_sites_has_no_site_keys():
+    s = Scheduler(lambda n: Params())
+    mail(s, "a.example", 1)
+    st = status(s, 0.0)
+    assert "sites" not in st and "site" not in st["destinations"][0]
