@@ -197,6 +197,7 @@ def open_state(cfg: QmgrConfig, log: MailLog) -> StateFile | None:
 
 def to_record(s: Suspension) -> dict[str, object]:
     return {"transport": s.target.transport, "destination": s.target.destination,
+            **({"site": s.target.site} if s.target.site is not None else {}),
             "reason": s.reason, "by": s.who,
             "since": round(s.wall_until - s.ttl, 3), "until": round(s.wall_until, 3)}
 
@@ -236,6 +237,9 @@ def _opt_str(obj: dict[str, object], name: str, limit: int) -> str | None:
 def _target(obj: dict[str, object]) -> Target:
     transport = _opt_str(obj, "transport", MAX_TARGET)
     destination = _opt_str(obj, "destination", MAX_TARGET)
+    site = _opt_str(obj, "site", MAX_TARGET)
+    if site is not None:
+        return Target(None, None, site=site.lower())
     if transport is None and destination is None:
         raise StateError("neither transport nor destination")
     return Target(transport, destination.lower() if destination else None)

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 
 
 def matching_queues(core: Core, target: Target) -> list[Queue]:
-    """The in-core destination queues a destination target covers."""
+    """The in-core destination queues a destination (or site) target covers."""
+    if target.site is not None:
+        sites = core.sites.sites.values() if core.sites is not None else ()
+        return [q for site in sites if site.name == target.site for q in site.members]
     dest = target.destination
     if dest is None:
         return []
@@ -49,7 +52,7 @@ def _whole_transport(core: Core, target: Target) -> Transport | None:
 def apply_target(core: Core, target: Target) -> list[str]:
     """Bring the queues and transport of ``target`` in line with the table."""
     names: list[str] = []
-    if target.destination is None:
+    if target.destination is None and target.site is None:
         t = _whole_transport(core, target)
         if t is not None:
             was = t.suspension
@@ -72,7 +75,7 @@ def _still_throttled(t: Transport) -> bool:
 
 def retry(core: Core, target: Target) -> list[str]:
     revived: list[str] = []
-    if target.destination is None:
+    if target.destination is None and target.site is None:
         t = _whole_transport(core, target)
         if t is not None and t.throttled:
             core.transport_unthrottle(t)

@@ -28,7 +28,8 @@ def gate_for(core: Core, queue: Queue) -> Suspension | Gate | None:
     """The gate a queue should have now: an operator's suspension, else its full
     site's (:mod:`.site`), else shaping's."""
     if core.suspensions:
-        s = core.suspensions.for_queue(queue.transport.name, queue.name, queue.nexthop)
+        s = core.suspensions.for_queue(queue.transport.name, queue.name, queue.nexthop,
+                                       queue.site.name if queue.site is not None else None)
         if s is not None:
             return s
     site = queue.site

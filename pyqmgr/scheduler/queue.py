@@ -40,10 +40,10 @@ def queue_obtain(core: Core, t: Transport, name: str, nexthop: str) -> Queue:
             queue.cap = shape.cap
             if queue.cap and queue.window > queue.cap:
                 queue.window = queue.cap
-        if core.suspensions or (queue.shape is not None and queue.shape.gate is not None):
-            queue.gate = gate_for(core, queue)
         if core.sites is not None:
             site_attach(core, queue)
+        if core.suspensions or (queue.shape is not None and queue.shape.gate is not None):
+            queue.gate = gate_for(core, queue)
     return queue
 
 

@@ -46,20 +46,29 @@ class Target:
 
     transport: str | None
     destination: str | None
+    #: A provider site (issue #33; ``site:NAME``): every destination counted there.
+    site: str | None = None
 
     @property
     def key(self) -> tuple[str | None, str | None]:
+        if self.site is not None:
+            return (SITE_PREFIX, self.site)
         return (self.transport, self.destination)
 
     @property
     def spec(self) -> str:
-        """The target as a control names it (``TRANSPORT:``, ``DEST``, ``T:DEST``)."""
+        """The target as a control names it (``TRANSPORT:``, ``DEST``, ``T:DEST``,
+        ``site:NAME``)."""
+        if self.site is not None:
+            return f"{SITE_PREFIX}{self.site}"
         if self.destination is None:
             return f"{self.transport}:"
         return self.destination if self.transport is None else (
             f"{self.transport}:{self.destination}")
 
     def __str__(self) -> str:
+        if self.site is not None:
+            return f"site {self.site}"
         if self.destination is None:
             return f"transport {self.transport}"
         if self.transport is None:
@@ -69,6 +78,8 @@ class Target:
 
 #: Longest target accepted (a domain is at most 255; a nexthop adds brackets, a port).
 MAX_TARGET = 300
+#: How a control names a site: ``site:google`` (unless master.cf has a "site" service).
+SITE_PREFIX = "site:"
 
 
 def parse_target(text: str, transports: Collection[str]) -> Target:
@@ -90,6 +101,11 @@ def parse_target(text: str, transports: Collection[str]) -> Target:
         raise TargetError("a target has no spaces or control characters")
     if text.startswith("["):
         return Target(None, text.lower())
+    if text.lower().startswith(SITE_PREFIX) and "site" not in transports:
+        name = text[len(SITE_PREFIX):].lower()
+        if not name:
+            raise TargetError("no site name after 'site:'")
+        return Target(None, None, site=name)
     transport, sep, dest = text.partition(":")
     if sep:
         if not transport:
@@ -152,11 +168,13 @@ class SuspensionTable:
     def for_transport(self, transport: str) -> Suspension | None:
         return self.by_key.get((transport, None)) if self.by_key else None
 
-    def for_queue(self, transport: str, name: str, nexthop: str) -> Suspension | None:
-        """The suspension covering a destination queue, the one ending last if several."""
+    def for_queue(self, transport: str, name: str, nexthop: str,
+                  site: str | None = None) -> Suspension | None:
+        """The suspension covering a destination queue (or its site), the one ending
+        last if several."""
         if not self.by_key:
             return None
-        found = None
+        found = self.by_key.get((SITE_PREFIX, site)) if site is not None else None
         for dest in {name.lower(), nexthop.lower()}:
             for key in ((transport, dest), (None, dest)):
                 s = self.by_key.get(key)

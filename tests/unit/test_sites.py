@@ -21,7 +21,7 @@ from pyqmgr.scheduler.policy import PolicyTable, load
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.shaping import Rate, Shaping, parse_rules
 from pyqmgr.scheduler.structures import MAX_KNOWN, SiteLimits, SiteTable, site_domain
-from pyqmgr.scheduler.suspension import Suspension, Target
+from pyqmgr.scheduler.suspension import Suspension, Target, TargetError, parse_target
 from tests.unit.params import Params
 
 POLICIES = ["nqmgr", "oqmgr", "finch", "zmailer"]
@@ -397,3 +397,36 @@ def test_status_without_sites_has_no_site_keys():
     mail(s, "a.example", 1)
     st = status(s, 0.0)
     assert "sites" not in st and "site" not in st["destinations"][0]
+
+
+def test_an_operator_suspends_a_whole_site_and_its_later_domains_too():
+    s = sched(limit=0, pinned={"a.example": "google", "b.example": "google"})
+    mail(s, "a.example", 2)
+    target = parse_target("site:Google", {"smtp"})
+    assert target == Target(None, None, site="google") and target.spec == "site:google"
+    assert str(target) == "site google"
+    d = s.suspend(Suspension(target, "provider asked", "root", 0.0, 100.0, 1e9))
+    assert d.affected == ("smtp:a.example",)
+    mail(s, "b.example", 2)
+    mail(s, "c.example", 2)
+    assert {e.queue.name for e in drain(s, 1.0)} == {"c.example"}
+    t = s.transport("smtp")
+    assert t.queues["b.example"].status == "held", "a domain that came later is held too"
+    s.resume(target)
+    assert {e.queue.name for e in drain(s, 2.0)} == {"a.example", "b.example"}
+
+
+def test_a_domain_learnt_to_be_at_a_suspended_site_is_held_from_then():
+    s = sched(limit=0)
+    s.suspend(Suspension(Target(None, None, site="google"), "", "root", 0.0, 100.0, 1e9))
+    mail(s, "a.example", 2)
+    q = s.transport("smtp").queues["a.example"]
+    assert q.gate is None
+    s.site_learnt("a.example", "google", 3600.0, 0.5)
+    assert q.status == "held"
+
+
+def test_a_transport_named_site_keeps_its_meaning():
+    assert parse_target("site:x.example", {"site"}) == Target("site", "x.example")
+    with pytest.raises(TargetError, match="no site name"):
+        parse_target("site:", {"smtp"})
