@@ -430,3 +430,11 @@ def test_a_transport_named_site_keeps_its_meaning():
     assert parse_target("site:x.example", {"site"}) == Target("site", "x.example")
     with pytest.raises(TargetError, match="no site name"):
         parse_target("site:", {"smtp"})
+
+
+def test_a_site_suspension_survives_the_state_file():
+    from pyqmgr.daemon.suspensions import suspension_from_record, to_record
+
+    s = Suspension(Target(None, None, site="google"), "asked", "root", 10.0, 110.0, 2e9)
+    back = suspension_from_record(to_record(s), 10.0, 2e9 - 100)
+    assert back is not None and back.target == s.target and back.reason == "asked"
