@@ -135,6 +135,8 @@ def site_due(core: Core, now: float) -> None:
                   else math.inf)
         if nxt < math.inf:
             _due(core, site, nxt)
+        elif not site.members:
+            _forget_if_neutral(core, site)
 
 
 def site_throttled(core: Core, site: Site, rule: Rule, now: float, started: float) -> None:
@@ -227,9 +229,28 @@ def site_leave(core: Core, queue: Queue) -> None:
     site.members.pop(queue, None)
     site.busy -= queue.busy_count
     site_settle(core, site)
-    if not site.members and core.sites is not None:
-        core.sites.sites.pop((site.transport, site.name), None)
-        core.sites.due.pop(site, None)
+    if not site.members:
+        _forget_if_neutral(core, site)
+
+
+def _forget_if_neutral(core: Core, site: Site) -> None:
+    """An empty site goes once nothing of it matters any more: a response rule's cap
+    or rate, a rate's spacing or a backoff must hold for the domains' next mail too
+    (a site whose queues all went idle between two deferred-queue scans came back
+    at its full limit and met the provider's 421s again)."""
+    table = core.sites
+    if table is None or site.members:
+        return
+    shape = site.shape
+    if shape is not None and shape.rule is not None:
+        return
+    if shape is not None and shape.tat > core.now:
+        _due(core, site, shape.tat)
+        return
+    if site.gate is not None and site.gate.kind != SITE_GATE:
+        return
+    table.sites.pop((site.transport, site.name), None)
+    table.due.pop(site, None)
 
 
 def site_started(core: Core, queue: Queue) -> None:

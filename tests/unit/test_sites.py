@@ -438,3 +438,22 @@ def test_a_site_suspension_survives_the_state_file():
     s = Suspension(Target(None, None, site="google"), "asked", "root", 10.0, 110.0, 2e9)
     back = suspension_from_record(to_record(s), 10.0, 2e9 - 100)
     assert back is not None and back.target == s.target and back.reason == "asked"
+
+
+def test_a_throttled_sites_cap_outlives_its_queues_going_idle():
+    s = throttling_sched()
+    for i in range(2):
+        mail(s, f"d{i}.example", 4)
+    out = drain(s, 0.0)
+    s.done(out[0], 1, RATE_REPLY, False, 1.0)
+    for e in out[1:]:
+        s.done(e, 0, None, False, 1.5)
+    t = s.transport("smtp")
+    while t.queues:
+        for e in drain(s, 2.0):
+            s.done(e, 0, None, False, 2.5)
+    assert s.sites is not None and ("smtp", "g") in s.sites.sites, "kept: its rule holds"
+    mail(s, "d2.example", 10)
+    assert len(drain(s, 3.0)) == 4, "the cap of 4 holds for the next mail"
+    s.tick(400.0)
+    assert s.sites.sites[("smtp", "g")].bound == 8
