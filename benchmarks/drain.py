@@ -28,6 +28,11 @@ policy server answering ``DUNNO`` on loopback from a thread of this benchmark), 
 ``--no-delegation``: its qmgr CPU and drain time against plain pyqmgr are what
 delegation costs a delivery.
 
+A *sites* contender is pyqmgr with provider sites on (``site_grouping``, issue #33)
+for the discard transport, its one domain pinned to a site whose limit never binds:
+a warm cache, no DNS. It drains side by side with a plain pyqmgr, twice a round, and
+its target (``SITES``, checked at the end) is within 5% in qmgr CPU, as the metrics'.
+
 A sixth contender, *compiled*, is pyqmgr's compiled build (mypyc, ``./dev compiled``)
 when ``--compiled PYTHON`` names its interpreter (``.ci/run`` gives .venv-compiled's):
 the same source installed from that venv, whose launcher the instance's qmgr service
@@ -64,7 +69,8 @@ from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.redis import available as redis_available
 
 #: Each round runs every contender once; the order rotates so none always goes first.
-CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor", "fleet", "compiled")
+CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor", "fleet", "sites",
+              "compiled")
 #: The fleet contender's sessions to the discard destination, fleet-wide: one server,
 #: so every delivery takes a session and passes it on, at the node's own
 #: destination_concurrency_limit (20).
@@ -80,6 +86,13 @@ METRICS_COST = 0.05
 METRICS = Target(f"pyqmgr with metrics on and scraped within {METRICS_COST:.0%} of "
                  "metrics off in qmgr CPU after the first message removed (start-up "
                  "apart), median of the pairs drained side by side, two a round")
+#: Side-by-side pairs of plain pyqmgr and pyqmgr with sites on in each round.
+SITE_PAIRS_PER_ROUND = 2
+#: What sites may cost the drain with a warm cache (issue #33).
+SITES_COST = 0.05
+SITES = Target(f"pyqmgr with sites on (a warm cache: the domain pinned to its site) "
+               f"within {SITES_COST:.0%} of sites off in qmgr CPU after the first message "
+               "removed, median of the pairs drained side by side, two a round")
 
 
 class Scraper:
@@ -200,6 +213,8 @@ def drain_pair(n: int, other: str = "metrics",
         assert redis is not None
         other_cf = {"shared_state": redis.url,
                     "discard_fleet_destination_concurrency_limit": str(FLEET_SESSIONS)}
+    elif other == "sites":
+        other_cf = sites_cf()
     else:
         other_cf = {"metrics_listen": f"127.0.0.1:{port}"}
     with _loaded("pyqmgr", n, None) as plain, _loaded(other, n, other_cf) as second:
@@ -226,6 +241,23 @@ def drain_pair(n: int, other: str = "metrics",
         if other == "fleet" and second.maillog.lines(contains="shared state"):
             raise RuntimeError("the fleet's node lost Redis during the drain")
         return out["pyqmgr"], out[other]
+
+
+def sites_cf() -> dict[str, str]:
+    """pyqmgr.cf with sites on for the discard transport, its one domain pinned to a
+    site (the warm cache: no lookup) whose limit never binds, so that the drain pays
+    for every site's bookkeeping (join, count, settle) and nothing else differs."""
+    pins = os.path.join(PINS_DIR, "site-pins")
+    os.makedirs(PINS_DIR, exist_ok=True)
+    with open(pins, "w") as f:
+        f.write("discard.example  discard-site\n")
+    os.chmod(pins, 0o644)
+    return {"site_grouping": "mx", "site_transports": "discard",
+            "site_concurrency_limit": "100000", "site_pins": pins}
+
+
+#: Where the sites contender's pin file is written (root's, read at start-up).
+PINS_DIR = "/tmp/pyqmgr-drain-sites"
 
 
 @contextlib.contextmanager
@@ -307,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out pyqmgr asking a local policy service")
     parser.add_argument("--no-fleet", action="store_true",
                         help="leave out pyqmgr with shared_state on a local redis-server")
+    parser.add_argument("--no-sites", action="store_true",
+                        help="leave out pyqmgr with sites on (site_grouping)")
     parser.add_argument("--compiled", metavar="PYTHON",
                         help="add the compiled build, installed in PYTHON's venv "
                              "(./dev compiled: .venv-compiled/bin/python)")
@@ -318,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                        and not (c == "metrics" and args.no_metrics)
                        and not (c == "delegation" and args.no_delegation)
                        and not (c == "fleet" and args.no_fleet)
+                       and not (c == "sites" and args.no_sites)
                        and not (c == "compiled" and not args.compiled))
     with contextlib.ExitStack() as stack:
         redis = (stack.enter_context(RedisServer()) if "fleet" in contenders
@@ -334,6 +369,8 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
     pairs: list[tuple[Drain, Drain]] = []
     #: (plain pyqmgr, a fleet of one, redis-server's CPU seconds) side by side.
     fleet_pairs: list[tuple[Drain, Drain, float]] = []
+    #: (plain pyqmgr, pyqmgr with sites on) side by side.
+    site_pairs: list[tuple[Drain, Drain]] = []
     for r in range(args.rounds):
         for qmgr in round_order(contenders, r):
             if qmgr == "fleet":
@@ -351,6 +388,18 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
                           f"{fleet.drain_cpu / plain.drain_cpu:.3f}; redis-server CPU "
                           f"{spent:.2f} s (walls {plain.wall:.2f} and {fleet.wall:.2f} s)",
                           flush=True)
+                continue
+            if qmgr == "sites":
+                for k in range(SITE_PAIRS_PER_ROUND):
+                    plain, sited = drain_pair(args.messages, "sites")
+                    site_pairs.append((plain, sited))
+                    drains["sites"].append(sited)
+                    print(f"round {r + 1} sites pair {k + 1}: side by side, "
+                          f"{args.messages} messages each; qmgr CPU after the first "
+                          f"removal: pyqmgr {plain.drain_cpu:.2f} s, with sites "
+                          f"{sited.drain_cpu:.2f} s, ratio "
+                          f"{sited.drain_cpu / plain.drain_cpu:.3f} (walls {plain.wall:.2f} "
+                          f"and {sited.wall:.2f} s)", flush=True)
                 continue
             if qmgr == "metrics":
                 for k in range(PAIRS_PER_ROUND):
@@ -405,6 +454,14 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
               f"plain pyqmgr: median qmgr CPU ratio {cost:.3f}, "
               f"{1e6 * extra / args.messages:+.0f} us a message")
         checks.append(METRICS.check(cost <= 1 + METRICS_COST, "pairs' ratios " + ", ".join(
+            f"{x:.3f}" for x in paired) + f"; median {cost:.3f}"))
+    if site_pairs:
+        paired = [x.drain_cpu / p.drain_cpu for p, x in site_pairs]
+        cost = statistics.median(paired)
+        extra = statistics.median(x.drain_cpu - p.drain_cpu for p, x in site_pairs)
+        print(f"sites on (the domain pinned), side by side with plain pyqmgr: median qmgr "
+              f"CPU ratio {cost:.3f}, {1e6 * extra / args.messages:+.0f} us a message")
+        checks.append(SITES.check(cost <= 1 + SITES_COST, "pairs' ratios " + ", ".join(
             f"{x:.3f}" for x in paired) + f"; median {cost:.3f}"))
     if fleet_pairs:
         ratio = statistics.median(f.drain_cpu / p.drain_cpu for p, f, _ in fleet_pairs)
