@@ -325,14 +325,21 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
     from pyqmgr.daemon import delegation, memory, metrics
     from pyqmgr.daemon.policies import policy_setup
+    from pyqmgr.daemon.sites import site_settings
     from pyqmgr.fleet.settings import fleet_settings
     from pyqmgr.scheduler.policy import PolicyError
+
+    def sites() -> None:
+        # The settings only: start-up also makes dnspython's resolver, which check
+        # need not (and it reads resolv.conf, not pyqmgr.cf).
+        site_settings(settings, policy_setup(settings, cfg).commands,
+                      cfg.get("relayhost") or "")
 
     problems: list[str] = []
     for check in (lambda: policy_setup(settings, cfg), lambda: metrics.setup(settings, cfg),
                   lambda: delegation.setup(settings),
                   lambda: fleet_settings(settings, cfg.myhostname),
-                  lambda: memory.warning_limit(settings)):
+                  lambda: memory.warning_limit(settings), sites):
         try:
             check()
         except (PyqmgrCfError, PolicyError, ConfigError) as exc:

@@ -356,6 +356,8 @@ def test_check_judges_the_values_as_the_daemon_would(trusted_base, postfix, tmp_
         ("deferred_retry_jitter = soon\n", "deferred_retry_jitter"),
         ("delivery_policy_service = inet:127.0.0.1:10040\n"
          "smtp_delivery_policy_timeout = soon\n", "smtp_delivery_policy_timeout"),
+        ("site_grouping = mx\nsite_concurrency_limit = many\n",
+         "parameter site_concurrency_limit: bad numerical value"),
     ]
     for text, error in cases:
         cf = write_cf(pf, text)
