@@ -9,7 +9,9 @@ fitted on one real stock run, held against the others: needs root and Postfix), 
 big (200 messages of 4 MB through discard, stock vs pyqmgr, and 1 KB ones), deadsite
 (20,000 messages for a site that refuses connections, cycling for minutes: RSS, CPU),
 bigqueue (200,000 messages in deferred/: the scans' time and the RSS; by hand), soak
-(an hour of that dead site with fresh mail and reloads, side by side; by hand).
+(an hour of that dead site with fresh mail and reloads, side by side; by hand), sites
+(50 domains at one 5-session server behind real MX records: stock, and pyqmgr with
+sites).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from benchmarks import (
     fidelity,
     memory,
     replay,
+    sites,
     smtp,
     soak,
 )
@@ -32,7 +35,7 @@ from benchmarks import (
 BENCHMARKS = {"drain": drain.main, "decisions": decisions.main, "memory": memory.main,
               "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main,
               "big": big_messages.main, "deadsite": dead_site.main,
-              "bigqueue": big_queue.main, "soak": soak.main}
+              "bigqueue": big_queue.main, "soak": soak.main, "sites": sites.main}
 
 if __name__ == "__main__":
     args = sys.argv[1:]
