@@ -184,10 +184,38 @@ class SchedulerCollector:
         rows, totals = self._destination_rows(sched)
         yield from self._transport_gauges(sched, totals)
         yield from self._destination_gauges(rows, totals)
+        if sched.sites is not None:
+            yield from self._site_gauges(sched)
         yield GaugeMetricFamily("pyqmgr_active_messages", "Messages in the active queue.",
                                 value=self.source.message_count)
         yield GaugeMetricFamily("pyqmgr_active_recipients", "Recipients in core, all "
                                 "messages.", value=sched.rcpt_count)
+
+    @staticmethod
+    def _site_gauges(sched: Scheduler) -> Iterator[Metric]:
+        """Per provider site (site_grouping; only while sites are on): deliveries in
+        flight, the limit in force (0: none), its destinations in core, and whether
+        it is held (full, backing off, spaced by its rate, waiting for a lookup).
+        Sites are few (providers) next to destinations, so every one gets a series."""
+        labels = ["transport", "site"]
+        in_flight = GaugeMetricFamily("pyqmgr_site_in_flight", "Deliveries under way to "
+                                      "the site, all its destinations.", labels=labels)
+        limit = GaugeMetricFamily("pyqmgr_site_limit", "The site's limit in force "
+                                  "(site_concurrency_limit or a response rule's cap; 0: "
+                                  "none).", labels=labels)
+        members = GaugeMetricFamily("pyqmgr_site_destinations", "The site's destinations "
+                                    "in core.", labels=labels)
+        held = GaugeMetricFamily("pyqmgr_site_held", "1 while the site takes no delivery "
+                                 "(full, backing off, rate-spaced or waiting for its "
+                                 "lookup).", labels=labels)
+        assert sched.sites is not None
+        for (transport, name), site in sorted(sched.sites.sites.items()):
+            key = [transport, name]
+            in_flight.add_metric(key, site.busy)
+            limit.add_metric(key, site.bound)
+            members.add_metric(key, len(site.members))
+            held.add_metric(key, 1 if site.gate is not None else 0)
+        yield from (in_flight, limit, members, held)
 
     @staticmethod
     def _destination_rows(sched: Scheduler) -> tuple[list[Row], dict[str, list[int]]]:

@@ -420,3 +420,24 @@ def test_per_recipient_queues_are_one_series_per_nexthop_without_addresses():
     assert value(found, "pyqmgr_destination_window", transport="smtp",
                  destination="[mx.d.example]:25") == 12
     assert value(found, "pyqmgr_transport_destinations", transport="smtp") == 2
+
+
+def test_sites_have_gauges_only_while_sites_are_on():
+    from pyqmgr.scheduler.structures import SiteLimits, SiteTable
+
+    plain = Scheduler(lambda n: Params())
+    plain.assign(Message("Q0", 0.0), routes(1))
+    assert not any(name.startswith("pyqmgr_site_") for name, _ in samples(plain))
+    table = SiteTable(lambda t: SiteLimits(2, "site_concurrency_limit in pyqmgr.cf"),
+                      pinned={"a.example": "google", "b.example": "google"})
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1), sites=table)
+    for dest in ("a.example", "b.example"):
+        s.assign(Message(f"Q{dest}", 0.0), routes(3, dest))
+    while s.select("smtp", 0.0).deliver is not None:
+        pass
+    found = samples(s)
+    labels = {"transport": "smtp", "site": "google"}
+    assert value(found, "pyqmgr_site_in_flight", **labels) == 2
+    assert value(found, "pyqmgr_site_limit", **labels) == 2
+    assert value(found, "pyqmgr_site_destinations", **labels) == 2
+    assert value(found, "pyqmgr_site_held", **labels) == 1
