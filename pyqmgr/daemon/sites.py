@@ -47,6 +47,7 @@ GROUPING = "site_grouping"
 TRANSPORTS = "site_transports"
 LIMIT = "site_concurrency_limit"
 RATE = "site_rate"
+DEAD_SCOPE = "site_dead_scope"
 PROVIDERS = "site_providers"
 PINS = "site_pins"
 TIMEOUT = "site_dns_timeout"
@@ -118,9 +119,14 @@ def site_settings(settings: PyqmgrCf, commands: dict[str, str],
         except ShapingError as exc:
             raise settings.error(settings.which(RATE, t) or RATE,
                                  str(exc).partition(": ")[2]) from None
+        scope = (settings.get(DEAD_SCOPE, t) or "destination").strip().lower()
+        if scope not in ("destination", "site"):
+            raise settings.error(settings.which(DEAD_SCOPE, t) or DEAD_SCOPE,
+                                 f'"{scope}" is not one of: destination, site')
         limits[t] = SiteLimits(n, f"{settings.which(LIMIT, t) or LIMIT} in pyqmgr.cf",
                                Shaping(rate=rate),
-                               f"{settings.which(RATE, t) or RATE} in pyqmgr.cf")
+                               f"{settings.which(RATE, t) or RATE} in pyqmgr.cf",
+                               dead_takes_site=scope == "site")
     try:
         providers = load_providers((settings.get(PROVIDERS) or "builtin").replace(
             ",", " ").split())

@@ -21,11 +21,11 @@ from pyqmgr.scheduler.gates import started, throttled
 from pyqmgr.scheduler.queue import queue_unthrottle
 from pyqmgr.scheduler.recovery import SITE_SUSPENDED
 from pyqmgr.scheduler.site import site_started, site_throttled
-from pyqmgr.scheduler.structures import Dsn
+from pyqmgr.scheduler.structures import THROTTLED, Dsn
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
-    from pyqmgr.scheduler.structures import Entry
+    from pyqmgr.scheduler.structures import Entry, Queue
 
 _DSN_RE = re.compile(r"[245]\.\d{1,3}\.\d{1,3}$")
 
@@ -56,6 +56,27 @@ def deliver_select(core: Core, name: str) -> Entry | None:
         # way the transport would never be chosen again.
         t.rate_lock = False
     return entry
+
+
+def _site_dies(core: Core, queue: Queue, dsn: Dsn, now: float) -> None:
+    """``site_dead_scope = site``: a destination found dead takes its site's other
+    destinations with it, each dead as stock's dead site is (its waiting mail to the
+    retry transport, tried again after minimal_backoff_time)."""
+    site = queue.site
+    assert site is not None
+    others = [m for m in site.members if m is not queue and m.ready]
+    for member in others:
+        member.window = THROTTLED
+        member.dsn = dsn
+        member.revive_at = now + core.min_backoff_time
+        member.transport.destinations_died += 1
+        defer_todo(core, member, dsn)
+        member.transport.sync(member)
+    if others:
+        core.out.log.append(("info", f"sites: site {site.name} ({site.transport}): "
+                                     f"{queue.nexthop} is dead, and so are its "
+                                     f"{len(others)} other destinations "
+                                     "(site_dead_scope = site)"))
 
 
 def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crashed: bool,
@@ -99,6 +120,10 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
                 if queue.throttle(dsn, now, core.min_backoff_time):
                     core.out.timers.append(now + core.min_backoff_time)
                     defer_todo(core, queue, dsn)
+                    site = queue.site
+                    if site is not None and site.limits is not None and \
+                            site.limits.dead_takes_site:
+                        _site_dies(core, queue, dsn, now)
                     if core.share_throttling:
                         core.out.throttled.append(Throttling(
                             t.name, queue.name, queue.nexthop, DEAD, dsn.status,

@@ -321,6 +321,9 @@ class SiteLimits:
     setting: str
     shaping: Shaping | None = None
     rate_setting: str = "site_rate in pyqmgr.cf"
+    #: A destination found dead takes every destination of its site with it
+    #: (``site_dead_scope = site``); stock's scope, the destination alone, by default.
+    dead_takes_site: bool = False
 
 
 def site_domain(nexthop: str) -> str | None:

@@ -89,3 +89,11 @@ def test_a_bad_pin_line_is_named(tmp_path):
     pins.write_text("example.org\n")
     with pytest.raises(PyqmgrCfError, match=r"parameter site_pins: .*pins, line 1: expected"):
         settings(f"site_grouping = mx\nsite_pins = {pins}\n")
+
+
+def test_site_dead_scope():
+    s = settings("site_grouping = mx\nrelay_site_dead_scope = site\n")
+    assert s is not None and s.limits["relay"].dead_takes_site
+    assert not s.limits["smtp"].dead_takes_site
+    with pytest.raises(PyqmgrCfError, match=r'parameter site_dead_scope: "all" is not one'):
+        settings("site_grouping = mx\nsite_dead_scope = all\n")

@@ -457,3 +457,35 @@ def test_a_throttled_sites_cap_outlives_its_queues_going_idle():
     assert len(drain(s, 3.0)) == 4, "the cap of 4 holds for the next mail"
     s.tick(400.0)
     assert s.sites.sites[("smtp", "g")].bound == 8
+
+
+def test_with_site_dead_scope_site_a_dead_destination_takes_its_site():
+    limits = SiteLimits(0, "site_concurrency_limit in pyqmgr.cf", dead_takes_site=True)
+    table = SiteTable(lambda t: limits if t == "smtp" else None,
+                      pinned={"a.example": "g", "b.example": "g"})
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1,
+                                   initial_destination_concurrency=1),
+                  sites=table, min_backoff_time=300)
+    mail(s, "a.example", 3)
+    mail(s, "b.example", 3)
+    mail(s, "c.example", 3)
+    got = {e.queue.name: e for e in drain(s, 0.0)}
+    d = s.done(got["a.example"], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
+    t = s.transport("smtp")
+    assert t.queues["a.example"].status == "dead" and t.queues["b.example"].status == "dead"
+    assert t.queues["c.example"].status == "ready", "another site lives on"
+    assert any("sites: site g (smtp): a.example is dead, and so are its 1 other "
+               "destinations (site_dead_scope = site)" in text for _, text in d.log)
+    retry = s.transport("retry")
+    assert retry.todo_count == 4, "both domains' waiting mail goes to the retry transport"
+
+
+def test_by_default_a_dead_destination_dies_alone():
+    s = sched(pinned={"a.example": "g", "b.example": "g"},
+              initial_destination_concurrency=1)
+    mail(s, "a.example", 3)
+    mail(s, "b.example", 3)
+    got = {e.queue.name: e for e in drain(s, 0.0)}
+    s.done(got["a.example"], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
+    t = s.transport("smtp")
+    assert t.queues["b.example"].status == "ready"
