@@ -110,6 +110,7 @@ def frame(current: dict[str, object], previous: dict[str, object] | None,
                     "RCPTS", "±", "STATE"], rows)
     out += [(lines[0], False)] + list(zip(lines[1:], changed, strict=True))
     out.append(("", False))
+    out += _site_lines(current, previous)
 
     gone = len(set(before_d) - {_key(d) for d in destinations}) if previous else 0
     if not destinations:
@@ -135,6 +136,29 @@ def frame(current: dict[str, object], previous: dict[str, object] | None,
     if gone:
         out.append((f"{gone} destination(s) left core since the last refresh", False))
     return out
+
+
+def _site_lines(current: dict[str, object],
+                previous: dict[str, object] | None) -> list[tuple[str, bool]]:
+    """Provider sites (issue #33; only while sites are on): in flight of the limit in
+    force, with the change since the last refresh, and what holds each."""
+    sites = _dicts(current.get("sites"))
+    if not sites:
+        return []
+    before = {_key(x): x for x in _dicts(previous.get("sites"))} if previous else {}
+    rows, changed = [], []
+    for x in sites:
+        old = before.get(_key(x))
+        rows.append([_fmt(x.get("name")), _fmt(x.get("transport")),
+                     _fmt(x.get("destinations")),
+                     f"{_fmt(x.get('in_flight'))}/{_fmt(x.get('bound') or '-')}",
+                     _delta(x, old, "in_flight"), _fmt(x.get("state")),
+                     _fmt(x.get("rule") or "-")])
+        changed.append(old is not None and _int(x.get("in_flight")) != _int(
+            old.get("in_flight")))
+    lines = _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "±", "STATE", "RULE"],
+                   rows)
+    return [(lines[0], False), *zip(lines[1:], changed, strict=True), ("", False)]
 
 
 def _moved(now: dict[str, object], before: dict[str, object]) -> bool:

@@ -489,3 +489,17 @@ def test_by_default_a_dead_destination_dies_alone():
     s.done(got["a.example"], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
     t = s.transport("smtp")
     assert t.queues["b.example"].status == "ready"
+
+
+def test_top_shows_the_sites_with_their_change():
+    from pyqmgr.control.top import frame
+
+    s = sched(pinned={"a.example": "google", "b.example": "google"})
+    mail(s, "a.example", 3)
+    before = status(s, 0.0)
+    drain(s, 0.0)
+    lines = [text for text, _ in frame(status(s, 1.0), before, "name")]
+    (row,) = [ln for ln in lines if ln.startswith("google")]
+    assert "2/2" in row and "+2" in row and " site " in f" {row} "
+    assert not any(ln.startswith("SITE") for ln, _ in frame(
+        status(Scheduler(lambda n: Params()), 0.0), None, "name"))
