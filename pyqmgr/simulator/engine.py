@@ -57,6 +57,7 @@ from pyqmgr.simulator.scenario import (
     ScenarioError,
     parse_script,
 )
+from pyqmgr.simulator.sites import answer, scenario_sites
 
 #: The scenario file's section with pyqmgr.cf's parameters, as errors name it.
 PYQMGR_CF_SECTION = "pyqmgr_cf"
@@ -100,13 +101,16 @@ class Engine:
         settings = scenario_settings(scenario)
         self.policies = settings.policies
         self.shaping = settings.shaping
+        #: Provider sites (issue #33; pyqmgr/simulator/sites.py), None: off.
+        self.sites = scenario_sites(scenario, PYQMGR_CF_SECTION)
         self.sched = Scheduler.from_settings(
             self.cfg, refill=self._refill, feedback_rounding=scenario.feedback_rounding,
             policies=self.policies,
             process_limit_for=lambda name: scenario.process_limits.get(
                 name, self.cfg.default_process_limit),
             fudge_factor=oqmgr_fudge_factor(self.cfg),
-            shaping_for=self.shaping.shaping_for if self.shaping is not None else None)
+            shaping_for=self.shaping.shaping_for if self.shaping is not None else None,
+            sites=self.sites.table() if self.sites is not None else None)
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -298,6 +302,9 @@ class Engine:
                 self.result.log.append((self.now, severity, text))
             if d.throttled and self.fleet is not None:
                 self.fleet.tell(self, d.throttled)
+            if d.resolve and self.sites is not None:
+                for learnt in answer(self.sc, self.sites, sched, d.resolve, self.now):
+                    self.apply(learnt)
         for d in batch:
             for when in d.timers:
                 self.at(when, self._tick)

@@ -37,6 +37,12 @@ class Host(Protocol):
                 replies: list[str] | None = None) -> Callable[[], None]: ...
 
 
+def server_of(dest: Destination) -> str:
+    """The server a destination's sessions go to: its MX host's (destinations that
+    name one host share it, issue #33), else its own."""
+    return dest.mx or dest.name
+
+
 class Remote:
     """Every destination's server, made on first contact."""
 
@@ -63,7 +69,7 @@ class Remote:
             hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
             self._end(0.0, entry, start, window, dest.name, "deferred", hop, False)
             return
-        server = self.servers.setdefault(dest.name, SimServer())
+        server = self.servers.setdefault(server_of(dest), SimServer())
         if dest.rate_limit > 0:
             # A provider's rate limiting: more than rate_limit sessions in the last
             # second are answered rate_reply at once.
@@ -117,7 +123,7 @@ class Remote:
                       ["5xx"] * len(entry.recipients))
 
     def serve(self, entry: Entry, start: float, window: int, dest: Destination) -> None:
-        self.servers[dest.name].sessions += 1
+        self.servers[server_of(dest)].sessions += 1
         msg: SimMessage = entry.message.owner
         if msg.scripts is not None:
             self.serve_scripted(entry, start, window, dest, msg)
@@ -154,18 +160,21 @@ class Remote:
                 "5xx" if draw < dest.rcpt_4xx + dest.rcpt_5xx else "2xx")
 
     def session_end(self, dest: str) -> None:
-        server = self.servers[dest]
+        destinations = self.host.sc.destinations
+        server = self.servers[server_of(destinations[dest])]
         server.sessions -= 1
         if server.queue:
             waiter = server.queue.popleft()
             waiter.served = True
-            self.serve(waiter.entry, waiter.start, waiter.window, self.host.sc.destinations[dest])
+            # The server's next in line may be another destination's (one MX host).
+            self.serve(waiter.entry, waiter.start, waiter.window,
+                       destinations.get(waiter.entry.queue.name, destinations[dest]))
 
     def greeting_timeout(self, waiter: Waiter, dest: Destination) -> Callable[[], None]:
         def expire() -> None:
             if waiter.served:
                 return
-            self.servers[dest.name].queue.remove(waiter)
+            self.servers[server_of(dest)].queue.remove(waiter)
             hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
                                "while receiving the initial server greeting")
             self.host._finish(waiter.entry, waiter.start, waiter.window, dest.name, "deferred",

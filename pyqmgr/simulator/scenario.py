@@ -317,6 +317,10 @@ class Destination:
     #: (a replayed log: its last refused connection): each run draws its time
     #: between the two (0: exactly at dead_until).
     dead_until_low: float = 0.0
+    #: The host its MX record names (issue #33): destinations naming one host share
+    #: its server, and with sites on its site (pyqmgr/simulator/sites.py). Empty: a
+    #: server of its own.
+    mx: str = ""
 
     def drawn(self, rng: random.Random) -> Destination:
         """This destination with its coming-up time drawn (see dead_until_low)."""
@@ -464,7 +468,7 @@ _TRANSPORT = {"process_limit", "handoff"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
                 "reject_time", "timeout", "dead", "dead_until", "dead_until_low",
                 "rate_limit", "rate_reply", "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx",
-                "rcpt_5xx_reply"}
+                "rcpt_5xx_reply", "mx"}
 _MESSAGE = {"at", "count", "every", "recipients", "destination", "name", "class",
             "sender", "size"}
 _DEFERRED = {"retry", "scan_phase"}
@@ -703,7 +707,8 @@ def _destination(name: str, d: Any) -> Destination:
         _number(d, "reject_time", key, 0, low=0), _number(d, "rate_limit", key, 0, low=0),
         replies["rate_reply"], dead_until, dead_mode,
         shares["rcpt_4xx"], replies["rcpt_4xx_reply"], shares["rcpt_5xx"],
-        replies["rcpt_5xx_reply"], "timeout" in d, dead_until_low)
+        replies["rcpt_5xx_reply"], "timeout" in d, dead_until_low,
+        _string(d, "mx", key, "").strip().rstrip(".").lower())
 
 
 def _message(i: int, m: Any, sc: Scenario) -> MessageSpec:
