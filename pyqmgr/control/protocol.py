@@ -113,7 +113,8 @@ class CommandSpec:
 CONTROL_TARGET_HELP = (
     "DESTINATION (in every transport: a domain, or a nexthop such as [10.0.0.1]:25), "
     "TRANSPORT:DESTINATION (in that transport only), TRANSPORT: or a bare master.cf "
-    "service name without a dot (the whole transport)")
+    "service name without a dot (the whole transport), site:NAME (every destination of "
+    "a provider site, with site_grouping in pyqmgr.cf)")
 
 def _control(help: str, *, description: str, reply_keys: str, **more: Arg) -> CommandSpec:
     """A control command: a TARGET, named as every control names it, then ``more``."""
