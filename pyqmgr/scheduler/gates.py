@@ -15,7 +15,15 @@ import math
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.decisions import RULE, Throttling
-from pyqmgr.scheduler.shaping import Gate, effective_interval, observed_rate, take_start, triggered
+from pyqmgr.scheduler.shaping import (
+    Gate,
+    effective_interval,
+    observed_rate,
+    recovery_step,
+    recovery_text,
+    take_start,
+    triggered,
+)
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.shaping import Rule, Shape
@@ -158,27 +166,11 @@ def step_up(core: Core, t: Transport, name: str, shape: Shape, now: float) -> No
     if rule is None or now < shape.next_step:
         return
     nexthop = t.queues[name].nexthop if name in t.queues else name
-    if now - shape.last_match >= rule.ttl:
-        shape.cap, shape.rate_factor, shape.rule = 0, 1.0, None
-        shape.learnt_rate = 0.0
-        what = "throttling over: cap and rate back to normal"
+    if recovery_step(shape, rule, now, t.cfg.destination_concurrency_limit):
+        push_gate(core, shape.next_step, t, name, "step")
+        what = recovery_text(shape, rule, "window")
     else:
-        if shape.cap:
-            shape.cap += rule.step
-            limit = t.cfg.destination_concurrency_limit
-            if limit and shape.cap >= limit:
-                shape.cap = 0
-        if rule.rate is not None and shape.rate_factor < 1.0:
-            shape.rate_factor = min(1.0, shape.rate_factor / rule.rate)
-        if not shape.cap and shape.rate_factor >= 1.0:
-            shape.rule = None
-            what = "throttling over: cap and rate back to normal"
-        else:
-            shape.next_step = now + rule.quiet
-            push_gate(core, shape.next_step, t, name, "step")
-            what = (f"quiet for {rule.quiet:g}s: "
-                    + (f"window cap {shape.cap}" if shape.cap else "no window cap")
-                    + (f", rate x{shape.rate_factor:.3g}" if shape.rate_factor < 1 else ""))
+        what = "throttling over: cap and rate back to normal"
     queue = t.queues.get(name)
     if queue is not None:
         queue.cap = shape.cap

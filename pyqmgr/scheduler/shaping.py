@@ -373,6 +373,36 @@ def observed_rate(shape: Shape, now: float, horizon: float = 30.0) -> float:
     return len(recent) / max(1.0, now - recent[0])
 
 
+def recovery_step(shape: Shape, rule: Rule, now: float, limit: int) -> bool:
+    """A quiet interval passed with no throttling reply: the TTL since the last match
+    ends the reduction, else one step goes back (the cap up by ``rule.step``, gone at
+    ``limit``; the rate factor divided by ``rule.rate``). True while some reduction
+    remains, its next step due at ``now + rule.quiet``; a destination's and a site's
+    recovery (:mod:`.gates`, :mod:`.site`) are this one."""
+    if now - shape.last_match >= rule.ttl:
+        shape.cap, shape.rate_factor, shape.learnt_rate = 0, 1.0, 0.0
+    else:
+        if shape.cap:
+            shape.cap += rule.step
+            if limit and shape.cap >= limit:
+                shape.cap = 0
+        if rule.rate is not None and shape.rate_factor < 1.0:
+            shape.rate_factor = min(1.0, shape.rate_factor / rule.rate)
+    if not shape.cap and shape.rate_factor >= 1.0:
+        shape.rule = None
+        return False
+    shape.next_step = now + rule.quiet
+    return True
+
+
+def recovery_text(shape: Shape, rule: Rule, what: str) -> str:
+    """The log's words for a reduction still in force after a step (``what``: the
+    cap's owner, "window" or "site")."""
+    return (f"quiet for {rule.quiet:g}s: "
+            + (f"{what} cap {shape.cap}" if shape.cap else f"no {what} cap")
+            + (f", rate x{shape.rate_factor:.3g}" if shape.rate_factor < 1 else ""))
+
+
 def triggered(rule: Rule, shape: Shape, now: float) -> bool:
     """Record a match; True when the rule's trigger fires.
 

@@ -39,6 +39,8 @@ from pyqmgr.scheduler.shaping import (
     Shape,
     effective_interval,
     observed_rate,
+    recovery_step,
+    recovery_text,
     triggered,
 )
 from pyqmgr.scheduler.structures import (
@@ -199,23 +201,10 @@ def _step_up(core: Core, site: Site, now: float) -> None:
     rule = shape.rule
     if now < shape.next_step:
         return
-    if now - shape.last_match >= rule.ttl:
-        shape.cap, shape.rule, shape.rate_factor, shape.learnt_rate = 0, None, 1.0, 0.0
+    if recovery_step(shape, rule, now, site.limit):
+        what = recovery_text(shape, rule, "site")
     else:
-        if shape.cap:
-            shape.cap += rule.step
-            if site.limit and shape.cap >= site.limit:
-                shape.cap = 0
-        if rule.rate is not None and shape.rate_factor < 1.0:
-            shape.rate_factor = min(1.0, shape.rate_factor / rule.rate)
-    if not shape.cap and shape.rate_factor >= 1.0:
-        shape.rule = None
         what = "throttling over"
-    else:
-        shape.next_step = now + rule.quiet
-        what = (f"quiet for {rule.quiet:g}s: " + (f"site cap {shape.cap}" if shape.cap
-                                                  else "no site cap")
-                + (f", rate x{shape.rate_factor:.3g}" if shape.rate_factor < 1 else ""))
     _bound(site)
     site_settle(core, site)
     core.out.log.append(("info", f"sites: site {site.name} ({site.transport}): {what}"))
