@@ -324,19 +324,23 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
 
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
     from pyqmgr.daemon import delegation, memory, metrics
-    from pyqmgr.daemon.policies import policy_setup
+    from pyqmgr.daemon.policies import PolicySetup, policy_setup
     from pyqmgr.daemon.sites import site_settings
     from pyqmgr.fleet.settings import fleet_settings
     from pyqmgr.scheduler.policy import PolicyError
 
+    policies: list[PolicySetup] = []
+
     def sites() -> None:
         # The settings only: start-up also makes dnspython's resolver, which check
-        # need not (and it reads resolv.conf, not pyqmgr.cf).
-        site_settings(settings, policy_setup(settings, cfg).commands,
-                      cfg.get("relayhost") or "")
+        # need not (it reads resolv.conf, not pyqmgr.cf). With policies refused,
+        # master.cf's commands are unknown and that refusal is the one said.
+        if policies:
+            site_settings(settings, policies[0].commands, cfg.get("relayhost") or "")
 
     problems: list[str] = []
-    for check in (lambda: policy_setup(settings, cfg), lambda: metrics.setup(settings, cfg),
+    for check in (lambda: policies.append(policy_setup(settings, cfg)),
+                  lambda: metrics.setup(settings, cfg),
                   lambda: delegation.setup(settings),
                   lambda: fleet_settings(settings, cfg.myhostname),
                   lambda: memory.warning_limit(settings), sites):

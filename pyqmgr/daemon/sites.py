@@ -232,7 +232,8 @@ class SiteResolver:
 
     def _learnt(self, domain: str, name: str | None, ttl: float, why: str | None) -> None:
         if why is not None:
-            self.failed[why.split(":")[0]] = self.failed.get(why.split(":")[0], 0) + 1
+            cause = why.split(":")[0]
+            self.failed[cause] = self.failed.get(cause, 0) + 1
             self.host.log.warning(f"sites: {domain}: MX lookup failed ({why}); its own "
                                   f"site for {ttl:g}s")
         else:

@@ -314,13 +314,14 @@ def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
         table.asked.discard(domain)
         return
     old = table.learn(domain, name, until)
-    if old == name:
-        for (_, sname), waiting in list(table.sites.items()):
-            if sname == name:
-                _stop_waiting(core, waiting)
-        return
-    for (transport, sname), site in list(table.sites.items()):
-        if sname != old:
+    # The domain's queues are at the site named ``old`` in each transport with sites:
+    # a look-up per transport, not a walk over every site.
+    for transport in list(core.transports):
+        site = table.sites.get((transport, old))
+        if site is None:
+            continue
+        if old == name:
+            _stop_waiting(core, site)
             continue
         limits = table.limits(transport)
         for queue in list(site.members):
