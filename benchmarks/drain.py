@@ -1,6 +1,7 @@
 """Drain benchmark: the same preloaded messages through discard, stock qmgr vs pyqmgr.
 
-Each round preloads N one-recipient messages into incoming/ while no qmgr runs, then
+Each round preloads N one-recipient messages into incoming/ while no qmgr runs (copies
+of the files one instance's smtpd and cleanup wrote, :func:`_templates`), then
 starts the chosen qmgr and times from the reload until the last ``removed`` line's
 file is gone. Each round runs every contender once, in rotating order, so all see the
 same machine state; the ratio of the medians is reported.
@@ -276,8 +277,33 @@ def _loaded(qmgr: str, n: int, pyqmgr_cf: dict[str, str] | None,
         if qmgr == "floor":
             floor_qmgr.install(pf)
         pf.start()
-        pf.preload([("s@discard.example", [f"r{i}@discard.example"]) for i in range(n)])
+        pf.disable_qmgr()
+        pf.clone_queue_files(_templates(n), n)
         yield pf
+
+
+#: The queue files every drain copies, by message count (:func:`_templates`).
+_TEMPLATES: dict[int, list[bytes]] = {}
+
+
+def _templates(n: int) -> list[bytes]:
+    """``n`` messages' incoming/ files as a real smtpd and cleanup wrote them, once a
+    run, on an instance of their own: every drain gets byte-for-byte copies under new
+    queue ids (``clone_queue_files``) instead of ``n`` SMTP transactions of its own.
+    Those took 5.5 s an instance, 14 instances a round, more than the drains (issue
+    #32: CI under 45 minutes). No contender drains its own SMTP's files: a drain right
+    after 5,000 transactions (cleanup's fsyncs) took 1.3x as long for stock and
+    pyqmgr alike (ratios 2.6-2.9 either way, three pairs measured), so one contender
+    among copies would be measured apart."""
+    files = _TEMPLATES.get(n)
+    if files is None:
+        with PostfixInstance(qmgr="stock", transports={"discard.example": "discard:"}) as pf:
+            pf.start()
+            pf.preload([("s@discard.example", [f"r{i}@discard.example"]) for i in range(n)])
+            files = _TEMPLATES[n] = pf.queue_file_bytes("incoming")
+        if len(files) != n:
+            raise RuntimeError(f"{len(files)} queue files for {n} messages preloaded")
+    return files
 
 
 def _run(pf: PostfixInstance, qmgr: str, n: int, scrape: int | None = None) -> Drain:
