@@ -253,8 +253,8 @@ class Nqmgr(NqState):
                 out.append(reason(
                     "blocker job", f"{t}_destination_concurrency_limit",
                     f"jobs with mail for {queue.nexthop} are blockers: every destination "
-                    "they have mail for is at its window, so they are skipped until one "
-                    "takes a delivery again"))
+                    "they have mail for is at its window or held back, so they are skipped "
+                    "until one takes a delivery again"))
             return out
         job = message.jobs.get(t)
         if job is None:
@@ -263,7 +263,7 @@ class Nqmgr(NqState):
             out.append(reason(
                 "blocker job", f"{t}_destination_concurrency_limit",
                 f"the job of {message.queue_id} on {t} is a blocker: every destination "
-                "it has mail for is at its window"))
+                "it has mail for is at its window or held back"))
         if job.children and self.job_current is not job:
             child = job.children.first()
             assert child is not None
