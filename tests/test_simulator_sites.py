@@ -55,3 +55,19 @@ def test_a_bad_site_setting_is_a_scenario_error():
     with pytest.raises(ScenarioError, match=r"pyqmgr_cf.site_concurrency_limit: bad "
                                             "numerical value"):
         simulate(parse(d, os.path.dirname(WORKLOAD)))
+
+
+def test_a_fleet_of_three_counts_the_sites_sessions_together():
+    """``fleet_site_concurrency_limit``: three servers, one site of one server of 5."""
+    d = data()
+    d["fleet"] = {"servers": 3}
+    d["pyqmgr_cf"] = {"site_grouping": "mx", "fleet_site_concurrency_limit": "5"}
+    fleet = simulate(parse(d, os.path.dirname(WORKLOAD)))
+    d["pyqmgr_cf"] = {"site_grouping": "mx", "site_concurrency_limit": "5"}
+    alone = simulate(parse(d, os.path.dirname(WORKLOAD)))
+    n = 2000
+    print(f"\nthree servers: each its own site limit of 5, "
+          f"{sum(alone.deferred.values()) / n:.1%} deferred; the fleet's site limit of 5, "
+          f"{sum(fleet.deferred.values()) / n:.1%}")
+    assert sum(alone.deferred.values()) > 0.5 * n, "15 sessions at a server of 5"
+    assert sum(fleet.deferred.values()) == 0 and sum(fleet.sent.values()) == n

@@ -48,13 +48,15 @@ from pyqmgr.fleet.settings import (
     FAILURE,
     FLEET_LIMIT,
     FLEET_RATE,
+    FLEET_SITE_LIMIT,
+    FLEET_SITE_RATE,
     HOLD,
     FleetSettings,
     Limits,
 )
-from pyqmgr.fleet.shared import KEPT, Admission, Shared
+from pyqmgr.fleet.shared import KEPT, SITE_UNIT, Admission, Shared
 from pyqmgr.postfix.policy_delegation import WarnGate
-from pyqmgr.scheduler.structures import ERROR, RETRY
+from pyqmgr.scheduler.structures import ERROR, RETRY, Site
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.delivery import AgentCall
@@ -127,6 +129,11 @@ COUNTED = ("asked", "admitted", "sessions_full", "rate_wait", "told", "handed", 
            "throttling_refused", "recount_wait", "leases_recounted")
 
 
+def _whose(unit: str) -> str:
+    """``site NAME``'s words in a hold's text; nothing for a destination's own."""
+    return unit + " " if unit.startswith(SITE_UNIT) else ""
+
+
 class Fleet:
     def __init__(self, host: FleetHost, settings: FleetSettings,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -136,6 +143,7 @@ class Fleet:
         self.shared = Shared(self.client, settings.prefix, settings.node,
                              settings.lease_time)
         self._limits: dict[str, Limits | None] = {}
+        self._site_limits: dict[str, Limits | None] = {}
         #: The lease each admitted delivery holds: call -> (transport, queue, lease).
         self.leases: dict[AgentCall, tuple[str, str, str]] = {}
         self.warn = WarnGate(60.0)
@@ -184,6 +192,42 @@ class Fleet:
                 f"{transport} count per recipient, not per destination host")
         return found
 
+    def site_limits(self, transport: str) -> Limits | None:
+        """The transport's fleet limits per site (issue #33), or None: none set, or
+        the transport's destinations are not grouped into sites."""
+        if transport in self._site_limits:
+            return self._site_limits[transport]
+        found: Limits | None = None
+        sites = self.host.scheduler.sites
+        if transport not in (RETRY, ERROR):
+            limits = self.settings.site_limits_for(transport)
+            if limits.active:
+                found = limits
+                if sites is None or sites.limits(transport) is None:
+                    found = None
+                    self.host.log.warning(
+                        f"{transport}: fleet site limits have no effect: sites are off for "
+                        f"{transport} (site_grouping, site_transports in pyqmgr.cf)")
+        self._site_limits[transport] = found
+        return found
+
+    def unit(self, entry: Entry) -> tuple[str, Limits] | None:
+        """What the entry's delivery counts at across the fleet, and its limits: its
+        site (``site NAME``) when the transport has fleet site limits and the
+        destination is at a site; else the destination (its queue name) when the
+        transport has fleet destination limits; None: nothing to ask."""
+        queue = entry.queue
+        transport = queue.transport.name
+        if queue.site is not None and (limits := self.site_limits(transport)) is not None:
+            return SITE_UNIT + queue.site.name, limits
+        limits = self.limits(transport)
+        return (queue.name, limits) if limits is not None else None
+
+    def _unit_limits(self, transport: str, unit: str) -> Limits | None:
+        if unit.startswith(SITE_UNIT):
+            return self.site_limits(transport)
+        return self.limits(transport)
+
     def shares(self, transport: str) -> bool:
         """Whether the transport's dead sites and throttling are the fleet's."""
         found = self._shares.get(transport)
@@ -220,12 +264,11 @@ class Fleet:
                 lambda payload: self.news.heard(payload, self.shares),
                 timeout=timeout).run()))
 
-    def admit(self, call: AgentCall, entry: Entry, limits: Limits) -> bool:
+    def admit(self, call: AgentCall, entry: Entry, unit: tuple[str, Limits]) -> bool:
         """May the selected entry's delivery start? True at once when this node holds a
-        session kept or handed for it (no question at all); else False, and the
-        fleet's answer comes to :meth:`decided`."""
-        queue = entry.queue
-        key = (queue.transport.name, queue.name)
+        session kept or handed for its unit (:meth:`unit`; no question at all); else
+        False, and the fleet's answer comes to :meth:`decided`."""
+        key = (entry.queue.transport.name, unit[0])
         spares = self.spares.get(key)
         if spares:
             lease = spares.pop()[0]
@@ -234,19 +277,18 @@ class Fleet:
             self.counters["admitted"] += 1
             self.leases[call] = (key[0], key[1], lease)
             return True
-        self.host.spawn(self._admit(call, entry, limits))
+        self.host.spawn(self._admit(call, entry, unit[0], unit[1]))
         return False
 
-    async def _admit(self, call: AgentCall, entry: Entry, limits: Limits) -> None:
-        queue = entry.queue
-        key = (queue.transport.name, queue.name)
+    async def _admit(self, call: AgentCall, entry: Entry, name: str, limits: Limits) -> None:
+        key = (entry.queue.transport.name, name)
         in_use = self.seen.get(key, (0, 0))[0]
         if key in self.full and self.client.connected and (
                 self.asking.get(key, 0) or self.clock() < self.ask_again.get(key, 0.0)):
             # The fleet's sessions were all in use at the last answer: the next one
             # given back is handed to this node (it is in line), and asking before
             # then would only be refused.
-            self.decided(call, entry, Admission(False, 0.0, in_use))
+            self.decided(call, entry, Admission(False, 0.0, in_use), name)
             return
         self.counters["asked"] += 1
         self.counters["round_trips"] += 1
@@ -255,7 +297,7 @@ class Fleet:
         try:
             answer: Admission | str = await self.shared.admit(
                 key[0], key[1], limits.sessions, interval, limits.burst,
-                more=queue.todo.size > 0)
+                more=self._waiting(*key))
         except RedisUnavailable as exc:
             answer = str(exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not strand the agent
@@ -276,10 +318,12 @@ class Fleet:
         else:
             self.full.discard(key)
             self.ask_again.pop(key, None)
-        self.decided(call, entry, answer)
+        self.decided(call, entry, answer, name)
 
-    def decided(self, call: AgentCall, entry: Entry, answer: Admission | str) -> None:
-        """Apply the fleet's answer, or the failure mode for none; synchronous."""
+    def decided(self, call: AgentCall, entry: Entry, answer: Admission | str,
+                unit: str) -> None:
+        """Apply the fleet's answer for the entry's unit (a destination's queue name,
+        or ``site NAME``), or the failure mode for none; synchronous."""
         queue = entry.queue
         transport = queue.transport.name
         if isinstance(answer, str):
@@ -289,8 +333,9 @@ class Fleet:
             self.down = False
             self.host.log.info(f"shared state {self.settings.endpoint}: answering again; "
                                "fleet limits apply")
-        key = (transport, queue.name)
-        limit = self.limits(transport)
+        key = (transport, unit)
+        limit = self._unit_limits(transport, unit)
+        site = unit.startswith(SITE_UNIT)
         self.seen[key] = (answer.in_use, limit.sessions if limit is not None else 0)
         self.seen.move_to_end(key)
         if len(self.seen) > SEEN_MEMORY:
@@ -298,26 +343,26 @@ class Fleet:
         if answer.admitted:
             self.counters["admitted"] += 1
             if answer.lease:
-                self.leases[call] = (transport, queue.name, answer.lease)
+                self.leases[call] = (transport, unit, answer.lease)
             self.host.fleet_admitted(call, entry)
             return
         now = self.clock()
         if answer.recount:
             self.counters["recount_wait"] += 1
-            name = FLEET_LIMIT
+            name = FLEET_SITE_LIMIT if site else FLEET_LIMIT
             text = (f"the fleet counts its sessions again (Redis lost its data): next "
                     f"start in {answer.wait:.3g}s")
             until = now + answer.wait
         elif answer.wait > 0:
             self.counters["rate_wait"] += 1
-            name = FLEET_RATE
-            text = f"fleet rate: next start in {answer.wait:.3g}s"
+            name = FLEET_SITE_RATE if site else FLEET_RATE
+            text = f"{_whose(unit)}fleet rate: next start in {answer.wait:.3g}s"
             until = now + answer.wait
         else:
             self.counters["sessions_full"] += 1
-            name = FLEET_LIMIT
+            name = FLEET_SITE_LIMIT if site else FLEET_LIMIT
             here = sum(1 for t, q, _ in self.leases.values() if (t, q) == key)
-            text = (f"waits for a fleet session: {answer.in_use} of "
+            text = (f"waits for a {_whose(unit)}fleet session: {answer.in_use} of "
                     f"{limit.sessions if limit is not None else '?'} in use, {here} here")
             until = now + self.session_retry
         self._hold_back(entry, until, name, text, now)
@@ -377,10 +422,32 @@ class Fleet:
         self.ask_again.pop(key, None)
 
     def _waiting(self, transport: str, queue: str) -> bool:
-        """Whether this node has deliveries waiting for the destination."""
+        """Whether this node has deliveries waiting for the destination, or for any
+        destination of the site (``site NAME``)."""
+        if queue.startswith(SITE_UNIT):
+            site = self._site(transport, queue)
+            return site is not None and any(q.todo.size > 0 for q in site.members)
         t = self.host.scheduler.transports.get(transport)
         waiting = t.queues.get(queue) if t is not None else None
         return waiting is not None and waiting.todo.size > 0
+
+    def _site(self, transport: str, unit: str) -> Site | None:
+        sites = self.host.scheduler.sites
+        return sites.sites.get((transport, unit[len(SITE_UNIT):])) if sites else None
+
+    def _lift(self, transport: str, unit: str, held_only: bool) -> None:
+        """Open the fleet's gate of the unit's destination, or of every destination of
+        its site that the fleet holds (``held_only``: only a gate that is the fleet's)."""
+        names = ([q.name for q in site.members] if (site := self._site(transport, unit))
+                 else []) if unit.startswith(SITE_UNIT) else [unit]
+        t = self.host.scheduler.transports.get(transport)
+        for name in names:
+            shape = t.shapes.get(name) if t is not None else None
+            if held_only and (shape is None or shape.gate is None
+                              or shape.gate.kind != GATE_KIND):
+                continue
+            self.host.after_control(self.host.scheduler.lift_hold(
+                transport, name, GATE_KIND, self.clock()))
 
     def _freed(self, payload: bytes) -> None:
         """Another process gave back a session: handed to this node (a lease in its
@@ -401,8 +468,7 @@ class Fleet:
             self._spare(transport, queue, lease)
             return
         self.ask_again.pop((transport, queue), None)
-        self.host.after_control(self.host.scheduler.lift_hold(transport, queue, GATE_KIND,
-                                                              self.clock()))
+        self._lift(transport, queue, held_only=queue.startswith(SITE_UNIT))
 
     def _spare(self, transport: str, queue: str, lease: str) -> None:
         """A session for this node's next delivery to the destination: open its gate
@@ -413,11 +479,7 @@ class Fleet:
         if not self._sweep_armed:
             self._sweep_armed = True
             asyncio.get_running_loop().call_later(SPARE_TIME, self._sweep)
-        t = self.host.scheduler.transports.get(transport)
-        shape = t.shapes.get(queue) if t is not None else None
-        if shape is not None and shape.gate is not None and shape.gate.kind == GATE_KIND:
-            self.host.after_control(self.host.scheduler.lift_hold(
-                transport, queue, GATE_KIND, self.clock()))
+        self._lift(transport, queue, held_only=True)
 
     def _sweep(self) -> None:
         """Sessions kept or handed here that no delivery took within SPARE_TIME go back."""
@@ -442,7 +504,7 @@ class Fleet:
             pass  # the others ask again after their session retry time
 
     async def _release(self, transport: str, queue: str, lease: str, more: bool) -> None:
-        limits = self.limits(transport)
+        limits = self._unit_limits(transport, queue)
         # With a fleet rate each start takes its own slot: the session is not handed on
         # then, the next in line is told to ask.
         limit = limits.sessions if limits is not None and limits.rate is None else 0

@@ -35,6 +35,15 @@ parameter, as for every other pyqmgr.cf setting.
 ``fleet_destination_rate``             delivery starts to one destination across the fleet,
                                        ``N/PERIOD`` (0: none, the default)
 ``fleet_destination_rate_burst``       starts the rate lets through at once (default 1)
+``fleet_site_concurrency_limit``       deliveries under way to one site across the fleet
+                                       (issue #33; 0: none, the default): with sites on
+                                       for the transport (``site_grouping = mx``), a
+                                       destination at a site counts at its site's fleet
+                                       keys instead of its own; one at no site (``[host]``,
+                                       the relay host) keeps the destination limits
+``fleet_site_rate``                    delivery starts to one site across the fleet,
+                                       ``N/PERIOD`` (0: none, the default)
+``fleet_site_rate_burst``              starts the site rate lets through at once (default 1)
 ``fleet_throttling``                   ``yes``: a destination this node finds dead, or that
                                        a response rule throttles, is dead or throttled on
                                        every node at once, and news of the same from the
@@ -44,9 +53,10 @@ parameter, as for every other pyqmgr.cf setting.
                                        news, so only signed news is ever read
 =====================================  =========================================================
 
-The last four follow Postfix's naming rule: ``smtp_fleet_destination_rate`` for the
-smtp transport wins over ``fleet_destination_rate``. A destination is shared by name
-(transport and queue name), so every node must call it the same.
+The ``fleet_*`` parameters follow Postfix's naming rule: ``smtp_fleet_destination_rate``
+for the smtp transport wins over ``fleet_destination_rate``. A destination is shared
+by name (transport and queue name), a site by its transport and site name, so every
+node must call them the same (the same provider table and pins).
 
 The unix socket must be reachable from inside the queue manager's chroot when
 master.cf chroots qmgr; a TCP address always is.
@@ -75,8 +85,15 @@ FLEET_LIMIT = "fleet_destination_concurrency_limit"
 FLEET_RATE = "fleet_destination_rate"
 FLEET_BURST = "fleet_destination_rate_burst"
 FLEET_THROTTLING = "fleet_throttling"
+FLEET_SITE_LIMIT = "fleet_site_concurrency_limit"
+FLEET_SITE_RATE = "fleet_site_rate"
+FLEET_SITE_BURST = "fleet_site_rate_burst"
 #: The per-transport parameters, longest first (a suffix test picks the right one).
-PER_TRANSPORT = (FLEET_BURST, FLEET_LIMIT, FLEET_RATE, FLEET_THROTTLING)
+PER_TRANSPORT = (FLEET_BURST, FLEET_LIMIT, FLEET_RATE, FLEET_THROTTLING, FLEET_SITE_BURST,
+                 FLEET_SITE_LIMIT, FLEET_SITE_RATE)
+#: The parameters of the destinations' limits, and of the sites' (issue #33).
+DESTINATION_PARAMS = (FLEET_LIMIT, FLEET_RATE, FLEET_BURST)
+SITE_PARAMS = (FLEET_SITE_LIMIT, FLEET_SITE_RATE, FLEET_SITE_BURST)
 MAX_FLEET_LIMIT = 100_000
 
 #: What a node does while Redis is slow or gone.
@@ -123,6 +140,12 @@ class FleetSettings:
             return Limits()
         return _limits(self.settings, transport)
 
+    def site_limits_for(self, transport: str) -> Limits:
+        """The transport's fleet limits per site (all-zero when none applies)."""
+        if self.settings is None:
+            return Limits()
+        return _limits(self.settings, transport, SITE_PARAMS)
+
     def shares_throttling(self, transport: str) -> bool:
         """Whether the transport's dead sites and throttled destinations are the
         fleet's (told to the others, and taken from them)."""
@@ -133,14 +156,16 @@ class FleetSettings:
         return self.settings.get_bool(FLEET_THROTTLING, transport, True)
 
 
-def _limits(settings: PyqmgrCf, transport: str | None) -> Limits:
-    sessions = settings.get_int(FLEET_LIMIT, transport, 0, 0, MAX_FLEET_LIMIT)
-    used = settings.which(FLEET_RATE, transport) or FLEET_RATE
+def _limits(settings: PyqmgrCf, transport: str | None,
+            params: tuple[str, str, str] = DESTINATION_PARAMS) -> Limits:
+    limit, rate_name, burst_name = params
+    sessions = settings.get_int(limit, transport, 0, 0, MAX_FLEET_LIMIT)
+    used = settings.which(rate_name, transport) or rate_name
     try:
-        rate = parse_rate(settings.get(FLEET_RATE, transport) or "", used)
+        rate = parse_rate(settings.get(rate_name, transport) or "", used)
     except ShapingError as exc:
         raise settings.error(used, str(exc).partition(": ")[2]) from None
-    burst = settings.get_int(FLEET_BURST, transport, 1, 1, 100_000)
+    burst = settings.get_int(burst_name, transport, 1, 1, 100_000)
     return Limits(sessions, rate, burst)
 
 
@@ -239,7 +264,8 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str,
                 raise settings.error(param, f"yes needs {KEY_FILE}: news of throttling is "
                                             "read only when signed with the fleet's key")
         else:
-            _limits(settings, transport)
+            _limits(settings, transport,
+                    SITE_PARAMS if name in SITE_PARAMS else DESTINATION_PARAMS)
     try:
         endpoint = parse_shared_state(text)
     except ValueError as exc:

@@ -22,6 +22,9 @@ transport and queue name, as every node names it:
     The GCRA's theoretical arrival time (Redis milliseconds) of the destination's
     fleet-wide rate: a start is allowed when ``now >= tat - (burst - 1) * interval``,
     and moves ``tat`` one interval on.
+``{prefix}site-sessions:{transport}:{site}`` (and ``site-waiters``, ``site-rate``)
+    The same for a site (issue #33, ``fleet_site_concurrency_limit``): the deliveries
+    to all its destinations count together.
 
 :meth:`Shared.admit` does both in one script, and takes neither unless both allow:
 a start refused for its rate does not hold a session, and one refused for the
@@ -40,6 +43,11 @@ from dataclasses import dataclass
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable
 from pyqmgr.fleet.resp import Arg, RedisError, Reply
 from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
+
+#: How the fleet names a site where it would name a destination (issue #33): a queue
+#: name has no space (Postfix's tables split on whitespace), so neither can be taken
+#: for the other, in a key or in a message on a channel.
+SITE_UNIT = "site "
 
 #: KEYS: sessions, rate, waiters, the epoch. ARGV: lease ms, session limit (0: none),
 #: rate interval ms (0: none), burst, member, this process's channel, "1" when it has
@@ -277,6 +285,11 @@ class Shared:
         self.recount_ms = RECOUNT_MS
 
     def key(self, kind: str, transport: str, queue: str) -> str:
+        """A destination's key, or a site's (``queue`` = ``site NAME``: the kinds are
+        ``site-sessions``, ``site-rate`` and ``site-waiters``, so that a site and a
+        destination of the same name never share a count)."""
+        if queue.startswith(SITE_UNIT):
+            return f"{self.prefix}site-{kind}:{transport}:{queue[len(SITE_UNIT):]}"
         return f"{self.prefix}{kind}:{transport}:{queue}"
 
     async def admit(self, transport: str, queue: str, limit: int,

@@ -14,7 +14,9 @@ server at once (or stays with its server for its next delivery), and news of
 throttling reaches the others at once. Their settings are the daemon's own, read
 from ``[pyqmgr_cf]`` by :func:`pyqmgr.fleet.settings.fleet_settings`
 (``fleet_destination_concurrency_limit``, ``fleet_destination_rate``,
-``fleet_destination_rate_burst``, ``fleet_throttling``).
+``fleet_destination_rate_burst``, ``fleet_throttling``, and per site, issue #33,
+``fleet_site_concurrency_limit``, ``fleet_site_rate``, ``fleet_site_rate_burst``: a
+destination at a site counts at the site, ``site NAME``, as the daemon's does).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.daemon.fleet import GATE_KIND, SPARE_TIME, session_retry
 from pyqmgr.fleet.settings import FleetSettings, Limits, fleet_settings
+from pyqmgr.fleet.shared import SITE_UNIT
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.core import ERROR, RETRY
 from pyqmgr.scheduler.decisions import Throttling
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.core import Scheduler
     from pyqmgr.scheduler.decisions import Decisions
     from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.scheduler.structures import Queue
     from pyqmgr.simulator.result import Result
 
 
@@ -100,6 +104,7 @@ class SharedState:
     def __init__(self, settings: FleetSettings) -> None:
         self.settings = settings
         self._limits: dict[str, Limits | None] = {}
+        self._site_limits: dict[str, Limits | None] = {}
         self.sessions: dict[tuple[str, str], int] = {}
         self.tat: dict[tuple[str, str], float] = {}
         self.waiters: dict[tuple[str, str], deque[Engine]] = {}
@@ -118,16 +123,37 @@ class SharedState:
             self._limits[transport] = found
         return self._limits[transport]
 
+    def site_limits(self, transport: str) -> Limits | None:
+        if transport not in self._site_limits:
+            found = None
+            if transport not in (RETRY, ERROR):
+                limits = self.settings.site_limits_for(transport)
+                found = limits if limits.active else None
+            self._site_limits[transport] = found
+        return self._site_limits[transport]
+
+    def unit(self, entry: Entry) -> tuple[tuple[str, str], Limits] | None:
+        """What the entry's delivery counts at across the fleet (daemon's Fleet.unit)."""
+        queue = entry.queue
+        t = queue.transport.name
+        if queue.site is not None and (limits := self.site_limits(t)) is not None:
+            return (t, SITE_UNIT + queue.site.name), limits
+        limits = self.limits(t)
+        return ((t, queue.name), limits) if limits is not None else None
+
+    def unit_limits(self, key: tuple[str, str]) -> Limits | None:
+        if key[1].startswith(SITE_UNIT):
+            return self.site_limits(key[0])
+        return self.limits(key[0])
+
     def _line_up(self, key: tuple[str, str], node: Engine) -> None:
         line = self.waiters.setdefault(key, deque())
         if node not in line:
             line.append(node)
 
-    def admit(self, node: Engine, entry: Entry, now: float) -> tuple[bool, float, int]:
+    def admit(self, node: Engine, key: tuple[str, str], limits: Limits,
+              now: float) -> tuple[bool, float, int]:
         """(admitted, seconds until the rate allows a start, sessions in use)."""
-        key = (entry.queue.transport.name, entry.queue.name)
-        limits = self.limits(key[0])
-        assert limits is not None
         used = self.sessions.get(key, 0)
         spare = self.spares.get((node.node, key))
         if spare:
@@ -152,7 +178,7 @@ class SharedState:
                 now: float) -> Engine | None:
         """A delivery of ``node`` ended: its session goes to the longest waiting other
         server (returned, to be woken), or stays with ``node`` when it has more."""
-        limits = self.limits(key[0])
+        limits = self.unit_limits(key)
         if limits is None or not limits.sessions:
             return None
         self.sessions[key] -= 1
@@ -184,11 +210,20 @@ class SharedState:
                 self.sessions[key] -= 1
 
 
-def _wants(node: Engine, key: tuple[str, str]) -> bool:
-    """Whether ``node`` has deliveries waiting for the destination."""
+def _members(node: Engine, key: tuple[str, str]) -> list[Queue]:
+    """The destination's queue on ``node``, or its site's queues there."""
+    if key[1].startswith(SITE_UNIT):
+        sites = node.sched.sites
+        site = sites.sites.get((key[0], key[1][len(SITE_UNIT):])) if sites else None
+        return list(site.members) if site is not None else []
     t = node.sched.transports.get(key[0])
     queue = t.queues.get(key[1]) if t is not None else None
-    return queue is not None and queue.todo.size > 0
+    return [queue] if queue is not None else []
+
+
+def _wants(node: Engine, key: tuple[str, str]) -> bool:
+    """Whether ``node`` has deliveries waiting for the destination (or its site)."""
+    return any(q.todo.size > 0 for q in _members(node, key))
 
 
 class FleetRun:
@@ -201,6 +236,8 @@ class FleetRun:
         self.sc = scenario
         self.shared = SharedState(scenario_fleet(scenario))
         self.engines = engines
+        #: The unit each admitted delivery counts at, until it ends.
+        self.units: dict[Entry, tuple[str, str]] = {}
         for transport in sorted({d.transport for d in scenario.destinations.values()}):
             if self.shared.limits(transport) is not None and engines[0].cfg.transport(
                     transport).destination_recipient_limit == 1:
@@ -220,31 +257,40 @@ class FleetRun:
 
     def admit(self, node: Engine, name: str, entry: Entry) -> bool:
         """May the entry's delivery start? Refused, the destination waits on ``node``."""
-        limits = self.shared.limits(name)
-        if limits is None:
+        unit = self.shared.unit(entry)
+        if unit is None:
             return True
-        admitted, wait, used = self.shared.admit(node, entry, node.now)
+        key, limits = unit
+        admitted, wait, used = self.shared.admit(node, key, limits, node.now)
         if admitted:
+            # Given back where it was taken, should the destination change sites
+            # meanwhile (its MX lookup answered).
+            self.units[entry] = key
             return True
+        site = key[1].startswith(SITE_UNIT)
+        whose = key[1] + " " if site else ""
         if wait > 0:
-            text = f"fleet rate: next start in {wait:.3g}s"
+            text = f"{whose}fleet rate: next start in {wait:.3g}s"
             until = node.now + wait
         else:
-            text = f"waits for a fleet session: {used} of {limits.sessions} in use"
+            text = f"waits for a {whose}fleet session: {used} of {limits.sessions} in use"
             until = node.now + session_retry(self.shared.settings.lease_time)
-        node.apply(node.sched.hold_back(entry, until, "fleet_destination_concurrency_limit",
+        setting = ("fleet_site_concurrency_limit" if site
+                   else "fleet_destination_concurrency_limit")
+        node.apply(node.sched.hold_back(entry, until, setting,
                                         f"{entry.queue.nexthop} {text}", node.now, GATE_KIND))
         return False
 
     def ended(self, node: Engine, entry: Entry) -> None:
         """A delivery of ``node`` ended: pass its session on."""
-        queue = entry.queue
-        key = (queue.transport.name, queue.name)
-        if self.shared.limits(key[0]) is None:
+        key = self.units.pop(entry, None)
+        if key is None:
             return
-        waiter = self.shared.release(node, key, queue.todo.size > 0, node.now)
+        waiter = self.shared.release(node, key, _wants(node, key), node.now)
         if waiter is not None:
-            waiter.apply(waiter.sched.lift_hold(key[0], key[1], GATE_KIND, waiter.now))
+            for queue in _members(waiter, key):
+                waiter.apply(waiter.sched.lift_hold(key[0], queue.name, GATE_KIND,
+                                                    waiter.now))
         if self.shared.spares and not self._sweeping:
             self._sweeping = True
             node.at(node.now + SPARE_TIME, self._sweep)

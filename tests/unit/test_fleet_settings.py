@@ -148,6 +148,22 @@ def test_per_transport_limits_follow_postfixs_naming_rule():
     assert none is not None and not none.limits_for("smtp").active
 
 
+def test_site_limits_are_their_own_and_follow_the_naming_rule():
+    got = settings("shared_state = redis://127.0.0.1:6379\n"
+                   "fleet_destination_concurrency_limit = 20\n"
+                   "fleet_site_concurrency_limit = 40\n"
+                   "smtp_fleet_site_concurrency_limit = 8\n"
+                   "smtp_fleet_site_rate = 100/1m\n"
+                   "smtp_fleet_site_rate_burst = 4\n")
+    assert got is not None
+    smtp, relay = got.site_limits_for("smtp"), got.site_limits_for("relay")
+    assert (smtp.sessions, str(smtp.rate), smtp.burst) == (8, "100/m", 4)
+    assert (relay.sessions, relay.rate, relay.burst) == (40, None, 1)
+    assert got.limits_for("smtp").sessions == 20, "the destinations' limits stay apart"
+    none = settings("shared_state = redis://127.0.0.1:6379\n")
+    assert none is not None and not none.site_limits_for("smtp").active
+
+
 def key_file(tmp_path, key: str = "k" * 64) -> str:
     path = tmp_path / "fleet.key"
     path.write_text(key + "\n")
@@ -202,6 +218,10 @@ def test_a_key_file_must_be_roots_alone_and_long_enough(tmp_path):
     ("smtp_fleet_destination_rate = fast", "bad rate"),
     ("smtp_fleet_destination_rate_burst = 0", "out of range"),
     ("relay_fleet_throttling = maybe", "bad boolean value"),
+    ("smtp_fleet_site_concurrency_limit = lots", "bad numerical value"),
+    ("fleet_site_concurrency_limit = 100001", "out of range"),
+    ("fleet_site_rate = 5 a second", "bad rate"),
+    ("relay_fleet_site_rate_burst = 0", "out of range"),
 ])
 def test_bad_limits_are_start_up_errors_in_every_form(line, says):
     name = line.split(" = ")[0]
