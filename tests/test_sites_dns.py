@@ -134,6 +134,38 @@ def test_each_kind_of_dns_trouble_leaves_the_domain_its_own_site_with_one_line()
     asyncio.run(run())
 
 
+FORGED = [
+    # Bytes a name may carry in DNS but never in a site's name: a space, a newline
+    # (the fleet's messages are newline-separated), a NUL, a quote, non-ASCII.
+    "odd.test. 300 IN MX 10 a\\032b\\010c\\000d\\034e\\255f.evil.test.",
+    "odd.test. 300 IN MX 20 mx.evil.test.",
+    # A name of 255 bytes, the most DNS carries (63-byte labels).
+    "long.test. 300 IN MX 10 " + ".".join(["x" * 63] * 3) + ".evil.test.",
+]
+
+
+def test_a_forged_answer_names_no_site_with_a_space_or_a_control_character():
+    """An MX answer is whatever its server says: the site named from it goes into the
+    maillog, pyqmgr status, metrics labels and the fleet's Redis keys and messages,
+    so it must hold no whitespace or control character however the answer is made
+    (dnspython's text form escapes them, \\DDD), and stay bounded."""
+    async def run() -> None:
+        host = Host()
+        with dns.DnsServer(["test"], FORGED) as server:
+            with_server(host, server.address)
+            host.mail("odd.test")
+            host.mail("long.test")
+            await host.settle()
+        for domain in ("odd.test", "long.test"):
+            name = host.site(domain)
+            assert name != domain, f"{domain}: the answer was used"
+            assert name.isprintable() and not any(c.isspace() for c in name), repr(name)
+            assert name.isascii() and len(name) < 2048, repr(name)
+        assert "\\032" in host.site("odd.test") and "\\010" in host.site("odd.test")
+        assert host.lines == []
+    asyncio.run(run())
+
+
 def test_a_black_holed_server_costs_the_event_loop_nothing():
     """100 domains against a server that never answers, 16 lookups at a time: every
     lookup ends at its 1 s timeout, mail flows on per-domain sites meanwhile, and the

@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Shaping, ShapingError, parse_duration, parse_rate
 from pyqmgr.scheduler.structures import SiteLimits, SiteTable
-from pyqmgr.site_names import Providers, ProviderTableError, load_providers, site_name
+from pyqmgr.site_names import (
+    MAX_TABLE,
+    Providers,
+    ProviderTableError,
+    load_providers,
+    site_name,
+)
 
 if TYPE_CHECKING:
     from pyqmgr.postfix.maillog_client import MailLog
@@ -150,8 +156,13 @@ def site_settings(settings: PyqmgrCf, commands: dict[str, str],
 
 
 def _read(path: str) -> str:
+    """A pin file, refused when larger than a provider table may be: a file cut at
+    the limit would pin a partial line, or drop pins without a word."""
     with open(path, encoding="utf-8") as f:
-        return f.read(1 << 20)
+        text = f.read(MAX_TABLE + 1)
+    if len(text) > MAX_TABLE:
+        raise ProviderTableError(f"{path}: larger than {MAX_TABLE} bytes")
+    return text
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,15 @@ def test_a_bad_pin_line_is_named(tmp_path):
         settings(f"site_grouping = mx\nsite_pins = {pins}\n")
 
 
+def test_an_oversized_pin_file_is_refused_not_cut(tmp_path):
+    pins = tmp_path / "pins"
+    line = "example.org  google\n"
+    pins.write_text(line * ((1 << 20) // len(line) + 1))
+    with pytest.raises(PyqmgrCfError, match=r"parameter site_pins: .*pins: larger than "
+                                            "1048576 bytes"):
+        settings(f"site_grouping = mx\nsite_pins = {pins}\n")
+
+
 def test_site_dead_scope():
     s = settings("site_grouping = mx\nrelay_site_dead_scope = site\n")
     assert s is not None and s.limits["relay"].dead_takes_site
