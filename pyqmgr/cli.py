@@ -279,7 +279,8 @@ def _replay(args: argparse.Namespace) -> int:
     opts = Options(contenders, main_cf, limits, not args.no_hash,
                    args.hash_key.encode() if args.hash_key else None, args.year,
                    args.instance or [], args.seed, args.runs,
-                   args.gap if args.gap is not None else GAP, args.fit_on or [])
+                   args.gap if args.gap is not None else GAP, args.fit_on or [],
+                   sites=args.sites)
     progress = None
     if sys.stderr.isatty() and not args.json:
         def progress(text: str) -> None:
@@ -783,6 +784,12 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--gap", type=parse_duration, metavar="DURATION",
                    help="a silence this long cuts the log into stretches, each replayed "
                         "on its own with a warning (default 6h; 90s, 15m, 2h, 1d)")
+    p.add_argument("--sites", action="store_true",
+                   help="group destinations by the server their relay= fields name "
+                        "(issue #33, no DNS): each gets mx = \"HOST\" in the workload "
+                        "(host names as logged, addresses and localhost as ADDR:PORT), "
+                        "destinations at one server share it, and a contender with "
+                        "site_grouping=mx sees them as one site")
     p.add_argument("--compare", action="store_true",
                    help="also run the derived workload on real Postfix, each contender "
                         "in turn as 'pyqmgr compare' does, and set each run's figures, "

@@ -19,7 +19,7 @@ from pyqmgr.compare.contender import Contender
 from pyqmgr.postfix.maillog import Reader
 from pyqmgr.replay.derive import GAP, Derived, Deriver, relay_nexthop
 from pyqmgr.replay.report import as_dict, log_figures, sim_figures, sim_ranges
-from pyqmgr.replay.workload import build
+from pyqmgr.replay.workload import build, sites_of
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import Destination, Scenario
 
@@ -43,6 +43,9 @@ class Options:
     #: Fit destinations' limits on these logs (another day's, another run's) rather
     #: than on the log replayed, whose figures they are then held against.
     fit_on: list[str] = field(default_factory=list)
+    #: Group destinations by the servers their relay= fields name (issue #33): each
+    #: workload destination names its server as ``mx``.
+    sites: bool = False
 
 
 #: One simulation is one draw of the replayed system's chance (agent hand-offs,
@@ -67,7 +70,7 @@ def derive(paths: list[str], opts: Options,
            progress: Progress | None = None) -> tuple[Reader, dict[str, Derived]]:
     reader = Reader(paths, opts.year)
     deriver = Deriver(opts.hash_addresses, opts.hash_key, opts.seed, opts.gap,
-                      relay_nexthop(opts.main_cf.get("relayhost", "")))
+                      relay_nexthop(opts.main_cf.get("relayhost", "")), opts.sites)
     if progress is None:
         deriver.feed(reader)
     else:
@@ -124,6 +127,8 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
                        "notes": m.notes} for m in models],
             "figures": {"log": as_dict(log_figures(derived, names))}, "runs": {},
             "ranges": {}}
+        if opts.sites:
+            inst["sites"] = sites_of(sc)
         if sc.trace:
             k = runs_for(sc, opts.runs)
             for contender in opts.contenders:

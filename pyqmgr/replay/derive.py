@@ -69,6 +69,7 @@ from pyqmgr.postfix.maillog import (
     delivery,
     queue_id,
 )
+from pyqmgr.replay.sites import Relays
 from pyqmgr.simulator.scenario import DEFAULT_SENDER_DOMAIN, TraceMessage, is_sender
 
 T = TypeVar("T")
@@ -182,6 +183,9 @@ class Derived:
     #: Trace messages' queue ids and content-filter parents, to link them at the end.
     qids: list[str] = field(default_factory=list)
     parents: dict[str, str] = field(default_factory=dict)
+    #: The servers each destination's relay= fields named (``replay --sites``); None
+    #: unless asked for, so that a replay without it reads and writes as before.
+    relays: Relays | None = None
 
 
 #: A delivery line as kept: (time, pid, service, program, to, delay, c, d, status,
@@ -380,8 +384,11 @@ class Deriver:
     """Feed it lines (any instances, in order); ``finish`` gives each instance's."""
 
     def __init__(self, hash_addresses: bool = True, key: bytes | None = None,
-                 seed: int = 1, gap: float = GAP, relayhost: str = "") -> None:
+                 seed: int = 1, gap: float = GAP, relayhost: str = "",
+                 sites: bool = False) -> None:
         self.hash = hash_addresses
+        #: Count the servers relay= names per destination (``replay --sites``).
+        self.sites = sites
         #: main.cf's relayhost, as a nexthop (``[host]:port``): the smtp transport's
         #: mail is one destination there, as stock queues it, not one per domain.
         self.relayhost = relayhost
@@ -412,7 +419,8 @@ class Deriver:
         if st is None:
             st = self._stretches[inst] = _Stretch(line.time, 1)
             st.host, st.instance = line.host, line.instance
-            st.derived = self.instances[inst] = Derived(inst)
+            st.derived = self.instances[inst] = Derived(
+                inst, relays=Relays() if self.sites else None)
         elif line.time - st.last > self.gap:
             # A silence: what was queued stays as it stands, and the log goes on as
             # another stretch (its queued mail is mail queued before it).
@@ -422,7 +430,8 @@ class Deriver:
             key = f"{inst}#{number}"
             st = self._stretches[inst] = _Stretch(line.time, number)
             st.host, st.instance = line.host, line.instance
-            new = st.derived = self.instances[key] = Derived(key)
+            new = st.derived = self.instances[key] = Derived(
+                key, relays=Relays() if self.sites else None)
             hours = (line.time - old.end) / 3600
             warning = (f"no line for {hours:.1f} hours: the log is cut there and each "
                        "stretch replayed on its own")
@@ -453,31 +462,7 @@ class Deriver:
             pending = st.pending
             msg = pending.get(qid)
             if rest.startswith("to=<"):
-                d = delivery(text)
-                if d is None:
-                    derived.lines["delivery lines cut short or malformed"] += 1
-                    continue
-                if d.status not in ("sent", "deferred", "bounced", "expired"):
-                    derived.unused[unused_kind(line, rest)] += 1
-                    continue
-                if msg is None:
-                    msg = pending[qid] = _Msg(line.time)
-                hop = ""
-                if d.status == "sent":
-                    m = QUEUED_AS.search(d.detail)
-                    child = pending.get(m.group(1)) if m is not None else None
-                    if m is not None and child is not None and m.group(1) != qid:
-                        # Re-injected into this instance: a content filter's hop.
-                        hop = filter_name(d.relay)
-                        born = msg.root_born if msg.root_born is not None else \
-                            line.time - d.delay
-                        child.root_born = born
-                        child.parent = qid
-                        child.filter_end = line.time
-                        msg.children.append((m.group(1), d.delay))
-                msg.lines.append((line.time, line.pid, line.service, line.program, d.to,
-                                  d.delay, d.c, d.d, d.status, d.detail, d.a, d.b, d.dsn,
-                                  hop))
+                self._delivery(st, qid, line, rest, msg)
             elif line.program == "qmgr":
                 if rest == "removed":
                     if msg is not None:
@@ -513,6 +498,45 @@ class Deriver:
                 msg.submitted = True
             else:
                 derived.unused[unused_kind(line, rest)] += 1
+
+    def _delivery(self, st: _Stretch, qid: str, line: Line, rest: str,
+                  msg: _Msg | None) -> None:
+        """A delivery agent's status line (``to=<...>``): kept with its message."""
+        derived = st.derived
+        pending = st.pending
+        text = line.text
+        d = delivery(text)
+        if d is None:
+            derived.lines["delivery lines cut short or malformed"] += 1
+            return
+        if d.status not in ("sent", "deferred", "bounced", "expired"):
+            derived.unused[unused_kind(line, rest)] += 1
+            return
+        if msg is None:
+            msg = pending[qid] = _Msg(line.time)
+        hop = ""
+        if d.status == "sent":
+            m = QUEUED_AS.search(d.detail)
+            child = pending.get(m.group(1)) if m is not None else None
+            if m is not None and child is not None and m.group(1) != qid:
+                # Re-injected into this instance: a content filter's hop.
+                hop = filter_name(d.relay)
+                born = msg.root_born if msg.root_born is not None else \
+                    line.time - d.delay
+                child.root_born = born
+                child.parent = qid
+                child.filter_end = line.time
+                msg.children.append((m.group(1), d.delay))
+        relays = derived.relays
+        if relays is not None and not hop and line.program in SESSION_AGENTS and \
+                not (self.relayhost and line.service == "smtp"):
+            # Counted as read, not kept with the line: a content filter's hop
+            # and the relayhost's mail are bracketed next hops, never grouped.
+            relays.seen(d.to.rpartition("@")[2].lower() or "localhost", d.relay,
+                        d.detail)
+        msg.lines.append((line.time, line.pid, line.service, line.program, d.to,
+                          d.delay, d.c, d.d, d.status, d.detail, d.a, d.b, d.dsn,
+                          hop))
 
     # -- one message --------------------------------------------------------------------
 

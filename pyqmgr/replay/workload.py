@@ -24,6 +24,7 @@ from pyqmgr.output import open_new, output_dir
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.maillog import delay_quantum
 from pyqmgr.replay.derive import Derived, Observed
+from pyqmgr.replay.sites import group, nexthop_host
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import (
     CompareSettings,
@@ -455,6 +456,9 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                   retry_deferred=True)
     _lifetimes(derived, sc.main_cf)
     models = _destinations(sc, derived, names, main_cf)
+    if derived.relays is not None:
+        # Before the limits are fitted: they are fitted on the servers as shared.
+        _sites(sc, derived, names, models)
     sc.trace = _trace(sc, derived, names)
     _handoffs(sc, derived, seed)
     # The simulation ends where the log does: mail still deferred then is so in both.
@@ -491,6 +495,79 @@ def _destinations(sc: Scenario, derived: Derived, names: dict[str, str],
         sc.destinations[names[dom]] = dest
         models.append(model)
     return models
+
+
+#: Shared servers listed in the instance's note (the JSON report has every one).
+SITES_NOTED = 5
+
+
+def _sites(sc: Scenario, derived: Derived, names: dict[str, str],
+           models: list[Model]) -> None:
+    """``replay --sites``: each destination's server, as its relay= fields named it,
+    as its ``mx``; destinations of one server share it in the simulation, and with
+    ``site_grouping = mx`` are one site.
+
+    A limit the log shows (a 421 at greeting, a rate reply) is a server's: its first
+    guess is read off the sessions of every destination at that server together,
+    then fitted as any other.
+    """
+    assert derived.relays is not None
+    filters = {nexthop_host(dom) for dom, obs in derived.destinations.items()
+               if obs.content_filter}
+    hosts = group(derived.relays, {h for h in filters if h is not None})
+    hosts = {dom: host for dom, host in hosts.items() if dom in derived.destinations
+             and not derived.destinations[dom].content_filter}
+    members: dict[str, list[str]] = {}
+    for dom, host in sorted(hosts.items()):
+        members.setdefault(host, []).append(dom)
+    by_name = {m.destination: m for m in models}
+    for host, doms in members.items():
+        starts = [t for d in doms for t in derived.destinations[d].starts]
+        ends = [t for d in doms for t in derived.destinations[d].ends]
+        for dom in doms:
+            name = names[dom]
+            dest = sc.destinations[name]
+            change: dict[str, Any] = {"mx": host}
+            if len(doms) > 1 and dest.server_limit:
+                change["server_limit"] = max(dest.server_limit, session_limit(starts, ends))
+            if len(doms) > 1 and dest.rate_limit:
+                change["rate_limit"] = max(dest.rate_limit, session_rate(starts))
+            sc.destinations[name] = dataclasses.replace(dest, **change)
+            others = len(doms) - 1
+            how = ("the server its relay= fields name" if derived.relays.tried.get(dom)
+                   else "the server it failed to connect to")
+            by_name[name].notes.append(
+                f"mx {host} ({how}" + (
+                    f", shared with {others} other destination{'s' * (others > 1)})"
+                    if others else ")"))
+    shared = sorted(((h, d) for h, d in members.items() if len(d) > 1),
+                    key=lambda hd: (-len(hd[1]), hd[0]))
+    if not hosts and not derived.relays.unread:
+        return
+    note = (f"sites from relay= servers (--sites): {_n(len(hosts), 'destination')} at "
+            f"{_n(len(members), 'server')}, {len(shared)} of them shared")
+    listed = [f"{h} ({len(d)}: " + ", ".join(names[x] for x in d[:SITES_NOTED])
+              + (", ..." if len(d) > SITES_NOTED else "") + ")"
+              for h, d in shared[:SITES_NOTED]]
+    if listed:
+        note += ": " + "; ".join(listed) + ("; ..." if len(shared) > SITES_NOTED else "")
+    if derived.relays.unread:
+        note += (f"; {derived.relays.unread} relay= fields named no server "
+                 "(not NAME[ADDR]:PORT)")
+    derived.notes.append(note)
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def sites_of(sc: Scenario) -> dict[str, list[str]]:
+    """Each server the workload's destinations name (``mx``) and those destinations."""
+    out: dict[str, list[str]] = {}
+    for name, dest in sorted(sc.destinations.items()):
+        if dest.mx:
+            out.setdefault(dest.mx, []).append(name)
+    return out
 
 
 def _trace(sc: Scenario, derived: Derived, names: dict[str, str]) -> list[TraceMessage]:
@@ -616,6 +693,8 @@ def write(sc: Scenario, directory: str) -> str:
             out.append(f"rcpt_4xx_reply = {_q(d.rcpt_4xx_reply)}")
         if d.rcpt_5xx:
             out.append(f"rcpt_5xx_reply = {_q(d.rcpt_5xx_reply)}")
+        if d.mx:
+            out.append(f"mx = {_q(d.mx)}")
     path = os.path.join(directory, "workload.toml")
     with open_new(path, encoding="utf-8") as f:
         f.write("\n".join(out) + "\n")
