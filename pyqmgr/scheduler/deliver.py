@@ -69,6 +69,7 @@ def _site_dies(core: Core, queue: Queue, dsn: Dsn, now: float) -> None:
         member.window = THROTTLED
         member.dsn = dsn
         member.revive_at = now + core.min_backoff_time
+        member.transport.timed_at(member, member.revive_at)
         member.transport.destinations_died += 1
         defer_todo(core, member, dsn)
         member.transport.sync(member)

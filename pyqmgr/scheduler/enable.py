@@ -8,6 +8,7 @@ An idle queue that is live again leaves the core.
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import controls
@@ -31,7 +32,11 @@ def enable_due(core: Core, now: float) -> None:
     for t in list(core.transports.values()):
         if t.revive_at is not None and now >= t.revive_at:
             core.transport_unthrottle(t)
-        for queue in list(t.queues.values()):
+        timed = t.timed
+        while timed and timed[0][0] <= now:
+            queue = heapq.heappop(timed)[2]
+            if t.queues.get(queue.name) is not queue:
+                continue  # it left the core (idle and live again, or discarded)
             if queue.revive_at is not None and now >= queue.revive_at:
                 queue_unthrottle(queue)
                 if queue.ready and queue.idle:

@@ -14,6 +14,7 @@ it, and so must any other scheduler.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -166,6 +167,7 @@ class Queue:
         (stock's qmgr_queue_suspend)."""
         self.window = PAUSED
         self.paused_until = now + delay
+        self.transport.timed_at(self, self.paused_until)
 
     def unpause(self) -> None:
         self.window = 1
@@ -250,6 +252,7 @@ class Queue:
         if dead:
             self.dsn = dsn
             self.revive_at = now + min_backoff_time
+            t.timed_at(self, self.revive_at)
         self._log_window("qmgr_queue_throttle")
         return dead
 
@@ -469,6 +472,12 @@ class Transport:
         self.over_busy: dict[Queue, None] = {}
         self.dsn: Dsn | None = None
         self.revive_at: float | None = None
+        #: Its queues with a time to act (dead until ``revive_at``, paused until
+        #: ``paused_until``) as a heap of (when, order, queue): time passing costs the
+        #: queues due, not every queue in core, as stock's timer a queue does; an entry
+        #: whose queue left the core or changed its time is dropped when it comes up.
+        self.timed: list[tuple[float, int, Queue]] = []
+        self._timed_order = 0
         #: transport_rate_delay: no new agent until the current delivery is over.
         self.rate_lock = False
         #: Agent connections asked for and not yet announced.
@@ -505,6 +514,11 @@ class Transport:
     @property
     def throttled(self) -> bool:
         return self.dsn is not None
+
+    def timed_at(self, queue: Queue, when: float) -> None:
+        """The queue has something to do at ``when`` (:func:`enable.enable_due`)."""
+        self._timed_order += 1
+        heapq.heappush(self.timed, (when, self._timed_order, queue))
 
     @property
     def initial_concurrency(self) -> int:

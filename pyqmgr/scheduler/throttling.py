@@ -106,6 +106,7 @@ def _apply(core: Core, t: Transport, queue: Queue, news: Throttling, who: str,
         queue.window = THROTTLED
         queue.dsn = dsn
         queue.revive_at = now + lasts
+        t.timed_at(queue, queue.revive_at)
         t.destinations_died += 1
         core.out.timers.append(queue.revive_at)
         waiting = queue.todo.size
