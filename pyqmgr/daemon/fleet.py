@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.daemon.fleet_news import FleetNews
 from pyqmgr.daemon.fleet_suspensions import FleetSuspensions
+from pyqmgr.daemon.fleet_units import FleetUnits
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.settings import (
     FAILURE,
@@ -56,7 +57,6 @@ from pyqmgr.fleet.settings import (
 )
 from pyqmgr.fleet.shared import KEPT, SITE_UNIT, Admission, Shared
 from pyqmgr.postfix.policy_delegation import WarnGate
-from pyqmgr.scheduler.structures import ERROR, RETRY, Site
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.delivery import AgentCall
@@ -142,8 +142,9 @@ class Fleet:
         self.host, self.settings, self.clock = host, settings, clock
         self.shared = Shared(self.client, settings.prefix, settings.node,
                              settings.lease_time)
-        self._limits: dict[str, Limits | None] = {}
-        self._site_limits: dict[str, Limits | None] = {}
+        #: Each transport's limits per destination and per site, and what a delivery
+        #: counts at (:mod:`.fleet_units`).
+        self.units = FleetUnits(host, settings)
         #: The lease each admitted delivery holds: call -> (transport, queue, lease).
         self.leases: dict[AgentCall, tuple[str, str, str]] = {}
         self.warn = WarnGate(60.0)
@@ -169,72 +170,9 @@ class Fleet:
         self.spares: dict[tuple[str, str], list[tuple[str, float]]] = {}
         self._sweep_armed = False
         self._ended: list[tuple[str, str, str]] = []
-        #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
-        self._shares: dict[str, bool] = {}
         self.recount_warn = WarnGate(60.0)
         #: News of throttling, told and heard (none without a key file).
         self.news = FleetNews(host, self.shared, settings, self.counters, clock)
-
-    def limits(self, transport: str) -> Limits | None:
-        """The transport's fleet limits, or None when its deliveries ask nobody."""
-        if transport in self._limits:
-            return self._limits[transport]
-        found: Limits | None = None
-        if transport not in (RETRY, ERROR):
-            limits = self.settings.limits_for(transport)
-            found = limits if limits.active else None
-        self._limits[transport] = found
-        t = self.host.scheduler.transports.get(transport)
-        if found is not None and t is not None and t.recipient_limit == 1:
-            self.host.log.warning(
-                f"{transport}_destination_recipient_limit = 1 makes each recipient a "
-                "destination of its own (Postfix's rule), so the fleet's limits for "
-                f"{transport} count per recipient, not per destination host")
-        return found
-
-    def site_limits(self, transport: str) -> Limits | None:
-        """The transport's fleet limits per site (issue #33), or None: none set, or
-        the transport's destinations are not grouped into sites."""
-        if transport in self._site_limits:
-            return self._site_limits[transport]
-        found: Limits | None = None
-        sites = self.host.scheduler.sites
-        if transport not in (RETRY, ERROR):
-            limits = self.settings.site_limits_for(transport)
-            if limits.active:
-                found = limits
-                if sites is None or sites.limits(transport) is None:
-                    found = None
-                    self.host.log.warning(
-                        f"{transport}: fleet site limits have no effect: sites are off for "
-                        f"{transport} (site_grouping, site_transports in pyqmgr.cf)")
-        self._site_limits[transport] = found
-        return found
-
-    def unit(self, entry: Entry) -> tuple[str, Limits] | None:
-        """What the entry's delivery counts at across the fleet, and its limits: its
-        site (``site NAME``) when the transport has fleet site limits and the
-        destination is at a site; else the destination (its queue name) when the
-        transport has fleet destination limits; None: nothing to ask."""
-        queue = entry.queue
-        transport = queue.transport.name
-        if queue.site is not None and (limits := self.site_limits(transport)) is not None:
-            return SITE_UNIT + queue.site.name, limits
-        limits = self.limits(transport)
-        return (queue.name, limits) if limits is not None else None
-
-    def _unit_limits(self, transport: str, unit: str) -> Limits | None:
-        if unit.startswith(SITE_UNIT):
-            return self.site_limits(transport)
-        return self.limits(transport)
-
-    def shares(self, transport: str) -> bool:
-        """Whether the transport's dead sites and throttling are the fleet's."""
-        found = self._shares.get(transport)
-        if found is None:
-            found = self._shares[transport] = (
-                transport not in (RETRY, ERROR) and self.settings.shares_throttling(transport))
-        return found
 
     # -- asking -------------------------------------------------------------------------
 
@@ -261,7 +199,7 @@ class Fleet:
         if self.news.seal is not None:
             self._tasks.append(loop.create_task(Subscriber(
                 ep, self.shared.throttling_channel,
-                lambda payload: self.news.heard(payload, self.shares),
+                lambda payload: self.news.heard(payload, self.units.shares),
                 timeout=timeout).run()))
 
     def admit(self, call: AgentCall, entry: Entry, unit: tuple[str, Limits]) -> bool:
@@ -334,7 +272,7 @@ class Fleet:
             self.host.log.info(f"shared state {self.settings.endpoint}: answering again; "
                                "fleet limits apply")
         key = (transport, unit)
-        limit = self._unit_limits(transport, unit)
+        limit = self.units.unit_limits(transport, unit)
         site = unit.startswith(SITE_UNIT)
         self.seen[key] = (answer.in_use, limit.sessions if limit is not None else 0)
         self.seen.move_to_end(key)
@@ -421,25 +359,15 @@ class Fleet:
         self.full.discard(key)
         self.ask_again.pop(key, None)
 
-    def _waiting(self, transport: str, queue: str) -> bool:
-        """Whether this node has deliveries waiting for the destination, or for any
-        destination of the site (``site NAME``)."""
-        if queue.startswith(SITE_UNIT):
-            site = self._site(transport, queue)
-            return site is not None and any(q.todo.size > 0 for q in site.members)
-        t = self.host.scheduler.transports.get(transport)
-        waiting = t.queues.get(queue) if t is not None else None
-        return waiting is not None and waiting.todo.size > 0
-
-    def _site(self, transport: str, unit: str) -> Site | None:
-        sites = self.host.scheduler.sites
-        return sites.sites.get((transport, unit[len(SITE_UNIT):])) if sites else None
+    def _waiting(self, transport: str, unit: str) -> bool:
+        """Whether this node has deliveries waiting for the unit."""
+        return self.units.waiting(transport, unit)
 
     def _lift(self, transport: str, unit: str, held_only: bool) -> None:
         """Open the fleet's gate of the unit's destination, or of every destination of
         its site that the fleet holds (``held_only``: only a gate that is the fleet's)."""
-        names = ([q.name for q in site.members] if (site := self._site(transport, unit))
-                 else []) if unit.startswith(SITE_UNIT) else [unit]
+        names = ([q.name for q in self.units.queues(transport, unit)]
+                 if unit.startswith(SITE_UNIT) else [unit])
         t = self.host.scheduler.transports.get(transport)
         for name in names:
             shape = t.shapes.get(name) if t is not None else None
@@ -504,7 +432,7 @@ class Fleet:
             pass  # the others ask again after their session retry time
 
     async def _release(self, transport: str, queue: str, lease: str, more: bool) -> None:
-        limits = self._unit_limits(transport, queue)
+        limits = self.units.unit_limits(transport, queue)
         # With a fleet rate each start takes its own slot: the session is not handed on
         # then, the next in line is told to ask.
         limit = limits.sessions if limits is not None and limits.rate is None else 0
@@ -564,7 +492,7 @@ class Fleet:
 
     def tell(self, found: tuple[Throttling, ...]) -> None:
         """Destinations this server just found dead or throttled: news for the others."""
-        self.news.tell(found, self.shares)
+        self.news.tell(found, self.units.shares)
 
     # -- status ---------------------------------------------------------------------------
 

@@ -453,7 +453,7 @@ class Qmgr:
         """Ask whoever must agree before a delivery starts: the fleet's shared limits,
         then the delivery policy service; PENDING while one of them is asked."""
         fleet = self.fleet
-        if fleet is not None and (unit := fleet.unit(entry)) is not None and (
+        if fleet is not None and (unit := fleet.units.unit(entry)) is not None and (
                 not fleet.admit(call, entry, unit)):
             return PENDING
         return self._delegate(call, entry, name)

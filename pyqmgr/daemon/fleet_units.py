@@ -1,0 +1,118 @@
+"""What a delivery counts at across the fleet: its destination or its site (#23, #33).
+
+A fleet's limits are per destination (``fleet_destination_*``) or, with sites on,
+per provider site (``fleet_site_*``): a destination at a site then counts at the
+site's keys, named ``site NAME`` where a destination is named by its queue name (no
+queue name has a space; :data:`pyqmgr.fleet.shared.SITE_UNIT`). The fleet
+(:mod:`.fleet`) asks this which unit an entry's delivery takes a session of, what
+its limits are, and which of this node's queues wait for a unit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pyqmgr.fleet.shared import SITE_UNIT
+from pyqmgr.scheduler.structures import ERROR, RETRY
+
+if TYPE_CHECKING:
+    from pyqmgr.fleet.settings import FleetSettings, Limits
+    from pyqmgr.postfix.maillog_client import MailLog
+    from pyqmgr.scheduler.core import Scheduler
+    from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.scheduler.structures import Queue
+
+
+class UnitsHost(Protocol):
+    """What this needs of the daemon: its log and its scheduler core."""
+
+    @property
+    def log(self) -> MailLog: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+
+class FleetUnits:
+    """Each transport's fleet limits, per destination and per site, read once."""
+
+    def __init__(self, host: UnitsHost, settings: FleetSettings) -> None:
+        self.host, self.settings = host, settings
+        self._limits: dict[str, Limits | None] = {}
+        self._site_limits: dict[str, Limits | None] = {}
+        #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
+        self._shares: dict[str, bool] = {}
+
+    def limits(self, transport: str) -> Limits | None:
+        """The transport's fleet limits, or None when its deliveries ask nobody."""
+        if transport in self._limits:
+            return self._limits[transport]
+        found: Limits | None = None
+        if transport not in (RETRY, ERROR):
+            limits = self.settings.limits_for(transport)
+            found = limits if limits.active else None
+        self._limits[transport] = found
+        t = self.host.scheduler.transports.get(transport)
+        if found is not None and t is not None and t.recipient_limit == 1:
+            self.host.log.warning(
+                f"{transport}_destination_recipient_limit = 1 makes each recipient a "
+                "destination of its own (Postfix's rule), so the fleet's limits for "
+                f"{transport} count per recipient, not per destination host")
+        return found
+
+    def site_limits(self, transport: str) -> Limits | None:
+        """The transport's fleet limits per site (issue #33), or None: none set, or
+        the transport's destinations are not grouped into sites (a warning, once)."""
+        if transport in self._site_limits:
+            return self._site_limits[transport]
+        found: Limits | None = None
+        if transport not in (RETRY, ERROR):
+            limits = self.settings.site_limits_for(transport)
+            sites = self.host.scheduler.sites
+            if limits.active and (sites is None or sites.limits(transport) is None):
+                self.host.log.warning(
+                    f"{transport}: fleet site limits have no effect: sites are off for "
+                    f"{transport} (site_grouping, site_transports in pyqmgr.cf)")
+            elif limits.active:
+                found = limits
+        self._site_limits[transport] = found
+        return found
+
+    def unit(self, entry: Entry) -> tuple[str, Limits] | None:
+        """What the entry's delivery counts at across the fleet, and its limits: its
+        site (``site NAME``) when the transport has fleet site limits and the
+        destination is at a site; else the destination (its queue name) when the
+        transport has fleet destination limits; None: nothing to ask."""
+        queue = entry.queue
+        transport = queue.transport.name
+        if queue.site is not None and (limits := self.site_limits(transport)) is not None:
+            return SITE_UNIT + queue.site.name, limits
+        limits = self.limits(transport)
+        return (queue.name, limits) if limits is not None else None
+
+    def unit_limits(self, transport: str, unit: str) -> Limits | None:
+        if unit.startswith(SITE_UNIT):
+            return self.site_limits(transport)
+        return self.limits(transport)
+
+    def queues(self, transport: str, unit: str) -> list[Queue]:
+        """This node's queues in core that count at the unit."""
+        if unit.startswith(SITE_UNIT):
+            sites = self.host.scheduler.sites
+            site = sites.sites.get((transport, unit[len(SITE_UNIT):])) if sites else None
+            return list(site.members) if site is not None else []
+        t = self.host.scheduler.transports.get(transport)
+        queue = t.queues.get(unit) if t is not None else None
+        return [queue] if queue is not None else []
+
+    def waiting(self, transport: str, unit: str) -> bool:
+        """Whether this node has deliveries waiting for the unit."""
+        return any(q.todo.size > 0 for q in self.queues(transport, unit))
+
+    def shares(self, transport: str) -> bool:
+        """Whether the transport's dead sites and throttling are the fleet's."""
+        found = self._shares.get(transport)
+        if found is None:
+            found = self._shares[transport] = (
+                transport not in (RETRY, ERROR) and self.settings.shares_throttling(transport))
+        return found
