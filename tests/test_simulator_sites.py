@@ -4,7 +4,8 @@ tests/data/sites-one-server.toml is the issue's case (fifty domains at one
 server of 5 sessions, 2,000 messages); ``./dev bench sites`` runs it on real Postfix
 (stock 97.8% deferred on the first try, pyqmgr with sites 0%). The simulator must
 agree in kind: destinations naming one MX host share its server, and the core's
-site follows them. (Not in compat/workloads/ yet: compare does not route by MX.)
+site follows them. compat/workloads/sites-one-server.toml is the same case scaled
+down, which compare runs on real Postfix with real MX records.
 """
 
 from __future__ import annotations

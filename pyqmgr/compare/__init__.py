@@ -2,10 +2,11 @@
 
 A workload is a scenario file (:mod:`pyqmgr.simulator.scenario`): :mod:`.plan` makes
 it concrete, :mod:`.contender` names who runs it, :mod:`.runner` runs one contender on
-a fresh sandboxed instance with a sink per destination and leaves the raw record (the
-maillog, ``run.json``), :mod:`.figures` computes one run's figures from that record,
-and :mod:`.report` compares the runs and writes report.json, summary.md and
-report.html. :func:`compare` does all of it in order.
+a fresh sandboxed instance with a sink per destination (per MX host, behind real MX
+records, for destinations that name one) and leaves the raw record (the maillog,
+``run.json``), :mod:`.figures` computes one run's figures from that record, and
+:mod:`.report` compares the runs and writes report.json, summary.md and report.html.
+:func:`compare` does all of it in order.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pyqmgr.compare.contender import Contender, ContenderError, parse_contenders
 from pyqmgr.compare.figures import run_figures
 from pyqmgr.compare.plan import Plan, make_plan
 from pyqmgr.compare.report import build, markdown, to_html
-from pyqmgr.compare.runner import RunError, run_contender
+from pyqmgr.compare.runner import RunError, dns_lacking, run_contender
 from pyqmgr.output import open_new, output_dir
 from pyqmgr.simulator.scenario import Scenario, ScenarioError, load, locate
 
@@ -118,6 +119,10 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
     lacking = extras.missing("testbed")
     if lacking is not None:
         raise RunError(lacking)
+    # Destinations that name MX hosts need unbound: said before the first run starts.
+    lacking = dns_lacking(plan)
+    if lacking is not None:
+        raise RunError(f"{path}: {lacking}")
     output_dir(out_dir)
     runs = []
     for i, c in enumerate(chosen):
@@ -145,6 +150,7 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
         "destinations": sorted(plan.destinations), "main_cf": plan.main_cf,
         "classes": sorted({a.klass for a in plan.arrivals}),
         "servers": sc.fleet_servers,
+        "mx_hosts": plan.mx_hosts,
     }
     report = build(workload, runs, {c.label: limit for c in chosen})
     with open_new(os.path.join(out_dir, "report.json")) as f:

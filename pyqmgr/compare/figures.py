@@ -27,6 +27,12 @@ the hundredth of a second, where the maillog's own time stamps have whole second
   destination (its session timeline) and recipients accepted per second. A
   destination without a sink (a dead host) gets its attempts in flight from the
   maillog instead: there the connect timeout is long enough for its precision.
+* per MX host (destinations that name one share its sink): the host's sessions, 421
+  and rate refusals, sessions open over time and their peak, from its sink
+  (``mx_hosts``). A refusal comes before the session says whom it is for, so it is
+  counted at the host, not at a destination; the destinations' own figures are
+  those the sink tells apart by recipient (accepted, replies at RCPT) and their
+  attempts in flight from the maillog.
 """
 
 from __future__ import annotations
@@ -305,6 +311,27 @@ def _destination_figures(record: dict[str, Any], tally: _Tally,
     return destinations
 
 
+def _mx_host_figures(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each MX host's sink as a whole: what its destinations together met there."""
+    out = {}
+    dest_cfg = record.get("destinations", {})
+    for host, sink in sorted(record.get("mx_hosts", {}).items()):
+        domains = sink.get("domains", [])
+        points = [(t, n) for t, n in sink.get("timeline", [])]
+        out[host] = {
+            "domains": domains,
+            "kind": sink.get("kind"),
+            "replies_4xx": sink_replies(sink, dest_cfg.get(domains[0], {}) if domains
+                                        else {}),
+            "in_flight_peak": max((n for _, n in points), default=0),
+            "in_flight_mean": _r(mean_open(points), 3),
+            "in_flight": [[_r(t, 3), n] for t, n in points],
+            "sink": {k: v for k, v in sink.items()
+                     if k not in ("timeline", "received", "domains")},
+        }
+    return out
+
+
 def _class_figures(expected: dict[str, int], tally: _Tally) -> dict[str, dict[str, Any]]:
     """Latency percentiles and what is undelivered, per message class."""
     classes = {}
@@ -328,6 +355,7 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
     span = max([record.get("elapsed") or 0.0, last_final or 0.0])
     width = bin_width(span)
     destinations = _destination_figures(record, tally, per_dest_expected, span, width)
+    hosts = _mx_host_figures(record)
     classes = _class_figures(expected, tally)
     sent = sum(f["sent"] for f in destinations.values())
     bounced = sum(f["bounced"] for f in destinations.values())
@@ -347,11 +375,16 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         "sent": sent, "bounced": bounced, "deferred": deferred,
         "undelivered": sum(expected.values()) - sum(final.values()),
         "deferral_rate": _r(deferred / tried if tried else 0.0),
-        "replies_4xx": sum(sum(f["replies_4xx"].values()) for f in destinations.values()),
+        # An MX host's refusals are counted at the host (its destinations' replies
+        # at RCPT are theirs already).
+        "replies_4xx": sum(sum(f["replies_4xx"].values()) for f in destinations.values())
+        + sum(h["sink"].get("refused_421", 0) + h["sink"].get("refused_rate", 0)
+              for h in hosts.values()),
         "deferred_by_reply": sum(sum(f["deferred_by_reply"].values())
                                  for f in destinations.values()),
         "classes": classes,
         "destinations": destinations,
+        "mx_hosts": hosts,
         "bin_width": width,
         "order": order,
         "qmgr_cpu_s": cpu,

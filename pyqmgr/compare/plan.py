@@ -7,15 +7,25 @@ the maillog alone tells whose delivery a line is, in every contender's run alike
 The time scale multiplies the world's times (arrivals, latencies, timeouts,
 ``dead_until``) and divides its rates; Postfix's own settings stay as the file says,
 except the retry timers, which default to Postfix's defaults scaled.
+
+Destinations that name an MX host (``mx = "HOST"``, issue #33) share that host's
+server, as in the simulator (:func:`~pyqmgr.simulator.remote.server_of`): the plan
+lists them by host (:attr:`Plan.mx_hosts`), and the runner gives each host one sink
+and real MX records. The server's own settings (its session limit, rate limit, the
+time a refusal takes, being dead) must then agree between the host's destinations:
+one sink plays them for all, and which destination a session is for is known only
+at RCPT, after the server has accepted or refused it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
 from dataclasses import dataclass, field
 
+from pyqmgr.simulator.remote import server_of
 from pyqmgr.simulator.scenario import (
     Destination,
     MessageSpec,
@@ -30,6 +40,10 @@ ADDRESS = re.compile(r"^(?P<klass>[A-Za-z0-9_]+)\.m(?P<mid>\d+)\.r(?P<rcpt>\d+)@
 #: Postfix's defaults for the retry timers, scaled unless the workload sets them.
 RETRY_TIMERS = {"minimal_backoff_time": 300, "maximal_backoff_time": 4000,
                 "queue_run_delay": 300}
+#: A server's settings, which the destinations of one MX host must agree on: the sink
+#: that plays the host decides them before it knows the session's destination.
+SERVER_SETTINGS = ("server_limit", "overload", "rate_limit", "rate_reply", "reject_time",
+                   "dead", "dead_mode", "dead_until", "dead_until_low")
 
 
 def address(klass: str, mid: int, rcpt: int, domain: str) -> str:
@@ -71,6 +85,10 @@ class Plan:
     sender_domains: list[str] = field(default_factory=list)
     #: Replayed recipients' answers at RCPT, try by try (address -> d/b/s script).
     scripts: dict[str, str] = field(default_factory=dict)
+    #: MX host -> the destinations it serves (sorted): those named by some
+    #: destination's ``mx``, with their destinations (server_of: a destination named
+    #: as the host, without an ``mx``, is served by it too, as in the simulator).
+    mx_hosts: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def recipients(self) -> int:
@@ -85,12 +103,38 @@ class Plan:
 
 
 def _scaled(d: Destination, scale: float) -> Destination:
-    return Destination(
-        d.name, d.transport, d.latency.scaled(scale), d.server_limit, d.overload,
-        d.timeout * scale, d.dead, d.backlog, d.reject_time * scale,
-        d.rate_limit / scale if d.rate_limit else 0.0, d.rate_reply, d.dead_until * scale,
-        d.dead_mode, d.rcpt_4xx, d.rcpt_4xx_reply, d.rcpt_5xx, d.rcpt_5xx_reply,
-        d.timeout_set, d.dead_until_low * scale)
+    """The destination on the run's clock (replace, so that a field added to
+    Destination, such as ``mx``, is carried over rather than dropped)."""
+    return dataclasses.replace(
+        d, latency=d.latency.scaled(scale), timeout=d.timeout * scale,
+        reject_time=d.reject_time * scale,
+        rate_limit=d.rate_limit / scale if d.rate_limit else 0.0,
+        dead_until=d.dead_until * scale, dead_until_low=d.dead_until_low * scale)
+
+
+def mx_hosts(sc: Scenario) -> dict[str, list[str]]:
+    """MX host -> its destinations (sorted by name); ScenarioError (with the key) when
+    they disagree on a server setting (:data:`SERVER_SETTINGS`)."""
+    named = {d.mx for d in sc.destinations.values() if d.mx}
+    hosts: dict[str, list[str]] = {}
+    for name in sorted(sc.destinations):
+        host = server_of(sc.destinations[name])
+        if host in named:
+            hosts.setdefault(host, []).append(name)
+    for host, names in hosts.items():
+        first = sc.destinations[names[0]]
+        for name in names[1:]:
+            d = sc.destinations[name]
+            for setting in SERVER_SETTINGS:
+                a, b = getattr(d, setting), getattr(first, setting)
+                if a != b:
+                    raise ScenarioError(
+                        f'destinations."{name}": its {setting} ({a!r}) is not that of '
+                        f'"{names[0]}" ({b!r}), and both are served by MX host {host}: '
+                        "compare plays a host as one server, which refuses or accepts a "
+                        "session before it knows the domain; give the host's destinations "
+                        f"one {setting}", ("destinations", name, setting))
+    return hosts
 
 
 def seconds(value: float) -> str:
@@ -130,6 +174,7 @@ def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
         main_cf.setdefault("smtp_connect_timeout", value)
         main_cf.setdefault("smtp_helo_timeout", value)
     main_cf.update(sc.compare.main_cf)
+    hosts = mx_hosts(sc)
 
     rng = random.Random(f"compare sizes {sc.seed}")
     #: A server's coming-up time, where the workload gives a span (dead_until_low).
@@ -160,7 +205,17 @@ def make_plan(sc: Scenario, scale: float | None = None) -> Plan:
     transports = {d.transport for d in sc.destinations.values()} | set(sc.process_limits)
     limits = {t: sc.process_limits.get(t, 0) for t in sorted(transports)}
     senders = sorted({a.sender.rpartition("@")[2].lower() for a in arrivals})
-    return Plan(sc, scale, arrivals, main_cf, limits,
-                {name: _scaled(d.drawn(returns), scale)
-                 for name, d in sc.destinations.items()}, senders,
-                scripts)
+    # An MX host comes up once, for all its destinations: its first destination's
+    # drawn time holds for the others (drawn in the file's order, as before hosts).
+    came_up: dict[str, float] = {}
+    destinations = {}
+    for name, d in sc.destinations.items():
+        host = server_of(d)
+        if host in hosts and host in came_up:
+            d = dataclasses.replace(d, dead_until=came_up[host], dead_until_low=0.0)
+        else:
+            d = d.drawn(returns)
+            came_up[host] = d.dead_until
+        destinations[name] = _scaled(d, scale)
+    return Plan(sc, scale, arrivals, main_cf, limits, destinations, senders, scripts,
+                hosts)

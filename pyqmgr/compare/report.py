@@ -13,6 +13,8 @@ README) chosen so that noise between two runs of the same qmgr stays quiet:
   of 2 (or from zero) and at least 5 replies;
 * sessions open at a destination (time-weighted mean while any is): a factor of 1.3
   and at least 1;
+* at an MX host that destinations share (its sink's count), the 4xx replies of one
+  code and the sessions open, by the same thresholds;
 * delivery order: a similarity (difflib's ratio over the messages of the sent lines,
   in maillog order) below 0.9;
 * the qmgr's CPU time: a factor of 1.5 and at least 0.05 s; its peak memory: a factor
@@ -108,24 +110,13 @@ def differences(runs: list[dict[str, Any]], similar: dict[str, dict[str, float]]
             a, r = 100 * fig["deferral_rate"], 100 * ref["deferral_rate"]
             if _crosses(a, r, th["deferral_ratio"], th["deferral_points"]):
                 out.append(f"{x} deferred {a:.1f}% of its attempts at {dest}, {b} {r:.1f}%")
-            for code in sorted(set(fig["replies_4xx"]) | set(ref["replies_4xx"])):
-                n, m = fig["replies_4xx"].get(code, 0), ref["replies_4xx"].get(code, 0)
-                if _crosses(n, m, th["replies_ratio"], th["replies_count"]):
-                    if m == 0:
-                        out.append(f"{x} provoked {n} '{code}' replies at {dest}, {b} none")
-                    elif n == 0:
-                        out.append(f"{x} provoked no '{code}' replies at {dest}, {b} {m}")
-                    elif n > m:
-                        out.append(f"{x} provoked {_times(n, m)} the '{code}' replies at "
-                                   f"{dest} that {b} did ({n} against {m})")
-                    else:
-                        out.append(f"{x} provoked {_times(m, n)} fewer '{code}' replies at "
-                                   f"{dest} than {b} ({n} against {m})")
+            out += _replies_sentences(x, b, dest, fig["replies_4xx"], ref["replies_4xx"])
             fa, fr = fig["in_flight_mean"], ref["in_flight_mean"]
             if _crosses(fa, fr, th["in_flight_ratio"], th["in_flight_diff"]):
                 what = ("sessions open" if fig["in_flight_source"] == "sink"
                         else "connection attempts under way")
                 out.append(f"{x} kept {fa:.1f} {what} at {dest} on average, {b} {fr:.1f}")
+        out += _host_differences(run, base)
         sim = similar.get(x, {}).get(b)
         if sim is not None and sim < th["order_similarity"]:
             out.append(f"{x} delivered in another order than {b} (similarity {sim:.2f}; 1 is "
@@ -142,6 +133,47 @@ def differences(runs: list[dict[str, Any]], similar: dict[str, dict[str, float]]
                        f"{'more' if ma > mb else 'less'} memory than {b}'s ({ma:.0f} MiB "
                        f"against {mb:.0f} MiB)")
     return [s for s in out if s]
+
+
+def _replies_sentences(x: str, b: str, where: str, mine: dict[str, int],
+                       theirs: dict[str, int]) -> list[str]:
+    """The 4xx replies of one code that ``x`` provoked at ``where``, against ``b``."""
+    th = THRESHOLDS
+    out = []
+    for code in sorted(set(mine) | set(theirs)):
+        n, m = mine.get(code, 0), theirs.get(code, 0)
+        if not _crosses(n, m, th["replies_ratio"], th["replies_count"]):
+            continue
+        if m == 0:
+            out.append(f"{x} provoked {n} '{code}' replies at {where}, {b} none")
+        elif n == 0:
+            out.append(f"{x} provoked no '{code}' replies at {where}, {b} {m}")
+        elif n > m:
+            out.append(f"{x} provoked {_times(n, m)} the '{code}' replies at {where} "
+                       f"that {b} did ({n} against {m})")
+        else:
+            out.append(f"{x} provoked {_times(m, n)} fewer '{code}' replies at {where} "
+                       f"than {b} ({n} against {m})")
+    return out
+
+
+def _host_differences(run: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """What differs at the MX hosts the destinations share: a refusal is the host's,
+    not a destination's, so only here does it show."""
+    th = THRESHOLDS
+    x, b = run["contender"], base["contender"]
+    out = []
+    for host, fig in run.get("mx_hosts", {}).items():
+        ref = base.get("mx_hosts", {}).get(host)
+        if ref is None:
+            continue
+        where = f"MX host {host} ({len(fig['domains'])} destinations)"
+        out += _replies_sentences(x, b, where, fig["replies_4xx"], ref["replies_4xx"])
+        fa, fr = fig["in_flight_mean"], ref["in_flight_mean"]
+        if _crosses(fa, fr, th["in_flight_ratio"], th["in_flight_diff"]):
+            out.append(f"{x} kept {fa:.1f} sessions open at {where} on average, {b} "
+                       f"{fr:.1f}")
+    return out
 
 
 def build(workload: dict[str, Any], runs: list[dict[str, Any]],
@@ -206,10 +238,15 @@ def _dest_rows(report: dict[str, Any]) -> list[list[str]]:
     for label in report["contenders"]:
         for dest, d in report["runs"][label]["destinations"].items():
             sink = d["sink"]
-            seen = ("-" if sink.get("kind") != "sink" else
-                    f"{sink.get('sessions', 0)} sessions, {sink.get('refused_421', 0)} x 421 "
-                    f"limit, {sink.get('refused_rate', 0)} x rate, peak "
-                    f"{sink.get('max_concurrent', 0)}")
+            if sink.get("kind") == "mx":
+                seen = (f"{sink.get('accepted', 0)} accepted at MX host {sink.get('mx')} "
+                        "(its sessions: MX hosts)")
+            elif sink.get("kind") != "sink":
+                seen = "-"
+            else:
+                seen = (f"{sink.get('sessions', 0)} sessions, {sink.get('refused_421', 0)} "
+                        f"x 421 limit, {sink.get('refused_rate', 0)} x rate, peak "
+                        f"{sink.get('max_concurrent', 0)}")
             replies = ", ".join(f"{n} x {c}" for c, n in d["replies_4xx"].items()) or "-"
             if d["deferred_by_reply"]:
                 replies += " (lines: " + ", ".join(
@@ -221,6 +258,28 @@ def _dest_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _host_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per MX host and contender: what the host's sink saw of all its
+    destinations together."""
+    rows = []
+    for label in report["contenders"]:
+        for host, h in report["runs"][label].get("mx_hosts", {}).items():
+            sink = h["sink"]
+            replies = ", ".join(f"{n} x {c}" for c, n in h["replies_4xx"].items()) or "-"
+            if h.get("kind") != "sink":
+                rows.append([host, label, str(len(h["domains"])), "-", "-", replies,
+                             f"- ({h.get('kind')})"])
+                continue
+            rows.append([host, label, str(len(h["domains"])), str(sink.get("accepted", 0)),
+                         f"{sink.get('sessions', 0)} ({sink.get('refused_421', 0)} x 421 "
+                         f"limit, {sink.get('refused_rate', 0)} x rate refused)", replies,
+                         f"{h['in_flight_mean']:.2f} / {h['in_flight_peak']}"])
+    rows.sort(key=lambda r: r[0])
+    return rows
+
+
+HOSTS = ["MX host", "contender", "destinations", "recipients accepted",
+         "sessions served", "remote 4xx replies", "sessions open: mean / peak"]
 DESTS = ["destination", "contender", "sent", "deferred lines", "deferral rate",
          "remote 4xx replies", "in flight: mean / peak", "the sink saw"]
 LATENCY = ["class", "contender", "sent", "p50", "p95", "p99", "max"]
@@ -250,6 +309,10 @@ def markdown(report: dict[str, Any]) -> str:
     out += ["", "## Delivery latency (arrival to status=sent) per message class", ""]
     out += _table(LATENCY, _latency_rows(report))
     out += ["", "## Destinations", ""] + _table(DESTS, _dest_rows(report))
+    hosts = _host_rows(report)
+    if hosts:
+        out += ["", "## MX hosts (one server behind several destinations)", ""]
+        out += _table(HOSTS, hosts)
     labels = report["contenders"]
     out += ["", "## Delivery order similarity (1: the same order)", ""]
     out += _table(["", *labels], [[a] + [f"{report['similarity'][a][b]:.3f}" for b in labels]
@@ -386,6 +449,15 @@ def to_html(report: dict[str, Any]) -> str:
               "Postfix logs it for each recipient of the delivery: the lines in brackets). "
               "The sink's own count of sessions is the last column.</p>",
               _html_table(DESTS, _dest_rows(report))]
+    hosts = _host_rows(report)
+    if hosts:
+        parts += ["<h2>MX hosts</h2>",
+                  "<p class=note>Destinations whose MX record names one host share its "
+                  "server: one sink, found through real MX records (unbound on loopback; "
+                  "Postfix's smtp(8) looks them up). Its session limit counts their "
+                  "sessions together, and a refusal comes before a session names its "
+                  "recipients, so refusals and sessions open are the host's.</p>",
+                  _html_table(HOSTS, hosts)]
     for dest in sorted({d for r in report["runs"].values() for d in r["destinations"]}):
         if f"dest:{dest}" in pics:
             parts.append(f'<div class=plots><img alt="{e(dest)} over time" '

@@ -8,6 +8,17 @@ to nothing for a dead host (connections refused); or a socket whose accept queue
 full and never drained for a host that never answers (every SYN dropped: the connect
 times out).
 
+Destinations that name an MX host (``mx = "HOST"``, issue #33) are routed as mail
+really goes: one sink per host, shared by its destinations (its session and rate
+limits count them together; latency and replies stay each destination's, chosen by
+the recipient's domain), and a real DNS server (unbound on loopback,
+:class:`~pyqmgr.testbed.dns.DnsServer`) answering each domain's MX record with HOST
+and HOST's A record with 127.0.0.1. The instances are started in its mount namespace
+(``/etc/resolv.conf`` names it) with ``smtp_host_lookup = dns`` and next hop
+``DOMAIN:PORT``, so Postfix's smtp(8) looks the MX up itself and pyqmgr's sites
+(``site_grouping = mx``) see the same records. Without unbound such a run is refused
+(:func:`dns_lacking`): routing them otherwise would measure another world.
+
 Messages are submitted over SMTP at their scaled arrival times by a few sessions in
 threads, so the qmgr runs all along, as in production (a preloaded queue would start it
 with everything in ``incoming/``). The run ends when every recipient is delivered or
@@ -40,6 +51,7 @@ from pyqmgr.compare.plan import Arrival, Plan, parse_address
 from pyqmgr.compare.servers import Servers, fleet_cf
 from pyqmgr.output import open_new, output_dir
 from pyqmgr.simulator.scenario import Destination, parse_script
+from pyqmgr.testbed import dns
 from pyqmgr.testbed.instance import PostfixInstance, TestbedError
 
 if TYPE_CHECKING:
@@ -69,11 +81,16 @@ def _unit(*parts: object) -> float:
 
 
 class _Host:
-    """One destination's port on loopback, as the workload says it behaves."""
+    """One server's port on loopback, as the workload says it behaves: a destination's
+    own, or an MX host's, shared by the destinations that name it (``dests``, whose
+    server settings agree: plan.mx_hosts checked; the first's are the server's)."""
 
-    def __init__(self, dest: Destination, seed: int,
-                 scripts: dict[str, str] | None = None) -> None:
-        self.dest = dest
+    def __init__(self, dests: list[Destination], seed: int,
+                 scripts: dict[str, str] | None = None, mx: str = "") -> None:
+        dest = self.dest = dests[0]
+        self.dests = {d.name: d for d in dests}
+        #: The MX host's name; empty for a destination's own server.
+        self.mx = mx
         self.sink: SinkServer | None = None
         self._socks: list[socket.socket] = []
         self._timer: threading.Timer | None = None
@@ -96,13 +113,21 @@ class _Host:
             self.port = int(bsock.getsockname()[1])
             self.kind = "refused"
             return
-        rng = random.Random(f"{seed} latency {dest.name}")
+        # A random stream per destination, named as before hosts were shared, so that
+        # a destination of its own draws the same latencies as it always did.
+        rngs = {d.name: random.Random(f"{seed} latency {d.name}") for d in dests}
         attempts: dict[str, int] = {}
 
+        def of(addr: str) -> Destination:
+            """The destination a recipient is for (the host's first, if none)."""
+            return self.dests.get(addr.rpartition("@")[2].lower(), dest)
+
         def latency(addr: str) -> float:
-            return dest.latency.draw(rng)
+            d = of(addr)
+            return d.latency.draw(rngs[d.name])
 
         def reply(addr: str) -> str | None:
+            dest = of(addr)
             n = attempts[addr] = attempts.get(addr, 0) + 1
             script = parse_script(scripts[addr]) if scripts and addr in scripts else None
             if script is not None:
@@ -161,6 +186,45 @@ class _Host:
             "max_concurrent": st.max_concurrent,
             "timeline": [[round(t - t0, 4), n] for t, n in st.timeline],
         })
+        return out
+
+    def domain_records(self, wall0: float) -> dict[str, dict[str, Any]]:
+        """An MX host's sink as each of its destinations saw it: what the sink can
+        tell apart by recipient (messages accepted, replies at RCPT and DATA); its
+        sessions, refusals and timeline are the host's (run.json's ``mx_hosts``)."""
+        out: dict[str, dict[str, Any]] = {
+            name: {"port": self.port, "kind": "mx", "mx": self.mx, "received": [],
+                   "replies": {}, "accepted": 0, "duplicates": 0} for name in self.dests}
+        if self.sink is None:
+            for rec in out.values():
+                rec["host_kind"] = self.kind
+            return out
+
+        def domain(addr: str) -> str:
+            return addr.rpartition("@")[2].lower()
+
+        for m in self.sink.messages():
+            counts: dict[str, int] = {}
+            for r in m.recipients:
+                counts[domain(r)] = counts.get(domain(r), 0) + 1
+            for name, k in counts.items():
+                if name in out:
+                    out[name]["received"].append([round(m.time - wall0, 4), k])
+        st = self.sink.snapshot()
+        for addr, n in st.delivered.items():
+            if domain(addr) in out:
+                out[domain(addr)]["accepted"] += n
+                out[domain(addr)]["duplicates"] += max(0, n - 1)
+        for addr, given in st.outcomes.items():
+            if domain(addr) not in out:
+                continue
+            replies = out[domain(addr)]["replies"]
+            for text in given:
+                if text[:1] != "2":
+                    code = text.split()[0]
+                    replies[code] = replies.get(code, 0) + 1
+        for rec in out.values():
+            rec["host_kind"] = self.kind
         return out
 
     def close(self) -> None:
@@ -386,15 +450,73 @@ def _content_filter(plan: Plan) -> ContentFilter | None:
                          plan.scenario.seed)
 
 
+def dns_lacking(plan: Plan) -> str | None:
+    """Why this plan cannot be run here, if its destinations name MX hosts and there
+    is no unbound to serve their records; None when it can."""
+    if not plan.mx_hosts or dns.available():
+        return None
+    named = ", ".join(sorted(plan.mx_hosts)[:3]) + (", ..." if len(plan.mx_hosts) > 3
+                                                    else "")
+    return (f"the workload's destinations name MX hosts (mx = ...: {named}), which compare "
+            "serves as real MX records from unbound on loopback, and unbound is not "
+            f"installed ({dns.UNBOUND}; Debian's unbound package, which ./dev installs); "
+            "not run, rather than routed some other way")
+
+
+def _host_of(plan: Plan) -> dict[str, str]:
+    """Destination -> its server's key in the run's hosts: its MX host, or itself."""
+    out = {name: name for name in plan.destinations}
+    for host, names in plan.mx_hosts.items():
+        out.update({name: host for name in names})
+    return out
+
+
+def _make_hosts(plan: Plan) -> dict[str, _Host]:
+    """A server per destination, or per MX host for the destinations that name one."""
+    hosts: dict[str, _Host] = {}
+    seed = plan.scenario.seed
+    for host, names in plan.mx_hosts.items():
+        hosts[host] = _Host([plan.destinations[n] for n in names], seed, plan.scripts,
+                            mx=host)
+    for name, key in _host_of(plan).items():
+        if key not in hosts:
+            hosts[key] = _Host([plan.destinations[name]], seed, plan.scripts)
+    return hosts
+
+
+def _dns_records(plan: Plan) -> tuple[list[str], list[str]]:
+    """The zones and records that route the MX hosts' destinations: each domain's MX
+    record names its host, each host's A record is 127.0.0.1 (a domain that is its
+    own host, without ``mx``, has only the A record: smtp(8) falls back to it)."""
+    zones: set[str] = set()
+    records: list[str] = []
+    for host, names in sorted(plan.mx_hosts.items()):
+        zones.add(host)
+        records.append(f"{host}. 300 IN A 127.0.0.1")
+        for name in names:
+            if plan.destinations[name].mx:
+                zones.add(name)
+                records.append(f"{name}. 300 IN MX 10 {host}.")
+    return sorted(zones), records
+
+
 def _configuration(plan: Plan, contender: Contender, hosts: dict[str, _Host],
                    filt: ContentFilter | None, record: dict[str, Any]) -> tuple[
         dict[str, str], dict[str, str], list[str], dict[str, str] | None]:
     """The instance's main.cf, transport map, master.cf lines and pyqmgr.cf, also
     written into the run's ``record``."""
-    transports = {name: f"{h.dest.transport}:[127.0.0.1]:{h.port}"
-                  for name, h in hosts.items()}
+    transports = {}
+    for name, key in _host_of(plan).items():
+        h = hosts[key]
+        # An MX host's destination: the domain as next hop, its MX looked up by
+        # smtp(8), the host's port; else straight to the destination's own port.
+        hop = f"{name}:{h.port}" if h.mx else f"[127.0.0.1]:{h.port}"
+        transports[name] = f"{plan.destinations[name].transport}:{hop}"
     transports.update({dom: "discard:" for dom in plan.sender_domains})
     main_cf = dict(plan.main_cf)
+    if plan.mx_hosts:
+        # The test bed's default (native) would ask the resolver for A records only.
+        main_cf["smtp_host_lookup"] = "dns"
     most = max(len(a.recipients) for a in plan.arrivals)
     if most > 1000 and "smtpd_recipient_limit" not in main_cf:
         main_cf["smtpd_recipient_limit"] = str(most)
@@ -408,7 +530,7 @@ def _configuration(plan: Plan, contender: Contender, hosts: dict[str, _Host],
         name: {"rate_reply": d.rate_reply, "rcpt_4xx_reply": d.rcpt_4xx_reply,
                "rcpt_5xx_reply": d.rcpt_5xx_reply}
         for name, d in plan.destinations.items()}
-    record.update({"main_cf": main_cf, "pyqmgr_cf": pyqmgr_cf,
+    record.update({"main_cf": main_cf, "pyqmgr_cf": pyqmgr_cf, "transports": transports,
                    "master_cf_extra": extra, "process_limits": plan.process_limits})
     return main_cf, transports, extra, pyqmgr_cf
 
@@ -450,8 +572,20 @@ def _record_messages(record: dict[str, Any], plan: Plan, servers: Servers) -> No
 
 def _record_remote(record: dict[str, Any], hosts: dict[str, _Host],
                    filt: ContentFilter | None, t0: float, wall0: float) -> None:
-    """What each destination and the content filter saw, once the instance stopped."""
-    record["sinks"] = {name: h.record(t0, wall0) for name, h in hosts.items()}
+    """What each destination and the content filter saw, once the instance stopped.
+
+    ``sinks`` stays keyed by destination: an MX host's destinations get what its sink
+    can tell apart by recipient, and the host's own record (sessions, refusals, its
+    timeline) is in ``mx_hosts``.
+    """
+    record["sinks"] = {}
+    for key, h in hosts.items():
+        if h.mx:
+            record["sinks"].update(h.domain_records(wall0))
+            record.setdefault("mx_hosts", {})[key] = {
+                **h.record(t0, wall0), "domains": sorted(h.dests)}
+        else:
+            record["sinks"][key] = h.record(t0, wall0)
     if filt is not None:
         record["content_filter"] = {"port": filt.port, "reinjected": filt.reinjected,
                                     "errors": filt.errors[:20]}
@@ -461,8 +595,14 @@ def _record_remote(record: dict[str, Any], hosts: dict[str, _Host],
 
 
 def _tear_down(run_dir: str, record: dict[str, Any], keep: bool, hosts: dict[str, _Host],
-               filt: ContentFilter | None, servers: Servers | None) -> None:
-    """Stop whatever was started, keep the maillog, and write run.json in any case."""
+               filt: ContentFilter | None, servers: Servers | None,
+               resolver: dns.DnsServer | None = None) -> None:
+    """Stop whatever was started, keep the maillog, and write run.json in any case.
+
+    The DNS server goes last, whatever failed before it: the instances resolve
+    through it until they are stopped, and an unbound left running would hold its
+    address and directory after the run.
+    """
     try:
         if servers is not None:
             servers.close_submitters()
@@ -476,8 +616,12 @@ def _tear_down(run_dir: str, record: dict[str, Any], keep: bool, hosts: dict[str
             if kept:
                 record["instance"] = kept[0] if len(kept) == 1 else kept
     finally:
-        with open_new(os.path.join(run_dir, "run.json")) as f:
-            json.dump(record, f, indent=1)
+        try:
+            if resolver is not None:
+                resolver.stop()
+        finally:
+            with open_new(os.path.join(run_dir, "run.json")) as f:
+                json.dump(record, f, indent=1)
 
 
 def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float,
@@ -493,18 +637,28 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
     hosts: dict[str, _Host] = {}
     filt: ContentFilter | None = None
     servers: Servers | None = None
+    resolver: dns.DnsServer | None = None
     n = plan.scenario.fleet_servers
     record: dict[str, Any] = {"contender": contender.label, "qmgr": contender.qmgr,
                               "policy": contender.policy, "time_scale": plan.scale,
                               "timeout": timeout, "error": None, "servers": n}
     try:
-        for name, dest in plan.destinations.items():
-            hosts[name] = _Host(dest, plan.scenario.seed, plan.scripts)
+        lacking = dns_lacking(plan)
+        if lacking is not None:
+            record["error"] = lacking
+            raise RunError(f"{contender.label}: {lacking}")
+        hosts = _make_hosts(plan)
         filt = _content_filter(plan)
         main_cf, transports, extra, pyqmgr_cf = _configuration(plan, contender, hosts, filt,
                                                                record)
         redis = None
         servers = Servers([], None)
+        if plan.mx_hosts:
+            zones, records = _dns_records(plan)
+            resolver = dns.DnsServer(zones, records)
+            record["dns"] = {"address": resolver.address, "records": records}
+            resolver.start()
+            servers.prefix = resolver.start_prefix()
         if n > 1 and pyqmgr_cf is not None:
             # A fleet of pyqmgr servers shares its limits through one redis-server.
             from pyqmgr.testbed.redis import RedisServer
@@ -541,5 +695,5 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         record["error"] = str(exc)
         raise RunError(f"{contender.label}: {exc}") from None
     finally:
-        _tear_down(run_dir, record, keep, hosts, filt, servers)
+        _tear_down(run_dir, record, keep, hosts, filt, servers, resolver)
     return record

@@ -61,10 +61,13 @@ class Servers:
         self.redis = redis
         self.submitters: list[Submitter] = []
         self.meters: list[QmgrMeter] = []
+        #: Shell words before each ``postfix start``: a DNS server's mount namespace
+        #: when the workload routes by MX records (runner.py), else nothing.
+        self.prefix = ""
 
     def start(self, meter: Callable[[PostfixInstance], QmgrMeter]) -> None:
         for pf in self.pfs:
-            pf.start()
+            pf.start(prefix=self.prefix)
         for pf in self.pfs:
             m = meter(pf)
             m.settle()
