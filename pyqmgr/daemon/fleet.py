@@ -35,6 +35,7 @@ its reader off. The answer comes back to synchronous code:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
@@ -93,6 +94,8 @@ SPARE_TIME = 1.0
 #: be one too many. A few milliseconds cover the QUIT's way (3 in 1,000 of a
 #: 200 ms delivery).
 QUIT_GRACE = 0.005
+#: The longest an exiting process spends giving its spare sessions back.
+EXIT_GIVE_BACK = 0.5
 #: How long ``shared_state_failure = hold`` holds a destination back per try.
 HOLD_RETRY = 1.0
 #: Destinations whose fleet figures ``pyqmgr status`` remembers.
@@ -482,6 +485,23 @@ class Fleet:
                     f"shared state {self.settings.endpoint}: {lost} deliveries under way "
                     "were missing from Redis's count (Redis restarted, flushed, or too "
                     "slow to renew): counted again; this warning at most once a minute")
+
+    async def give_back(self, timeout: float = EXIT_GIVE_BACK) -> None:
+        """At exit (``postfix stop``, ``reload``): the sessions kept for this process's
+        next deliveries, and those of deliveries just ended, go back to the fleet now,
+        and on to whoever waits, not at their lease's end (up to a minute in which the
+        fleet has that many sessions fewer). Deliveries under way keep theirs: after
+        a reload their agents go on, and a lease given back early would let the fleet
+        go over its limit."""
+        held = list(self._ended) + [(t, q, lease) for (t, q), spares in self.spares.items()
+                                    for lease, _ in spares]
+        self._ended.clear()
+        self.spares.clear()
+        if not held:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(
+                *(self._release(t, q, lease, more=False) for t, q, lease in held)), timeout)
 
     def close(self) -> None:
         for task in self._tasks:

@@ -285,6 +285,12 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
         server.start()
     qmgr.start()
+    if isinstance(qmgr, Qmgr) and qmgr.fleet is not None:
+        # ``postfix stop`` ends every process with SIGTERM, which ends stock's at once;
+        # a fleet's node first gives back the sessions it keeps for next deliveries
+        # (Fleet.give_back, at most half a second), or the other nodes would go short
+        # of them until their leases end.
+        loop.add_signal_handler(signal.SIGTERM, master_gone)
     if setup.memory is not None:
         setup.memory.start(loop)
     channel = None
@@ -314,6 +320,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         with contextlib.suppress(Exception):
             qmgr.delegation.close()
     if isinstance(qmgr, Qmgr) and qmgr.fleet is not None:
+        with contextlib.suppress(Exception):
+            await qmgr.fleet.give_back()
         with contextlib.suppress(Exception):
             qmgr.fleet.close()
     os._exit(code)
