@@ -1,0 +1,267 @@
+"""Postfix lookup tables (``type:name``) as pyqmgr reads them (issue #34).
+
+A message's class and tenant come from tables the admin writes as for any Postfix
+daemon (DATABASE_README, postmap(1)). pyqmgr reads them at start-up (and so again at
+``postfix reload``), whole, into memory: a lookup is then a dict or a short list
+walk, with no I/O on the event loop, and a table that cannot be read is an error at
+start-up, not a stall mid-delivery.
+
+* **Text tables, parsed here**: ``texthash:/path`` (``key value`` lines, as postmap
+  reads them: keys case-folded, a line starting with whitespace continues the one
+  before, the first of two equal keys wins), ``inline:{ key=value, { key = text } }``,
+  ``static:value`` and ``cidr:/path`` (``network/prefix value``, ``!`` to negate,
+  first match wins).
+* **Indexed tables, dumped by Postfix**: ``hash:``, ``btree:``, ``lmdb:``, ``cdb:``
+  (and any type whose map postmap can list) are read with Postfix's own
+  ``postmap -s``, so that their file formats stay Postfix's business.
+* Anything else (``regexp:``, ``pcre:``, ``ldap:``, ``proxy:``...) is refused with a
+  message that says so: a pattern table's semantics (POSIX or PCRE syntax, ``$1``)
+  are not Python's, and half-right matching would misclassify mail silently.
+
+Every table answers :meth:`Table.get` for one literal key, as ``postmap -q`` does;
+:func:`address_keys` gives the access(5)-style search order for an email address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+from dataclasses import dataclass, field
+
+#: The largest table file read (and the largest dump taken from postmap).
+MAX_TABLE_BYTES = 64 << 20
+#: How long ``postmap -s`` may take to list an indexed table.
+POSTMAP_TIMEOUT = 60.0
+#: Types read through ``postmap -s``.
+INDEXED = frozenset({"hash", "btree", "lmdb", "cdb", "dbm", "sdbm"})
+#: Types parsed here.
+TEXT = frozenset({"texthash", "inline", "static", "cidr"})
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class LookupTableError(ValueError):
+    """A table that cannot be used: the text names the table and why."""
+
+
+@dataclass
+class Table:
+    """One table, read whole. ``fixed``: its keys are literal strings (access(5)'s
+    partial keys apply), as for Postfix's fixed-string tables; cidr and static are
+    not."""
+
+    spec: str
+    fixed: bool = True
+    entries: dict[str, str] = field(default_factory=dict)
+    networks: list[tuple[Network, bool, str]] = field(default_factory=list)
+    static: str | None = None
+    #: What postmap would have warned of (a bad or duplicate line), one line each.
+    warnings: list[str] = field(default_factory=list)
+
+    def get(self, key: str) -> str | None:
+        """The value for ``key``, or None: ``postmap -q key spec``."""
+        if self.static is not None:
+            return self.static
+        if self.networks:
+            return self._cidr(key)
+        return self.entries.get(key.lower())
+
+    def _cidr(self, key: str) -> str | None:
+        try:
+            address = ipaddress.ip_address(key.strip("[]"))
+        except ValueError:
+            return None
+        for net, negate, value in self.networks:
+            # A rule is for its own address family, negated or not (as Postfix's).
+            if address.version == net.version and (address in net) != negate:
+                return value
+        return None
+
+
+def open_table(spec: str, config_dir: str | None = None,
+               postmap: str = "postmap") -> Table:
+    """Read the table ``spec`` (``type:name``); LookupTableError says what is wrong."""
+    kind, sep, name = spec.partition(":")
+    if not sep or not kind or not name:
+        raise LookupTableError(f"{spec!r}: expected type:name (texthash:/etc/postfix/x)")
+    if kind == "static":
+        return Table(spec, fixed=False, static=_braced(name))
+    if kind == "inline":
+        return _inline(spec, name)
+    if kind in ("texthash", "cidr"):
+        text = _read(spec, name)
+        return _texthash(spec, text) if kind == "texthash" else _cidr(spec, text)
+    if kind in INDEXED:
+        return _dumped(spec, config_dir, postmap)
+    raise LookupTableError(
+        f"{spec}: pyqmgr reads {', '.join(sorted(TEXT | INDEXED))} tables; {kind} "
+        "tables are not supported (a pattern table's syntax is not Python's)")
+
+
+def _read(spec: str, path: str) -> str:
+    if not os.path.isabs(path):
+        raise LookupTableError(f"{spec}: the table's path must be absolute")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TABLE_BYTES + 1)
+    except OSError as exc:
+        raise LookupTableError(f"{spec}: cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_TABLE_BYTES:
+        raise LookupTableError(f"{spec}: {path} is larger than {MAX_TABLE_BYTES} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) of each logical line, as Postfix's readlline makes
+    them: comments and blank lines dropped, a line that starts with whitespace
+    appended to the one before (its leading whitespace kept), trailing space cut."""
+    out: list[tuple[int, str]] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if raw[0].isspace() and out:
+            out[-1] = (out[-1][0], (out[-1][1] + raw).rstrip())
+        else:
+            out.append((number, raw.rstrip()))
+    return out
+
+
+def _texthash(spec: str, text: str) -> Table:
+    table = Table(spec)
+    for number, line in logical_lines(text):
+        key, value = _split(line)
+        if not key or not value:
+            table.warnings.append(f"{spec}, line {number}: expected format: key "
+                                  "whitespace value -- ignoring this line")
+            continue
+        folded = key.lower()
+        if folded in table.entries:
+            table.warnings.append(f"{spec}, line {number}: duplicate entry: {key!r}")
+            continue
+        table.entries[folded] = value
+    return table
+
+
+def _cidr(spec: str, text: str) -> Table:
+    table = Table(spec, fixed=False)
+    for number, line in logical_lines(text):
+        pattern, value = _split(line)
+        negate = pattern.startswith("!")
+        pattern = pattern[1:] if negate else pattern
+        address, slash, bits = pattern.partition("/")
+        try:
+            net = ipaddress.ip_network(address.strip("[]") + slash + bits, strict=True)
+        except ValueError as exc:
+            # As Postfix's cidr table does: a warning, and the rule is skipped.
+            table.warnings.append(f"{spec}, line {number}: bad network {pattern!r} "
+                                  f"({exc}): skipping this rule")
+            continue
+        if not value:
+            table.warnings.append(f"{spec}, line {number}: no value after {pattern!r}: "
+                                  "skipping this rule")
+            continue
+        table.networks.append((net, negate, value))
+    return table
+
+
+def _split(line: str) -> tuple[str, str]:
+    """A logical line's key (or pattern) and value, split at the first whitespace."""
+    parts = line.strip().split(None, 1)
+    return (parts[0], parts[1].strip()) if len(parts) == 2 else (parts[0], "")
+
+
+def _braced(text: str) -> str:
+    text = text.strip()
+    if text.startswith("{") and text.endswith("}"):
+        return text[1:-1].strip()
+    return text
+
+
+def _inline(spec: str, name: str) -> Table:
+    body = name.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise LookupTableError(f"{spec}: expected inline:{{ key=value, ... }}")
+    table = Table(spec)
+    for item in _inline_items(spec, body[1:-1]):
+        key, eq, value = _braced(item).partition("=")
+        if not eq or not key.strip():
+            raise LookupTableError(f"{spec}: expected key=value, not {item!r}")
+        table.entries.setdefault(key.strip().lower(), value.strip())
+    return table
+
+
+def _inline_items(spec: str, text: str) -> list[str]:
+    """Comma- or space-separated items, ``{ ... }`` kept whole (spaces, commas)."""
+    items: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c.isspace() or c == ",":
+            i += 1
+        elif c == "{":
+            end = text.find("}", i)
+            if end < 0:
+                raise LookupTableError(f"{spec}: a '{{' without its '}}'")
+            items.append(text[i:end + 1])
+            i = end + 1
+        else:
+            j = i
+            while j < n and not text[j].isspace() and text[j] != ",":
+                j += 1
+            items.append(text[i:j])
+            i = j
+    return items
+
+
+def _dumped(spec: str, config_dir: str | None, postmap: str) -> Table:
+    argv = [postmap, *(("-c", config_dir) if config_dir else ()), "-s", spec]
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=POSTMAP_TIMEOUT,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LookupTableError(f"{spec}: postmap -s: {exc}") from None
+    if proc.returncode != 0:
+        said = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise LookupTableError(f"{spec}: postmap -s: {said[-1] if said else 'failed'}")
+    if len(proc.stdout) > MAX_TABLE_BYTES:
+        raise LookupTableError(f"{spec}: larger than {MAX_TABLE_BYTES} bytes")
+    table = Table(spec)
+    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition("\t")
+        if key:
+            table.entries.setdefault(key.lower(), value)
+    return table
+
+
+def address_keys(address: str, delimiter: str = "+") -> list[str]:
+    """The keys an address is looked up by, first match wins, as access(5) orders
+    them for a fixed-string table: the address, without its extension, the domain,
+    each parent domain with a leading dot (``.example.com`` matches its
+    subdomains), then ``user@`` (with, then without, the extension). The empty
+    address (a bounce's sender) is looked up as itself alone."""
+    address = address.strip()
+    if not address:
+        return [""]
+    local, at, domain = address.rpartition("@")
+    if not at:
+        local, domain = address, ""
+    domain = domain.lower().rstrip(".")
+    base = local
+    if delimiter and local:
+        cut = min((i for i in (local.find(d) for d in delimiter) if i > 0), default=-1)
+        if cut > 0:
+            base = local[:cut]
+    keys = [address]
+    if base != local:
+        keys.append(f"{base}@{domain}" if domain else base)
+    if domain:
+        keys.append(domain)
+        labels = domain.split(".")
+        keys.extend("." + ".".join(labels[k:]) for k in range(1, len(labels)))
+    if local:
+        keys.append(f"{local}@")
+        if base != local:
+            keys.append(f"{base}@")
+    return keys
