@@ -326,7 +326,7 @@ def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
     from pyqmgr.daemon import delegation, memory, metrics
     from pyqmgr.daemon.policies import PolicySetup, policy_setup
     from pyqmgr.daemon.sites import site_settings
-    from pyqmgr.fleet.settings import fleet_settings
+    from pyqmgr.fleet.settings import check_site_limits, fleet_settings
     from pyqmgr.scheduler.policy import PolicyError
 
     policies: list[PolicySetup] = []
@@ -336,7 +336,11 @@ def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
         # need not (it reads resolv.conf, not pyqmgr.cf). With policies refused,
         # master.cf's commands are unknown and that refusal is the one said.
         if policies:
-            site_settings(settings, policies[0].commands, cfg.get("relayhost") or "")
+            found = site_settings(settings, policies[0].commands,
+                                  cfg.get("relayhost") or "")
+            if fleet_settings(settings, cfg.myhostname) is not None:
+                check_site_limits(settings, found.limits.__contains__
+                                  if found is not None else None)
 
     problems: list[str] = []
     for check in (lambda: policies.append(policy_setup(settings, cfg)),

@@ -62,19 +62,17 @@ class FleetUnits:
 
     def site_limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits per site (issue #33), or None: none set, or
-        the transport's destinations are not grouped into sites (a warning, once)."""
+        the transport's destinations are not grouped into sites (then only the bare
+        ``fleet_site_*`` can apply to it, which means the grouped transports: a
+        transport's own is refused at start-up, fleet.settings.check_site_limits)."""
         if transport in self._site_limits:
             return self._site_limits[transport]
         found: Limits | None = None
-        if transport not in (RETRY, ERROR):
+        sites = self.host.scheduler.sites
+        if transport not in (RETRY, ERROR) and sites is not None and (
+                sites.limits(transport) is not None):
             limits = self.settings.site_limits_for(transport)
-            sites = self.host.scheduler.sites
-            if limits.active and (sites is None or sites.limits(transport) is None):
-                self.host.log.warning(
-                    f"{transport}: fleet site limits have no effect: sites are off for "
-                    f"{transport} (site_grouping, site_transports in pyqmgr.cf)")
-            elif limits.active:
-                found = limits
+            found = limits if limits.active else None
         self._site_limits[transport] = found
         return found
 

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyqmgr.fleet.client import Endpoint
@@ -167,6 +168,26 @@ def _limits(settings: PyqmgrCf, transport: str | None,
         raise settings.error(used, str(exc).partition(": ")[2]) from None
     burst = settings.get_int(burst_name, transport, 1, 1, 100_000)
     return Limits(sessions, rate, burst)
+
+
+def check_site_limits(settings: PyqmgrCf, grouped: Callable[[str], bool] | None) -> None:
+    """``fleet_site_*`` parameters that could never apply are start-up errors, as
+    every other mistake in pyqmgr.cf: any of them with sites off (``grouped`` None),
+    and a transport's own (``relay_fleet_site_rate``) for a transport whose
+    destinations are not grouped. The bare parameters apply to the grouped
+    transports, whichever they are."""
+    for param in settings.values:
+        name = next((n for n in SITE_PARAMS
+                     if param == n or param.endswith("_" + n)), None)
+        if name is None:
+            continue
+        transport = param[:-len(name) - 1] or None
+        if grouped is None:
+            raise settings.error(param, "has no effect without site_grouping = mx")
+        if transport is not None and not grouped(transport):
+            raise settings.error(param, f"has no effect: the {transport} transport's "
+                                        "destinations are not grouped into sites "
+                                        "(site_transports)")
 
 
 def parse_shared_state(text: str) -> Endpoint:

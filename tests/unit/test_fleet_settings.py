@@ -230,3 +230,22 @@ def test_bad_limits_are_start_up_errors_in_every_form(line, says):
     assert f"parameter {name}: " in str(exc.value) and says in str(exc.value)
     with pytest.raises(PyqmgrCfError, match=f"{name}: has no effect without shared_state"):
         settings(f"{line}\n")
+
+
+def test_site_limits_that_could_never_apply_are_start_up_errors():
+    from pyqmgr.fleet.settings import check_site_limits
+
+    def cf(line: str):
+        return from_text(f"shared_state = redis://127.0.0.1:6379\n{line}\n", PATH)
+
+    smtp_only = {"smtp", "lmtp"}.__contains__
+    with pytest.raises(PyqmgrCfError, match="parameter fleet_site_concurrency_limit: has "
+                                            "no effect without site_grouping = mx"):
+        check_site_limits(cf("fleet_site_concurrency_limit = 5"), None)
+    with pytest.raises(PyqmgrCfError, match="parameter relay_fleet_site_rate: has no "
+                                            "effect: the relay transport's destinations"):
+        check_site_limits(cf("relay_fleet_site_rate = 5/1s"), smtp_only)
+    # The bare form applies to the grouped transports; a grouped one's own is fine.
+    check_site_limits(cf("fleet_site_concurrency_limit = 5"), smtp_only)
+    check_site_limits(cf("smtp_fleet_site_rate_burst = 3"), smtp_only)
+    check_site_limits(cf("fleet_destination_concurrency_limit = 5"), None)
