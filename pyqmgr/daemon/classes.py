@@ -1,0 +1,196 @@
+"""A message's class and tenant, from pyqmgr.cf and the admin's tables (issue #34).
+
+Off unless ``message_classes`` names the classes (highest priority first) or
+``tenant_key`` names what a tenant is: then every message gets a class and a tenant
+from its envelope as the queue file holds it (the sender, the SASL login, the
+client), looked up in Postfix lookup tables (:mod:`pyqmgr.postfix.lookup_table`),
+once, when its file is first read.
+
+=========================  ==============================================================
+``message_classes``        class names, highest priority first (``transactional bulk``)
+``message_class_maps``     tables answering a class name; the first that knows the key
+                           wins, as for any Postfix ``*_maps``
+``message_class_key``      what the class tables are asked: ``sender`` (access(5)
+                           order: the address, the domain, its parents, ``user@``),
+                           ``sasl_username``, ``client_address`` (cidr tables) or
+                           ``client_name``; default ``sender``
+``default_message_class``  the class of mail no table names; default the last (lowest)
+``tenant_key``             ``none`` (default), ``sender_domain``, ``sender``,
+                           ``sasl_username`` or ``client_address``
+``tenant_maps``            tables answering a tenant's name for the key (without: the
+                           key itself is the tenant: each sender domain its own)
+=========================  ==============================================================
+
+Bad tables must not stop mail (issue #34): a table that cannot be read at start-up, a
+class name a table answers that ``message_classes`` does not list, are a log line
+each (the latter once per name, at most :data:`MAX_WARNED`), and the message takes
+the default class and tenant. A mistake in the parameters themselves (an unknown key,
+a default class not listed) is a start-up error, as every other pyqmgr.cf mistake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyqmgr.postfix.lookup_table import LookupTableError, Table, address_keys, open_table
+from pyqmgr.pyqmgr_cf import PyqmgrCf
+
+CLASSES = "message_classes"
+CLASS_MAPS = "message_class_maps"
+CLASS_KEY = "message_class_key"
+DEFAULT_CLASS = "default_message_class"
+TENANT_KEY = "tenant_key"
+TENANT_MAPS = "tenant_maps"
+
+CLASS_KEYS = ("sender", "sasl_username", "client_address", "client_name")
+TENANT_KEYS = ("none", "sender_domain", "sender", "sasl_username", "client_address")
+#: The tenant of mail whose key is empty (a bounce's null sender, no SASL login).
+NO_TENANT = "-"
+#: Unknown class names warned of, at most (a table full of typos stays a few lines).
+MAX_WARNED = 100
+#: Tenant and class names are kept at most this long (metrics labels, status).
+MAX_NAME = 200
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a message's class and tenant are looked up by, from its queue file."""
+
+    sender: str = ""
+    sasl_username: str = ""
+    client_address: str = ""
+    client_name: str = ""
+
+
+@dataclass
+class Classifier:
+    """Class (a rank: 0 is the highest) and tenant of each message."""
+
+    classes: list[str]
+    class_tables: list[Table]
+    class_key: str
+    default_rank: int
+    tenant_key: str
+    tenant_tables: list[Table]
+    warn: Callable[[str], None]
+    warned: set[str] = field(default_factory=set)
+
+    def classify(self, env: Envelope) -> tuple[int, str]:
+        return self._rank(env), self._tenant(env)
+
+    def _rank(self, env: Envelope) -> int:
+        if not self.class_tables:
+            return self.default_rank
+        name = _lookup(self.class_tables, _keys(self.class_key, env))
+        if name is None:
+            return self.default_rank
+        try:
+            return self.classes.index(name)
+        except ValueError:
+            if name not in self.warned and len(self.warned) < MAX_WARNED:
+                self.warned.add(name)
+                self.warn(f"classes: a table answered class {name[:MAX_NAME]!r}, which "
+                          f"{CLASSES} does not list: such mail is "
+                          f"{self.classes[self.default_rank]!r} (this warning once)")
+            return self.default_rank
+
+    def _tenant(self, env: Envelope) -> str:
+        if self.tenant_key == "none":
+            return NO_TENANT
+        keys = _keys(self.tenant_key, env)
+        if not keys or not keys[0]:
+            return NO_TENANT
+        if self.tenant_tables:
+            found = _lookup(self.tenant_tables, keys)
+            return (found or NO_TENANT)[:MAX_NAME]
+        return keys[0][:MAX_NAME]
+
+
+def _keys(kind: str, env: Envelope) -> list[str]:
+    if kind == "sender":
+        return address_keys(env.sender)
+    if kind == "sender_domain":
+        domain = env.sender.rpartition("@")[2].lower().rstrip(".")
+        return [domain] if "@" in env.sender and domain else []
+    value = getattr(env, kind)
+    return [value] if value else []
+
+
+def _lookup(tables: list[Table], keys: list[str]) -> str | None:
+    """The first table that knows one of the keys, in table order, then key order (as
+    Postfix's *_maps: each table is asked every partial key before the next table)."""
+    for table in tables:
+        for key in keys if table.fixed else keys[:1]:
+            value = table.get(key)
+            if value is not None:
+                return value.split()[0] if value.split() else None
+    return None
+
+
+def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
+               config_dir: str | None = None) -> Classifier | None:
+    """pyqmgr.cf's classes and tenants; None when off (stock: one class, no tenant).
+    PyqmgrCfError for a mistake in the parameters; a table that cannot be read is
+    a warning and is left out (its mail takes the defaults)."""
+    names = (settings.get(CLASSES) or "").replace(",", " ").split()
+    tenant_key = (settings.get(TENANT_KEY) or "none").strip()
+    if tenant_key not in TENANT_KEYS:
+        raise settings.error(TENANT_KEY, f"expected one of {', '.join(TENANT_KEYS)}, "
+                                         f"not {tenant_key!r}")
+    if not names:
+        for name in (CLASS_MAPS, CLASS_KEY, DEFAULT_CLASS):
+            if settings.get(name) is not None:
+                raise settings.error(name, f"has no effect without {CLASSES}")
+    if len(set(names)) != len(names):
+        raise settings.error(CLASSES, "a class is named twice")
+    class_key = (settings.get(CLASS_KEY) or "sender").strip()
+    if class_key not in CLASS_KEYS:
+        raise settings.error(CLASS_KEY, f"expected one of {', '.join(CLASS_KEYS)}, "
+                                        f"not {class_key!r}")
+    default = (settings.get(DEFAULT_CLASS) or (names[-1] if names else "")).strip()
+    if names and default not in names:
+        raise settings.error(DEFAULT_CLASS, f"{default!r} is not one of {CLASSES} "
+                                            f"({' '.join(names)})")
+    if settings.get(TENANT_MAPS) is not None and tenant_key == "none":
+        raise settings.error(TENANT_MAPS, f"has no effect without {TENANT_KEY}")
+    if not names and tenant_key == "none":
+        return None
+    return Classifier(
+        names or ["default"], _tables(settings, CLASS_MAPS, warn, config_dir), class_key,
+        names.index(default) if names else 0, tenant_key,
+        _tables(settings, TENANT_MAPS, warn, config_dir), warn)
+
+
+def _tables(settings: PyqmgrCf, name: str, warn: Callable[[str], None],
+            config_dir: str | None) -> list[Table]:
+    out: list[Table] = []
+    for spec in table_specs(settings.get(name) or ""):
+        try:
+            table = open_table(spec, config_dir)
+        except LookupTableError as exc:
+            warn(f"classes: {name}: {exc}: left out, its mail takes the defaults")
+            continue
+        for text in table.warnings[:10]:
+            warn(f"classes: {name}: {text}")
+        out.append(table)
+    return out
+
+
+def table_specs(text: str) -> list[str]:
+    """A ``*_maps`` value's tables, split at commas and whitespace outside braces, as
+    Postfix splits them (``inline:{ a=b, c=d }, texthash:/x`` is two tables)."""
+    specs: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for c in text:
+        if depth == 0 and (c.isspace() or c == ","):
+            if current:
+                specs.append("".join(current))
+                current = []
+            continue
+        depth += (c == "{") - (c == "}" and depth > 0)
+        current.append(c)
+    if current:
+        specs.append("".join(current))
+    return specs
