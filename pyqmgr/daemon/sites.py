@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pyqmgr.fleet.settings import check_site_limits
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Shaping, ShapingError, parse_duration, parse_rate
 from pyqmgr.scheduler.structures import SiteLimits, SiteTable
@@ -173,9 +174,14 @@ class SiteSetup:
     lookup: Callable[[str], Any]
 
 
-def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str) -> SiteSetup | None:
-    """Start-up's sites: the settings checked and dnspython's resolver made; None: off."""
+def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str,
+          fleet: bool = False) -> SiteSetup | None:
+    """Start-up's sites: the settings checked and dnspython's resolver made; None: off.
+    ``fleet``: a fleet is on, whose ``fleet_site_*`` must apply to grouped transports
+    (fleet.settings.check_site_limits)."""
     checked = site_settings(settings, commands, relayhost)
+    if fleet:
+        check_site_limits(settings, checked.limits.__contains__ if checked else None)
     if checked is None:
         return None
     return SiteSetup(checked, DnsLookup(checked).found)

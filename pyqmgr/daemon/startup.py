@@ -31,7 +31,7 @@ from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.policies import policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.daemon.setup import DaemonSetup
-from pyqmgr.fleet.settings import check_site_limits, fleet_settings
+from pyqmgr.fleet.settings import fleet_settings
 from pyqmgr.postfix import mail_queue, version
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
@@ -140,10 +140,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
     # The resident size is read through /proc/self/statm, opened before the chroot.
     memory_guard = MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf))
-    sites_cf = sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "")  # resolv.conf
-    if fleet_cf is not None:
-        check_site_limits(pyqmgr_cf, sites_cf.settings.limits.__contains__
-                          if sites_cf is not None else None)
+    sites_cf = sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "", bool(fleet_cf))
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")

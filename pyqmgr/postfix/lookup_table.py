@@ -29,6 +29,9 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
+from pyqmgr.bounded import TooLarge, read_bounded
+from pyqmgr.postfix.config import logical_lines
+
 #: The largest table file read (and the largest dump taken from postmap).
 MAX_TABLE_BYTES = 64 << 20
 #: How long ``postmap -s`` may take to list an indexed table.
@@ -103,34 +106,22 @@ def _read(spec: str, path: str) -> str:
     if not os.path.isabs(path):
         raise LookupTableError(f"{spec}: the table's path must be absolute")
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_TABLE_BYTES + 1)
+        data = read_bounded(path, MAX_TABLE_BYTES)
     except OSError as exc:
         raise LookupTableError(f"{spec}: cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_TABLE_BYTES:
-        raise LookupTableError(f"{spec}: {path} is larger than {MAX_TABLE_BYTES} bytes")
+    except TooLarge as big:
+        raise LookupTableError(f"{spec}: {big}") from None
     return data.decode("utf-8", "replace")
 
 
-def logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) of each logical line, as Postfix's readlline makes
-    them: comments and blank lines dropped, a line that starts with whitespace
-    appended to the one before (its leading whitespace kept), trailing space cut."""
-    out: list[tuple[int, str]] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if raw[0].isspace() and out:
-            out[-1] = (out[-1][0], (out[-1][1] + raw).rstrip())
-        else:
-            out.append((number, raw.rstrip()))
-    return out
+def _lines(spec: str, text: str, warnings: list[str]) -> list[tuple[int, str]]:
+    """Logical lines as Postfix's readllines makes them (config.logical_lines)."""
+    return [(n, line.rstrip()) for n, line in logical_lines(text, spec, warnings)]
 
 
 def _texthash(spec: str, text: str) -> Table:
     table = Table(spec)
-    for number, line in logical_lines(text):
+    for number, line in _lines(spec, text, table.warnings):
         key, value = _split(line)
         if not key or not value:
             table.warnings.append(f"{spec}, line {number}: expected format: key "
@@ -146,7 +137,7 @@ def _texthash(spec: str, text: str) -> Table:
 
 def _cidr(spec: str, text: str) -> Table:
     table = Table(spec, fixed=False)
-    for number, line in logical_lines(text):
+    for number, line in _lines(spec, text, table.warnings):
         pattern, value = _split(line)
         negate = pattern.startswith("!")
         pattern = pattern[1:] if negate else pattern

@@ -45,6 +45,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyqmgr.bounded import TooLarge, read_bounded
+
 #: Time units of durations and rate periods, as Postfix writes them (plus ms).
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)?(ms|s|m|h|d|w)?$")
@@ -247,12 +249,11 @@ def parse_rules(text: str, path: str) -> list[Rule]:
 def load_rules(path: str, max_bytes: int = 1 << 20) -> list[Rule]:
     """Read and parse a rules file (start-up, before the chroot)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        data = read_bounded(path, max_bytes)
     except OSError as exc:
         raise ShapingError(f"{path}: {exc.strerror}") from None
-    if len(data) > max_bytes:
-        raise ShapingError(f"{path}: larger than {max_bytes} bytes")
+    except TooLarge as big:
+        raise ShapingError(str(big)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
