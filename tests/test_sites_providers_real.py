@@ -6,12 +6,14 @@ tells every Workspace customer to publish), three Microsoft 365 tenants, whose M
 records each name a host of their own under ``mail.protection.outlook.com``, and one
 domain with its own mail server. A real DNS server (unbound on loopback) serves those
 records and the hosts' addresses (127.0.0.1); behind each provider one sink stands in
-for its servers: 5 sessions, ``421`` beyond, as a provider's per-client limit. Each
+for its servers: 5 sessions (Microsoft's 3), ``421`` beyond, as a provider's
+per-client limit. Each
 domain's next hop is ``domain:PORT`` (its provider's sink), so Postfix's smtp(8)
 looks the MX up itself.
 
 Stock qmgr sees eight destinations of twenty sessions each. pyqmgr with
-``site_grouping = mx`` and ``site_concurrency_limit = 5`` sees three sites: the
+``site_grouping = mx``, ``site_concurrency_limit = 5`` and Microsoft's own 3
+(``site_concurrency_limit_maps``) sees three sites: the
 Workspace domains group by their MX set alone (site ``google`` by the shipped
 provider table), the tenants by the table's ``protection.outlook.com`` line (site
 ``microsoft``), and the last domain is a site of its own. The test prints what
@@ -48,6 +50,11 @@ RECORDS = [
     f"{OWN}. 300 IN MX 10 mail.{OWN}.", f"mail.{OWN}. 300 IN A 127.0.0.1",
 ]
 PER_DOMAIN = 25
+#: What each provider's server takes at once; 421 beyond.
+SESSIONS = {"google": 5, "microsoft": 3, OWN: 5}
+#: pyqmgr.cf: five a site, and Microsoft's three of its own.
+SITES_CF = {"site_grouping": "mx", "site_concurrency_limit": "5",
+            "site_concurrency_limit_maps": "inline:{ microsoft=3 }"}
 LATENCY = 0.2
 
 
@@ -55,7 +62,8 @@ def _run(postfix_instance, sink, server: dns.DnsServer, qmgr: str,
          pyqmgr_cf: dict[str, str] | None
          ) -> tuple[PostfixInstance, dict[str, SinkServer], int]:
     sinks: dict[str, SinkServer] = {
-        name: sink(latency=LATENCY, client_limit=5) for name in ("google", "microsoft", OWN)}
+        name: sink(latency=LATENCY, client_limit=SESSIONS[name])
+        for name in ("google", "microsoft", OWN)}
     port = {**{d: sinks["google"].port for d in WORKSPACE},
             **{d: sinks["microsoft"].port for d in TENANTS}, OWN: sinks[OWN].port}
     pf: PostfixInstance = postfix_instance(
@@ -86,8 +94,7 @@ def test_workspace_domains_and_microsoft_tenants_are_two_sites(postfix_instance,
         stock_seen = {k: s.snapshot() for k, s in stock_sinks.items()}
         pf.stop()
 
-        pf, sinks, n = _run(postfix_instance, sink, server, "pyqmgr",
-                            {"site_grouping": "mx", "site_concurrency_limit": "5"})
+        pf, sinks, n = _run(postfix_instance, sink, server, "pyqmgr", SITES_CF)
         status: dict = {}
         explained = ""
         deadline = time.monotonic() + 60
@@ -108,8 +115,8 @@ def test_workspace_domains_and_microsoft_tenants_are_two_sites(postfix_instance,
 
     sites = {s["name"]: s for s in status["sites"]}
     print(f"\n{n} messages, {PER_DOMAIN} to each of {len(WORKSPACE)} Workspace domains, "
-          f"{len(TENANTS)} Microsoft 365 tenants and {OWN}; each provider 5 sessions, "
-          "421 beyond:")
+          f"{len(TENANTS)} Microsoft 365 tenants and {OWN}; sessions each server takes "
+          f"{SESSIONS}, 421 beyond:")
     for who, st, d in (("stock", stock_seen, stock_deferred), ("pyqmgr", seen, deferred)):
         print(f"  {who}: {d} deferred on the first try; sessions refused "
               + ", ".join(f"{k} {v.rejected_421}" for k, v in st.items())
@@ -121,9 +128,9 @@ def test_workspace_domains_and_microsoft_tenants_are_two_sites(postfix_instance,
     # site with no destination is forgotten).
     assert {"google", "microsoft"} <= set(sites) <= {"google", "microsoft", f"mail.{OWN}"}
     assert sites["google"]["destinations"] == 4 and sites["microsoft"]["destinations"] == 3
-    assert sites["google"]["limit"] == 5
+    assert sites["google"]["limit"] == 5 and sites["microsoft"]["limit"] == 3
     assert "site google" in explained and "site_concurrency_limit" in explained, explained
     assert stock_deferred > 0 and stock_seen["google"].rejected_421 > 0, "the control"
     assert deferred == 0 and sent == n
     for name, st in seen.items():
-        assert st.max_concurrent <= 5 and st.rejected_421 == 0, (name, st)
+        assert st.max_concurrent <= SESSIONS[name] and st.rejected_421 == 0, (name, st)

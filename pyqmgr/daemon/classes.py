@@ -33,7 +33,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyqmgr.postfix.lookup_table import LookupTableError, Table, address_keys, open_table
+from pyqmgr.postfix.lookup_table import (
+    LookupTableError,
+    Table,
+    address_keys,
+    open_table,
+    table_specs,
+)
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 
 CLASSES = "message_classes"
@@ -176,21 +182,3 @@ def _tables(settings: PyqmgrCf, name: str, warn: Callable[[str], None],
         out.append(table)
     return out
 
-
-def table_specs(text: str) -> list[str]:
-    """A ``*_maps`` value's tables, split at commas and whitespace outside braces, as
-    Postfix splits them (``inline:{ a=b, c=d }, texthash:/x`` is two tables)."""
-    specs: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for c in text:
-        if depth == 0 and (c.isspace() or c == ","):
-            if current:
-                specs.append("".join(current))
-                current = []
-            continue
-        depth += (c == "{") - (c == "}" and depth > 0)
-        current.append(c)
-    if current:
-        specs.append("".join(current))
-    return specs

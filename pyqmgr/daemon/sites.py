@@ -29,13 +29,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.fleet.settings import check_site_limits
+from pyqmgr.postfix.lookup_table import LookupTableError, open_table, table_specs
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Shaping, ShapingError, parse_duration, parse_rate
-from pyqmgr.scheduler.structures import SiteLimits, SiteTable
+from pyqmgr.scheduler.structures import SITE_LIMIT_MAPS, SiteLimits, SiteTable
 from pyqmgr.site_names import (
     MAX_TABLE,
     Providers,
@@ -83,9 +84,11 @@ class SiteSettings:
     max_ttl: float = 86400.0
     lookups: int = 16
     wait: float = 0.2
+    #: Sites' own concurrency limits (site_concurrency_limit_maps), by lowercased name.
+    own_limits: dict[str, int] = field(default_factory=dict)
 
     def table(self) -> SiteTable:
-        return SiteTable(self.limits.get, self.pins, self.skip, self.wait)
+        return SiteTable(self.limits.get, self.pins, self.skip, self.wait, self.own_limits)
 
 
 def _duration(settings: PyqmgrCf, name: str, default: float) -> float:
@@ -149,11 +152,34 @@ def site_settings(settings: PyqmgrCf, commands: dict[str, str],
     relay = relayhost.strip().lower()
     return SiteSettings(
         limits, providers, pins, frozenset({relay} if relay else ()),
+        own_limits=_own_limits(settings),
         timeout=_duration(settings, TIMEOUT, 5.0),
         negative_ttl=_duration(settings, NEGATIVE_TTL, 300.0),
         max_ttl=_duration(settings, MAX_TTL, 86400.0),
         lookups=settings.get_int(LOOKUPS, None, 16, 1, 1000),
         wait=0.0 if (settings.get(WAIT) or "").strip() == "0" else _duration(settings, WAIT, 0.2))
+
+
+def _own_limits(settings: PyqmgrCf) -> dict[str, int]:
+    """``site_concurrency_limit_maps``: tables of ``SITE LIMIT`` (``google 20``), read
+    whole at start-up; the first table that names a site wins. A table that cannot be
+    read, or a limit that is not a number from 0 to 100000, is a start-up error: a
+    provider's cap left out would let the relay open its transport's limit there."""
+    own: dict[str, int] = {}
+    for spec in table_specs(settings.get(SITE_LIMIT_MAPS) or ""):
+        try:
+            table = open_table(spec)
+        except LookupTableError as exc:
+            raise settings.error(SITE_LIMIT_MAPS, str(exc)) from None
+        if not table.fixed or not table.entries:
+            raise settings.error(SITE_LIMIT_MAPS, f"{spec}: expected a table of site names "
+                                                  "and limits (texthash:, hash:, inline:)")
+        for name, value in table.entries.items():
+            if not value.isdigit() or int(value) > 100_000:
+                raise settings.error(SITE_LIMIT_MAPS, f"{spec}: {name}: {value!r} is not "
+                                                      "a limit from 0 to 100000")
+            own.setdefault(name, int(value))
+    return own
 
 
 def _read(path: str) -> str:

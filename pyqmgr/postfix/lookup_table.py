@@ -256,3 +256,22 @@ def address_keys(address: str, delimiter: str = "+") -> list[str]:
         if base != local:
             keys.append(f"{base}@")
     return keys
+
+
+def table_specs(text: str) -> list[str]:
+    """A ``*_maps`` value's tables, split at commas and whitespace outside braces, as
+    Postfix splits them (``inline:{ a=b, c=d }, texthash:/x`` is two tables)."""
+    specs: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for c in text:
+        if depth == 0 and (c.isspace() or c == ","):
+            if current:
+                specs.append("".join(current))
+                current = []
+            continue
+        depth += (c == "{") - (c == "}" and depth > 0)
+        current.append(c)
+    if current:
+        specs.append("".join(current))
+    return specs

@@ -304,6 +304,8 @@ class Site:
 #: The gate kinds explain shows for a destination whose site is full, for one whose
 #: first MX lookup is under way (``site_dns_wait``), and for one whose site backs off
 #: after a throttling reply (a response rule's ``suspend``).
+#: The parameter of the sites' own limits, as explain names it.
+SITE_LIMIT_MAPS = "site_concurrency_limit_maps"
 SITE_GATE = "site"
 LOOKUP_GATE = "site lookup"
 BACKOFF_GATE = "site backoff"
@@ -352,7 +354,8 @@ class SiteTable:
 
     def __init__(self, limits_for: Callable[[str], SiteLimits | None],
                  pinned: dict[str, str] | None = None,
-                 skip: frozenset[str] = frozenset(), wait: float = 0.0) -> None:
+                 skip: frozenset[str] = frozenset(), wait: float = 0.0,
+                 own_limits: dict[str, int] | None = None) -> None:
         #: A transport's site limits; None: its destinations are not grouped.
         self.limits_for = limits_for
         self._limits: dict[str, SiteLimits | None] = {}
@@ -368,6 +371,9 @@ class SiteTable:
         self.sites: dict[tuple[str, str], Site] = {}
         #: How long a new domain's queue waits for its first lookup (0: not at all).
         self.wait = wait
+        #: Sites with a concurrency limit of their own (lowercased name -> limit),
+        #: over their transport's (``site_concurrency_limit_maps``).
+        self.own_limits: dict[str, int] = dict(own_limits or {})
         #: Sites with something timed (a lookup's wait, a backoff, a recovery step),
         #: with its time; ``tick`` runs them.
         self.due: dict[Site, float] = {}
@@ -403,6 +409,12 @@ class SiteTable:
     def site(self, transport: str, name: str, limits: SiteLimits) -> Site:
         site = self.sites.get((transport, name))
         if site is None:
+            own = self.own_limits.get(name.lower())
+            if own is not None:
+                # The admin's limit for this site (site_concurrency_limit_maps).
+                limits = SiteLimits(own, f"{SITE_LIMIT_MAPS} ({name}) in pyqmgr.cf",
+                                    limits.shaping, limits.rate_setting,
+                                    limits.dead_takes_site)
             site = self.sites[(transport, name)] = Site(
                 name, transport, limits.concurrency, limits.setting)
             site.limits = limits

@@ -113,7 +113,7 @@ def test_mistakes_in_the_parameters_are_start_up_errors(text, says):
 
 
 def test_a_maps_value_splits_at_commas_and_spaces_outside_braces():
-    from pyqmgr.daemon.classes import table_specs
+    from pyqmgr.postfix.lookup_table import table_specs
     assert table_specs("inline:{ a=b, {c = d e} }, texthash:/x  cidr:/y,static:{ z z }") \
         == ["inline:{ a=b, {c = d e} }", "texthash:/x", "cidr:/y", "static:{ z z }"]
     assert table_specs("") == [] and table_specs(" , ") == []

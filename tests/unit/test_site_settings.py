@@ -106,3 +106,24 @@ def test_site_dead_scope():
     assert not s.limits["smtp"].dead_takes_site
     with pytest.raises(PyqmgrCfError, match=r'parameter site_dead_scope: "all" is not one'):
         settings("site_grouping = mx\nsite_dead_scope = all\n")
+
+
+def test_sites_with_limits_of_their_own(tmp_path):
+    table = tmp_path / "site-limits"
+    table.write_text("# provider caps\nGoogle  20\nmicrosoft 10\n")
+    got = settings(f"site_grouping = mx\nsite_concurrency_limit_maps = texthash:{table}, "
+                   "inline:{ google=99, yahoo=5 }\n")
+    assert got is not None and got.own_limits == {"google": 20, "microsoft": 10, "yahoo": 5}
+    assert got.table().own_limits == got.own_limits
+
+
+@pytest.mark.parametrize("value, says", [
+    ("inline:{ google=many }", "google: 'many' is not a limit from 0 to 100000"),
+    ("inline:{ google=100001 }", "is not a limit"),
+    ("texthash:/nonexistent/site-limits", "cannot read /nonexistent/site-limits"),
+    ("cidr:/etc/hostname", "expected a table of site names"),
+    ("regexp:/etc/x", "regexp tables are not supported"),
+])
+def test_a_bad_site_limit_table_is_a_start_up_error(value, says):
+    with pytest.raises(PyqmgrCfError, match=f"parameter site_concurrency_limit_maps: .*{says}"):
+        settings(f"site_grouping = mx\nsite_concurrency_limit_maps = {value}\n")

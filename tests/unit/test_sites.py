@@ -73,6 +73,28 @@ def test_a_full_site_gates_every_member_until_a_delivery_ends(policy):
     assert site.busy == 2
 
 
+def test_a_site_with_a_limit_of_its_own():
+    """site_concurrency_limit_maps: google takes 3 at once, microsoft 1, the rest the
+    transport's 2; explain names the table's entry."""
+    limits = SiteLimits(2, "smtp_site_concurrency_limit")
+    table = SiteTable(lambda t: limits, pinned={"a.example": "google", "b.example": "google",
+                                                "c.example": "microsoft",
+                                                "d.example": "other"},
+                      own_limits={"google": 3, "microsoft": 1})
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1,
+                                   initial_destination_concurrency=5), sites=table)
+    for d in ("a.example", "b.example", "c.example", "d.example"):
+        mail(s, d, 5)
+    drain(s)
+    t = s.transport("smtp")
+    busy = {name: site.busy for (_, name), site in table.sites.items()}
+    assert busy == {"google": 3, "microsoft": 1, "other": 2}, busy
+    site = t.queues["c.example"].site
+    assert site is not None and site.limit == 1
+    assert site.setting == "site_concurrency_limit_maps (microsoft) in pyqmgr.cf"
+    assert t.queues["d.example"].site.setting == "smtp_site_concurrency_limit"
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_without_sites_nothing_changes(policy):
     s = Scheduler(lambda n: Params(destination_recipient_limit=1),
