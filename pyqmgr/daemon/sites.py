@@ -26,6 +26,7 @@ before the chroot.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -166,9 +167,11 @@ def _own_limits(settings: PyqmgrCf) -> dict[str, int]:
     read, or a limit that is not a number from 0 to 100000, is a start-up error: a
     provider's cap left out would let the relay open its transport's limit there."""
     own: dict[str, int] = {}
+    # postmap reads the instance's main.cf: pyqmgr.cf's directory is its config_dir.
+    config_dir = os.path.dirname(settings.path) if settings.exists else None
     for spec in table_specs(settings.get(SITE_LIMIT_MAPS) or ""):
         try:
-            table = open_table(spec)
+            table = open_table(spec, config_dir)
         except LookupTableError as exc:
             raise settings.error(SITE_LIMIT_MAPS, str(exc)) from None
         if not table.fixed or not table.entries:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 
@@ -206,8 +207,19 @@ def _inline_items(spec: str, text: str) -> list[str]:
     return items
 
 
+def _postmap(name: str) -> str:
+    """postmap's path: master(8) gives its daemons no PATH (import_environment), and
+    postmap lives in command_directory (/usr/sbin), outside the default search path.
+    Its main.cf is the instance's: MAIL_CONFIG, which master does pass on."""
+    if os.sep in name:
+        return name
+    search = os.pathsep.join([os.environ.get("PATH") or os.defpath,
+                              "/usr/sbin", "/usr/local/sbin"])
+    return shutil.which(name, path=search) or name
+
+
 def _dumped(spec: str, config_dir: str | None, postmap: str) -> Table:
-    argv = [postmap, *(("-c", config_dir) if config_dir else ()), "-s", spec]
+    argv = [_postmap(postmap), *(("-c", config_dir) if config_dir else ()), "-s", spec]
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=POSTMAP_TIMEOUT,
                               check=False)

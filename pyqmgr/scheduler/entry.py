@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
-from pyqmgr.scheduler.site import site_settle
+from pyqmgr.scheduler.site import site_ended, site_settle
 from pyqmgr.scheduler.structures import (
     DEL_REQ_FLAG_CONN_LOAD,
     DEL_REQ_FLAG_CONN_MASK,
@@ -91,8 +91,8 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
     if busy:
         entry.busy = False
         queue.busy_count -= 1
-        if site is not None:
-            site.busy -= 1
+        if site is not None and not site_ended(core, site):
+            site = None  # still counted for a moment: site_due settles it
     else:
         queue.todo.unlink(entry.queue_node)
     n = len(entry.recipients)

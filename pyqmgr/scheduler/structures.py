@@ -15,6 +15,7 @@ it, and so must any other scheduler.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -269,7 +270,7 @@ class Site:
     """
 
     __slots__ = ("name", "transport", "limit", "setting", "busy", "members", "gate",
-                 "bound", "shape", "limits")
+                 "bound", "shape", "limits", "quitting")
 
     def __init__(self, name: str, transport: str, limit: int, setting: str) -> None:
         self.name = name
@@ -282,6 +283,9 @@ class Site:
         self.busy = 0
         #: Its destination queues in core.
         self.members: dict[Queue, None] = {}
+        #: Deliveries that ended while the site was full, counted until these times
+        #: (site.QUIT_GRACE): the remote server may not have seen their QUIT yet.
+        self.quitting: deque[float] = deque()
         #: The gate its members have while the site is closed: at its limit, backing
         #: off after a throttling reply, or waiting for its first MX lookup.
         self.gate: Gate | None = None

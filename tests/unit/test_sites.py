@@ -20,6 +20,7 @@ from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable, load
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.shaping import Rate, Shaping, parse_rules
+from pyqmgr.scheduler.site import QUIT_GRACE
 from pyqmgr.scheduler.structures import MAX_KNOWN, SiteLimits, SiteTable, site_domain
 from pyqmgr.scheduler.suspension import Suspension, Target, TargetError, parse_target
 from tests.unit.params import Params
@@ -45,6 +46,14 @@ def mail(s: Scheduler, dest: str, n: int, qid: str | None = None, transport: str
     return m, d
 
 
+def done(s: Scheduler, entry, status: int, dsn, crashed: bool, now: float):
+    """A delivery ends, then its QUIT grace passes (a full site counts it that much
+    longer: site.QUIT_GRACE); the decisions of the end itself."""
+    d = s.done(entry, status, dsn, crashed, now)
+    s.tick(now + QUIT_GRACE)
+    return d
+
+
 def drain(s: Scheduler, now: float = 1.0) -> list:
     """Every entry agents get now (each select is one agent)."""
     out = []
@@ -67,7 +76,10 @@ def test_a_full_site_gates_every_member_until_a_delivery_ends(policy):
     assert site.gate is not None and site.gate.kind == "site"
     assert site.gate.text == "site g holds 2 of 2 sessions"
     assert not s.has_work("smtp"), "no agent is asked for while the site is full"
-    s.done(first[0], 0, None, False, 2.0)
+    d = s.done(first[0], 0, None, False, 2.0)
+    assert site.gate is not None and site.busy == 2, "its QUIT may not have arrived yet"
+    assert 2.0 + QUIT_GRACE in d.timers
+    s.tick(2.0 + QUIT_GRACE)
     assert site.gate is None and all(q.gate is None for q in t.queues.values())
     assert len(drain(s, 2.0)) == 1
     assert site.busy == 2
@@ -134,10 +146,10 @@ def test_an_answer_moves_the_domains_queues_with_their_deliveries():
     assert s.sites is not None and ("smtp", "a.example") not in s.sites.sites, \
         "the empty site is gone"
     # Two deliveries must end before the site (limit 2) has room again.
-    s.done(got[0], 0, None, False, 2.0)
+    done(s, got[0], 0, None, False, 2.0)
     assert google.gate is not None and drain(s, 2.0) == []
-    s.done(got[1], 0, None, False, 2.0)
-    s.done(got[2], 0, None, False, 2.0)
+    done(s, got[1], 0, None, False, 2.0)
+    done(s, got[2], 0, None, False, 2.0)
     assert google.gate is None and len(drain(s, 2.0)) == 1
 
 
@@ -146,7 +158,7 @@ def test_a_stale_answer_is_asked_again_and_used_meanwhile():
     mail(s, "a.example", 1)
     s.site_learnt("a.example", "google", 10.0, 1.0)
     e = drain(s)[0]
-    s.done(e, 0, None, False, 5.0)
+    done(s, e, 0, None, False, 5.0)
     assert "a.example" not in s.transport("smtp").queues, "the idle queue went"
     m = Message("Q9", 0.0)
     d = s.assign(m, [Route("smtp", "a.example", "a.example", Recipient(0, "r@a.example"))],
@@ -193,13 +205,13 @@ def test_a_dead_member_does_not_take_the_site_with_it():
     got = drain(s)
     assert len(got) == 2
     dead = next(e for e in got if e.queue.name == "a.example")
-    s.done(dead, 1, Dsn("4.4.1", "connect refused"), False, 2.0)
+    done(s, dead, 1, Dsn("4.4.1", "connect refused"), False, 2.0)
     t = s.transport("smtp")
     assert "a.example" in t.queues and t.queues["a.example"].status == "dead"
     assert t.queues["b.example"].status == "ready"
     site = t.queues["b.example"].site
     assert site is not None and site.busy == 1 and site.gate is None
-    s.done(next(e for e in got if e.queue.name == "b.example"), 0, None, False, 3.0)
+    done(s, next(e for e in got if e.queue.name == "b.example"), 0, None, False, 3.0)
     assert [e.queue.name for e in drain(s, 3.0)] == ["b.example"] * 2
 
 
@@ -211,7 +223,7 @@ def test_a_suspended_member_stays_suspended_when_its_site_opens():
     s.suspend(Suspension(Target(None, "b.example"), "maintenance", "root", 1.0, 100.0,
                          1e9))
     for e in got:
-        s.done(e, 0, None, False, 2.0)
+        done(s, e, 0, None, False, 2.0)
     t = s.transport("smtp")
     assert t.queues["b.example"].status == "held"
     assert t.queues["a.example"].gate is None
@@ -281,7 +293,7 @@ def test_a_known_domain_does_not_wait_again():
     mail(s, "a.example", 1)
     s.site_learnt("a.example", "google", 10.0, 0.0)
     e = drain(s, 0.0)[0]
-    s.done(e, 0, None, False, 1.0)
+    done(s, e, 0, None, False, 1.0)
     _, d = mail(s, "a.example", 1, qid="Q3")
     q = s.transport("smtp").queues["a.example"]
     assert d.resolve == () and q.gate is None and q.site is not None
@@ -317,17 +329,17 @@ def test_a_throttling_reply_to_one_domain_slows_its_whole_site():
     site = out[0].queue.site
     assert site is not None and site.full
     hit = next(e for e in out if e.queue.name == "d0.example")
-    d = s.done(hit, 1, RATE_REPLY, False, 1.0)
+    d = done(s, hit, 1, RATE_REPLY, False, 1.0)
     assert site.bound == 4, "half of the 8 in flight (the refused one counted, as for a "\
         "destination)"
     assert any("sites: site g (smtp): throttling reply matched rules, line 2: site capped "
                "at 4 (8 in flight)" in text for _, text in d.log), d.log
     others = [e for e in out if e is not hit]
     for e in others[:3]:
-        s.done(e, 0, None, False, 2.0)
+        done(s, e, 0, None, False, 2.0)
     assert site.busy == 4 and drain(s, 2.0) == [], "every domain of the site waits"
     for e in others[3:]:
-        s.done(e, 0, None, False, 3.0)
+        done(s, e, 0, None, False, 3.0)
     got = drain(s, 3.0)
     assert len(got) == 4 and site.busy == 4
     # A quiet interval gives a step back; the TTL ends the cap.
@@ -344,13 +356,13 @@ def test_a_suspend_rule_holds_the_whole_site_then_lets_it_go():
     out = drain(s, 0.0)
     reply = Dsn("4.7.0", "host mx[192.0.2.1] said: 421 [TS01] Messages from 192.0.2.9 "
                          "temporarily deferred")
-    d = s.done(out[0], 1, reply, False, 1.0)
+    d = done(s, out[0], 1, reply, False, 1.0)
     t = s.transport("smtp")
     assert all(q.gate is not None and q.gate.kind == "site backoff"
                for q in t.queues.values())
     assert 31.0 in d.timers, "the first recovery step; the backoff's end comes after"
     for e in out[1:]:
-        s.done(e, 0, None, False, 2.0)
+        done(s, e, 0, None, False, 2.0)
     assert drain(s, 2.0) == []
     assert 61.0 in s.tick(31.0).timers
     assert all(q.gate is not None for q in t.queues.values())
@@ -383,11 +395,11 @@ def test_a_rate_rule_lowers_the_site_rate_it_learnt():
     assert len(out) == 20, "no rate and no cap: every window's worth"
     reply = Dsn("4.7.0", "host mx[192.0.2.1] said: 421 [TSS04] Messages temporarily "
                          "deferred due to user complaints")
-    d = s.done(out[0], 1, reply, False, 1.0)
+    d = done(s, out[0], 1, reply, False, 1.0)
     assert any("site rate lowered to one start every 0.1 s" in text for _, text in d.log), \
         d.log
     for e in out[1:]:
-        s.done(e, 0, None, False, 1.0)
+        done(s, e, 0, None, False, 1.0)
     got = drain(s, 1.0)
     assert len(got) == 1, "one start, then the site waits 0.1 s"
     assert len(drain(s, 1.05)) == 0
@@ -467,13 +479,13 @@ def test_a_throttled_sites_cap_outlives_its_queues_going_idle():
     for i in range(2):
         mail(s, f"d{i}.example", 4)
     out = drain(s, 0.0)
-    s.done(out[0], 1, RATE_REPLY, False, 1.0)
+    done(s, out[0], 1, RATE_REPLY, False, 1.0)
     for e in out[1:]:
-        s.done(e, 0, None, False, 1.5)
+        done(s, e, 0, None, False, 1.5)
     t = s.transport("smtp")
     while t.queues:
         for e in drain(s, 2.0):
-            s.done(e, 0, None, False, 2.5)
+            done(s, e, 0, None, False, 2.5)
     assert s.sites is not None and ("smtp", "g") in s.sites.sites, "kept: its rule holds"
     mail(s, "d2.example", 10)
     assert len(drain(s, 3.0)) == 4, "the cap of 4 holds for the next mail"
@@ -492,7 +504,7 @@ def test_with_site_dead_scope_site_a_dead_destination_takes_its_site():
     mail(s, "b.example", 3)
     mail(s, "c.example", 3)
     got = {e.queue.name: e for e in drain(s, 0.0)}
-    d = s.done(got["a.example"], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
+    d = done(s, got["a.example"], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
     t = s.transport("smtp")
     assert t.queues["a.example"].status == "dead" and t.queues["b.example"].status == "dead"
     assert t.queues["c.example"].status == "ready", "another site lives on"
@@ -508,7 +520,7 @@ def test_by_default_a_dead_destination_dies_alone():
     mail(s, "a.example", 3)
     mail(s, "b.example", 3)
     got = {e.queue.name: e for e in drain(s, 0.0)}
-    s.done(got["a.example"], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
+    done(s, got["a.example"], 1, Dsn("4.4.1", "connect refused"), False, 1.0)
     t = s.transport("smtp")
     assert t.queues["b.example"].status == "ready"
 
