@@ -65,8 +65,14 @@ def test_postqueue_i_delivers_one_message(side_by_side, sink):
 
     def scenario(inst, qmgr):
         start = len(srv.messages())
-        one, two = inst.smtp_send([("s@sink.example", ["one@sink.example"]),
-                                   ("s@sink.example", ["two@sink.example"])])
+        # One after the other, the first in the active queue before the second is
+        # sent: both in incoming/ at once, each qmgr takes them in its own directory's
+        # order, and the log's labels (Q1, Q2) swap (a compiled-parity CI run under
+        # load, 2026-11-28).
+        (one,) = inst.smtp_send([("s@sink.example", ["one@sink.example"])])
+        wait_log(inst, lambda ln: ln.queue_id == one and "(queue active)" in ln.text,
+                 "the first message in the active queue")
+        (two,) = inst.smtp_send([("s@sink.example", ["two@sink.example"])])
         wait_deferred(inst, one)
         wait_deferred(inst, two)
         srv.set_replies({})
