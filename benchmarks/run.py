@@ -11,7 +11,8 @@ big (200 messages of 4 MB through discard, stock vs pyqmgr, and 1 KB ones), dead
 bigqueue (200,000 messages in deferred/: the scans' time and the RSS; by hand), soak
 (an hour of that dead site with fresh mail and reloads, side by side; by hand), sites
 (50 domains at one 5-session server behind real MX records: stock, and pyqmgr with
-sites).
+sites), priority (password resets at 5 a second beside a 50,000-message newsletter:
+stock, and pyqmgr with message classes).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from benchmarks import (
     drain,
     fidelity,
     memory,
+    priority,
     replay,
     sites,
     smtp,
@@ -35,7 +37,8 @@ from benchmarks import (
 BENCHMARKS = {"drain": drain.main, "decisions": decisions.main, "memory": memory.main,
               "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main,
               "big": big_messages.main, "deadsite": dead_site.main,
-              "bigqueue": big_queue.main, "soak": soak.main, "sites": sites.main}
+              "bigqueue": big_queue.main, "soak": soak.main, "sites": sites.main,
+              "priority": priority.main}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -323,7 +323,7 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
 
 
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
-    from pyqmgr.daemon import delegation, memory, metrics
+    from pyqmgr.daemon import classes, delegation, memory, metrics
     from pyqmgr.daemon.policies import PolicySetup, policy_setup
     from pyqmgr.daemon.sites import site_settings
     from pyqmgr.fleet.settings import check_site_limits, fleet_settings
@@ -342,12 +342,16 @@ def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
                 check_site_limits(settings, found.limits.__contains__
                                   if found is not None else None)
 
+    def classes_check() -> None:
+        if policies:
+            classes.setup(settings, policies[0], lambda text: None, cfg.config_dir)
+
     problems: list[str] = []
     for check in (lambda: policies.append(policy_setup(settings, cfg)),
                   lambda: metrics.setup(settings, cfg),
                   lambda: delegation.setup(settings),
                   lambda: fleet_settings(settings, cfg.myhostname),
-                  lambda: memory.warning_limit(settings), sites):
+                  lambda: memory.warning_limit(settings), sites, classes_check):
         try:
             check()
         except (PyqmgrCfError, PolicyError, ConfigError) as exc:

@@ -19,6 +19,10 @@ once, when its file is first read.
                            ``sasl_username`` or ``client_address``
 ``tenant_maps``            tables answering a tenant's name for the key (without: the
                            key itself is the tenant: each sender domain its own)
+``message_class_active_``  percent of ``qmgr_message_active_limit`` each class below
+``reserve``                the highest leaves to those above it (default 10): with
+                           two classes bulk stops at 90% of the active queue, and
+                           transactional mail always finds room
 =========================  ==============================================================
 
 Bad tables must not stop mail (issue #34): a table that cannot be read at start-up, a
@@ -33,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.postfix.lookup_table import (
     LookupTableError,
     Table,
@@ -40,6 +45,7 @@ from pyqmgr.postfix.lookup_table import (
     open_table,
     table_specs,
 )
+from pyqmgr.postfix.queue_file import Message
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 
 CLASSES = "message_classes"
@@ -48,6 +54,8 @@ CLASS_KEY = "message_class_key"
 DEFAULT_CLASS = "default_message_class"
 TENANT_KEY = "tenant_key"
 TENANT_MAPS = "tenant_maps"
+RESERVE = "message_class_active_reserve"
+DEFAULT_RESERVE = 10
 
 CLASS_KEYS = ("sender", "sasl_username", "client_address", "client_name")
 TENANT_KEYS = ("none", "sender_domain", "sender", "sasl_username", "client_address")
@@ -80,7 +88,15 @@ class Classifier:
     tenant_key: str
     tenant_tables: list[Table]
     warn: Callable[[str], None]
+    #: message_class_active_reserve: percent of the active queue per class step.
+    reserve: int = DEFAULT_RESERVE
     warned: set[str] = field(default_factory=set)
+
+    def caps(self, active_limit: int) -> list[int]:
+        """Each rank's most messages in the active queue: the highest class has it
+        all, each lower one ``reserve`` percent less than the one above (never < 1)."""
+        step = active_limit * self.reserve // 100
+        return [max(1, active_limit - rank * step) for rank in range(len(self.classes))]
 
     def classify(self, env: Envelope) -> tuple[int, str]:
         return self._rank(env), self._tenant(env)
@@ -111,6 +127,12 @@ class Classifier:
             found = _lookup(self.tenant_tables, keys)
             return (found or NO_TENANT)[:MAX_NAME]
         return keys[0][:MAX_NAME]
+
+
+def envelope(qf: Message) -> Envelope:
+    """The lookup keys of a queue file's envelope as its first read left them."""
+    return Envelope(qf.sender or "", qf.sasl_username or "", qf.client_address or "",
+                    qf.client_name or "")
 
 
 def _keys(kind: str, env: Envelope) -> list[str]:
@@ -160,12 +182,26 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
                                             f"({' '.join(names)})")
     if settings.get(TENANT_MAPS) is not None and tenant_key == "none":
         raise settings.error(TENANT_MAPS, f"has no effect without {TENANT_KEY}")
+    reserve = settings.get_int(RESERVE, None, DEFAULT_RESERVE, 0, 50)
     if not names and tenant_key == "none":
+        if settings.get(RESERVE) is not None:
+            raise settings.error(RESERVE, f"has no effect without {CLASSES}")
         return None
     return Classifier(
         names or ["default"], _tables(settings, CLASS_MAPS, warn, config_dir), class_key,
         names.index(default) if names else 0, tenant_key,
-        _tables(settings, TENANT_MAPS, warn, config_dir), warn)
+        _tables(settings, TENANT_MAPS, warn, config_dir), warn, reserve)
+
+
+def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None],
+          config_dir: str | None = None) -> Classifier | None:
+    """:func:`classifier` at start-up: classes order deliveries in nqmgr's job list
+    only, so another scheduler_policy with classes is refused, not quietly ignored."""
+    found = classifier(settings, warn, config_dir)
+    if found is not None and len(found.classes) > 1 and not policies.table.stock:
+        raise settings.error(CLASSES, "classes order deliveries in stock's scheduler "
+                                      "(nqmgr) only: scheduler_policy names another")
+    return found
 
 
 def _tables(settings: PyqmgrCf, name: str, warn: Callable[[str], None],

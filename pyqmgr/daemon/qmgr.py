@@ -1,12 +1,9 @@
 """The running queue manager: asyncio glue between Postfix and the scheduler core.
 
-Stock qmgr's main loop (``qmgr.c:qmgr_loop``) feeds at most one message per event-loop
-pass, alternating incoming and deferred scans, and between passes services agent
-connections. Here the same happens in one feeder task; agent connections and message
-completions are tasks of their own. Each message is resolved while it is read, with
-blocking round trips to trivial-rewrite as in stock (resolving ahead over several
-connections was measured and bought nothing: the daemon is CPU-bound, see the README),
-so messages reach the scheduler in the order they were read.
+Stock qmgr's main loop (``qmgr.c:qmgr_loop``) feeds messages between servicing agent
+connections; here the feeder (:mod:`.feeder`) is one task, agent connections and
+message completions are tasks of their own, and this class routes what the feeder
+read, hands agents their entries and carries out the core's decisions.
 """
 
 from __future__ import annotations
@@ -14,23 +11,22 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import Any
 
 from pyqmgr.daemon.active import (
-    FLUSH_DFXP,
     FLUSH_EACH,
     FLUSH_ONCE,
     MAX_BATCH,
-    SCAN_ALL,
-    SCAN_START,
     ActiveMessage,
     ActiveQueue,
     read_more,
 )
 from pyqmgr.daemon.applier import Applier
+from pyqmgr.daemon.classes import envelope
 from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
+from pyqmgr.daemon.feeder import Feeder, scan_requests
 from pyqmgr.daemon.fleet import Fleet
 from pyqmgr.daemon.host import Fatal
 from pyqmgr.daemon.metrics import DeliveryStats
@@ -39,7 +35,6 @@ from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.daemon.sites import SiteResolver
 from pyqmgr.daemon.suspensions import Suspensions
-from pyqmgr.postfix import mail_queue
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import DeliveryReply
 from pyqmgr.postfix.maillog_client import MailLog
@@ -50,84 +45,6 @@ from pyqmgr.scheduler.decisions import Decisions
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message
 from pyqmgr.scheduler.queue import Dsn
-
-#: Messages fed per event-loop pass: one, as stock feeds. Four (before issue #30) saved
-#: no CPU on the drain (5,000 messages, 1.28 s either way) but made every pass cost
-#: four messages' reading and routing before agents were served again: with a dead
-#: site's 20,000 messages cycling, its retry deliveries ran two at a time, each
-#: message waited 3 s in active/ (stock 0.08 s) and the backlog cycled at 78% of
-#: stock's rate; with one, 0 s and 93%.
-FEED_PER_PASS = 1
-#: Queue file names looked at per pass at most. A name whose file is not taken (not
-#: due yet, gone, locked) does not end the pass: a scan of 200,000 deferred files not
-#: due made one event-loop pass each, 4x stock's scan time (issue #30).
-NAMES_PER_PASS = 64
-
-INCOMING = 0
-DEFERRED = 1
-
-
-class QueueScan:
-    """One queue directory scan with stock's start/restart flag semantics."""
-
-    def __init__(self, queue: str) -> None:
-        self.queue = queue
-        self.handle: Iterator[str] | None = None
-        self.flags = 0
-        self.nflags = 0
-
-    def request(self, flags: int) -> None:
-        if self.handle is not None and flags & SCAN_ALL:
-            self.flags |= SCAN_ALL
-        if self.handle is not None and flags & FLUSH_DFXP:
-            self.flags |= FLUSH_DFXP
-        self.nflags |= flags
-        if self.handle is None and flags & SCAN_START:
-            self.nflags &= ~SCAN_START
-            self._start()
-
-    def _start(self) -> Iterator[str]:
-        self.flags = self.nflags
-        self.nflags = 0
-        self.handle = handle = mail_queue.scan_all(self.queue)
-        return handle
-
-    def next(self) -> str | None:
-        # The new scan's handle is the one _start returns: after ``self.handle = None``
-        # mypy holds the attribute to None across the call, and the compiled build
-        # (mypyc) would check that.
-        qid: str | None = None
-        try:
-            if self.handle is not None:
-                qid = next(self.handle, None)
-                if qid is None:
-                    self.handle = None
-            if self.handle is None and self.nflags & SCAN_START:
-                qid = next(self._start(), None)
-                if qid is None:
-                    self.handle = None
-        except mail_queue.ScanError as exc:
-            raise Fatal(str(exc)) from None
-        return qid
-
-
-def scan_requests(data: bytes) -> tuple[int, int]:
-    """The scan flags of a trigger's request bytes (mail_proto.h's QMGR_REQ_*), for
-    (incoming, deferred): every byte counts, each once."""
-    incoming = deferred = 0
-    for byte in set(data):
-        ch = chr(byte)
-        if ch in "WI":
-            incoming |= SCAN_START
-        elif ch == "D":
-            deferred |= SCAN_START
-        elif ch == "A":
-            incoming |= SCAN_ALL
-            deferred |= SCAN_ALL
-        elif ch == "F":
-            incoming |= FLUSH_ONCE | FLUSH_DFXP
-            deferred |= FLUSH_ONCE | FLUSH_DFXP
-    return incoming, deferred
 
 
 class Qmgr:
@@ -149,10 +66,11 @@ class Qmgr:
             ipc_idle=cfg.ipc_idle, ipc_ttl=cfg.ipc_ttl, give_up_after=cfg.qmgr_ipc_timeout,
             warn=log.warning)
         self.active = ActiveQueue(self)
-        self.scans = [QueueScan("incoming"), QueueScan("deferred")]
-        self.first_scan = INCOMING
+        #: Message classes and tenants (message_classes, tenant_key); None: stock.
+        self.classifier = setup.classes
         self.message_count = 0
-        self.wakeup = asyncio.Event()
+        #: The scans and the active queue's room (stock's qmgr_loop half).
+        self.feeder = Feeder(self, flow, setup.classes)
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: set[AgentCall] = set()
         self.loop = asyncio.get_running_loop()
@@ -188,10 +106,9 @@ class Qmgr:
         for part in (self.retry, self.fleet):
             if part is not None:
                 part.start()
-        self.scans[INCOMING].request(SCAN_START)
-        self.scans[DEFERRED].request(SCAN_START)
-        self.spawn(self._feeder())
-        self.spawn(self._deferred_timer())
+        self.feeder.start()
+        self.spawn(self.feeder.run())
+        self.spawn(self.feeder.deferred_timer())
         self.spawn(self._ticker())
 
     def close(self) -> None:
@@ -220,18 +137,8 @@ class Qmgr:
         incoming, deferred = scan_requests(data)
         if (incoming | deferred) & FLUSH_ONCE:
             self.apply(self.scheduler.enable_all())
-        if incoming:
-            self.scans[INCOMING].request(incoming)
-        if deferred:
-            self.scans[DEFERRED].request(deferred)
+        self.feeder.request(incoming, deferred)
         self.dispatch()
-        self.wakeup.set()
-
-    async def _deferred_timer(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.queue_run_delay)
-            self.scans[DEFERRED].request(SCAN_START)
-            self.wakeup.set()
 
     async def _ticker(self) -> None:
         """Revive dead transports and destinations when their timers expire."""
@@ -244,90 +151,18 @@ class Qmgr:
 
     # -- feeding ------------------------------------------------------------------------
 
-    async def _feeder(self) -> None:
-        """Stock's qmgr_loop: one message per pass, then let the event loop run."""
-        while True:
-            fed: bool | None = None
-            loaded = 0
-            for _ in range(NAMES_PER_PASS):
-                if (self.message_count >= self.cfg.qmgr_message_active_limit
-                        or not self.scheduler.may_feed()):
-                    fed = None
-                    break
-                fed, from_incoming = self._feed_once()
-                self._flow_tokens(fed, from_incoming)
-                if fed is None or (fed and (loaded := loaded + 1) >= FEED_PER_PASS):
-                    break
-            if fed is None:
-                self._flow_tokens(None, False)
-                self.wakeup.clear()
-                await self.wakeup.wait()
-            else:
-                await asyncio.sleep(0)
-
-    def _feed_once(self) -> tuple[bool | None, bool]:
-        """One pass over both scans in priority order; at most one message loaded.
-
-        Returns (None when no scan had a name, else whether a message was loaded),
-        and whether that name came from the incoming queue.
-        """
-        saw_name = False
-        last = self.first_scan
-        loaded = False
-        for i in range(2):
-            last = (self.first_scan + i) % 2
-            scan = self.scans[last]
-            qid = scan.next()
-            if qid is None:
-                continue
-            saw_name = True
-            am = self.active.feed(scan.queue, qid, scan.flags)
-            if am is not None:
-                self.message_count += 1
-                self._load(am)
-                loaded = True
-                break
-        if self.message_count < self.cfg.qmgr_message_active_limit:
-            self.first_scan = (last + 1) % 2
-        else:
-            self.first_scan = INCOMING
-        return (loaded, loaded and last == INCOMING) if saw_name else (None, False)
-
     def may_feed(self) -> bool:
-        """Is there room in the active queue for one more message?"""
-        return (self.message_count < self.cfg.qmgr_message_active_limit
-                and self.scheduler.may_feed())
+        """Is there room in the active queue for one more message? (Retry recovery.)"""
+        return self.feeder.may_feed()
 
     def feed_deferred(self, qid: str) -> bool:
-        """Bring one deferred file into the active queue now, outside the scans.
+        """One deferred file into the active queue now (:meth:`Feeder.feed_deferred`)."""
+        return self.feeder.feed_deferred(qid)
 
-        Deferred-mail recovery's way in (:mod:`pyqmgr.daemon.retry`); False when the
-        file was not taken (gone, not complete, or still in the future).
-        """
-        am = self.active.feed("deferred", qid, 0)
-        if am is None:
-            return False
-        self.message_count += 1
-        self._load(am)
-        return True
-
-    def _flow_tokens(self, fed: bool | None, from_incoming: bool) -> None:
-        flow = self.flow
-        if flow is None or self.cfg.in_flow_delay <= 0:
-            return
-        limit = self.cfg.default_process_limit
-        count = flow.count()
-        if count < 0:
-            return
-        if count < limit:
-            if fed and from_incoming:
-                flow.put(1)
-            elif self.scans[INCOMING].handle is None:
-                flow.put(limit - count)
-        elif count > limit:
-            flow.get(count - limit)
-
-    def _load(self, am: ActiveMessage) -> None:
+    def load(self, am: ActiveMessage) -> None:
+        """A message the feeder read: route its first batch and hand it to the core."""
+        if self.classifier is not None:
+            am.sched.rank, am.sched.tenant = self.classifier.classify(envelope(am.qf))
         recipients = am.take_pending()
         routes = self.active.route(am, recipients) if self.active.prepare(am) else []
         self._assign(am, routes)
@@ -402,7 +237,7 @@ class Qmgr:
         # The core's copy too: pyqmgr status reads it, and kept saying "1 messages"
         # after the queue had drained when it was set at assignment only (issue #31).
         self.scheduler.message_count = self.message_count
-        self.wakeup.set()
+        self.feeder.wakeup.set()
 
     def message_done(self, am: ActiveMessage) -> None:
         if "hold" in am.extra:
@@ -414,7 +249,7 @@ class Qmgr:
 
     async def _finish(self, am: ActiveMessage) -> None:
         await self.active.finish(am)
-        self.wakeup.set()
+        self.feeder.wakeup.set()
 
     # -- delivery -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyqmgr.daemon.classes import Classifier
 from pyqmgr.daemon.delegation import DelegationSetup
 from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.metrics import MetricsSettings
@@ -36,3 +37,5 @@ class DaemonSetup:
     memory: MemoryGuard | None = None
     #: site_grouping's settings and MX lookup (None: no sites).
     sites: SiteSetup | None = None
+    #: message_classes and tenant_key, their tables read (None: one class, as stock).
+    classes: Classifier | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import pwd
@@ -25,10 +26,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import control, delegation, memory, metrics, sites, suspensions
+from pyqmgr.daemon import classes, control, delegation, memory, metrics, sites, suspensions
 from pyqmgr.daemon.host import Fatal
 from pyqmgr.daemon.memory import MemoryGuard
-from pyqmgr.daemon.policies import policy_setup
+from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.fleet.settings import fleet_settings
@@ -128,19 +129,7 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     pyqmgr_cf = load_trusted_settings(cfg, log)
     # module: policies are files to import: settle them while the file system is whole.
     policies = policy_setup(pyqmgr_cf, cfg)
-    # Metrics are off unless pyqmgr.cf says where to serve them; then the exporter and
-    # prometheus_client are imported now, before the chroot.
-    metrics_cf = metrics.setup(pyqmgr_cf, cfg)
-    if metrics_cf is not None:
-        # Here, not in metrics.setup: the exporter imports metrics, not the other way.
-        from pyqmgr.daemon import metrics_exporter  # noqa: F401
-    # Delivery policy delegation: every form of its settings checked now.
-    delegation_cf = delegation.setup(pyqmgr_cf)
-    # The fleet's shared state: its password file is read now, as root.
-    fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
-    # The resident size is read through /proc/self/statm, opened before the chroot.
-    memory_guard = MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf))
-    sites_cf = sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "", bool(fleet_cf))
+    parts = _optional_parts(pyqmgr_cf, cfg, policies, log, config_dir)
 
     if not opts.debug and sys.stdin is not None and sys.stdin.isatty():
         raise UsageError("do not run this command by hand")
@@ -171,10 +160,32 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     # a site down for hours grew the qmgr by 35 KB a message.
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, GC_YOUNG_PER_MIDDLE, 1)
-    setup = DaemonSetup(policies, state, metrics_cf, delegation_cf, fleet_cf, memory_guard,
-                        sites_cf)
+    setup = dataclasses.replace(parts, state=state)
     return asyncio.run(_serve(cfg, log, status, flow, daemon, setup,
                               access if control_dir else None))
+
+
+def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
+                    log: MailLog, config_dir: str) -> DaemonSetup:
+    """pyqmgr.cf's optional parts, each checked and its files read before the chroot
+    (the suspensions' state file is opened later, in the queue directory)."""
+    # Metrics are off unless pyqmgr.cf says where to serve them; then the exporter and
+    # prometheus_client are imported now, before the chroot.
+    metrics_cf = metrics.setup(pyqmgr_cf, cfg)
+    if metrics_cf is not None:
+        # Here, not in metrics.setup: the exporter imports metrics, not the other way.
+        from pyqmgr.daemon import metrics_exporter  # noqa: F401
+    # The fleet's shared state: its password file is read now, as root.
+    fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
+    return DaemonSetup(
+        policies, None, metrics_cf,
+        # Delivery policy delegation: every form of its settings checked now.
+        delegation.setup(pyqmgr_cf), fleet_cf,
+        # The resident size is read through /proc/self/statm, opened before the chroot.
+        MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf)),
+        sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "", bool(fleet_cf)),
+        # Classes' and tenants' tables are read now (hash: ones through postmap).
+        classes.setup(pyqmgr_cf, policies, log.warning, config_dir))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:

@@ -51,6 +51,11 @@ class Message:
     #: the one per-message state a policy keeps on the message, typed loosely so that
     #: the message knows no policy (nqmgr's ``job_obtain`` reads it as its ``Job``).
     jobs: dict[str, Any] = field(default_factory=dict)
+    #: Its class's rank (issue #34): 0 is the highest priority; with no
+    #: ``message_classes`` every message is 0 and scheduling is stock's.
+    rank: int = 0
+    #: Its tenant (issue #34), "" with no ``tenant_key``.
+    tenant: str = ""
     #: The daemon's per-message state; the core never looks inside.
     owner: Any = None
 

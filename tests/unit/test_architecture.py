@@ -31,10 +31,6 @@ KNOWN_OVERSIZE: dict[str, tuple[int, str]] = {
         "a message's whole way through active/ (move in, open, read, route, finish, "
         "defer, bounce, hold), as qmgr_active.c and qmgr_message.c's I/O halves; its "
         "steps share the open queue file and its counters")),
-    "daemon/qmgr.py:Qmgr": (425, (
-        "the event loop: scans, feeding and agents are callbacks on one asyncio loop "
-        "that share its in-flight calls; the applier (daemon/applier.py) is split off, "
-        "the feeder and the dispatcher are next")),
 }
 
 

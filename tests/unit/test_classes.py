@@ -117,3 +117,24 @@ def test_a_maps_value_splits_at_commas_and_spaces_outside_braces():
     assert table_specs("inline:{ a=b, {c = d e} }, texthash:/x  cidr:/y,static:{ z z }") \
         == ["inline:{ a=b, {c = d e} }", "texthash:/x", "cidr:/y", "static:{ z z }"]
     assert table_specs("") == [] and table_specs(" , ") == []
+
+
+def test_each_lower_class_leaves_the_reserve_to_the_ones_above():
+    c = make("message_classes = transactional normal bulk\n")
+    assert c is not None and c.caps(20_000) == [20_000, 18_000, 16_000]
+    c = make("message_classes = transactional bulk\nmessage_class_active_reserve = 25\n")
+    assert c is not None and c.caps(100) == [100, 75]
+    c = make("message_classes = a b c d\nmessage_class_active_reserve = 50\n")
+    assert c is not None and c.caps(3) == [3, 2, 1, 1], "never below one message"
+
+
+@pytest.mark.parametrize("text, name", [
+    ("message_class_active_reserve = 10\n", "message_class_active_reserve"),
+    ("message_classes = a b\nmessage_class_active_reserve = 51\n",
+     "message_class_active_reserve"),
+    ("message_classes = a b\nmessage_class_active_reserve = ten\n",
+     "message_class_active_reserve"),
+])
+def test_a_bad_reserve_is_a_start_up_error(text, name):
+    with pytest.raises(PyqmgrCfError, match=name):
+        make(text)

@@ -63,11 +63,23 @@ def job_link(job: Job) -> None:
     """
     t = job.transport
     message = job.message
+    rank = message.rank
     current = t.job_current
     prev = t.job_list.tail
     nxt: Node[Job] | None = None
+    tails = t.rank_tails
+    if rank or tails is not None:
+        tails = _rank_tails(t, rank)
+        prev = _segment_end(tails, rank)
+        nxt = t.job_list.head if prev is None else prev.next
+        # A job of a higher class goes before every job of a lower one, the current
+        # one too: the next selection starts with it (strict priority).
+        if current is not None and current.message.rank > rank:
+            current = None
     while prev is not None:
         other = prev.item
+        if other.message.rank != rank:
+            break  # the end of the class's segment (never true without classes)
         # Test the parent, not the level: this keeps time order relative to orphaned
         # children after their level-zero parent is gone.
         if other.stack_parent is None and message.queued_time - other.message.queued_time >= 0:
@@ -89,6 +101,8 @@ def job_link(job: Job) -> None:
 
     job.stack_level = 0
     t.job_list.link(list_prev, job.list_node, list_next)
+    if tails is not None and (list_next is None or list_next.item.message.rank != rank):
+        tails[rank] = job.list_node
     t.job_bytime.link(prev, job.time_node, nxt)
     if current is None:
         t.job_current = job
@@ -103,6 +117,38 @@ def job_link(job: Job) -> None:
         job.rcpt_limit += t.rcpt_unused
         message.rcpt_limit += t.rcpt_unused
         t.rcpt_unused = 0
+
+
+def _rank_tails(t: Transport, rank: int) -> list[Node[Job] | None]:
+    """The segments' tails, made when the first job of a lower class arrives (every
+    job before it was of rank 0, so the list's tail is that segment's)."""
+    tails = t.rank_tails
+    if tails is None:
+        tails = t.rank_tails = [t.job_list.tail]
+    while len(tails) <= rank:
+        tails.append(None)
+    return tails
+
+
+def _segment_end(tails: list[Node[Job] | None], rank: int) -> Node[Job] | None:
+    """The last job of the rank's segment or, empty, of the nearest higher one."""
+    for r in range(rank, -1, -1):
+        node = tails[r]
+        if node is not None:
+            return node
+    return None
+
+
+def _list_unlink(t: Transport, job: Job) -> None:
+    """Off the job list, its segment's tail moving back when it was that."""
+    node = job.list_node
+    tails = t.rank_tails
+    if tails is not None:
+        rank = job.message.rank
+        if tails[rank] is node:
+            prev = node.prev
+            tails[rank] = prev if prev is not None and prev.item.message.rank == rank else None
+    t.job_list.unlink(node)
 
 
 def job_obtain(message: Message, transport: Transport) -> Job:
@@ -168,7 +214,7 @@ def job_unlink(job: Job) -> None:
         t.job_current = _next(job.list_node)
     if job is t.candidate_cache or job is t.candidate_cache_current:
         reset_candidate_cache(t)
-    t.job_list.unlink(job.list_node)
+    _list_unlink(t, job)
     t.job_bytime.unlink(job.time_node)
     job.stack_level = -1
 
@@ -227,6 +273,7 @@ def _candidate(current: Job, now: int) -> Job | None:
     best: Job | None = None
     best_score = 0.0
     if max_slots > 0:
+        rank = current.message.rank
         node = current.list_node.next
         while node is not None:
             job = node.item
@@ -236,6 +283,8 @@ def _candidate(current: Job, now: int) -> Job | None:
             if job.children.head is not None or job.blocker_tag == t.blocker_tag:
                 continue
             message = job.message
+            if message.rank != rank:
+                break  # only its own class preempts a job (never true without classes)
             max_total = job.read_entries + message.rcpt_unread
             max_needed = max_total - job.selected_entries
             delay = now - int(message.enqueue_time) + 1
@@ -268,7 +317,7 @@ def _preempt(current: Job, now: int) -> Job:
         return current
     if job.stack_level > 0:
         job_pop(job)
-    t.job_list.unlink(job.list_node)
+    _list_unlink(t, job)
     t.job_list.link(current.list_node.prev, job.list_node, current.list_node)
     job.stack_parent = current
     current.children.append(job.sibling_node)

@@ -36,6 +36,10 @@ class NqState(Policy):
         #: The jobs in enqueue order, along which recipient slots are handed out.
         self.job_bytime: QList[Job] = QList()
         self.job_current: Job | None = None
+        #: With message classes (issue #34) the job list is one segment per class
+        #: rank, highest first: the last job node of each (None: empty), or None
+        #: itself while every job has rank 0 (stock: no segments to keep).
+        self.rank_tails: list[Node[Job] | None] | None = None
         self.job_next_unread: Job | None = None
         self.candidate_cache: Job | None = None
         self.candidate_cache_current: Job | None = None

@@ -1,0 +1,91 @@
+"""Message classes on real Postfix (issue #34): a password reset does not wait behind a
+newsletter, whether the newsletter fills incoming/ or the active queue.
+
+The newsletter (3,000 messages from news@letters.example) is queued while no qmgr
+runs, then released to one destination whose server takes 0.1 s a message; the
+active queue holds 200 (``qmgr_message_active_limit``), so 2,800 wait in incoming/.
+Two seconds in, password resets from resets@shop.example to the same destination
+arrive by SMTP, one every 0.3 s. pyqmgr.cf names two classes and a table that makes
+shop.example's mail transactional; stock's figures are printed beside.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.sink import SinkServer
+
+BULK = 3000
+RESETS = 10
+CLASSES_CF = {"message_classes": "transactional bulk",
+              "message_class_maps": "inline:{ shop.example=transactional }"}
+
+
+def _run(postfix_instance, sink, qmgr: str, pyqmgr_cf: dict[str, str] | None
+         ) -> tuple[list[float], int, str]:
+    """The resets' delays (s, send to sink), the newsletter's messages still not
+    delivered when the last reset was, and the instance's maillog."""
+    srv: SinkServer = sink(latency=0.1)
+    pf: PostfixInstance = postfix_instance(
+        qmgr=qmgr, transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"qmgr_message_active_limit": "200"}, pyqmgr_cf=pyqmgr_cf)
+    pf.preload(BULK, recipients=lambda i: [f"n{i}@dest.example"],
+               sender="news@letters.example")
+    pf.release_preload()
+    pf.wait_until(lambda: srv.delivered_count() >= 100, 60, "the newsletter flowing")
+    sent: dict[str, float] = {}
+    for i in range(RESETS):
+        rcpt = f"reset{i}@dest.example"
+        sent[rcpt] = time.time()
+        pf.smtp_send([("resets@shop.example", [rcpt])])
+        time.sleep(0.3)
+    pf.wait_until(lambda: all(srv.outcomes(r) for r in sent), 240,
+                  "every password reset delivered")
+    got = {m.recipients[0]: m.time for m in srv.messages() if m.recipients[0] in sent}
+    last = max(got.values())
+    bulk_after = sum(1 for m in srv.messages()
+                     if m.sender.startswith("news@") and m.time > last)
+    bulk_left = BULK - sum(1 for m in srv.messages()
+                           if m.sender.startswith("news@")) + bulk_after
+    return [got[r] - sent[r] for r in sent], bulk_left, pf.maillog_path
+
+
+def test_password_resets_do_not_wait_behind_a_newsletter(postfix_instance, sink):
+    stock, stock_left, _ = _run(postfix_instance, sink, "stock", None)
+    mine, mine_left, _ = _run(postfix_instance, sink, "pyqmgr", CLASSES_CF)
+    print(f"\n{RESETS} resets behind {BULK} newsletter messages (active limit 200): "
+          f"stock median {statistics.median(stock):.2f} s, max {max(stock):.2f} s "
+          f"({stock_left} newsletter messages still to go when its last reset went); "
+          f"pyqmgr with classes median {statistics.median(mine):.2f} s, max "
+          f"{max(mine):.2f} s ({mine_left} to go)")
+    assert max(mine) < 1.5, mine
+    assert mine_left > 1000, "the resets went while the newsletter was still queued"
+
+
+def test_bad_tables_are_a_log_line_each_and_mail_flows_on_the_defaults(
+        postfix_instance, sink, tmp_path):
+    """A missing table, a table type pyqmgr cannot read, a class no one declared: one
+    warning each, and every message delivered in the default class."""
+    srv: SinkServer = sink()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        pyqmgr_cf={"message_classes": "transactional bulk",
+                   "message_class_maps": f"texthash:{tmp_path}/no-such-table, "
+                                         "regexp:/etc/postfix/classes.re, "
+                                         "inline:{ shop.example=urgent }",
+                   "tenant_key": "sender_domain",
+                   "tenant_maps": f"texthash:{tmp_path}/no-tenants"})
+    pf.smtp_send([("resets@shop.example", ["a@dest.example"]),
+                  ("news@letters.example", ["b@dest.example"]),
+                  ("", ["c@dest.example"])])
+    pf.wait_until(lambda: srv.delivered_count() >= 3, 60, "three messages delivered")
+    pf.wait_queue_empty(30)
+    text = "\n".join(ln.text for ln in pf.maillog.lines() if ln.program_name == "qmgr")
+    print("\n" + "\n".join(ln for ln in text.splitlines() if "classes:" in ln))
+    assert f"cannot read {tmp_path}/no-such-table: No such file or directory" in text
+    assert "regexp tables are not supported" in text
+    assert f"cannot read {tmp_path}/no-tenants" in text
+    assert "a table answered class 'urgent', which message_classes does not list" in text
+    assert text.count("'urgent'") == 1, "that warning once, not a message"
