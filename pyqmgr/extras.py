@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "testbed": ("aiosmtpd",),
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
+    "classes": ("inotify_simple",),
 }
 
 

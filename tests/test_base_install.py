@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 #: The interpreter ./dev builds .venv from, and the one an admin's venv comes from.
 SYSTEM_PYTHON = "/usr/bin/python3"
-OPTIONAL = ("aiosmtpd", "matplotlib", "prometheus_client")
+OPTIONAL = ("aiosmtpd", "matplotlib", "prometheus_client", "inotify_simple")
 #: The modules that may fail to import without the extras: each is reached only by a
 #: command that checks for its extra first (demo, and the daemon with metrics_listen).
 NEEDS_AN_EXTRA = {"pyqmgr.demo", "pyqmgr.testbed.sink", "pyqmgr.testbed.content_filter",
@@ -260,6 +260,25 @@ def test_metrics_without_prometheus_client(venv):
     assert proc.stdout.startswith("/etc/postfix/pyqmgr.cf: parameter metrics_listen: the "
                                   "prometheus_client library does not load"), proc.stdout
     assert "pip install 'pyqmgr[metrics]'" in proc.stdout
+
+
+def test_message_classes_without_inotify_simple(venv):
+    """message_classes set, the library absent: the start-up check names the parameter
+    and the extra (pyqmgr reads incoming/'s new files as the kernel reports them)."""
+    proc = venv.run(venv.python, "-c", (
+        "from pyqmgr.daemon import classes\n"
+        "from pyqmgr.daemon.policies import policy_setup\n"
+        "from pyqmgr.postfix.config import QmgrConfig\n"
+        "from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text\n"
+        "cf = from_text('message_classes = transactional bulk\\n', '/etc/postfix/pyqmgr.cf')\n"
+        "try:\n"
+        "    classes.setup(cf, policy_setup(cf, QmgrConfig.from_text('')), print)\n"
+        "except PyqmgrCfError as exc:\n"
+        "    print(exc)\n"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("/etc/postfix/pyqmgr.cf: parameter message_classes: the "
+                                  "inotify_simple library does not load"), proc.stdout
+    assert "pip install 'pyqmgr[classes]'" in proc.stdout
 
 
 def test_extras_match_pyproject():

@@ -198,9 +198,17 @@ def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None]
     """:func:`classifier` at start-up: classes order deliveries in nqmgr's job list
     only, so another scheduler_policy with classes is refused, not quietly ignored."""
     found = classifier(settings, warn, config_dir)
-    if found is not None and len(found.classes) > 1 and not policies.table.stock:
-        raise settings.error(CLASSES, "classes order deliveries in stock's scheduler "
-                                      "(nqmgr) only: scheduler_policy names another")
+    if found is not None and len(found.classes) > 1:
+        if not policies.table.stock:
+            raise settings.error(CLASSES, "classes order deliveries in stock's scheduler "
+                                          "(nqmgr) only: scheduler_policy names another")
+        # Imported now, before the chroot: it finds the C library through ldconfig.
+        try:
+            import inotify_simple  # type: ignore[import-untyped]  # noqa: F401
+        except (ImportError, OSError) as exc:
+            raise settings.error(CLASSES, f"the inotify_simple library does not load "
+                                          f"({exc}); install it (pip install "
+                                          "'pyqmgr[classes]')") from None
     return found
 
 

@@ -150,6 +150,8 @@ class Feeder:
     def start(self) -> None:
         self.scans[INCOMING].request(SCAN_START)
         self.scans[DEFERRED].request(SCAN_START)
+        if self.classes is not None:
+            self.classes.start(self.wakeup.set)
 
     def request(self, incoming: int, deferred: int) -> None:
         """A trigger's scan requests (:func:`scan_requests`)."""
@@ -209,10 +211,11 @@ class Feeder:
         if classes is None:
             return None
         now = time.monotonic()
-        wait = classes.pass_wait(now)
+        wait = classes.pass_wait(now, self.message_count)
         if wait is None:
             return None
-        if self.scans[INCOMING].handle is None and classes.main_room(self.message_count):
+        if (classes.watch is None and self.scans[INCOMING].handle is None
+                and classes.main_room(self.message_count)):
             # No backlog in incoming/ and room: the scan the trigger started finds it.
             classes.wanted = False
             return None
