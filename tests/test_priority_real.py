@@ -11,11 +11,13 @@ shop.example's mail transactional; stock's figures are printed beside.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import SinkServer
+from tests.test_control import cli
 
 BULK = 3000
 RESETS = 10
@@ -89,3 +91,58 @@ def test_bad_tables_are_a_log_line_each_and_mail_flows_on_the_defaults(
     assert f"cannot read {tmp_path}/no-tenants" in text
     assert "a table answered class 'urgent', which message_classes does not list" in text
     assert text.count("'urgent'") == 1, "that warning once, not a message"
+
+
+def test_resets_already_queued_at_start_up_go_first(postfix_instance, sink):
+    """Resets queued behind the newsletter before the queue manager starts (a restart,
+    a reload): start-up reads incoming/'s envelopes once and takes them first."""
+    srv: SinkServer = sink(latency=0.1)
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"qmgr_message_active_limit": "200"}, pyqmgr_cf=CLASSES_CF)
+    pf.preload([("news@letters.example", [f"n{i}@dest.example"]) for i in range(BULK)]
+               + [("resets@shop.example", [f"reset{i}@dest.example"]) for i in range(5)])
+    started = time.time()
+    pf.release_preload()
+    resets = [f"reset{i}@dest.example" for i in range(5)]
+    pf.wait_until(lambda: all(srv.outcomes(r) for r in resets), 60, "the resets delivered")
+    took = time.time() - started
+    news = sum(1 for m in srv.messages() if m.sender.startswith("news@"))
+    classes = json.loads(cli(pf, "status", "--json").stdout)["classes"]
+    assert classes["incoming"] == "watched", classes
+    bulk = classes["classes"][1]
+    assert 0 < bulk["active"] <= bulk["cap"] == 180, classes
+    print(f"\nthe 5 resets queued behind {BULK} newsletter messages went within {took:.1f} s "
+          f"of the release, {news} newsletter messages before them")
+    assert news < 600, "the resets did not wait for the newsletter's scan"
+
+
+def test_a_hashed_incoming_is_listed_and_resets_still_go_first(postfix_instance, sink):
+    """hash_queue_names with incoming: no watch on its subdirectories; each new-mail
+    trigger lists them (at most every 0.2 s) and the resets go as before."""
+    srv: SinkServer = sink(latency=0.1)
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"qmgr_message_active_limit": "200",
+                 "hash_queue_names": "incoming, deferred, defer"},
+        pyqmgr_cf=CLASSES_CF)
+    pf.preload(1500, recipients=lambda i: [f"n{i}@dest.example"],
+               sender="news@letters.example")
+    pf.release_preload()
+    pf.wait_until(lambda: srv.delivered_count() >= 100, 60, "the newsletter flowing")
+    delays = []
+    for i in range(5):
+        rcpt = f"reset{i}@dest.example"
+        sent = time.time()
+        pf.smtp_send([("resets@shop.example", [rcpt])])
+        pf.wait_until(lambda r=rcpt: bool(srv.outcomes(r)), 30, f"{rcpt} delivered")
+        delays.append(next(m.time for m in srv.messages() if m.recipients[0] == rcpt) - sent)
+    left = 1500 - sum(1 for m in srv.messages() if m.sender.startswith("news@"))
+    status = cli(pf, "status")
+    classes = json.loads(cli(pf, "status", "--json").stdout)["classes"]
+    print(f"\nhashed incoming/: resets in {', '.join(f'{d:.2f}' for d in delays)} s, "
+          f"{left} newsletter messages still to go\n{status.stdout[:600]}")
+    assert max(delays) < 1.5 and left > 300
+    assert classes["incoming"] == "listed" and classes["fed_past_the_scan"] >= 5
+    assert [c["cap"] for c in classes["classes"]] == [200, 180]
+    assert "CLASS" in status.stdout and "transactional" in status.stdout

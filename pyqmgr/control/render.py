@@ -139,6 +139,16 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     if isinstance(fleet, dict):
         lines += _fleet_lines(fleet)
         lines.append("")
+    classes = reply.get("classes")
+    if isinstance(classes, dict):
+        lines += _table(["CLASS", "ACTIVE", "ROOM"],
+                        [[_fmt(c.get("name")), _fmt(c.get("active")), _fmt(c.get("cap"))]
+                         for c in _dicts(classes.get("classes"))])
+        lines.append(f"incoming/ {_fmt(classes.get('incoming'))}: "
+                     f"{_fmt(classes.get('files_read'))} files read, "
+                     f"{_fmt(classes.get('fed_past_the_scan'))} fed past the scan, "
+                     f"{_fmt(classes.get('waiting_for_room'))} waiting for room")
+        lines.append("")
     sites = _dicts(reply.get("sites"))
     if sites:
         lines += _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "STATE", "RULE"],

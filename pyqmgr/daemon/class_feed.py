@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from pyqmgr.daemon.classes import Classifier, envelope
@@ -222,9 +222,14 @@ class ClassFeed:
             return self.lowest  # damaged: the scan finds it and says so
         return self.classifier.classify(envelope(qf))[0]
 
-    def describe(self) -> dict[str, object]:
-        """For status: the classes' caps and what the passes did."""
-        return {"classes": list(self.classifier.classes), "active_caps": list(self.caps),
-                "watching": self.watch is not None, "passes": self.passes,
-                "files_read": self.peeked, "fed": self.fed,
-                "waiting_for_room": len(self.waiting)}
+    def describe(self, ranks: Iterable[int]) -> dict[str, object]:
+        """For status: each class's messages in the active queue (``ranks``: the
+        active messages' ranks) and cap, and what the look into incoming/ did."""
+        count = [0] * len(self.caps)
+        for rank in ranks:
+            count[rank] += 1
+        return {"classes": [{"name": name, "active": count[rank], "cap": self.caps[rank]}
+                            for rank, name in enumerate(self.classifier.classes)],
+                "incoming": "watched" if self.watch is not None else "listed",
+                "passes": self.passes, "files_read": self.peeked,
+                "fed_past_the_scan": self.fed, "waiting_for_room": len(self.waiting)}

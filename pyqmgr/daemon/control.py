@@ -430,6 +430,9 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 reply["fleet"] = qmgr.fleet.status()
             if qmgr.memory is not None:
                 reply["memory"] = qmgr.memory.status()
+            if qmgr.feeder.classes is not None:
+                reply["classes"] = qmgr.feeder.classes.describe(
+                    m.sched.rank for m in qmgr.active.messages.values())
             return reply
         if command == "explain":
             target = str(request["target"])
