@@ -19,6 +19,8 @@ once, when its file is first read.
                            ``sasl_username`` or ``client_address``
 ``tenant_maps``            tables answering a tenant's name for the key (without: the
                            key itself is the tenant: each sender domain its own)
+``tenant_weight_maps``     tables answering a tenant's weight (default 1): its
+                           messages a round when tenants share a class's deliveries
 ``message_class_active_``  percent of ``qmgr_message_active_limit`` each class below
 ``reserve``                the highest leaves to those above it (default 10): with
                            two classes bulk stops at 90% of the active queue, and
@@ -55,6 +57,11 @@ DEFAULT_CLASS = "default_message_class"
 TENANT_KEY = "tenant_key"
 TENANT_MAPS = "tenant_maps"
 RESERVE = "message_class_active_reserve"
+WEIGHT_MAPS = "tenant_weight_maps"
+#: A tenant's weight at most (jobs a round).
+MAX_WEIGHT = 1000
+#: Tenants' weights remembered at most (then looked up each time).
+MAX_WEIGHTS_KEPT = 100_000
 DEFAULT_RESERVE = 10
 
 CLASS_KEYS = ("sender", "sasl_username", "client_address", "client_name")
@@ -90,7 +97,10 @@ class Classifier:
     warn: Callable[[str], None]
     #: message_class_active_reserve: percent of the active queue per class step.
     reserve: int = DEFAULT_RESERVE
+    #: tenant_weight_maps: each tenant's jobs a round (default 1).
+    weight_tables: list[Table] = field(default_factory=list)
     warned: set[str] = field(default_factory=set)
+    weights: dict[str, int] = field(default_factory=dict)
 
     def caps(self, active_limit: int) -> list[int]:
         """Each rank's most messages in the active queue: the highest class has it
@@ -117,9 +127,29 @@ class Classifier:
                           f"{self.classes[self.default_rank]!r} (this warning once)")
             return self.default_rank
 
+    def weight(self, tenant: str) -> int:
+        """The tenant's weight (``tenant_weight_maps``): its jobs a round; 1 unless a
+        table says otherwise. A bad value is said once and counts as 1."""
+        found = self.weights.get(tenant)
+        if found is not None:
+            return found
+        weight = 1
+        value = _lookup(self.weight_tables, [tenant]) if self.weight_tables else None
+        if value is not None:
+            if value.isdigit() and 1 <= int(value) <= MAX_WEIGHT:
+                weight = int(value)
+            elif len(self.warned) < MAX_WARNED and f"weight {tenant}" not in self.warned:
+                self.warned.add(f"weight {tenant}")
+                self.warn(f"classes: {WEIGHT_MAPS}: tenant {tenant[:MAX_NAME]!r} has weight "
+                          f"{value[:MAX_NAME]!r}, not a whole number from 1 to "
+                          f"{MAX_WEIGHT}: it counts as 1 (this warning once)")
+        if len(self.weights) < MAX_WEIGHTS_KEPT:
+            self.weights[tenant] = weight
+        return weight
+
     def _tenant(self, env: Envelope) -> str:
         if self.tenant_key == "none":
-            return NO_TENANT
+            return ""
         keys = _keys(self.tenant_key, env)
         if not keys or not keys[0]:
             return NO_TENANT
@@ -180,8 +210,9 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
     if names and default not in names:
         raise settings.error(DEFAULT_CLASS, f"{default!r} is not one of {CLASSES} "
                                             f"({' '.join(names)})")
-    if settings.get(TENANT_MAPS) is not None and tenant_key == "none":
-        raise settings.error(TENANT_MAPS, f"has no effect without {TENANT_KEY}")
+    for name in (TENANT_MAPS, WEIGHT_MAPS):
+        if settings.get(name) is not None and tenant_key == "none":
+            raise settings.error(name, f"has no effect without {TENANT_KEY}")
     reserve = settings.get_int(RESERVE, None, DEFAULT_RESERVE, 0, 50)
     if not names and tenant_key == "none":
         if settings.get(RESERVE) is not None:
@@ -190,18 +221,21 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
     return Classifier(
         names or ["default"], _tables(settings, CLASS_MAPS, warn, config_dir), class_key,
         names.index(default) if names else 0, tenant_key,
-        _tables(settings, TENANT_MAPS, warn, config_dir), warn, reserve)
+        _tables(settings, TENANT_MAPS, warn, config_dir), warn, reserve,
+        _tables(settings, WEIGHT_MAPS, warn, config_dir))
 
 
 def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None],
           config_dir: str | None = None) -> Classifier | None:
-    """:func:`classifier` at start-up: classes order deliveries in nqmgr's job list
-    only, so another scheduler_policy with classes is refused, not quietly ignored."""
+    """:func:`classifier` at start-up: classes and tenants order deliveries in nqmgr's
+    job list only, so another scheduler_policy with them is refused, not quietly
+    ignored."""
     found = classifier(settings, warn, config_dir)
+    if found is not None and not policies.table.stock:
+        name = CLASSES if len(found.classes) > 1 else TENANT_KEY
+        raise settings.error(name, "classes and tenants order deliveries in stock's "
+                                   "scheduler (nqmgr) only: scheduler_policy names another")
     if found is not None and len(found.classes) > 1:
-        if not policies.table.stock:
-            raise settings.error(CLASSES, "classes order deliveries in stock's scheduler "
-                                          "(nqmgr) only: scheduler_policy names another")
         # Imported now, before the chroot: it finds the C library through ldconfig.
         try:
             import inotify_simple  # type: ignore[import-untyped]  # noqa: F401

@@ -161,8 +161,11 @@ class Qmgr:
 
     def load(self, am: ActiveMessage) -> None:
         """A message the feeder read: route its first batch and hand it to the core."""
-        if self.classifier is not None:
-            am.sched.rank, am.sched.tenant = self.classifier.classify(envelope(am.qf))
+        if (classes := self.classifier) is not None:
+            sched = am.sched
+            sched.rank, sched.tenant = classes.classify(envelope(am.qf))
+            if sched.tenant:
+                sched.weight = classes.weight(sched.tenant)
         recipients = am.take_pending()
         routes = self.active.route(am, recipients) if self.active.prepare(am) else []
         self._assign(am, routes)

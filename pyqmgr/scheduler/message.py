@@ -56,6 +56,8 @@ class Message:
     rank: int = 0
     #: Its tenant (issue #34), "" with no ``tenant_key``.
     tenant: str = ""
+    #: Its tenant's weight: jobs a round in its class (``tenant_weight_maps``).
+    weight: int = 1
     #: The daemon's per-message state; the core never looks inside.
     owner: Any = None
 

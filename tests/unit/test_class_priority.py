@@ -20,8 +20,8 @@ def scheduler(**kw: object) -> Scheduler:
 
 
 def add(s: Scheduler, name: str, n: int, rank: int = 0, now: float = 0.0,
-        dest: str = "d") -> Message:
-    m = Message(name, now, rank=rank)
+        dest: str = "d", tenant: str = "", weight: int = 1) -> Message:
+    m = Message(name, now, rank=rank, tenant=tenant, weight=weight)
     s.read_limit(m)
     s.assign(m, [Route("smtp", dest, dest, Recipient(i, f"r{i}@{dest}")) for i in range(n)],
              now=now)
@@ -56,7 +56,7 @@ def test_one_class_is_stock_order_and_keeps_no_segments():
     for name, n in (("1", 3), ("2", 1), ("3", 2)):
         add(s, name, n)
     assert deliver(s) == "111233"
-    assert _state(s).rank_tails is None
+    assert _state(s).segments is None
 
 
 def test_preemption_stays_inside_a_class():
@@ -105,11 +105,84 @@ def test_segments_hold_through_random_arrivals_and_retirements():
             assert entry.message.queue_id == want[0]
             want.pop(0)
             s.done(entry, 0, None, False, float(i))
-        tails = _state(s).rank_tails
-        if tails is not None:
-            jobs = list(_state(s).job_list)
-            ranks = [j.message.rank for j in jobs]
-            assert ranks == sorted(ranks)
-            for r, node in enumerate(tails):
-                mine = [j for j in jobs if j.message.rank == r]
-                assert (node.item if node is not None else None) is (mine[-1] if mine else None)
+        _check_segments(_state(s))
+
+
+def _check_segments(state: NqState) -> None:
+    """The list is in key order, and the structure's tails and keys are the list's."""
+    seg = state.segments
+    if seg is None:
+        return
+    jobs = list(state.job_list)
+    keys = [(j.message.rank, j.round) for j in jobs]
+    assert keys == sorted(keys)
+    assert seg.keys == sorted(set(keys))
+    for key in seg.keys:
+        assert seg.tails[key].item is [j for j in jobs if (j.message.rank, j.round) == key][-1]
+
+
+# -- tenants: rounds inside a class ------------------------------------------------------
+
+
+def test_three_tenants_one_sending_ten_times_take_turns():
+    s = scheduler(delivery_slot_cost=1)
+    for i in range(30):
+        add(s, "A", 1, tenant="a", now=i / 100)
+    for i in range(3):
+        add(s, "B", 1, tenant="b", now=1 + i / 100)
+        add(s, "C", 1, tenant="c", now=1 + i / 100)
+    assert deliver(s) == "ABC" * 3 + "A" * 27
+
+
+def test_a_weight_is_jobs_a_round():
+    s = scheduler(delivery_slot_cost=1)
+    for i in range(8):
+        add(s, "A", 1, tenant="a", weight=3, now=i / 100)
+        add(s, "B", 1, tenant="b", now=i / 100)
+    assert deliver(s) == "ABAA" "BAAA" "BAA" "BBBBB", "3 of A a round, 1 of B"
+
+
+def test_a_tenant_arriving_late_joins_the_current_round_not_the_backlogs_end():
+    s = scheduler(delivery_slot_cost=1)
+    for i in range(20):
+        add(s, "A", 1, tenant="a", now=i / 100)
+    assert deliver(s, 5) == "AAAAA"
+    add(s, "B", 1, tenant="b", now=5)
+    add(s, "B", 1, tenant="b", now=5.1)
+    assert deliver(s, 5) == "BABAA", "B joins round 4, where A was served last"
+    _check_segments(_state(s))
+
+
+def test_classes_come_before_rounds():
+    s = scheduler(delivery_slot_cost=1)
+    for i in range(4):
+        add(s, "a", 1, rank=1, tenant="a", now=i / 100)
+        add(s, "b", 1, rank=1, tenant="b", now=i / 100)
+    add(s, "T", 1, rank=0, tenant="a", now=9)
+    assert deliver(s) == "T" + "ab" * 4
+
+
+def test_rounds_hold_through_random_arrivals_of_tenants_and_classes():
+    """Random arrivals of two classes and four tenants of weights 1-3 with deliveries
+    between: the list stays in key order, and while every tenant of the highest class
+    with mail has mail, none is more than a round ahead of another."""
+    rng = random.Random(3434)
+    s = scheduler(delivery_slot_cost=1)
+    weights = {"a": 1, "b": 2, "c": 3, "d": 1}
+    for i in range(600):
+        tenant = rng.choice("aaaaaaabcd")
+        add(s, f"{tenant}{i}", 1, rank=rng.randrange(2), tenant=tenant,
+            weight=weights[tenant], now=i / 10)
+        for _ in range(rng.randrange(3)):
+            entry = s.select("smtp", i / 10).deliver
+            if entry is None:
+                break
+            s.done(entry, 0, None, False, i / 10)
+        _check_segments(_state(s))
+        jobs = list(_state(s).job_list)
+        first = {}
+        for j in jobs:
+            first.setdefault((j.message.rank, j.message.tenant), j.round)
+        for rank in (0, 1):
+            rounds = [r for (k, _), r in first.items() if k == rank]
+            assert not rounds or max(rounds) - min(rounds) <= 1, first

@@ -138,3 +138,25 @@ def test_each_lower_class_leaves_the_reserve_to_the_ones_above():
 def test_a_bad_reserve_is_a_start_up_error(text, name):
     with pytest.raises(PyqmgrCfError, match=name):
         make(text)
+
+
+def test_weights_from_a_table_and_a_bad_one_said_once():
+    warned: list[str] = []
+    c = make("tenant_key = sender_domain\n"
+             "tenant_weight_maps = inline:{ acme.example=3, beta.example=x, big.example=5000 }\n",
+             warned)
+    assert c is not None
+    assert c.weight("acme.example") == 3
+    assert c.weight("other.example") == 1
+    for _ in range(3):
+        assert c.weight("beta.example") == 1
+        assert c.weight("big.example") == 1
+    assert len(warned) == 2 and "'beta.example' has weight 'x'" in warned[0], warned
+    assert c.classify(Envelope(sender="a@acme.example"))[1] == "acme.example"
+
+
+def test_no_tenant_key_no_tenant():
+    c = make("message_classes = a b\n")
+    assert c is not None and c.classify(Envelope(sender="a@acme.example"))[1] == ""
+    with pytest.raises(PyqmgrCfError, match="tenant_weight_maps"):
+        make("message_classes = a b\ntenant_weight_maps = inline:{ a=2 }\n")

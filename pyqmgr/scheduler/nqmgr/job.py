@@ -20,6 +20,14 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.entry import Entry, entry_select
 from pyqmgr.scheduler.nqmgr.peer import peer_select
+from pyqmgr.scheduler.nqmgr.segment import (
+    Segments,
+    segment_end,
+    segment_key,
+    segment_linked,
+    segment_served,
+    segment_unlinked,
+)
 from pyqmgr.scheduler.nqmgr.structures import Job, Peer
 from pyqmgr.scheduler.nqmgr.structures import NqState as Transport
 from pyqmgr.scheduler.qlist import Node
@@ -63,23 +71,29 @@ def job_link(job: Job) -> None:
     """
     t = job.transport
     message = job.message
-    rank = message.rank
     current = t.job_current
     prev = t.job_list.tail
     nxt: Node[Job] | None = None
-    tails = t.rank_tails
-    if rank or tails is not None:
-        tails = _rank_tails(t, rank)
-        prev = _segment_end(tails, rank)
+    seg = t.segments
+    key = (0, 0)
+    if seg is None and (message.rank or message.tenant):
+        # The first job of a lower class or with a tenant: every job before it was
+        # in segment (0, 0), so the list's tail is that segment's.
+        seg = t.segments = Segments()
+        if prev is not None:
+            segment_linked(seg, key, prev)
+    if seg is not None:
+        key = segment_key(seg, job)
+        prev = segment_end(seg, key)
         nxt = t.job_list.head if prev is None else prev.next
-        # A job of a higher class goes before every job of a lower one, the current
-        # one too: the next selection starts with it (strict priority).
-        if current is not None and current.message.rank > rank:
+        # A job of an earlier segment (a higher class, an earlier round) goes before
+        # the current job, which it becomes: the next selection starts with it.
+        if current is not None and (current.message.rank, current.round) > key:
             current = None
     while prev is not None:
         other = prev.item
-        if other.message.rank != rank:
-            break  # the end of the class's segment (never true without classes)
+        if other.round != job.round or other.message.rank != message.rank:
+            break  # the end of the job's segment (never true without segments)
         # Test the parent, not the level: this keeps time order relative to orphaned
         # children after their level-zero parent is gone.
         if other.stack_parent is None and message.queued_time - other.message.queued_time >= 0:
@@ -101,8 +115,8 @@ def job_link(job: Job) -> None:
 
     job.stack_level = 0
     t.job_list.link(list_prev, job.list_node, list_next)
-    if tails is not None and (list_next is None or list_next.item.message.rank != rank):
-        tails[rank] = job.list_node
+    if seg is not None:
+        segment_linked(seg, key, job.list_node)
     t.job_bytime.link(prev, job.time_node, nxt)
     if current is None:
         t.job_current = job
@@ -119,36 +133,11 @@ def job_link(job: Job) -> None:
         t.rcpt_unused = 0
 
 
-def _rank_tails(t: Transport, rank: int) -> list[Node[Job] | None]:
-    """The segments' tails, made when the first job of a lower class arrives (every
-    job before it was of rank 0, so the list's tail is that segment's)."""
-    tails = t.rank_tails
-    if tails is None:
-        tails = t.rank_tails = [t.job_list.tail]
-    while len(tails) <= rank:
-        tails.append(None)
-    return tails
-
-
-def _segment_end(tails: list[Node[Job] | None], rank: int) -> Node[Job] | None:
-    """The last job of the rank's segment or, empty, of the nearest higher one."""
-    for r in range(rank, -1, -1):
-        node = tails[r]
-        if node is not None:
-            return node
-    return None
-
-
 def _list_unlink(t: Transport, job: Job) -> None:
     """Off the job list, its segment's tail moving back when it was that."""
-    node = job.list_node
-    tails = t.rank_tails
-    if tails is not None:
-        rank = job.message.rank
-        if tails[rank] is node:
-            prev = node.prev
-            tails[rank] = prev if prev is not None and prev.item.message.rank == rank else None
-    t.job_list.unlink(node)
+    if t.segments is not None:
+        segment_unlinked(t.segments, job)
+    t.job_list.unlink(job.list_node)
 
 
 def job_obtain(message: Message, transport: Transport) -> Job:
@@ -274,6 +263,7 @@ def _candidate(current: Job, now: int) -> Job | None:
     best_score = 0.0
     if max_slots > 0:
         rank = current.message.rank
+        rnd = current.round
         node = current.list_node.next
         while node is not None:
             job = node.item
@@ -283,8 +273,8 @@ def _candidate(current: Job, now: int) -> Job | None:
             if job.children.head is not None or job.blocker_tag == t.blocker_tag:
                 continue
             message = job.message
-            if message.rank != rank:
-                break  # only its own class preempts a job (never true without classes)
+            if job.round != rnd or message.rank != rank:
+                break  # only its own segment preempts a job (never without segments)
             max_total = job.read_entries + message.rcpt_unread
             max_needed = max_total - job.selected_entries
             delay = now - int(message.enqueue_time) + 1
@@ -406,6 +396,8 @@ def job_entry_select(t: Transport, ctx: Refiller) -> Entry | None:
             entry = peer_entry_select(peer, ctx.clock)
             _count_slots(job)
             t.job_current = job
+            if t.segments is not None:
+                segment_served(t.segments, job)
             # All entries selected and nothing left to read: it cannot get more
             # without a new batch (which relinks it), so it leaves the lists now.
             if not job.has_entries and not job.message.more:

@@ -20,6 +20,28 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.structures import Queue, Transport
 
 
+Key = tuple[int, int]
+#: Tenants' round records kept at least this many before stale ones are dropped.
+PRUNE_FLOOR = 1024
+
+
+class Segments:
+    """One transport's segment tails and its tenants' rounds."""
+
+    __slots__ = ("keys", "tails", "tenants", "current", "prune_at")
+
+    def __init__(self) -> None:
+        #: The keys of the segments on the list, sorted.
+        self.keys: list[Key] = []
+        #: Each segment's last job node.
+        self.tails: dict[Key, Node[Job]] = {}
+        #: (rank, tenant) -> [its latest round, jobs it has in that round].
+        self.tenants: dict[tuple[int, str], list[int]] = {}
+        #: rank -> the latest round a delivery was selected from.
+        self.current: dict[int, int] = {}
+        self.prune_at = PRUNE_FLOOR
+
+
 class NqState(Policy):
     """One transport's nqmgr state: its job lists, candidate cache and slot pools.
 
@@ -36,10 +58,10 @@ class NqState(Policy):
         #: The jobs in enqueue order, along which recipient slots are handed out.
         self.job_bytime: QList[Job] = QList()
         self.job_current: Job | None = None
-        #: With message classes (issue #34) the job list is one segment per class
-        #: rank, highest first: the last job node of each (None: empty), or None
-        #: itself while every job has rank 0 (stock: no segments to keep).
-        self.rank_tails: list[Node[Job] | None] | None = None
+        #: With message classes and tenants (issue #34) the job list is cut into
+        #: segments (:mod:`.segment`); None while every job is of rank 0 with no
+        #: tenant (stock: no segments to keep).
+        self.segments: Segments | None = None
         self.job_next_unread: Job | None = None
         self.candidate_cache: Job | None = None
         self.candidate_cache_current: Job | None = None
@@ -62,7 +84,7 @@ class Job:
         "message", "transport", "list_node", "time_node", "sibling_node",
         "stack_parent", "children", "stack_level", "blocker_tag", "peer_byname",
         "peers", "slots_used", "slots_available", "selected_entries", "read_entries",
-        "rcpt_count", "rcpt_limit",
+        "rcpt_count", "rcpt_limit", "round",
     )
 
     def __init__(self, message: Message, transport: NqState) -> None:
@@ -84,6 +106,8 @@ class Job:
         self.read_entries = 0
         self.rcpt_count = 0
         self.rcpt_limit = 0
+        #: Its tenant's round (:mod:`.segment`); 0 without tenants.
+        self.round = 0
 
     def __repr__(self) -> str:
         return (f"Job({self.message.queue_id}/{self.transport.tname} lvl {self.stack_level} "
