@@ -30,6 +30,7 @@ import asyncio
 import math
 import os
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Protocol
 
 from pyqmgr.daemon.classes import Classifier, envelope
@@ -42,6 +43,8 @@ PASS_INTERVAL = 0.2
 #: pass lists the directory), a higher class's files waiting for room, and in a
 #: listing pass the lowest class's (beyond: read again on the next listing).
 MAX_NAMES = 200_000
+#: Names read at most in one pass: about 30 ms of envelopes, then the event loop runs.
+CHUNK = 1000
 
 
 class FeedHost(Protocol):
@@ -94,10 +97,14 @@ class ClassFeed:
         self.watch: IncomingWatch | None = None
         #: New names the kernel reported, not read yet (an ordered set).
         self.fresh: dict[str, None] = {}
-        #: A higher class's names read while the class had no room: name -> rank.
-        self.waiting: dict[str, int] = {}
+        #: A higher class's names read while the class had no room, by rank, oldest
+        #: first (ordered sets).
+        self.waiting: list[dict[str, None]] = [{} for _ in self.caps]
         #: The next pass lists the directory (start-up, lost events, hashed).
         self.full = True
+        #: A listing being read, :data:`CHUNK` names a pass, and where it is.
+        self.listing: list[str] | None = None
+        self.listing_at = 0
         #: Listing passes: the lowest class's names read before (left to the scan).
         self.skipped: set[str] = set()
         #: A new-mail trigger came since the last listing (listing mode).
@@ -138,46 +145,62 @@ class ClassFeed:
 
     def pass_wait(self, now: float, count: int) -> float | None:
         """None: no pass wanted; else seconds until one may run (0: now)."""
+        if self.full or self.listing is not None or any(
+                names and count < self.caps[rank] for rank, names in enumerate(self.waiting)):
+            return 0.0
         if self.watch is not None:
-            ready = self.full or self.fresh or (
-                self.waiting and count < max(self.caps[r] for r in self.waiting.values()))
-            return 0.0 if ready else None
+            return 0.0 if self.fresh else None
         if not self.wanted:
             return None
         return max(0.0, self.last_pass + PASS_INTERVAL - now)
 
     def run(self, host: FeedHost, now: float) -> int:
-        """One pass: feed the higher classes' new mail that has room; how many fed."""
+        """One pass, of at most :data:`CHUNK` names: feed the higher classes' new
+        mail that has room; how many fed. A listing longer than that (start-up with
+        200,000 files in incoming/) goes on in the next passes, the event loop
+        serving agents in between."""
         self.passes += 1
         self.last_pass = now
         fed = self._retry_waiting(host)
-        if self.full or self.watch is None:
+        if self.full or (self.watch is None and self.listing is None):
             self.full = False
             self.wanted = False
-            names = self._names()
-            fed += self._read(host, names, self.skipped)
+            self.listing = names = self._names()
+            self.listing_at = 0
             if len(self.skipped) > len(names):
                 self.skipped.intersection_update(names)  # the scan took them: forget
+        if self.listing is not None:
+            at = self.listing_at
+            chunk = self.listing[at:at + CHUNK]
+            self.listing_at = at + len(chunk)
+            if self.listing_at >= len(self.listing):
+                self.listing = None
+            fed += self._read(host, chunk, self.skipped)
         else:
-            names = list(self.fresh)
-            self.fresh.clear()
-            fed += self._read(host, names, None)
+            fresh = self.fresh
+            chunk = list(islice(fresh, CHUNK))
+            for name in chunk:
+                del fresh[name]
+            fed += self._read(host, chunk, None)
         self.fed += fed
         return fed
 
     def _retry_waiting(self, host: FeedHost) -> int:
-        fed = 0
-        for name, rank in list(self.waiting.items()):
-            if host.message_count < self.caps[rank]:
-                del self.waiting[name]
+        """The higher classes' files read while their class had no room: the highest
+        class first, oldest first, while the class has room (at most :data:`CHUNK`)."""
+        fed = tried = 0
+        for rank, names in enumerate(self.waiting):
+            while names and host.message_count < self.caps[rank] and tried < CHUNK:
+                name = next(iter(names))
+                del names[name]
+                tried += 1
                 fed += host.feed_incoming(name)
         return fed
 
     def _read(self, host: FeedHost, names: list[str], skipped: set[str] | None) -> int:
         fed = 0
         for name in names:
-            if (skipped is not None and name in skipped) or name in self.waiting or (
-                    not mail_queue.queue_id_ok(name)):
+            if (skipped is not None and name in skipped) or not mail_queue.queue_id_ok(name):
                 continue
             rank = self._peek(name)
             if rank is None:
@@ -187,8 +210,8 @@ class ClassFeed:
                     skipped.add(name)
             elif host.message_count < self.caps[rank]:
                 fed += host.feed_incoming(name)
-            elif len(self.waiting) < MAX_NAMES:
-                self.waiting[name] = rank
+            elif len(self.waiting[rank]) < MAX_NAMES:
+                self.waiting[rank][name] = None
         return fed
 
     def _names(self) -> list[str]:
@@ -232,4 +255,5 @@ class ClassFeed:
                             for rank, name in enumerate(self.classifier.classes)],
                 "incoming": "watched" if self.watch is not None else "listed",
                 "passes": self.passes, "files_read": self.peeked,
-                "fed_past_the_scan": self.fed, "waiting_for_room": len(self.waiting)}
+                "fed_past_the_scan": self.fed,
+                "waiting_for_room": sum(len(names) for names in self.waiting)}

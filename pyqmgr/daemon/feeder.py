@@ -214,7 +214,8 @@ class Feeder:
         wait = classes.pass_wait(now, self.message_count)
         if wait is None:
             return None
-        if (classes.watch is None and self.scans[INCOMING].handle is None
+        if (classes.watch is None and classes.listing is None and not classes.full
+                and self.scans[INCOMING].handle is None
                 and classes.main_room(self.message_count)):
             # No backlog in incoming/ and room: the scan the trigger started finds it.
             classes.wanted = False
