@@ -9,8 +9,11 @@ the heavy one gets every delivery, at the rate all three had together.
 
 from __future__ import annotations
 
+import json
+
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import ReceivedMessage, SinkServer
+from tests.test_control import cli
 
 HEAVY, LIGHT = 3000, 300
 TENANTS_CF = {"tenant_key": "sender_domain"}
@@ -45,6 +48,14 @@ def _run(postfix_instance, sink, qmgr: str, cf: dict[str, str] | None
             + [("news@c.example", [f"c{i}@dest.example"]) for i in range(LIGHT)])
     pf.preload(mail)
     pf.release_preload()
+    if qmgr == "pyqmgr":
+        pf.wait_until(lambda: srv.delivered_count() >= 200, 60, "deliveries under way")
+        jobs = json.loads(cli(pf, "jobs", "smtp", "--limit", "9", "--json").stdout)["jobs"]
+        print("\n" + cli(pf, "jobs", "smtp", "--limit", "6").stdout)
+        tenants = [j["tenant"] for j in jobs]
+        # Rounds: the three tenants' jobs take turns at the head of the list.
+        assert set(tenants[:3]) == {"a.example", "b.example", "c.example"}, tenants
+        assert all(j["class"] == "default" for j in jobs), jobs
     pf.wait_until(lambda: srv.delivered_count() >= len(mail), 300, "everything delivered")
     pf.wait_queue_empty(60)
     return srv.messages()

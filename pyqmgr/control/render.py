@@ -359,7 +359,12 @@ def _nqmgr_jobs(reply: dict[str, object], jobs: list[dict[str, object]]) -> list
             f"{_fmt(j.get('recipients'))}/{_fmt(j.get('recipient_limit'))}",
             _fmt(j.get("recipients_unread")), _seconds(j.get("age")),
             ",".join(flags) or "-", where or "-"])
-    return lines + _table(["", "JOB", "LEVEL", "PREEMPTS", "SLOTS USED/AVAIL", "LOAN",
+        if "round" in j:  # classes and tenants (issue #34)
+            rows[-1][2:2] = [_fmt(j.get("class")), _fmt(j.get("tenant") or "-"),
+                             _fmt(j.get("round"))]
+    segmented = any("round" in j for j in jobs)
+    return lines + _table(["", "JOB", *(["CLASS", "TENANT", "ROUND"] if segmented else []),
+                           "LEVEL", "PREEMPTS", "SLOTS USED/AVAIL", "LOAN",
                            "PREEMPT<=", "ENTRIES SEL/READ/MAX", "RCPTS/LIMIT", "UNREAD",
                            "AGE", "STATE", "DESTINATIONS TODO+OUT"], rows)
 

@@ -493,6 +493,11 @@ def jobs_reply(qmgr: Qmgr, request: dict[str, object], now: float) -> dict[str, 
         raise ProtocolError(f"jobs: no transport {shown} in core (in core: "
                             f"{known}); a transport appears when mail for it first "
                             "reaches the active queue", "not_found")
+    if qmgr.classifier is not None and isinstance(jobs := reply.get("jobs"), list):
+        names = qmgr.classifier.classes
+        for job in jobs:
+            if isinstance(job, dict) and isinstance(rank := job.get("class_rank"), int):
+                job["class"] = names[rank] if rank < len(names) else str(rank)
     return reply
 
 

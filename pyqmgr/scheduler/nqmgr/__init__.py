@@ -204,6 +204,9 @@ class Nqmgr(NqState):
                 "recipients_unread": message.rcpt_unread,
                 "reading": message.more,
                 "age": round(now - message.enqueue_time, 3),
+                # Its segment (classes and tenants, issue #34); absent as in stock.
+                **({"class_rank": message.rank, "tenant": message.tenant,
+                    "round": job.round} if self.segments is not None else {}),
                 # In the job's round-robin order: the first peer with room goes next.
                 "destinations": [{"destination": peer.queue.name,
                                   "todo": len(peer.entries),
