@@ -56,6 +56,13 @@ def _run(postfix_instance, sink, qmgr: str, cf: dict[str, str] | None
         # Rounds: the three tenants' jobs take turns at the head of the list.
         assert set(tenants[:3]) == {"a.example", "b.example", "c.example"}, tenants
         assert all(j["class"] == "default" for j in jobs), jobs
+        # One well down the list: still there when explain asks (400 deliveries a s).
+        down = json.loads(cli(pf, "jobs", "smtp", "--limit", "1500", "--json").stdout)
+        later = [j["queue_id"] for j in down["jobs"] if j["tenant"] == "b.example"][-1]
+        why = json.loads(cli(pf, "explain", later, "--json").stdout)
+        turn = [r for r in why["reasons"] if r["constraint"] == "class and tenant turn"]
+        print(cli(pf, "explain", later).stdout)
+        assert turn and turn[0]["tenant"] == "b.example", why
     pf.wait_until(lambda: srv.delivered_count() >= len(mail), 300, "everything delivered")
     pf.wait_queue_empty(60)
     return srv.messages()

@@ -68,6 +68,8 @@ class Qmgr:
         self.active = ActiveQueue(self)
         #: Message classes and tenants (message_classes, tenant_key); None: stock.
         self.classifier = setup.classes
+        if setup.classes is not None:
+            self.scheduler.class_names = list(setup.classes.classes)
         self.message_count = 0
         #: The scans and the active queue's room (stock's qmgr_loop half).
         self.feeder = Feeder(self, flow, setup.classes)

@@ -174,6 +174,8 @@ class Scheduler:
         self.message_count = 0
         #: Recipients in core, all messages (stock's qmgr_recipient_count).
         self.rcpt_count = 0
+        #: The message classes' names by rank, for explain (the daemon sets them).
+        self.class_names: list[str] = []
         #: Destination queues in core (stock's qmgr_queue_count).
         self.queue_count = 0
         #: The scheduler clock as of the latest event that carried a time.

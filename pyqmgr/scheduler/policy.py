@@ -61,6 +61,8 @@ class Context(Protocol):
     now: float
     #: Recipients in core, all messages.
     rcpt_count: int
+    #: The message classes' names by rank (pyqmgr.cf message_classes; empty: none).
+    class_names: list[str]
 
     def realloc(self, message: Message) -> None:
         """Read the message's next recipient batch now (it lands through ``add``)."""
