@@ -35,7 +35,7 @@ def test_jobs_request_names_a_transport_and_maybe_a_limit():
 
 
 def test_the_daemons_answer_and_its_refusals():
-    qmgr = SimpleNamespace(scheduler=scheduler())
+    qmgr = SimpleNamespace(scheduler=scheduler(), classifier=None)
     reply = jobs_reply(qmgr, {"command": "jobs", "transport": "smtp"}, 3.0)  # type: ignore[arg-type]
     assert reply["transport"] == "smtp" and reply["kind"] == "jobs"
     assert reply["current_job"] == "Q1" and reply["jobs"][0]["age"] == 3.0  # type: ignore[index]
@@ -53,7 +53,7 @@ def test_the_daemons_answer_and_its_refusals():
 
 
 def test_a_refusal_reaches_the_client_as_a_reply(tmp_path):
-    qmgr = SimpleNamespace(scheduler=scheduler())
+    qmgr = SimpleNamespace(scheduler=scheduler(), classifier=None)
 
     def handler(req: dict[str, object], peer: Peer) -> dict[str, object]:
         return jobs_reply(qmgr, req, 0.0)  # type: ignore[arg-type]
