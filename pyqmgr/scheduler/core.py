@@ -174,8 +174,7 @@ class Scheduler:
         self.message_count = 0
         #: Recipients in core, all messages (stock's qmgr_recipient_count).
         self.rcpt_count = 0
-        #: The message classes' names by rank, for explain (the daemon sets them).
-        self.class_names: list[str] = []
+        self.class_names: list[str] = []  #: message classes by rank, for explain
         #: Destination queues in core (stock's qmgr_queue_count).
         self.queue_count = 0
         #: The scheduler clock as of the latest event that carried a time.
@@ -193,8 +192,7 @@ class Scheduler:
         #: Deferred-mail recovery (``deferred_recovery_rate``; None: off): destinations
         #: that were dead or throttled and have not delivered since, with why.
         self.recovery_watch: dict[tuple[str, str], str] | None = None
-        #: A fleet's shared state (issue #23): tell in ``throttled`` which destinations
-        #: died or were throttled here; on only while the daemon's fleet shares them.
+        #: A fleet (issue #23) shares them: report dead or throttled ones (``throttled``).
         self.share_throttling = False
         self.fleet_heard: dict[tuple[str, str], tuple[Throttling, str, float]] = {}
         #: Provider sites (pyqmgr.cf ``site_grouping``, :mod:`.site`); None: off.
