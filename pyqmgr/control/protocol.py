@@ -114,7 +114,9 @@ CONTROL_TARGET_HELP = (
     "DESTINATION (in every transport: a domain, or a nexthop such as [10.0.0.1]:25), "
     "TRANSPORT:DESTINATION (in that transport only), TRANSPORT: or a bare master.cf "
     "service name without a dot (the whole transport), site:NAME (every destination of "
-    "a provider site, with site_grouping in pyqmgr.cf)")
+    "a provider site, with site_grouping in pyqmgr.cf), tenant:NAME (one tenant's mail "
+    "everywhere, with tenant_key in pyqmgr.cf) or tenant:NAME@TARGET (its mail to any "
+    "of the above only)")
 
 def _control(help: str, *, description: str, reply_keys: str, **more: Arg) -> CommandSpec:
     """A control command: a TARGET, named as every control names it, then ``more``."""
@@ -222,7 +224,9 @@ COMMANDS: dict[str, CommandSpec] = {
             "it waits there too, and nothing is deferred or bounced on the suspension's\n"
             "account. Deliveries already under way finish. When the suspension ends, the\n"
             "mail goes out at once with the concurrency window the destination had.\n"
-            "Suspending the same TARGET again replaces its reason and TTL."),
+            "Suspending the same TARGET again replaces its reason and TTL. A tenant's\n"
+            "suspension (tenant:acme@site:yahoo) holds only that tenant's mail there;\n"
+            "the rest of the mail to the same place keeps flowing."),
         reply_keys="ok, target, in_core, ttl, until, replaced, saved"),
     "resume": _control(
         "end a suspension now",

@@ -70,6 +70,7 @@ class Qmgr:
         self.classifier = setup.classes
         if setup.classes is not None:
             self.scheduler.class_names = list(setup.classes.classes)
+        self.scheduler.suspensions.wall_offset = time.time() - time.monotonic()
         self.message_count = 0
         #: The scans and the active queue's room (stock's qmgr_loop half).
         self.feeder = Feeder(self, flow, setup.classes)
@@ -77,7 +78,9 @@ class Qmgr:
         self.calls: set[AgentCall] = set()
         self.loop = asyncio.get_running_loop()
         #: Operator controls (suspend, resume, retry) and their state file.
-        self.suspensions = Suspensions(self, setup.state, pol.process_limits)
+        self.suspensions = Suspensions(
+            self, setup.state, pol.process_limits,
+            tenants=setup.classes is not None and setup.classes.tenant_key != "none")
         self.applier = Applier(self)
         #: Delivery counts for the metrics exporter; None (not counted) unless
         #: pyqmgr.cf sets metrics_listen.

@@ -150,7 +150,10 @@ class StateFile:
     def save(self, suspensions: Iterable[Suspension], log: MailLog) -> bool:
         """Write the suspensions in force, atomically; a failure is a warning."""
         body = json.dumps({"version": FORMAT_VERSION,
-                           "suspensions": [to_record(s) for s in suspensions]},
+                           # A response rule's are the rule's (made again if the
+                           # replies come again), not an operator's to keep.
+                           "suspensions": [to_record(s) for s in suspensions
+                                           if not s.who.startswith("response rule")]},
                           indent=1).encode() + b"\n"
         tmp = f"{STATE_FILE}.{os.getpid()}.tmp"
         try:
@@ -287,9 +290,11 @@ class Suspensions:
     """
 
     def __init__(self, qmgr: QmgrLike, state: StateFile | None,
-                 transports: Iterable[str] = ()) -> None:
+                 transports: Iterable[str] = (), tenants: bool = False) -> None:
         self.qmgr = qmgr
         self.state = state
+        #: pyqmgr.cf names tenants (tenant_key): ``tenant:`` targets mean something.
+        self.tenants = tenants
         #: Names a bare target may mean as a transport: master.cf's services.
         self.known = set(transports)
 
@@ -325,6 +330,9 @@ class Suspensions:
     def suspend(self, target_text: str, reason: str, ttl: float,
                 who: str) -> dict[str, object]:
         target = self._target(target_text)
+        if target.tenant is not None and not self.tenants:
+            raise ProtocolError("no tenants: pyqmgr.cf sets no tenant_key, so no mail "
+                                "has a tenant to suspend")
         try:
             reason = check_reason(reason)
             ttl = check_ttl(ttl)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyqmgr.scheduler import tenant_hold
 from pyqmgr.scheduler.gates import regate
 from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
+from pyqmgr.scheduler.suspension import Target
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
     from pyqmgr.scheduler.structures import Queue, Transport
-    from pyqmgr.scheduler.suspension import Suspension, Target
+    from pyqmgr.scheduler.suspension import Suspension
 
 
 def matching_queues(core: Core, target: Target) -> list[Queue]:
@@ -51,6 +53,8 @@ def _whole_transport(core: Core, target: Target) -> Transport | None:
 
 def apply_target(core: Core, target: Target) -> list[str]:
     """Bring the queues and transport of ``target`` in line with the table."""
+    if target.tenant is not None:
+        return tenant_hold.apply(core, target)
     names: list[str] = []
     if target.destination is None and target.site is None:
         t = _whole_transport(core, target)
@@ -74,6 +78,11 @@ def _still_throttled(t: Transport) -> bool:
 
 
 def retry(core: Core, target: Target) -> list[str]:
+    if target.tenant is not None:
+        # A tenant is not dead or alive; its target's destinations may be.
+        if target.everywhere:
+            return []
+        target = Target(target.transport, target.destination, target.site)
     revived: list[str] = []
     if target.destination is None and target.site is None:
         t = _whole_transport(core, target)

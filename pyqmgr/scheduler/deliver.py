@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler import recovery
+from pyqmgr.scheduler import recovery, tenant_hold
 from pyqmgr.scheduler.decisions import DEAD, Throttling
 from pyqmgr.scheduler.defer import defer_todo
 from pyqmgr.scheduler.entry import entry_done
@@ -106,6 +106,8 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
             throttled(core, queue, rule, hop, now, entry.started)
             if queue.site is not None:
                 site_throttled(core, queue.site, rule, now, entry.started)
+            if rule.suspend_tenant is not None and message.tenant:
+                tenant_hold.rule_holds(core, message.tenant, queue, rule, hop, now)
             if core.recovery_watch is not None:
                 recovery.wait(core, message, t.name, queue.name, recovery.why(hop, rule.where))
         elif hop is not None and hop.status:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 
 from pyqmgr.scheduler.policy import Policy, Reason, reason
 from pyqmgr.scheduler.suspension import Suspension
+from pyqmgr.scheduler.tenant_hold import HELD
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.core import Scheduler
@@ -152,8 +153,15 @@ def status(sched: Scheduler, now: float) -> dict[str, object]:
 # -- explain -------------------------------------------------------------------------
 
 
-def _transport_reasons(sched: Scheduler, t: Transport, now: float) -> list[Reason]:
+def _transport_reasons(sched: Scheduler, t: Transport, now: float,
+                       queue: Queue | None = None) -> list[Reason]:
     out: list[Reason] = []
+    if t.name == HELD:
+        # A suspended tenant's mail: its own suspensions say why, not the holder's.
+        held = [queue] if queue is not None else list(t.queues.values())
+        return [_suspended(s, str(s.target), now)
+                for tenant in sorted({q.name.partition(" ")[0] for q in held})
+                for s in sched.suspensions.tenants.get(tenant, ())]
     if t.suspension is not None:
         out.append(_suspended(t.suspension, f"transport {t.name}", now))
     if t.throttled:
@@ -320,7 +328,7 @@ def explain(sched: Scheduler, target: str, now: float,
             continue
         seen.add(id(queue))
         t = queue.transport
-        for r in _transport_reasons(sched, t, now) + _queue_reasons(sched, queue, now):
+        for r in _transport_reasons(sched, t, now, queue) + _queue_reasons(sched, queue, now):
             reasons.append({**r, "destination": queue.nexthop})
         if not t.broken and not _held(queue):
             # Asked once per destination; a reason about the message itself (nqmgr's

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler import recovery, throttling
+from pyqmgr.scheduler import recovery, tenant_hold, throttling
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.defer import POLICY_DSN
 from pyqmgr.scheduler.message import Message, Route
@@ -111,6 +111,8 @@ def assign(core: Core, message: Message, routes: Iterable[Route], flush_each: bo
                 queue = error_queue(core, RETRY, dsn)
                 if core.recovery_watch is not None:
                     recovery.wait(core, message, t.name, route.queue_name, recovery.why(dsn))
+            elif core.suspensions.tenants and message.tenant:
+                queue = tenant_hold.held_queue(core, message, queue)
         if queue is None:
             assert dsn is not None
             message.deferred = True

@@ -29,7 +29,7 @@ connections from 192.0.2.9``. Patterns are case-insensitive unless the flags say
 
     throttle [window=FACTOR] [window_floor=N] [rate=FACTOR] [rate_floor=N/PERIOD]
              [suspend=DURATION] [after=K/DURATION] [quiet=DURATION] [step=N]
-             [ttl=DURATION]
+             [ttl=DURATION] [suspend_tenant=DURATION]
     failure                   # stock behaviour: negative feedback and cohorts
 
 The first matching rule wins. Everything here is data and arithmetic on values the
@@ -129,6 +129,9 @@ class Rule:
     rate: float | None = None
     rate_floor: Rate | None = None
     suspend: float | None = None
+    #: Hold the replying delivery's tenant (issue #34) at the destination's site, or
+    #: the destination, this long: its mail only, everyone else's flows.
+    suspend_tenant: float | None = None
     after: tuple[int, float] | None = None
     #: A background share of throttling replies to live with (0.05: 5%): act only
     #: when more of the deliveries done in the ``after`` period (1 minute without
@@ -151,6 +154,8 @@ class Rule:
             parts.append(f"rate x{self.rate:g}{floor}")
         if self.suspend is not None:
             parts.append(f"suspend {self.suspend:g}s")
+        if self.suspend_tenant is not None:
+            parts.append(f"suspend its tenant {self.suspend_tenant:g}s")
         return "throttle: " + (", ".join(parts) or "no failed cohort")
 
 
@@ -208,7 +213,7 @@ def parse_rule(line: str, where: str) -> Rule:
             kw[name] = int(value)
         elif name == "rate_floor":
             kw[name] = parse_rate(value, what)
-        elif name in ("suspend", "quiet", "ttl"):
+        elif name in ("suspend", "quiet", "ttl", "suspend_tenant"):
             kw[name] = parse_duration(value, what)
         elif name == "tolerate":
             text = value[:-1] if value.endswith("%") else value

@@ -48,17 +48,29 @@ class Target:
     destination: str | None
     #: A provider site (issue #33; ``site:NAME``): every destination counted there.
     site: str | None = None
+    #: A tenant (issue #34; ``tenant:NAME[@TARGET]``): only its mail, at the rest of
+    #: the target, or everywhere when the rest names nothing.
+    tenant: str | None = None
 
     @property
-    def key(self) -> tuple[str | None, str | None]:
+    def key(self) -> tuple[str | None, str | None, str | None]:
         if self.site is not None:
-            return (SITE_PREFIX, self.site)
-        return (self.transport, self.destination)
+            return (SITE_PREFIX, self.site, self.tenant)
+        return (self.transport, self.destination, self.tenant)
+
+    @property
+    def everywhere(self) -> bool:
+        """A tenant's target with nothing more: all its mail."""
+        return self.transport is None and self.destination is None and self.site is None
 
     @property
     def spec(self) -> str:
         """The target as a control names it (``TRANSPORT:``, ``DEST``, ``T:DEST``,
-        ``site:NAME``)."""
+        ``site:NAME``, ``tenant:NAME``, ``tenant:NAME@...``)."""
+        if self.tenant is not None:
+            rest = "" if self.everywhere else "@" + Target(
+                self.transport, self.destination, self.site).spec
+            return f"{TENANT_PREFIX}{self.tenant}{rest}"
         if self.site is not None:
             return f"{SITE_PREFIX}{self.site}"
         if self.destination is None:
@@ -67,6 +79,9 @@ class Target:
             f"{self.transport}:{self.destination}")
 
     def __str__(self) -> str:
+        if self.tenant is not None:
+            return f"tenant {self.tenant}" + ("" if self.everywhere else " at " + str(
+                Target(self.transport, self.destination, self.site)))
         if self.site is not None:
             return f"site {self.site}"
         if self.destination is None:
@@ -80,6 +95,8 @@ class Target:
 MAX_TARGET = 300
 #: How a control names a site: ``site:google`` (unless master.cf has a "site" service).
 SITE_PREFIX = "site:"
+#: How a control names a tenant: ``tenant:acme``, ``tenant:acme@site:yahoo``.
+TENANT_PREFIX = "tenant:"
 
 
 def parse_target(text: str, transports: Collection[str]) -> Target:
@@ -99,6 +116,16 @@ def parse_target(text: str, transports: Collection[str]) -> Target:
         raise TargetError(f"target longer than {MAX_TARGET} characters")
     if any(ch.isspace() or ord(ch) < 32 for ch in text):
         raise TargetError("a target has no spaces or control characters")
+    if text.lower().startswith(TENANT_PREFIX) and "tenant" not in transports:
+        name, at, rest = text[len(TENANT_PREFIX):].partition("@")
+        if not name:
+            raise TargetError("no tenant name after 'tenant:'")
+        if not at:
+            return Target(None, None, tenant=name)
+        base = parse_target(rest, transports)
+        if base.tenant is not None:
+            raise TargetError("one tenant a target")
+        return Target(base.transport, base.destination, base.site, tenant=name)
     if text.startswith("["):
         return Target(None, text.lower())
     if text.lower().startswith(SITE_PREFIX) and "site" not in transports:
@@ -145,7 +172,12 @@ class SuspensionTable:
     """The suspensions in force, by target; :class:`~.core.Scheduler` owns one."""
 
     def __init__(self) -> None:
-        self.by_key: dict[tuple[str | None, str | None], Suspension] = {}
+        self.by_key: dict[tuple[str | None, str | None, str | None], Suspension] = {}
+        #: The tenants' suspensions, by tenant (issue #34: :mod:`.tenant_hold`).
+        self.tenants: dict[str, list[Suspension]] = {}
+        #: Unix time minus the scheduler clock (the daemon sets it), for the wall
+        #: time of suspensions the core makes itself (a response rule's).
+        self.wall_offset = 0.0
 
     def __bool__(self) -> bool:
         return bool(self.by_key)
@@ -160,13 +192,25 @@ class SuspensionTable:
         """Put ``s`` in force; return the one it replaces for the same target."""
         old = self.by_key.get(s.target.key)
         self.by_key[s.target.key] = s
+        if s.target.tenant is not None:
+            self._index(s.target.tenant)
         return old
 
     def remove(self, target: Target) -> Suspension | None:
-        return self.by_key.pop(target.key, None)
+        s = self.by_key.pop(target.key, None)
+        if s is not None and target.tenant is not None:
+            self._index(target.tenant)
+        return s
+
+    def _index(self, tenant: str) -> None:
+        found = [s for s in self.by_key.values() if s.target.tenant == tenant]
+        if found:
+            self.tenants[tenant] = found
+        else:
+            self.tenants.pop(tenant, None)
 
     def for_transport(self, transport: str) -> Suspension | None:
-        return self.by_key.get((transport, None)) if self.by_key else None
+        return self.by_key.get((transport, None, None)) if self.by_key else None
 
     def for_queue(self, transport: str, name: str, nexthop: str,
                   site: str | None = None) -> Suspension | None:
@@ -174,9 +218,9 @@ class SuspensionTable:
         last if several."""
         if not self.by_key:
             return None
-        found = self.by_key.get((SITE_PREFIX, site)) if site is not None else None
+        found = self.by_key.get((SITE_PREFIX, site, None)) if site is not None else None
         for dest in {name.lower(), nexthop.lower()}:
-            for key in ((transport, dest), (None, dest)):
+            for key in ((transport, dest, None), (None, dest, None)):
                 s = self.by_key.get(key)
                 if s is not None and (found is None or s.until > found.until):
                     found = s

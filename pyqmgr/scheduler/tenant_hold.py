@@ -1,0 +1,179 @@
+"""A tenant's suspension: only its mail waits, only where the suspension says (issue #34).
+
+``pyqmgr suspend tenant:acme@site:yahoo`` (or a response rule's ``suspend_tenant``)
+holds one tenant's mail at one site, destination or transport, or everywhere
+(``tenant:acme``), while every other tenant's mail to the same place flows. A
+destination's gate cannot say that (it holds the destination for everyone), and
+leaving the tenant's entries in the destination's todo list would make the core ask
+for agents that then find nothing to deliver. So the tenant's todo entries there
+move to the transport :data:`HELD`, which never gets an agent (its own operator
+suspension, in force for good), one queue per tenant and original queue, named
+``TENANT TRANSPORT:QUEUE`` with the original next hop; its new mail routed there
+goes there too (:func:`held_queue`, from reading.assign). When the suspension ends
+(resumed, run out, replaced by one that covers less) the entries go back through the
+same routing as new mail: a destination that died meanwhile sends them to the retry
+transport, as it would new mail.
+
+Deliveries already under way finish normally. Moving a queue's entries is
+O(its todo list), once, when a suspension starts or ends; routing a new recipient
+costs one dict test while any tenant is suspended, none otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.decisions import DeferRecipient
+from pyqmgr.scheduler.entry import entry_done, entry_move_todo
+from pyqmgr.scheduler.queue import error_queue, queue_obtain
+from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn
+from pyqmgr.scheduler.suspension import Suspension, Target
+
+#: Longest reason a rule's suspension keeps (the operators' limit, daemon/suspensions).
+MAX_REASON = 200
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.message import Message
+    from pyqmgr.scheduler.shaping import Rule
+    from pyqmgr.scheduler.state import Core
+    from pyqmgr.scheduler.structures import Entry, Queue, Transport
+
+#: The transport that holds suspended tenants' mail (no master.cf service has it).
+HELD = "pyqmgr-held"
+#: Its own suspension: in force for good, so that it never asks for an agent.
+HELD_FOR_GOOD = Suspension(Target(HELD, None), "mail of suspended tenants (pyqmgr status "
+                           "lists the suspensions)", "pyqmgr", 0.0, math.inf, math.inf)
+
+
+def covers(target: Target, queue: Queue) -> bool:
+    """Does a tenant suspension's target reach this (ordinary) destination queue?"""
+    if target.site is not None:
+        return queue.site is not None and queue.site.name == target.site
+    if target.transport is not None and target.transport != queue.transport.name:
+        return False
+    dest = target.destination
+    return dest is None or queue.name.lower() == dest or queue.nexthop.lower() == dest
+
+
+def holding(core: Core, tenant: str, queue: Queue) -> Suspension | None:
+    """The suspension of ``tenant`` that holds its mail for ``queue``, if any."""
+    for s in core.suspensions.tenants.get(tenant, ()):
+        if covers(s.target, queue):
+            return s
+    return None
+
+
+def held_queue(core: Core, message: Message, queue: Queue) -> Queue:
+    """Where a new recipient of ``message`` for ``queue`` goes: ``queue``, or its
+    tenant's held queue while a suspension of the tenant covers ``queue``."""
+    if message.tenant and queue.transport.name not in (RETRY, ERROR, HELD) and (
+            holding(core, message.tenant, queue) is not None):
+        return _held(core, message.tenant, queue)
+    return queue
+
+
+def _held_transport(core: Core) -> Transport:
+    t = core.transport(HELD)
+    t.suspension = HELD_FOR_GOOD
+    return t
+
+
+def _held(core: Core, tenant: str, queue: Queue) -> Queue:
+    return queue_obtain(core, _held_transport(core),
+                        f"{tenant} {queue.transport.name}:{queue.name}", queue.nexthop)
+
+
+def rule_holds(core: Core, tenant: str, queue: Queue, rule: Rule, hop: Dsn,
+               now: float) -> None:
+    """A reply to the tenant's mail matched a rule with ``suspend_tenant``: hold the
+    tenant at the destination's site (or the destination), unless that is so now."""
+    assert rule.suspend_tenant is not None
+    if holding(core, tenant, queue) is not None:
+        return
+    site = queue.site
+    target = (Target(None, None, site.name, tenant=tenant) if site is not None
+              else Target(queue.transport.name, queue.name.lower(), tenant=tenant))
+    until = now + rule.suspend_tenant
+    text = f"{hop.status} {hop.reason}"[:MAX_REASON]
+    s = Suspension(target, text, f"response rule {rule.where}", now, until,
+                   until + core.suspensions.wall_offset)
+    core.suspensions.add(s)
+    core.out.timers.append(until)  # its end, as controls.suspend does
+    apply(core, target)
+    core.out.log.append(("info", f"shaping: {target} held {rule.suspend_tenant:g} s: "
+                                 f"reply \"{text}\" matched {rule.where}"))
+
+
+def apply(core: Core, target: Target) -> list[str]:
+    """A suspension of ``target.tenant`` started or ended: move the tenant's todo
+    entries to its held queues or back. What moved, for the control's reply."""
+    tenant = target.tenant
+    assert tenant is not None
+    if target.key in core.suspensions.by_key:
+        return [_hold(core, tenant, target)]
+    return [_release(core, tenant)]
+
+
+def _hold(core: Core, tenant: str, target: Target) -> str:
+    moved = 0
+    for t in list(core.transports.values()):
+        if t.name in (RETRY, ERROR, HELD):
+            continue
+        for queue in list(t.queues.values()):
+            if not covers(target, queue):
+                continue
+            mine = [e for e in queue.todo if e.message.tenant == tenant]
+            if mine:
+                held = _held(core, tenant, queue)
+                for entry in mine:
+                    entry_move_todo(core, held, entry)
+                moved += len(mine)
+    return f"tenant {tenant}: {moved} deliveries held"
+
+
+def _release(core: Core, tenant: str) -> str:
+    t = core.transports.get(HELD)
+    moved = 0
+    if t is not None:
+        for held in list(t.queues.values()):
+            name, _, origin = held.name.partition(" ")
+            if name == tenant:
+                moved += _send_back(core, held, origin)
+    return f"tenant {tenant}: {moved} deliveries released"
+
+
+def _send_back(core: Core, held: Queue, origin: str) -> int:
+    """The held queue's entries to their original queue, unless another suspension of
+    the tenant still covers it; routed as new mail is (reading.assign)."""
+    transport, _, name = origin.partition(":")
+    t = core.transport(transport)
+    moved = 0
+    for entry in list(held.todo):
+        dst: Queue | None
+        dsn: Dsn | None
+        if t.throttled:
+            assert t.dsn is not None
+            dst, dsn = error_queue(core, RETRY, t.dsn), t.dsn
+        else:
+            dst = queue_obtain(core, t, name, held.nexthop)
+            if holding(core, entry.message.tenant, dst) is not None:
+                continue  # still held by another of its suspensions
+            dsn = dst.dsn if dst.throttled else None
+            if dsn is not None:
+                dst = error_queue(core, RETRY, dsn)
+        if dst is None:
+            assert dsn is not None
+            _defer(core, entry, dsn)
+        else:
+            entry_move_todo(core, dst, entry)
+        moved += 1
+    return moved
+
+
+def _defer(core: Core, entry: Entry, dsn: Dsn) -> None:
+    """No retry queue to send it to: its recipients are deferred, as assign does."""
+    entry.message.deferred = True
+    for recipient in entry.recipients:
+        core.out.deferrals.append(DeferRecipient(entry.message, recipient, dsn))
+    entry_done(core, entry, busy=False)
