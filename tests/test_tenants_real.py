@@ -10,10 +10,12 @@ the heavy one gets every delivery, at the rate all three had together.
 from __future__ import annotations
 
 import json
+import os
+import time
 
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import ReceivedMessage, SinkServer
-from tests.test_control import cli
+from tests.test_control import cli, wait_for_channel
 
 HEAVY, LIGHT = 3000, 300
 TENANTS_CF = {"tenant_key": "sender_domain"}
@@ -80,3 +82,70 @@ def test_three_tenants_one_sending_ten_times_share_deliveries_equally(
     for share in shares.values():
         assert abs(share - 1 / 3) <= 0.05, shares
     assert rate_alone >= 0.9 * rate_all, (rate_alone, rate_all)
+
+
+def _sent(srv: SinkServer, rcpt: str) -> bool:
+    return any(m.recipients[0] == rcpt for m in srv.messages())
+
+
+def test_a_tenant_suspended_by_command_and_by_a_response_rule(
+        postfix_instance, sink, tmp_path):
+    """``pyqmgr suspend tenant:a.example@DEST``, then a Yahoo-style TSS04 reply to
+    a.example's mail with ``suspend_tenant=1h``: each time only a.example's mail to
+    that destination waits; b.example's mail there and a.example's elsewhere go."""
+    yahoo: SinkServer = sink()
+    gmail: SinkServer = sink()
+    rules = tmp_path / "rules"
+    rules.write_text("/\\[TSS04\\]/  throttle suspend_tenant=1h\n")
+    os.chmod(tmp_path, 0o755)
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"yahoo.example": f"smtp:[127.0.0.1]:{yahoo.port}",
+                                   "gmail.example": f"smtp:[127.0.0.1]:{gmail.port}"},
+        pyqmgr_cf={**TENANTS_CF, "smtp_response_rules": str(rules)})
+    dest = f"[127.0.0.1]:{yahoo.port}"
+    wait_for_channel(pf)
+
+    # By command.
+    out = cli(pf, "suspend", f"tenant:a.example@{dest}", "--reason", "complaints",
+              "--ttl", "1h")
+    assert out.returncode == 0, out.stderr
+    pf.smtp_send([("x@a.example", ["a1@yahoo.example"]), ("x@a.example", ["a2@gmail.example"]),
+                  ("x@b.example", ["b1@yahoo.example"])])
+    pf.wait_until(lambda: _sent(gmail, "a2@gmail.example") and _sent(yahoo, "b1@yahoo.example"),
+                  30, "the others' mail delivered")
+    held = pf.queue_files("active")
+    assert len(held) == 1, held
+    why = cli(pf, "explain", held[0]).stdout
+    status = cli(pf, "status").stdout
+    print(f"\n{why}\n{status[:900]}")
+    assert f"tenant a.example at destination {dest} is suspended by root" in why
+    assert "complaints" in why
+    time.sleep(2)
+    assert not _sent(yahoo, "a1@yahoo.example")
+    assert cli(pf, "resume", f"tenant:a.example@{dest}").returncode == 0
+    pf.wait_until(lambda: _sent(yahoo, "a1@yahoo.example"), 30, "a1 delivered on resume")
+
+    # By a response rule: Yahoo greets the session that carries a.example's message
+    # with TSS04; that holds a.example there (and only a.example).
+    yahoo.refuse_sessions("421 4.7.0 [TSS04] Messages from 127.0.0.1 temporarily "
+                          "deferred due to unexpected volume or user complaints")
+    pf.smtp_send([("x@a.example", ["tss@yahoo.example"])])
+    (line,) = pf.maillog.wait_for(lambda ln: "held 3600 s" in ln.text, 30,
+                                  what="the rule's tenant hold")
+    yahoo.refuse_sessions(None)
+    print(line.text)
+    assert f"tenant a.example at destination smtp:{dest} held 3600 s" in line.text
+    pf.smtp_send([("x@a.example", ["a3@yahoo.example"]), ("x@a.example", ["a4@gmail.example"]),
+                  ("x@b.example", ["b2@yahoo.example"])])
+    pf.wait_until(lambda: _sent(gmail, "a4@gmail.example") and _sent(yahoo, "b2@yahoo.example"),
+                  30, "the others' mail delivered while a.example is held")
+    time.sleep(2)
+    assert not _sent(yahoo, "a3@yahoo.example")
+    listed = json.loads(cli(pf, "status", "--json").stdout)["suspensions"]
+    assert any(h["target"] == f"tenant a.example at destination smtp:{dest}" for h in listed), \
+        listed
+    assert cli(pf, "resume", f"tenant:a.example@smtp:{dest}").returncode == 0
+    pf.wait_until(lambda: _sent(yahoo, "a3@yahoo.example"), 30, "a3 delivered on resume")
+    # Nothing lost: all delivered but the message the 421 came for, deferred as any.
+    pf.wait_until(lambda: pf.queue_counts()["active"] == 0, 30, "the active queue empty")
+    assert pf.queue_counts()["deferred"] == 1

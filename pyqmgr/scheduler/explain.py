@@ -44,7 +44,7 @@ def suspension_status(s: Suspension | None, now: float) -> dict[str, object] | N
         return None
     return {"target": str(s.target), "reason": s.reason, "by": s.who,
             "since": _in(s.since, now), "ends_in": _in(s.until, now),
-            "until": round(s.wall_until)}
+            "until": round(s.wall_until) if math.isfinite(s.wall_until) else None}
 
 
 def _gate_status(gate: Suspension | Gate | None, now: float) -> dict[str, object] | None:

@@ -259,6 +259,8 @@ class SinkServer(LoopThreadServer):
         self.rate_limit = rate_limit
         self.rate_reply = rate_reply
         self.reject_delay = reject_delay
+        #: Every new session is greeted with this refusal and closed (None: served).
+        self.greeting_refusal: str | None = None
         #: Session start times in the last second, per client (the rate limit).
         self._starts: dict[str, list[float]] = {}
         self.port: int = port or 0
@@ -303,6 +305,9 @@ class SinkServer(LoopThreadServer):
         with self.lock:
             self.stats.sessions += 1
             active = self.active.get(client, 0)
+            if self.greeting_refusal is not None:
+                self.stats.rejected_421 += 1
+                return self.greeting_refusal
             if self.client_limit and active >= self.client_limit:
                 self.stats.rejected_421 += 1
                 return TOO_MANY
@@ -399,6 +404,12 @@ class SinkServer(LoopThreadServer):
     async def _serve(self, sock: socket.socket) -> asyncio.AbstractServer:
         loop = asyncio.get_running_loop()
         return await loop.create_server(self._factory, sock=sock, backlog=128)
+
+    def refuse_sessions(self, greeting: str | None) -> None:
+        """Greet every new session with ``greeting`` (a 421, say Yahoo's ``[TSS04]``)
+        and close it; None serves them again."""
+        with self.lock:
+            self.greeting_refusal = greeting
 
     def refuse(self) -> None:
         """Stop listening: new connections get ECONNREFUSED until :meth:`start`.
