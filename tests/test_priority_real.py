@@ -15,9 +15,10 @@ import json
 import statistics
 import time
 
-from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.instance import PostfixInstance, free_port
 from pyqmgr.testbed.sink import SinkServer
 from tests.test_control import cli
+from tests.test_metrics_real import scrape
 
 BULK = 3000
 RESETS = 10
@@ -56,7 +57,17 @@ def _run(postfix_instance, sink, qmgr: str, pyqmgr_cf: dict[str, str] | None
 
 def test_password_resets_do_not_wait_behind_a_newsletter(postfix_instance, sink):
     stock, stock_left, _ = _run(postfix_instance, sink, "stock", None)
-    mine, mine_left, _ = _run(postfix_instance, sink, "pyqmgr", CLASSES_CF)
+    port = free_port()
+    mine, mine_left, _ = _run(postfix_instance, sink, "pyqmgr",
+                              {**CLASSES_CF, "metrics_listen": str(port)})
+    text = scrape(port)
+    found = [ln for ln in text.splitlines() if ln.startswith("pyqmgr_class_")
+             and ("_total" in ln or "_count" in ln)]
+    print("\n".join(found))
+    assert (f'pyqmgr_class_deliveries_total{{class="transactional",outcome="final"}} '
+            f'{float(RESETS)}') in found
+    assert f'pyqmgr_class_message_age_at_delivery_seconds_count{{class="transactional"}} ' \
+        f'{float(RESETS)}' in found
     print(f"\n{RESETS} resets behind {BULK} newsletter messages (active limit 200): "
           f"stock median {statistics.median(stock):.2f} s, max {max(stock):.2f} s "
           f"({stock_left} newsletter messages still to go when its last reset went); "

@@ -59,6 +59,9 @@ ALLOW_REMOTE = "metrics_allow_remote"
 
 #: Per-destination series at most (the rest are summed into ``destination="_other"``).
 DEFAULT_DESTINATION_LIMIT = 100
+#: Per-tenant series at most (issue #34; the rest are summed into ``tenant="_other"``).
+DEFAULT_TENANT_LIMIT = 100
+OTHER = "_other"
 MAX_DESTINATION_LIMIT = 10_000
 #: Where a bare port number listens: metrics name the destinations a server mails to,
 #: which is nobody else's business unless the admin says so.
@@ -294,12 +297,21 @@ class DeliveryStats:
     """
 
     def __init__(self, wall_clock: Callable[[], float] = time.time,
-                 transports: tuple[str, ...] = ()) -> None:
+                 transports: tuple[str, ...] = (), class_names: tuple[str, ...] = (),
+                 tenant_limit: int = DEFAULT_TENANT_LIMIT) -> None:
         self.transports: dict[str, TransportStats] = {
             name: TransportStats() for name in transports}
         self.wall_clock = wall_clock
         #: Replies that could not be counted (a bug here must not touch deliveries).
         self.errors = 0
+        #: With message classes or tenants (issue #34): the same counts and the age
+        #: at delivery by class, and by tenant for the first ``tenant_limit`` tenants
+        #: seen (the rest summed as ``_other``: a label per sender domain would be
+        #: unbounded).
+        self.class_names = class_names
+        self.classes: dict[str, TransportStats] = {}
+        self.tenants: dict[str, TransportStats] = {}
+        self.tenant_limit = tenant_limit
 
     def transport(self, name: str) -> TransportStats:
         stats = self.transports.get(name)
@@ -317,11 +329,35 @@ class DeliveryStats:
             stats.deliveries[outcome] += 1
             stats.recipients[outcome] += len(entry.recipients)
             stats.latency.observe(latency)
+            kinds = [stats]
+            message = entry.message
+            if self.class_names:
+                name = self.class_names[min(message.rank, len(self.class_names) - 1)]
+                kinds.append(self._of(self.classes, name, len(self.class_names)))
+            if message.tenant:
+                kinds.append(self._of(self.tenants, message.tenant, self.tenant_limit))
+            for more in kinds[1:]:
+                more.deliveries[outcome] += 1
+                more.recipients[outcome] += len(entry.recipients)
+                more.latency.observe(latency)
             if outcome == FINAL:
-                owner = entry.message.owner
+                owner = message.owner
                 if owner is not None:
                     sec, usec = owner.qf.arrival_time
                     if sec:
-                        stats.age.observe(max(0.0, self.wall_clock() - sec - usec * 1e-6))
+                        age = max(0.0, self.wall_clock() - sec - usec * 1e-6)
+                        for counted in kinds:
+                            counted.age.observe(age)
         except Exception:  # noqa: BLE001 - counting must never disturb a delivery
             self.errors += 1
+
+    @staticmethod
+    def _of(table: dict[str, TransportStats], name: str, limit: int) -> TransportStats:
+        stats = table.get(name)
+        if stats is None:
+            if len(table) >= limit:
+                name = OTHER
+                stats = table.get(name)
+            if stats is None:
+                stats = table[name] = TransportStats()
+        return stats

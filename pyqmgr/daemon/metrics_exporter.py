@@ -115,6 +115,30 @@ class SchedulerCollector:
         yield from self._core_counters(sched)
         yield from self._histograms()
         yield from self._gauges(sched)
+        for label, table in (("class", self.stats.classes), ("tenant", self.stats.tenants)):
+            if table:
+                yield from self._kind(label, table)
+
+    @staticmethod
+    def _kind(label: str, table: dict[str, TransportStats]) -> Iterator[Metric]:
+        """Per message class or tenant (issue #34): replies by outcome, and the age at
+        a final reply (a class's delay is what priority is for)."""
+        deliveries = CounterMetricFamily(
+            f"pyqmgr_{label}_deliveries", f"Delivery requests answered, by the message's "
+            f"{label} and outcome.", labels=[label, "outcome"])
+        age = HistogramMetricFamily(
+            f"pyqmgr_{label}_message_age_at_delivery_seconds", f"The message's age at a "
+            f"final reply, by its {label}.", labels=[label])
+        for name in sorted(table):
+            stats = table[name]
+            for i, outcome in enumerate(OUTCOMES):
+                deliveries.add_metric([name, outcome], stats.deliveries[i])
+            if stats.age.count:
+                age.add_metric([name], [(floatToGoString(le), count)
+                                        for le, count in stats.age.cumulative()],
+                               stats.age.total)
+        yield deliveries
+        yield age
 
     def _deliveries(self, sched: Scheduler) -> Iterator[Metric]:
         deliveries = CounterMetricFamily(

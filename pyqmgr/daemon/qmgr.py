@@ -85,7 +85,8 @@ class Qmgr:
         #: Delivery counts for the metrics exporter; None (not counted) unless
         #: pyqmgr.cf sets metrics_listen.
         self.metrics: DeliveryStats | None = (
-            DeliveryStats(transports=setup.metrics.transports)
+            DeliveryStats(transports=setup.metrics.transports, class_names=tuple(
+                setup.classes.classes if setup.classes is not None else ()))
             if setup.metrics is not None else None)
         #: Retry jitter and recovery of deferred mail; None (stock) unless pyqmgr.cf.
         #: Its core half is switched on in start().

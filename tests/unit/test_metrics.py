@@ -441,3 +441,44 @@ def test_sites_have_gauges_only_while_sites_are_on():
     assert value(found, "pyqmgr_site_limit", **labels) == 2
     assert value(found, "pyqmgr_site_destinations", **labels) == 2
     assert value(found, "pyqmgr_site_held", **labels) == 1
+
+
+def test_deliveries_and_age_by_class_and_tenant_with_tenants_bounded():
+    """Issue #34: the same counts by message class and by tenant; tenants past the
+    limit are summed as _other (a sender domain each would be unbounded)."""
+    now = 1_000_000.0
+    stats = DeliveryStats(wall_clock=lambda: now, class_names=("transactional", "bulk"),
+                          tenant_limit=2)
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1))
+    for i, (rank, tenant) in enumerate([(0, "acme"), (1, "acme"), (1, "beta"),
+                                        (1, "gamma"), (1, "delta")]):
+        m = owned_message(f"Q{i}", now - 10 * (i + 1))
+        m.rank, m.tenant = rank, tenant
+        s.assign(m, routes(1, f"d{i}.example"), now=0.0)
+    while (entry := s.select("smtp", 0.0).deliver) is not None:
+        stats.delivery_done(entry, 0, 0.01)
+    found = samples(s, stats)
+    assert value(found, "pyqmgr_class_deliveries_total", outcome="final",
+                 **{"class": "transactional"}) == 1
+    assert value(found, "pyqmgr_class_deliveries_total", outcome="final",
+                 **{"class": "bulk"}) == 4
+    assert value(found, "pyqmgr_class_message_age_at_delivery_seconds_sum",
+                 **{"class": "transactional"}) == pytest.approx(10.0)
+    assert value(found, "pyqmgr_tenant_deliveries_total", tenant="acme",
+                 outcome="final") == 2
+    assert value(found, "pyqmgr_tenant_deliveries_total", tenant="beta",
+                 outcome="final") == 1
+    assert value(found, "pyqmgr_tenant_deliveries_total", tenant="_other",
+                 outcome="final") == 2
+    assert not any(labels and ("tenant", "gamma") in labels for _, labels in found)
+
+
+def test_no_class_or_tenant_series_without_them():
+    stats = DeliveryStats()
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1))
+    s.assign(owned_message("Q1", 0.0), routes(1), now=0.0)
+    entry = s.select("smtp", 0.0).deliver
+    assert entry is not None
+    stats.delivery_done(entry, 0, 0.01)
+    assert not any(name.startswith(("pyqmgr_class_", "pyqmgr_tenant_"))
+                   for name, _ in samples(s, stats))
