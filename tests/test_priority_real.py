@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 
 from pyqmgr.testbed.instance import PostfixInstance, free_port
@@ -157,3 +159,58 @@ def test_a_hashed_incoming_is_listed_and_resets_still_go_first(postfix_instance,
     assert classes["incoming"] == "listed" and classes["fed_past_the_scan"] >= 5
     assert [c["cap"] for c in classes["classes"]] == [200, 180]
     assert "CLASS" in status.stdout and "transactional" in status.stdout
+
+
+#: Opens inotify instances as the given uid until the kernel refuses, says how many,
+#: and holds them until its stdin closes.
+_HOG = """
+import ctypes, os, sys
+os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1]))
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+fds = []
+while len(fds) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+print(len(fds), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_no_inotify_left_for_the_mail_owner_is_a_warning_and_a_listing(
+        postfix_instance, sink):
+    """The kernel refuses the watch (fs.inotify.max_user_instances used up by the
+    mail owner's other processes): one warning, incoming/ is listed instead, and the
+    resets still go first."""
+    srv: SinkServer = sink(latency=0.1)
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"qmgr_message_active_limit": "200"}, start=False)
+    pf.write_pyqmgr_cf(CLASSES_CF)
+    uid, gid = pf.mail_owner_ids()
+    hog = subprocess.Popen([sys.executable, "-c", _HOG, str(uid), str(gid)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None
+        held = int(hog.stdout.readline())
+        assert held > 0
+        pf.start()
+        pf.preload(1000, recipients=lambda i: [f"n{i}@dest.example"],
+                   sender="news@letters.example")
+        pf.release_preload()
+        pf.maillog.wait_for(lambda ln: "cannot watch incoming/" in ln.text, 30,
+                            what="the warning")
+        pf.wait_until(lambda: srv.delivered_count() >= 100, 60, "the newsletter flowing")
+        sent = time.time()
+        pf.smtp_send([("resets@shop.example", ["reset@dest.example"])])
+        pf.wait_until(lambda: bool(srv.outcomes("reset@dest.example")), 30, "the reset")
+        classes = json.loads(cli(pf, "status", "--json").stdout)["classes"]
+    finally:
+        assert hog.stdin is not None
+        hog.stdin.close()
+        hog.wait(10)
+    took = next(m.time for m in srv.messages() if m.recipients[0] == "reset@dest.example")
+    print(f"\nno inotify ({held} instances taken): the reset went in {took - sent:.2f} s; "
+          f"incoming/ {classes['incoming']}")
+    assert took - sent < 1.5 and classes["incoming"] == "listed"

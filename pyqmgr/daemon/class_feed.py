@@ -115,11 +115,21 @@ class ClassFeed:
         self.peeked = 0
         self.fed = 0
 
-    def start(self, wake: Callable[[], None]) -> None:
-        """Watch incoming/ from the running event loop (not when it is hashed)."""
+    def start(self, wake: Callable[[], None], warn: Callable[[str], None]) -> None:
+        """Watch incoming/ from the running event loop (not when it is hashed). The
+        kernel may refuse a watch (fs.inotify.max_user_instances or max_user_watches
+        used up): then incoming/ is listed after each new-mail trigger, as when it is
+        hashed, and a warning says so."""
         if self.hashed:
             return
-        self.watch = watch = IncomingWatch()
+        try:
+            watch = IncomingWatch()
+        except OSError as exc:
+            warn(f"classes: cannot watch incoming/ for new mail ({exc.strerror or exc}): "
+                 f"it is listed after each new-mail trigger instead, at most every "
+                 f"{PASS_INTERVAL:g} s, at a cost that grows with its backlog")
+            return
+        self.watch = watch
         asyncio.get_running_loop().add_reader(watch.fileno(), self._news, watch, wake)
 
     def _news(self, watch: IncomingWatch, wake: Callable[[], None]) -> None:

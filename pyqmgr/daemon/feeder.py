@@ -151,7 +151,7 @@ class Feeder:
         self.scans[INCOMING].request(SCAN_START)
         self.scans[DEFERRED].request(SCAN_START)
         if self.classes is not None:
-            self.classes.start(self.wakeup.set)
+            self.classes.start(self.wakeup.set, self.host.log.warning)
 
     def request(self, incoming: int, deferred: int) -> None:
         """A trigger's scan requests (:func:`scan_requests`)."""
