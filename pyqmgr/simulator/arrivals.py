@@ -32,7 +32,7 @@ class ArrivalHost(Protocol):
     def fleet(self) -> Any: ...
 
     def _arrival(self, spread: tuple[tuple[str, int], ...], name: str,
-                 k: int) -> Callable[[], None]: ...
+                 k: int, sender: str = "") -> Callable[[], None]: ...
 
     def _trace_arrival(self, index: int) -> Callable[[], None]: ...
 
@@ -60,7 +60,7 @@ class Arrivals:
         engine = self.engine
         spread = spec.destinations()
         for k, at in enumerate(spec.times(engine.sc.seed, index)):
-            yield at, offset + k, engine._arrival(spread, spec.name, k)
+            yield at, offset + k, engine._arrival(spread, spec.name, k, spec.sender)
 
     def _trace(self, offset: int) -> Iterator[Arrival]:
         engine = self.engine

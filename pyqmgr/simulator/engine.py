@@ -46,6 +46,7 @@ from pyqmgr.scheduler.queue import Dsn, Queue
 from pyqmgr.scheduler.settings import SchedulingSettings, scheduling_settings
 from pyqmgr.scheduler.shaping import RULES
 from pyqmgr.simulator.arrivals import Arrivals
+from pyqmgr.simulator.classes import classify, scenario_classifier
 from pyqmgr.simulator.deferred import DeferredQueue
 from pyqmgr.simulator.delegation import PolicyService
 from pyqmgr.simulator.fleet import FleetRun
@@ -103,6 +104,7 @@ class Engine:
         self.shaping = settings.shaping
         #: Provider sites (issue #33; pyqmgr/simulator/sites.py), None: off.
         self.sites = scenario_sites(scenario, PYQMGR_CF_SECTION)
+        self.classes = scenario_classifier(scenario, PYQMGR_CF_SECTION)  # issue #34
         self.sched = Scheduler.from_settings(
             self.cfg, refill=self._refill, feedback_rounding=scenario.feedback_rounding,
             policies=self.policies,
@@ -187,10 +189,10 @@ class Engine:
     # -- messages -------------------------------------------------------------------
 
     def _arrival(self, spread: tuple[tuple[str, int], ...], name: str,
-                 k: int) -> Callable[[], None]:
+                 k: int, sender: str = "") -> Callable[[], None]:
         def arrive() -> None:
             qid = f"{name}{k}" if name else f"M{next(self._serial)}"
-            self._enter(qid, [(dest, n, "") for dest, n in spread], True)
+            self._enter(qid, [(dest, n, "") for dest, n in spread], True, sender=sender)
         return arrive
 
     def _trace_arrival(self, index: int) -> Callable[[], None]:
@@ -202,7 +204,8 @@ class Engine:
 
     def _enter(self, qid: str, spread: Sequence[tuple[str, int, str]],
                measured: bool, born: float | None = None,
-               children: list[int] | None = None, bounce: bool = False) -> None:
+               children: list[int] | None = None, bounce: bool = False,
+               sender: str = "") -> None:
         routes: list[Route] = []
         scripts: dict[int, tuple[tuple[str, float | None], ...]] | None = None
         for dest_name, nrcpt, script in spread:
@@ -225,6 +228,7 @@ class Engine:
         msg.bounce = bounce
         msg.node = self
         msg.sched.owner = msg
+        classify(self.classes, msg.sched, sender)
         self._let_in(msg)
 
     def _let_in(self, msg: SimMessage, feed: bool = True) -> None:
