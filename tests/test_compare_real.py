@@ -105,6 +105,18 @@ def test_every_shipped_workload_runs_and_drains(reports):
                     assert sink["duplicates"] == 0, (name, label, dest)
 
 
+def test_priority_the_resets_wait_under_stock_and_not_under_pyqmgr(reports):
+    """compat/workloads/priority.toml (issue #34): the workload's [pyqmgr_cf] gives
+    pyqmgr two classes; stock's resets wait for the newsletter ahead of them."""
+    _, report, _ = reports["priority"]
+    stock = report["runs"]["stock"]["classes"]["transactional"]
+    ours = report["runs"]["pyqmgr"]["classes"]["transactional"]
+    print(f"\nresets p50/p95: stock {stock['p50']}/{stock['p95']} s, pyqmgr with classes "
+          f"{ours['p50']}/{ours['p95']} s")
+    assert ours["sent"] == stock["sent"] == 10
+    assert ours["p95"] < 0.5 and stock["p50"] > 1.0
+
+
 # -- the independent recomputation --------------------------------------------------------
 
 def _recompute(run_dir: str) -> dict[str, Any]:
