@@ -199,7 +199,7 @@ class Engine:
         def arrive() -> None:
             m = self.sc.trace[index]
             self._enter(f"M{next(self._serial)}", m.recipients, m.measured, m.born,
-                        self._children.get(index), m.klass == "bounce")
+                        self._children.get(index), m.klass == "bounce", m.sender)
         return arrive
 
     def _enter(self, qid: str, spread: Sequence[tuple[str, int, str]],
