@@ -110,6 +110,7 @@ def frame(current: dict[str, object], previous: dict[str, object] | None,
                     "RCPTS", "±", "STATE"], rows)
     out += [(lines[0], False)] + list(zip(lines[1:], changed, strict=True))
     out.append(("", False))
+    out += _class_lines(current, previous)
     out += _site_lines(current, previous)
 
     gone = len(set(before_d) - {_key(d) for d in destinations}) if previous else 0
@@ -136,6 +137,26 @@ def frame(current: dict[str, object], previous: dict[str, object] | None,
     if gone:
         out.append((f"{gone} destination(s) left core since the last refresh", False))
     return out
+
+
+def _class_lines(current: dict[str, object],
+                 previous: dict[str, object] | None) -> list[tuple[str, bool]]:
+    """Message classes (issue #34; only while they are on): each class's messages in
+    the active queue against its room, with the change since the last refresh."""
+    classes = current.get("classes")
+    if not isinstance(classes, dict):
+        return []
+    old = previous.get("classes") if previous is not None else None
+    before = {str(c.get("name")): c for c in _dicts(old.get("classes"))} \
+        if isinstance(old, dict) else {}
+    rows, changed = [], []
+    for c in _dicts(classes.get("classes")):
+        was = before.get(str(c.get("name")))
+        rows.append([_fmt(c.get("name")), _fmt(c.get("active")), _fmt(c.get("cap")),
+                     _delta(c, was, "active")])
+        changed.append(was is not None and c.get("active") != was.get("active"))
+    lines = _table(["CLASS", "ACTIVE", "ROOM", "±"], rows)
+    return [(lines[0], False), *zip(lines[1:], changed, strict=True), ("", False)]
 
 
 def _site_lines(current: dict[str, object],

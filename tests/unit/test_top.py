@@ -108,3 +108,19 @@ def test_batch_prints_plain_snapshots_and_stops_at_a_failure():
     with pytest.raises(TopError) as info:
         batch(fails, "/etc/postfix", 0.5, "name", 1, out.append)
     assert info.value.status == 69
+
+
+def test_classes_each_with_its_room_and_the_change():
+    """Issue #34: with message classes, a line per class under the transports."""
+    first = copy.deepcopy(REPLY)
+    first["classes"] = {"classes": [{"name": "transactional", "active": 2, "cap": 200},
+                                    {"name": "bulk", "active": 180, "cap": 180}],
+                        "incoming": "watched"}
+    second = copy.deepcopy(first)
+    second["classes"]["classes"][0]["active"] = 5  # type: ignore[index]
+    lines = frame(second, first, "name")
+    cells, changed = row(lines, "transactional")
+    assert cells == ["transactional", "5", "200", "+3"] and changed
+    cells, changed = row(lines, "bulk")
+    assert cells == ["bulk", "180", "180"] and not changed
+    assert not any(text.startswith("CLASS") for text, _ in frame(REPLY, None, "name"))
