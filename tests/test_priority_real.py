@@ -12,6 +12,7 @@ shop.example's mail transactional; stock's figures are printed beside.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -84,11 +85,15 @@ def test_bad_tables_are_a_log_line_each_and_mail_flows_on_the_defaults(
     """A missing table, a table type pyqmgr cannot read, a class no one declared: one
     warning each, and every message delivered in the default class."""
     srv: SinkServer = sink()
+    # A hash table whose .db is garbage: postmap's lookup of it fails.
+    (tmp_path / "broken.db").write_bytes(b"not a Berkeley DB file\n" * 100)
+    os.chmod(tmp_path, 0o755)
     pf: PostfixInstance = postfix_instance(
         qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
         pyqmgr_cf={"message_classes": "transactional bulk",
                    "message_class_maps": f"texthash:{tmp_path}/no-such-table, "
                                          "regexp:/etc/postfix/classes.re, "
+                                         f"hash:{tmp_path}/broken, "
                                          "inline:{ shop.example=urgent }",
                    "tenant_key": "sender_domain",
                    "tenant_maps": f"texthash:{tmp_path}/no-tenants"})
@@ -101,6 +106,7 @@ def test_bad_tables_are_a_log_line_each_and_mail_flows_on_the_defaults(
     print("\n" + "\n".join(ln for ln in text.splitlines() if "classes:" in ln))
     assert f"cannot read {tmp_path}/no-such-table: No such file or directory" in text
     assert "regexp tables are not supported" in text
+    assert f"hash:{tmp_path}/broken: postmap -s: " in text
     assert f"cannot read {tmp_path}/no-tenants" in text
     assert "a table answered class 'urgent', which message_classes does not list" in text
     assert text.count("'urgent'") == 1, "that warning once, not a message"
