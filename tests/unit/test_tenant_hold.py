@@ -150,3 +150,26 @@ def test_a_response_rule_holds_the_tenant_at_the_destination_only():
     s.tick(3602.0)
     # a0 got the reply: deferred, as any 4xx; the rest of acme's mail waited.
     assert sorted(x.split("@")[0] for x in drain(s, 3602.0)) == ["a1", "a2"]
+
+
+def test_a_site_target_holds_the_tenant_at_every_destination_of_the_site_only():
+    """tenant:acme@site:google: acme's mail to both of google's domains waits, its
+    mail to another domain and beta's to google go."""
+    from pyqmgr.scheduler.policy import PolicyTable, load
+    from pyqmgr.scheduler.structures import SiteLimits, SiteTable
+
+    limits = SiteLimits(20, "smtp_site_concurrency_limit")
+    table = SiteTable(lambda t: limits if t == "smtp" else None,
+                      pinned={"a.example": "google", "b.example": "google"})
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1,  # type: ignore[arg-type]
+                                   initial_destination_concurrency=5),
+                  policies=PolicyTable(load("nqmgr")), sites=table)
+    add(s, "a1", "acme", "a.example")
+    add(s, "a2", "acme", "b.example")
+    add(s, "a3", "acme", "c.example")
+    add(s, "b1", "beta", "a.example")
+    assert suspend(s, "tenant:acme@site:google") == ["tenant acme: 2 deliveries held"]
+    add(s, "a4", "acme", "b.example")
+    assert sorted(drain(s, 1.0)) == ["a3@c.example", "b1@a.example"]
+    s.resume(parse_target("tenant:acme@site:google", {"smtp"}))
+    assert sorted(drain(s, 2.0)) == ["a1@a.example", "a2@b.example", "a4@b.example"]
