@@ -28,11 +28,11 @@ WORKLOADS = sorted(glob.glob(os.path.join(ROOT, "compat", "workloads", "*.toml")
 
 # -- the format: one file for simulate and compare ----------------------------------------
 
-def test_eight_workloads_ship_and_every_one_runs_in_the_simulator():
+def test_nine_workloads_ship_and_every_one_runs_in_the_simulator():
     names = {os.path.basename(p) for p in WORKLOADS}
     assert names == {"limiter-421.toml", "bulk-and-small.toml", "inbound-gateway.toml",
                      "finch-big-envelopes.toml", "provider-rate-limit.toml", "dead-mx.toml",
-                     "fleet-421.toml", "sites-one-server.toml"}
+                     "fleet-421.toml", "sites-one-server.toml", "priority.toml"}
     for path in WORKLOADS:
         sc = load(path)
         res = simulate(sc)
