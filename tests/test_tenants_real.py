@@ -149,3 +149,48 @@ def test_a_tenant_suspended_by_command_and_by_a_response_rule(
     # Nothing lost: all delivered but the message the 421 came for, deferred as any.
     pf.wait_until(lambda: pf.queue_counts()["active"] == 0, 30, "the active queue empty")
     assert pf.queue_counts()["deferred"] == 1
+
+
+def test_a_tenants_cap_at_a_destination(postfix_instance, sink):
+    """smtp_tenant_concurrency_limit = 2: each sender domain has at most two
+    deliveries at the destination (so the server, which takes every session, never
+    sees more than four for the two), while its window alone would allow twenty; the
+    rest follows one as one ends, and explain says why it waits."""
+    srv: SinkServer = sink(latency=0.5)
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"smtp_connection_cache_on_demand": "no"},
+        pyqmgr_cf={**TENANTS_CF, "smtp_tenant_concurrency_limit": "2"})
+    mail = ([("news@a.example", [f"a{i}@dest.example"]) for i in range(12)]
+            + [("news@b.example", [f"b{i}@dest.example"]) for i in range(12)])
+    pf.preload(mail)
+    pf.release_preload()
+    pf.wait_until(lambda: srv.delivered_count() >= 2, 30, "deliveries under way")
+    staged = json.loads(cli(pf, "status", "--json").stdout)
+    held = next(t for t in staged["transports"] if t["name"] == "pyqmgr-held")
+    waiting = [qid for qid in pf.queue_files("active")]
+    why = ""
+    for qid in waiting:
+        text = cli(pf, "explain", qid).stdout
+        if "tenant's share" in text:
+            why = text
+            break
+    pf.wait_until(lambda: srv.delivered_count() >= len(mail), 60, "everything delivered")
+    pf.wait_queue_empty(30)
+    peak = srv.snapshot().max_concurrent
+    print(f"\n{why}\npeak sessions at the server: {peak} (cap 2 for each of 2 tenants); "
+          f"held transport then: {held['queued_entries']} waiting")
+    assert peak <= 4, peak
+    assert held["queued_entries"] > 0
+    # The control: the same mail without the cap.
+    free: SinkServer = sink(latency=0.5)
+    pf2: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{free.port}"},
+        main_cf={"smtp_connection_cache_on_demand": "no"}, pyqmgr_cf=TENANTS_CF)
+    pf2.preload(mail)
+    pf2.release_preload()
+    pf2.wait_until(lambda: free.delivered_count() >= len(mail), 60, "everything delivered")
+    print(f"without the cap: peak {free.snapshot().max_concurrent}")
+    assert free.snapshot().max_concurrent > 4
+    assert "tenant a.example has 2 deliveries" in why or \
+        "tenant b.example has 2 deliveries" in why, why

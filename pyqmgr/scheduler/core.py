@@ -53,6 +53,7 @@ from pyqmgr.scheduler import (
     gates,
     reading,
     site,
+    tenant_cap,
     throttling,
 )
 from pyqmgr.scheduler.decisions import Decisions, Outbox, Throttling
@@ -260,6 +261,7 @@ class Scheduler:
                 t.suspension = self.suspensions.for_transport(name)
             if self.shaping_for is not None and name not in (RETRY, ERROR):
                 t.shaping = self.shaping_for(name)
+            t.tenant_caps = tenant_cap.caps_for(self.setting, name)  # issue #34
         return t
 
     def _attach_policy(self, t: Transport) -> None:
@@ -349,8 +351,7 @@ class Scheduler:
 
     def has_work(self, name: str) -> bool:
         """Would an agent of this transport get an entry now? (Worth connecting one.)"""
-        t = self.transports.get(name)
-        return t is not None and t.wants_agent()
+        return (t := self.transports.get(name)) is not None and t.wants_agent()
 
     def select_delay(self, name: str) -> float:
         """transport_rate_delay: how long an announced agent waits before :meth:`select`."""

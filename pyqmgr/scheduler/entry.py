@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
+from pyqmgr.scheduler.held import HELD, held_queue_name, holding
+from pyqmgr.scheduler.queue import error_queue, queue_done, queue_unthrottle
 from pyqmgr.scheduler.site import site_ended, site_settle
 from pyqmgr.scheduler.structures import (
     DEL_REQ_FLAG_CONN_LOAD,
     DEL_REQ_FLAG_CONN_MASK,
     DEL_REQ_FLAG_CONN_STORE,
+    RETRY,
     THROTTLED,
     Entry,
 )
+from pyqmgr.scheduler.tenant_cap import made
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
@@ -112,6 +115,8 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
             t.policy.done(entry, busy)
         except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
             core.policy_failed(t, "done", exc)
+    if t.tenant_caps is not None and message.tenant:
+        _cap_ended(core, entry)  # before the queue may go idle and be discarded
     if busy:
         queue.last_done = int(core.now)  # core.clock without a call (once per delivery)
     if queue.idle:
@@ -130,6 +135,39 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
         core.realloc(message)
     if message.refcount == 0:
         message_done(core, message)
+
+
+def _cap_ended(core: Core, entry: Entry) -> None:
+    """An entry of a capped tenant ended at its queue (tenant_concurrency_limit,
+    :mod:`.tenant_cap`): one fewer there, and its oldest staged entry for the queue
+    takes the place; a dead queue sends the staged ones to the retry transport."""
+    queue = entry.queue
+    caps = queue.transport.tenant_caps
+    assert caps is not None
+    tenant = entry.message.tenant
+    key = (tenant, queue.name)
+    left = caps.counts.get(key, 0) - 1
+    if left > 0:
+        caps.counts[key] = left
+    else:
+        caps.counts.pop(key, None)
+    held = core.transports.get(HELD)
+    staging = held.queues.get(held_queue_name(tenant, queue, staged=True)) \
+        if held is not None else None
+    if staging is None or not staging.todo:
+        return
+    if queue.throttled:
+        assert queue.dsn is not None
+        retry = error_queue(core, RETRY, queue.dsn)
+        if retry is not None:
+            for staged in list(staging.todo):
+                entry_move_todo(core, retry, staged)
+    elif left < caps.limit and holding(core, tenant, queue) is None:
+        oldest = staging.todo.first()
+        assert oldest is not None
+        message = oldest.message
+        entry_move_todo(core, queue, oldest)
+        made(queue, message)
 
 
 def message_done(core: Core, message: Message) -> None:

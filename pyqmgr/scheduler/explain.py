@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, cast
 
+from pyqmgr.scheduler.held import HELD, STAGED
 from pyqmgr.scheduler.policy import Policy, Reason, reason
 from pyqmgr.scheduler.suspension import Suspension
-from pyqmgr.scheduler.tenant_hold import HELD
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.core import Scheduler
@@ -153,15 +153,30 @@ def status(sched: Scheduler, now: float) -> dict[str, object]:
 # -- explain -------------------------------------------------------------------------
 
 
+def _capped(sched: Scheduler, staging: Queue) -> Reason:
+    """A capped tenant's staged mail (tenant_concurrency_limit): its deliveries there."""
+    tenant, _, origin = staging.name[len(STAGED):].partition(" ")
+    transport, _, name = origin.partition(":")
+    t = sched.transports.get(transport)
+    caps = t.tenant_caps if t is not None else None
+    limit = caps.limit if caps is not None else 0
+    count = caps.counts.get((tenant, name), 0) if caps is not None else 0
+    return reason("tenant's share", f"{transport}_tenant_concurrency_limit",
+                  f"tenant {tenant} has {count} deliveries for {name} under way or "
+                  f"waiting, its cap of {limit}: this one follows as one of them ends",
+                  tenant=tenant, in_use=count, limit=limit)
+
+
 def _transport_reasons(sched: Scheduler, t: Transport, now: float,
                        queue: Queue | None = None) -> list[Reason]:
     out: list[Reason] = []
     if t.name == HELD:
-        # A suspended tenant's mail: its own suspensions say why, not the holder's.
+        # A suspended or capped tenant's mail: its own suspensions or cap say why.
         held = [queue] if queue is not None else list(t.queues.values())
-        return [_suspended(s, str(s.target), now)
-                for tenant in sorted({q.name.partition(" ")[0] for q in held})
-                for s in sched.suspensions.tenants.get(tenant, ())]
+        names = sorted({q.name.partition(" ")[0] for q in held})
+        return [_suspended(s, str(s.target), now) for tenant in names
+                for s in sched.suspensions.tenants.get(tenant, ())] + [
+            _capped(sched, q) for q in held if q.name.startswith(STAGED)][:1]
     if t.suspension is not None:
         out.append(_suspended(t.suspension, f"transport {t.name}", now))
     if t.throttled:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler import recovery, tenant_hold, throttling
+from pyqmgr.scheduler import recovery, tenant_cap, tenant_hold, throttling
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.defer import POLICY_DSN
 from pyqmgr.scheduler.message import Message, Route
@@ -111,8 +111,11 @@ def assign(core: Core, message: Message, routes: Iterable[Route], flush_each: bo
                 queue = error_queue(core, RETRY, dsn)
                 if core.recovery_watch is not None:
                     recovery.wait(core, message, t.name, route.queue_name, recovery.why(dsn))
-            elif core.suspensions.tenants and message.tenant:
-                queue = tenant_hold.held_queue(core, message, queue)
+            elif message.tenant:
+                if core.suspensions.tenants:
+                    queue = tenant_hold.held_queue(core, message, queue)
+                if queue.transport.tenant_caps is not None:
+                    queue = tenant_cap.capped_queue(core, message, queue)
         if queue is None:
             assert dsn is not None
             message.deferred = True
@@ -130,8 +133,11 @@ def assign(core: Core, message: Message, routes: Iterable[Route], flush_each: bo
             core.out.deferrals.append(DeferRecipient(message, route.recipient, POLICY_DSN))
             last = last_queue = None
             continue
-        if message.refcount != refs and core.helpful_warnings and core.clog_warn_time > 0:
-            clog_warning(core, queue)
+        if message.refcount != refs:
+            if queue.transport.tenant_caps is not None:
+                tenant_cap.made(queue, message)
+            if core.helpful_warnings and core.clog_warn_time > 0:
+                clog_warning(core, queue)
         message.rcpt_count += 1
         core.rcpt_count += 1
     for cls in core.policy_classes:

@@ -429,6 +429,18 @@ class SiteTable:
 MAX_PENDING = 2
 
 
+class TenantCaps:
+    """A transport's cap on each tenant's deliveries at each destination (issue #34:
+    ``tenant_concurrency_limit``); the verbs are in :mod:`.tenant_cap`."""
+
+    __slots__ = ("limit", "counts")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: (tenant, queue name) -> its entries there, todo and busy: at most ``limit``.
+        self.counts: dict[tuple[str, str], int] = {}
+
+
 class TransportParams(Protocol):
     """What the core needs of a transport's configuration (config.TransportConfig).
 
@@ -513,6 +525,9 @@ class Transport:
         self.shaping: Shaping | None = None
         #: Shaping state by queue name, kept while it matters after a queue is gone.
         self.shapes: dict[str, Shape] = {}
+        #: Each tenant's cap at each destination (tenant_concurrency_limit, issue #34:
+        #: :mod:`.tenant_cap`); None: no cap.
+        self.tenant_caps: TenantCaps | None = None
         # Event counters for the metrics exporter (pyqmgr/daemon/metrics_exporter.py):
         # plain ints raised in O(1) where the event happens, because the core does no
         # I/O and knows nothing of Prometheus; the daemon reads them when scraped.

@@ -21,14 +21,17 @@ costs one dict test while any tenant is suspended, none otherwise.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
+from pyqmgr.scheduler import tenant_cap
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.entry import entry_done, entry_move_todo
+from pyqmgr.scheduler.held import HELD, STAGED, covers, held_queue_for, holding
 from pyqmgr.scheduler.queue import error_queue, queue_obtain
 from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn
 from pyqmgr.scheduler.suspension import Suspension, Target
+
+__all__ = ["HELD", "apply", "covers", "held_queue", "holding", "rule_holds"]
 
 #: Longest reason a rule's suspension keeps (the operators' limit, daemon/suspensions).
 MAX_REASON = 200
@@ -37,32 +40,7 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
     from pyqmgr.scheduler.shaping import Rule
     from pyqmgr.scheduler.state import Core
-    from pyqmgr.scheduler.structures import Entry, Queue, Transport
-
-#: The transport that holds suspended tenants' mail (no master.cf service has it).
-HELD = "pyqmgr-held"
-#: Its own suspension: in force for good, so that it never asks for an agent.
-HELD_FOR_GOOD = Suspension(Target(HELD, None), "mail of suspended tenants (pyqmgr status "
-                           "lists the suspensions)", "pyqmgr", 0.0, math.inf, math.inf)
-
-
-def covers(target: Target, queue: Queue) -> bool:
-    """Does a tenant suspension's target reach this (ordinary) destination queue?"""
-    if target.site is not None:
-        return queue.site is not None and queue.site.name == target.site
-    if target.transport is not None and target.transport != queue.transport.name:
-        return False
-    dest = target.destination
-    return dest is None or queue.name.lower() == dest or queue.nexthop.lower() == dest
-
-
-def holding(core: Core, tenant: str, queue: Queue) -> Suspension | None:
-    """The suspension of ``tenant`` that holds its mail for ``queue``, if any."""
-    for s in core.suspensions.tenants.get(tenant, ()):
-        if covers(s.target, queue):
-            return s
-    return None
-
+    from pyqmgr.scheduler.structures import Entry, Queue
 
 def held_queue(core: Core, message: Message, queue: Queue) -> Queue:
     """Where a new recipient of ``message`` for ``queue`` goes: ``queue``, or its
@@ -73,15 +51,8 @@ def held_queue(core: Core, message: Message, queue: Queue) -> Queue:
     return queue
 
 
-def _held_transport(core: Core) -> Transport:
-    t = core.transport(HELD)
-    t.suspension = HELD_FOR_GOOD
-    return t
-
-
 def _held(core: Core, tenant: str, queue: Queue) -> Queue:
-    return queue_obtain(core, _held_transport(core),
-                        f"{tenant} {queue.transport.name}:{queue.name}", queue.nexthop)
+    return held_queue_for(core, tenant, queue)
 
 
 def rule_holds(core: Core, tenant: str, queue: Queue, rule: Rule, hop: Dsn,
@@ -140,7 +111,32 @@ def _release(core: Core, tenant: str) -> str:
             name, _, origin = held.name.partition(" ")
             if name == tenant:
                 moved += _send_back(core, held, origin)
+            elif name == STAGED + tenant:
+                moved += _unstage(core, held, origin)
     return f"tenant {tenant}: {moved} deliveries released"
+
+
+def _unstage(core: Core, staging: Queue, origin: str) -> int:
+    """A capped tenant's staged mail, held with it, fills its cap again (nothing of it
+    ended while it was held, so nothing brought staged mail back)."""
+    transport, _, name = origin.partition(":")
+    t = core.transports.get(transport)
+    first = staging.todo.first()
+    if t is None or t.tenant_caps is None or first is None:
+        return 0
+    caps = t.tenant_caps
+    tenant = first.message.tenant
+    queue = t.queues.get(name) or queue_obtain(core, t, name, staging.nexthop)
+    if queue.throttled or holding(core, tenant, queue) is not None:
+        return 0
+    moved = 0
+    while caps.counts.get((tenant, queue.name), 0) < caps.limit and (
+            entry := staging.todo.first()) is not None:
+        message = entry.message
+        entry_move_todo(core, queue, entry)
+        tenant_cap.made(queue, message)
+        moved += 1
+    return moved
 
 
 def _send_back(core: Core, held: Queue, origin: str) -> int:
@@ -162,11 +158,15 @@ def _send_back(core: Core, held: Queue, origin: str) -> int:
             dsn = dst.dsn if dst.throttled else None
             if dsn is not None:
                 dst = error_queue(core, RETRY, dsn)
+            else:
+                dst = tenant_cap.capped_queue(core, entry.message, dst)
         if dst is None:
             assert dsn is not None
             _defer(core, entry, dsn)
         else:
+            message = entry.message
             entry_move_todo(core, dst, entry)
+            tenant_cap.made(dst, message)
         moved += 1
     return moved
 

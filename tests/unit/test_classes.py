@@ -160,3 +160,19 @@ def test_no_tenant_key_no_tenant():
     assert c is not None and c.classify(Envelope(sender="a@acme.example"))[1] == ""
     with pytest.raises(PyqmgrCfError, match="tenant_weight_maps"):
         make("message_classes = a b\ntenant_weight_maps = inline:{ a=2 }\n")
+
+
+@pytest.mark.parametrize("text, name", [
+    ("tenant_key = sender_domain\ntenant_concurrency_limit = many\n",
+     "tenant_concurrency_limit"),
+    ("tenant_key = sender_domain\nsmtp_tenant_concurrency_limit = -1\n",
+     "smtp_tenant_concurrency_limit"),
+    ("message_classes = a b\ntenant_concurrency_limit = 5\n", "tenant_concurrency_limit"),
+])
+def test_a_bad_tenant_cap_is_a_start_up_error(text, name):
+    with pytest.raises(PyqmgrCfError, match=name):
+        make(text)
+
+
+def test_a_tenant_cap_is_read():
+    assert make("tenant_key = sender_domain\nsmtp_tenant_concurrency_limit = 4\n")

@@ -1,0 +1,119 @@
+"""A tenant's cap at a destination in the core (issue #34): tenant_concurrency_limit."""
+
+from __future__ import annotations
+
+from pyqmgr.scheduler.core import Route, Scheduler
+from pyqmgr.scheduler.held import HELD
+from pyqmgr.scheduler.message import Message, Recipient
+from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.scheduler.suspension import Suspension, parse_target
+from tests.unit.params import Params
+
+
+def scheduler(cap: str = "2", **params: int) -> Scheduler:
+    p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 20,
+         "destination_concurrency_limit": 20, **params}
+    settings = {"tenant_concurrency_limit": cap}
+
+    def setting(name: str, transport: str, default: str) -> str:
+        return settings.get(f"{transport}_{name}", settings.get(name, default))
+
+    return Scheduler(lambda n: Params(**p),  # type: ignore[arg-type]
+                     policies=PolicyTable(load("nqmgr"), setting=setting))
+
+
+def add(s: Scheduler, name: str, tenant: str, dest: str = "d.example",
+        now: float = 0.0) -> Message:
+    m = Message(name, now, tenant=tenant)
+    s.read_limit(m)
+    s.assign(m, [Route("smtp", dest, dest, Recipient(0, f"r@{dest}"))], now=now)
+    return m
+
+
+def selected(s: Scheduler, now: float = 0.0) -> list:
+    """Every entry agents get now, none finished."""
+    out = []
+    while (entry := s.select("smtp", now).deliver) is not None:
+        out.append(entry)
+    return out
+
+
+def staged(s: Scheduler) -> int:
+    held = s.transports.get(HELD)
+    return sum(len(q.todo) for q in held.queues.values()) if held is not None else 0
+
+
+def test_a_tenant_has_at_most_its_cap_at_a_destination_and_the_rest_follow():
+    s = scheduler()
+    for i in range(6):
+        add(s, f"a{i}", "acme")
+    add(s, "b0", "beta")
+    add(s, "b1", "beta")
+    first = selected(s)
+    assert sorted(e.message.queue_id for e in first) == ["a0", "a1", "b0", "b1"]
+    assert staged(s) == 4
+    # One of acme's ends: its oldest staged one takes the place, and only one.
+    s.done(first[0], 0, None, False, 1.0)
+    again = selected(s, 1.0)
+    assert [e.message.queue_id for e in again] == ["a2"]
+    order = []
+    pending = list(first[1:]) + again
+    while pending:
+        entry = pending.pop(0)
+        s.done(entry, 0, None, False, 2.0)
+        more = selected(s, 2.0)
+        order += [e.message.queue_id for e in more]
+        pending += more
+    assert order == ["a3", "a4", "a5"], "the staged ones in their order, one at a time"
+    caps = s.transports["smtp"].tenant_caps
+    assert caps is not None and caps.counts == {} and staged(s) == 0
+
+
+def test_other_destinations_and_tenants_are_not_capped_by_it():
+    s = scheduler("1")
+    add(s, "a0", "acme", "d.example")
+    add(s, "a1", "acme", "d.example")
+    add(s, "a2", "acme", "e.example")
+    add(s, "n0", "", "d.example")
+    got = sorted(e.message.queue_id for e in selected(s))
+    assert got == ["a0", "a2", "n0"] and staged(s) == 1
+
+
+def test_a_dead_destination_takes_the_staged_mail_to_retry():
+    s = scheduler("1", initial_destination_concurrency=1)
+    add(s, "a0", "acme")
+    add(s, "a1", "acme")
+    add(s, "a2", "acme")
+    (entry,) = selected(s)
+    assert staged(s) == 2
+    s.done(entry, 4, Dsn("4.4.1", "connection refused"), False, 1.0)
+    retry = s.transports.get("retry")
+    assert staged(s) == 0
+    assert retry is not None and sum(len(q.todo) for q in retry.queues.values()) == 2
+
+
+def test_a_suspension_takes_the_capped_tenant_and_gives_it_back_capped():
+    s = scheduler("1")
+    for i in range(3):
+        add(s, f"a{i}", "acme")
+    (first,) = selected(s)
+    target = parse_target("tenant:acme@d.example", {"smtp"})
+    s.suspend(Suspension(target, "x", "test", 0.0, 50.0, 50.0))
+    s.done(first, 0, None, False, 1.0)
+    assert selected(s, 1.0) == [], "held: nothing of acme's goes"
+    s.resume(target)
+    got = selected(s, 2.0)
+    assert len(got) == 1, "capped again at one"
+    while got:
+        s.done(got.pop(), 0, None, False, 3.0)
+        got = selected(s, 3.0)
+    assert staged(s) == 0
+    caps = s.transports["smtp"].tenant_caps
+    assert caps is not None and caps.counts == {}
+
+
+def test_no_cap_no_structure():
+    s = scheduler("0")
+    add(s, "a0", "acme")
+    assert s.transports["smtp"].tenant_caps is None
