@@ -223,7 +223,9 @@ class Feeder:
         if wait > 0:
             return wait
         classes.run(self, now)
-        return None
+        # More than a pass's names may be left (a burst of new files): the next pass
+        # comes after one turn of the event loop, not at the next trigger.
+        return classes.pass_wait(time.monotonic(), self.message_count)
 
     def feed_incoming(self, qid: str) -> bool:
         """One incoming file into the active queue now, past the scan (a higher class's
