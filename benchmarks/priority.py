@@ -144,11 +144,12 @@ def run_once(qmgr: str, templates: list[bytes], pyqmgr_cf: dict[str, str] | None
                 raise RuntimeError(f"{qmgr}: sending resets: {resets.error!r}")
             sent = resets.sent
 
-            def sink_of(rcpt: str) -> SinkServer:
-                return sinks[int(rcpt.split("@d")[1].split(".")[0])]
+            def arrived() -> bool:
+                # The messages, not the RCPT outcomes: those come before DATA ends.
+                got = {m.recipients[0] for s in sinks for m in s.messages()}
+                return all(r in got for r in sent)
 
-            wait_until(lambda: all(sink_of(r).outcomes(r) for r in sent), 600,
-                       f"every reset delivered by {qmgr}", interval=0.2)
+            wait_until(arrived, 600, f"every reset delivered by {qmgr}", interval=0.2)
             got: dict[str, float] = {}
             per_phase = [0] * PHASES
             for s in sinks:
