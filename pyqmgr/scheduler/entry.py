@@ -165,9 +165,7 @@ def _cap_ended(core: Core, entry: Entry) -> None:
     elif left < caps.limit and holding(core, tenant, queue) is None:
         oldest = staging.todo.first()
         assert oldest is not None
-        message = oldest.message
         entry_move_todo(core, queue, oldest)
-        made(queue, message)
 
 
 def message_done(core: Core, message: Message) -> None:
@@ -178,10 +176,12 @@ def message_done(core: Core, message: Message) -> None:
 
 
 def entry_move_todo(core: Core, dst: Queue, entry: Entry) -> None:
-    """Hand a todo entry's recipients to another queue (the retry transport)."""
+    """Hand a todo entry's recipients to another queue (the retry transport, a
+    tenant's held or staging queue and back); a capped tenant's new entry counts."""
     message = entry.message
     dst_policy = dst.transport.policy
     new = dst_policy.new_entry(message, dst)
+    made(dst, message)
     new.recipients, entry.recipients = entry.recipients, []
     src = entry.queue.transport
     if not src.broken:

@@ -132,9 +132,7 @@ def _unstage(core: Core, staging: Queue, origin: str) -> int:
     moved = 0
     while caps.counts.get((tenant, queue.name), 0) < caps.limit and (
             entry := staging.todo.first()) is not None:
-        message = entry.message
         entry_move_todo(core, queue, entry)
-        tenant_cap.made(queue, message)
         moved += 1
     return moved
 
@@ -164,9 +162,7 @@ def _send_back(core: Core, held: Queue, origin: str) -> int:
             assert dsn is not None
             _defer(core, entry, dsn)
         else:
-            message = entry.message
             entry_move_todo(core, dst, entry)
-            tenant_cap.made(dst, message)
         moved += 1
     return moved
 
