@@ -11,12 +11,14 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler import controls
+from pyqmgr.scheduler import controls, tenant_cap
+from pyqmgr.scheduler.entry import tenant_release
 from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
 from pyqmgr.scheduler.site import site_due
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
+    from pyqmgr.scheduler.structures import Transport
 
 
 def enable_due(core: Core, now: float) -> None:
@@ -32,6 +34,8 @@ def enable_due(core: Core, now: float) -> None:
     for t in list(core.transports.values()):
         if t.revive_at is not None and now >= t.revive_at:
             core.transport_unthrottle(t)
+        if t.tenant_caps is not None and t.tenant_caps.timed:
+            _rate_slots(core, t, now)
         timed = t.timed
         while timed and timed[0][0] <= now:
             queue = heapq.heappop(timed)[2]
@@ -48,6 +52,15 @@ def enable_due(core: Core, now: float) -> None:
                     queue_done(core, queue)
                 elif not t.broken:
                     t.policy.resumed(queue)
+
+
+def _rate_slots(core: Core, t: Transport, now: float) -> None:
+    """A tenant's rate slot has come (tenant_rate, :mod:`.tenant_cap`): its staged
+    mail for there follows."""
+    for staging in tenant_cap.due(core, t, now):
+        dest = tenant_cap.destination(core, staging)
+        if dest is not None:
+            tenant_release(core, staging, dest)
 
 
 def enable_all(core: Core) -> None:

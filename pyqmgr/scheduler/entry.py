@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.held import HELD, held_queue_name, holding
+from pyqmgr.scheduler.held import HELD, held_queue_name
 from pyqmgr.scheduler.queue import error_queue, queue_done, queue_unthrottle
 from pyqmgr.scheduler.site import site_ended, site_settle
 from pyqmgr.scheduler.structures import (
@@ -23,7 +23,13 @@ from pyqmgr.scheduler.structures import (
     THROTTLED,
     Entry,
 )
-from pyqmgr.scheduler.tenant_cap import made
+from pyqmgr.scheduler.tenant_cap import (
+    destination,
+    ended,
+    made,
+    next_release,
+    site_stagings,
+)
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
@@ -32,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEL_REQ_FLAG_CONN_LOAD", "DEL_REQ_FLAG_CONN_MASK", "DEL_REQ_FLAG_CONN_STORE",
            "Entry", "entry_done", "entry_link", "entry_move_todo", "entry_select", "entry_unselect",
-           "message_done"]
+           "message_done", "tenant_release"]
 
 
 def entry_link(entry: Entry) -> Entry:
@@ -138,34 +144,42 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
 
 
 def _cap_ended(core: Core, entry: Entry) -> None:
-    """An entry of a capped tenant ended at its queue (tenant_concurrency_limit,
-    :mod:`.tenant_cap`): one fewer there, and its oldest staged entry for the queue
-    takes the place; a dead queue sends the staged ones to the retry transport."""
+    """An entry of a limited tenant ended at its queue (:mod:`.tenant_cap`): one
+    fewer there, and its oldest staged entry for the queue (or for another of the
+    site's destinations) takes the place; a dead queue sends the staged ones to the
+    retry transport."""
     queue = entry.queue
     caps = queue.transport.tenant_caps
     assert caps is not None
     tenant = entry.message.tenant
-    key = (tenant, queue.name)
-    left = caps.counts.get(key, 0) - 1
-    if left > 0:
-        caps.counts[key] = left
-    else:
-        caps.counts.pop(key, None)
+    scope = ended(caps, entry)
     held = core.transports.get(HELD)
     staging = held.queues.get(held_queue_name(tenant, queue, staged=True)) \
         if held is not None else None
-    if staging is None or not staging.todo:
-        return
-    if queue.throttled:
-        assert queue.dsn is not None
-        retry = error_queue(core, RETRY, queue.dsn)
-        if retry is not None:
-            for staged in list(staging.todo):
-                entry_move_todo(core, retry, staged)
-    elif left < caps.limit and holding(core, tenant, queue) is None:
-        oldest = staging.todo.first()
-        assert oldest is not None
-        entry_move_todo(core, queue, oldest)
+    if staging is not None and staging.todo:
+        if queue.throttled:
+            assert queue.dsn is not None
+            retry = error_queue(core, RETRY, queue.dsn)
+            if retry is not None:
+                for staged in list(staging.todo):
+                    entry_move_todo(core, retry, staged)
+        elif tenant_release(core, staging, queue):
+            return
+    if scope is not None:
+        for other in site_stagings(caps, tenant, scope):
+            dest = destination(core, other)
+            if dest is not None and tenant_release(core, other, dest):
+                return
+
+
+def tenant_release(core: Core, staging: Queue, dest: Queue) -> int:
+    """Move a tenant's staged entries into their destination while its limits let
+    them (:func:`.tenant_cap.next_release`); how many went."""
+    moved = 0
+    while (oldest := next_release(core, staging, dest)) is not None:
+        entry_move_todo(core, dest, oldest)
+        moved += 1
+    return moved
 
 
 def message_done(core: Core, message: Message) -> None:
@@ -181,7 +195,7 @@ def entry_move_todo(core: Core, dst: Queue, entry: Entry) -> None:
     message = entry.message
     dst_policy = dst.transport.policy
     new = dst_policy.new_entry(message, dst)
-    made(dst, message)
+    made(dst, new, core.now)
     new.recipients, entry.recipients = entry.recipients, []
     src = entry.queue.transport
     if not src.broken:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, cast
 
+from pyqmgr.scheduler import tenant_cap
 from pyqmgr.scheduler.held import HELD, STAGED
 from pyqmgr.scheduler.policy import Policy, Reason, reason
 from pyqmgr.scheduler.suspension import Suspension
@@ -153,18 +154,38 @@ def status(sched: Scheduler, now: float) -> dict[str, object]:
 # -- explain -------------------------------------------------------------------------
 
 
-def _capped(sched: Scheduler, staging: Queue) -> Reason:
-    """A capped tenant's staged mail (tenant_concurrency_limit): its deliveries there."""
+def _capped(sched: Scheduler, staging: Queue, now: float) -> Reason:
+    """A limited tenant's staged mail (:mod:`.tenant_cap`): the limit that holds it."""
     tenant, _, origin = staging.name[len(STAGED):].partition(" ")
     transport, _, name = origin.partition(":")
     t = sched.transports.get(transport)
     caps = t.tenant_caps if t is not None else None
-    limit = caps.limit if caps is not None else 0
-    count = caps.counts.get((tenant, name), 0) if caps is not None else 0
-    return reason("tenant's share", f"{transport}_tenant_concurrency_limit",
-                  f"tenant {tenant} has {count} deliveries for {name} under way or "
-                  f"waiting, its cap of {limit}: this one follows as one of them ends",
-                  tenant=tenant, in_use=count, limit=limit)
+    dest = t.queues.get(name) if t is not None else None
+    if caps is None:
+        return reason("tenant's share", f"{transport}_{tenant_cap.PARAM}",
+                      f"tenant {tenant}'s mail for {name} is staged", tenant=tenant)
+    scope = tenant_cap.site_scope(caps, dest) if dest is not None else None
+    for where, limit, spacing, param, rate_param in (
+            (name, caps.limit, caps.spacing, tenant_cap.PARAM, tenant_cap.RATE_PARAM),
+            (scope, caps.site_limit, caps.site_spacing, tenant_cap.SITE_PARAM,
+             tenant_cap.SITE_RATE_PARAM)):
+        if where is None:
+            continue
+        what = f"site {where[1:]}" if where.startswith(tenant_cap.SITE) else where
+        count = caps.counts.get((tenant, where), 0)
+        if limit and count >= limit:
+            return reason("tenant's share", f"{transport}_{param}",
+                          f"tenant {tenant} has {count} deliveries for {what} under way "
+                          f"or waiting, its cap of {limit}: this one follows as one of "
+                          "them ends", tenant=tenant, in_use=count, limit=limit)
+        at = caps.next_at.get((tenant, where), 0.0)
+        if spacing and at > now:
+            return reason("tenant's rate", f"{transport}_{rate_param}",
+                          f"tenant {tenant} sends to {what} one delivery every "
+                          f"{spacing:g} s: the next in {at - now:.1f} s",
+                          tenant=tenant, until=at)
+    return reason("tenant's share", f"{transport}_{tenant_cap.PARAM}",
+                  f"tenant {tenant}'s mail for {name} follows now", tenant=tenant)
 
 
 def _transport_reasons(sched: Scheduler, t: Transport, now: float,
@@ -176,7 +197,7 @@ def _transport_reasons(sched: Scheduler, t: Transport, now: float,
         names = sorted({q.name.partition(" ")[0] for q in held})
         return [_suspended(s, str(s.target), now) for tenant in names
                 for s in sched.suspensions.tenants.get(tenant, ())] + [
-            _capped(sched, q) for q in held if q.name.startswith(STAGED)][:1]
+            _capped(sched, q, now) for q in held if q.name.startswith(STAGED)][:1]
     if t.suspension is not None:
         out.append(_suspended(t.suspension, f"transport {t.name}", now))
     if t.throttled:

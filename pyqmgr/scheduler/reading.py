@@ -135,7 +135,7 @@ def assign(core: Core, message: Message, routes: Iterable[Route], flush_each: bo
             continue
         if message.refcount != refs:
             if queue.transport.tenant_caps is not None:
-                tenant_cap.made(queue, message)
+                tenant_cap.made(queue, last, core.now)
             if core.helpful_warnings and core.clog_warn_time > 0:
                 clog_warning(core, queue)
         message.rcpt_count += 1

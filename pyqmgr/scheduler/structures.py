@@ -430,15 +430,33 @@ MAX_PENDING = 2
 
 
 class TenantCaps:
-    """A transport's cap on each tenant's deliveries at each destination (issue #34:
-    ``tenant_concurrency_limit``); the verbs are in :mod:`.tenant_cap`."""
+    """A transport's limits on each tenant's deliveries at each destination and site
+    (issue #34: ``tenant_concurrency_limit``, ``tenant_site_concurrency_limit``,
+    ``tenant_rate``, ``tenant_site_rate``); the verbs are in :mod:`.tenant_cap`."""
 
-    __slots__ = ("limit", "counts")
+    __slots__ = ("limit", "site_limit", "spacing", "site_spacing", "counts", "next_at",
+                 "site_of", "staged_at", "timed", "armed")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, site_limit: int = 0, spacing: float = 0.0,
+                 site_spacing: float = 0.0) -> None:
         self.limit = limit
-        #: (tenant, queue name) -> its entries there, todo and busy: at most ``limit``.
+        self.site_limit = site_limit
+        #: Seconds between a tenant's entries at a destination / at a site (0: no rate).
+        self.spacing = spacing
+        self.site_spacing = site_spacing
+        #: (tenant, scope) -> its entries there, todo and busy; a scope is a queue's
+        #: name or ``@`` and a site's name.
         self.counts: dict[tuple[str, str], int] = {}
+        #: (tenant, scope) -> when its rate lets its next entry in.
+        self.next_at: dict[tuple[str, str], float] = {}
+        #: Entries counted at a site: the site scope they count in.
+        self.site_of: dict[Entry, str] = {}
+        #: (tenant, site scope) -> its staging queues with mail for the site, by name.
+        self.staged_at: dict[tuple[str, str], dict[str, Queue]] = {}
+        #: Rate slots to wake for: (when, staging queue name), a heap; and the one
+        #: armed per staging queue (a timer not the armed one is stale).
+        self.timed: list[tuple[float, str]] = []
+        self.armed: dict[str, float] = {}
 
 
 class TransportParams(Protocol):

@@ -1,62 +1,243 @@
-"""A tenant's cap at a destination: ``tenant_concurrency_limit`` (issue #34).
+"""A tenant's limits at a destination and at a site (issue #34).
 
 One tenant's flood can take every session a destination gives the relay, and its
-throttling then falls on everyone. ``tenant_concurrency_limit = N`` (per transport by
-Postfix's naming rule: ``smtp_tenant_concurrency_limit``) lets each tenant have at
-most N entries (deliveries under way or waiting for an agent) at one destination; its
-further mail for there waits in a staging queue of the transport ``pyqmgr-held``
+throttling then falls on everyone. Four settings (each per transport too, by
+Postfix's naming rule: ``smtp_tenant_concurrency_limit``) bound what one tenant takes:
+
+=================================  ===================================================
+``tenant_concurrency_limit``       each tenant's most entries (deliveries under way or
+                                   waiting for an agent) at one destination
+``tenant_site_concurrency_limit``  the same at one site (sites on: every destination
+                                   one provider's MX hosts serve, :mod:`.site`)
+``tenant_rate``                    each tenant's most entries a period at one
+                                   destination (``N/PERIOD``: ``10/1s``, ``600/h``)
+``tenant_site_rate``               the same at one site
+=================================  ===================================================
+
+A tenant's mail beyond them waits staged in a queue of the transport ``pyqmgr-held``
 (named ``+TENANT TRANSPORT:QUEUE``, beside the suspended tenants' queues of
-:mod:`.tenant_hold`), and each of its entries there that ends brings one back, oldest
-first: O(1) a delivery. The destination's window, and every other tenant's mail,
-are untouched; a tenant's share of a destination is its own cap, not a slice of the
-window.
+:mod:`.tenant_hold`) and comes back oldest first when the limit allows: one each time
+one of its entries there ends (O(1) a delivery; at a site, the site's staging queues
+take turns), and at the time a rate gives the next slot (a timer per staging queue).
+The destination's window, and every other tenant's mail, are untouched; a tenant's
+share is its own limit, not a slice of the window. A rate counts entries as they
+enter the destination's queue, which is when they become deliveries the window may
+start: the tenant's mail there starts at most that often.
+
+The counts are kept by scope: a destination queue's name, or ``@`` and a site's name
+(no nexthop starts with ``@``). An entry counted at a site remembers which
+(:attr:`TenantCaps.site_of`): a destination's site may be learnt or change while the
+entry is out, and the count it ends must be the one it started.
 
 A destination that dies while a tenant's mail is staged for it sends that mail to
 the retry transport with its own, as new mail would be; a tenant suspended there
-(:mod:`.tenant_hold`) takes its staged mail with it, and what comes back is capped
-again.
+(:mod:`.tenant_hold`) takes its staged mail with it, and what comes back is limited
+again. The moves themselves are :mod:`.entry`'s (this module cannot import it).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.held import HELD, held_queue_for
+from pyqmgr.scheduler.held import HELD, STAGED, held_queue_for, holding
+from pyqmgr.scheduler.queue import queue_obtain
+from pyqmgr.scheduler.shaping import ShapingError, parse_rate
 from pyqmgr.scheduler.structures import ERROR, RETRY, TenantCaps
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
     from pyqmgr.scheduler.state import Core
-    from pyqmgr.scheduler.structures import Queue
+    from pyqmgr.scheduler.structures import Entry, Queue, Transport
 
 PARAM = "tenant_concurrency_limit"
+SITE_PARAM = "tenant_site_concurrency_limit"
+RATE_PARAM = "tenant_rate"
+SITE_RATE_PARAM = "tenant_site_rate"
+#: A site scope's name starts with this.
+SITE = "@"
+#: Past rate slots kept before a sweep drops the stale ones (bounded memory: a tenant
+#: that sent to 100,000 destinations once must not keep 100,000 slots).
+NEXT_KEPT = 10_000
 
 
 def caps_for(setting: Callable[[str, str, str], str], transport: str) -> TenantCaps | None:
-    """The transport's cap from pyqmgr.cf (``setting``: the scheduler's; a bad value
+    """The transport's limits from pyqmgr.cf (``setting``: the scheduler's; a bad value
     is a start-up error, daemon/classes.py, and never gets here)."""
     if transport in (RETRY, ERROR, HELD):
         return None
-    text = setting(PARAM, transport, "0").strip()
-    limit = int(text) if text.isdigit() else 0
-    return TenantCaps(limit) if limit > 0 else None
+
+    def count(name: str) -> int:
+        text = setting(name, transport, "0").strip()
+        return int(text) if text.isdigit() else 0
+
+    def spacing(name: str) -> float:
+        try:
+            rate = parse_rate(setting(name, transport, "0"), name)
+        except ShapingError:
+            return 0.0
+        return rate.interval if rate is not None else 0.0
+
+    caps = TenantCaps(count(PARAM), count(SITE_PARAM), spacing(RATE_PARAM),
+                      spacing(SITE_RATE_PARAM))
+    return caps if caps.limit or caps.site_limit or caps.spacing or caps.site_spacing \
+        else None
+
+
+def site_scope(caps: TenantCaps, queue: Queue) -> str | None:
+    """The site scope a queue's entries count in, or None (no site, or no site limit)."""
+    if queue.site is None or not (caps.site_limit or caps.site_spacing):
+        return None
+    return SITE + queue.site.name
+
+
+def blocked(caps: TenantCaps, tenant: str, queue: Queue, now: float) -> float | None:
+    """None when one more of the tenant's entries may enter ``queue`` now; else 0.0
+    when it waits for one of its entries to end, or the time its rate allows one."""
+    wait: float | None = None
+    for scope, limit, spacing in ((queue.name, caps.limit, caps.spacing),
+                                  (site_scope(caps, queue), caps.site_limit,
+                                   caps.site_spacing)):
+        if scope is None:
+            continue
+        key = (tenant, scope)
+        if limit and caps.counts.get(key, 0) >= limit:
+            return 0.0
+        if spacing and (at := caps.next_at.get(key, 0.0)) > now:
+            wait = at if wait is None else max(wait, at)
+    return wait
 
 
 def capped_queue(core: Core, message: Message, queue: Queue) -> Queue:
     """Where a new entry of the message's tenant for ``queue`` goes: ``queue`` while
-    the tenant has fewer than the cap there, else its staging queue."""
+    the tenant's limits there allow it, else its staging queue."""
     caps = queue.transport.tenant_caps
     if caps is None or not message.tenant:
         return queue
-    if caps.counts.get((message.tenant, queue.name), 0) < caps.limit:
+    tenant = message.tenant
+    wait = blocked(caps, tenant, queue, core.now)
+    if wait is None:
         return queue
-    return held_queue_for(core, message.tenant, queue, staged=True)
+    staging = held_queue_for(core, tenant, queue, staged=True)
+    scope = site_scope(caps, queue)
+    if scope is not None:
+        caps.staged_at.setdefault((tenant, scope), {})[staging.name] = staging
+    if wait > 0:
+        arm(core, caps, staging, wait)
+    return staging
 
 
-def made(queue: Queue, message: Message) -> None:
-    """A new entry of the message's tenant landed in ``queue``: count it."""
+def arm(core: Core, caps: TenantCaps, staging: Queue, when: float) -> None:
+    """A staging queue's mail may go at ``when`` (a rate's next slot): wake then."""
+    if caps.armed.get(staging.name, -1.0) == when:
+        return
+    caps.armed[staging.name] = when
+    heapq.heappush(caps.timed, (when, staging.name))
+    core.out.timers.append(when)
+
+
+def made(queue: Queue, entry: Entry, now: float) -> None:
+    """A new entry of a tenant landed in ``queue``: count it, take its rate slot."""
     caps = queue.transport.tenant_caps
-    if caps is not None and message.tenant:
-        key = (message.tenant, queue.name)
-        caps.counts[key] = caps.counts.get(key, 0) + 1
+    tenant = entry.message.tenant
+    if caps is None or not tenant:
+        return
+    scope = site_scope(caps, queue)
+    for where, limit, spacing in ((queue.name, caps.limit, caps.spacing),
+                                  (scope, caps.site_limit, caps.site_spacing)):
+        if where is None:
+            continue
+        key = (tenant, where)
+        if limit:
+            caps.counts[key] = caps.counts.get(key, 0) + 1
+        if spacing:
+            caps.next_at[key] = max(caps.next_at.get(key, now), now) + spacing
+            if len(caps.next_at) > NEXT_KEPT:
+                caps.next_at = {k: at for k, at in caps.next_at.items() if at > now}
+    if scope is not None and caps.site_limit:
+        caps.site_of[entry] = scope
+
+
+def ended(caps: TenantCaps, entry: Entry) -> str | None:
+    """An entry of a tenant ended at its queue: one fewer there (and at its site);
+    the site scope it counted in, whose staged mail may now follow."""
+    tenant = entry.message.tenant
+    if caps.limit:
+        _less(caps, (tenant, entry.queue.name))
+    scope = caps.site_of.pop(entry, None)
+    if scope is not None:
+        _less(caps, (tenant, scope))
+    return scope
+
+
+def _less(caps: TenantCaps, key: tuple[str, str]) -> None:
+    left = caps.counts.get(key, 0) - 1
+    if left > 0:
+        caps.counts[key] = left
+    else:
+        caps.counts.pop(key, None)
+
+
+def destination(core: Core, staging: Queue) -> Queue | None:
+    """The destination queue a staging queue holds mail for (made again if it left the
+    core while idle); None when its transport is gone or has no limits."""
+    origin = staging.name.partition(" ")[2]
+    transport, _, name = origin.partition(":")
+    t = core.transports.get(transport)
+    if t is None or t.tenant_caps is None:
+        return None
+    return t.queues.get(name) or queue_obtain(core, t, name, staging.nexthop)
+
+
+def next_release(core: Core, staging: Queue, dest: Queue) -> Entry | None:
+    """The staging queue's oldest entry if the tenant's limits at ``dest`` let it go
+    now; else None (and, when a rate is what holds it, a timer for its slot)."""
+    caps = dest.transport.tenant_caps
+    oldest = staging.todo.first()
+    if caps is None or oldest is None or dest.throttled:
+        return None
+    tenant = oldest.message.tenant
+    if holding(core, tenant, dest) is not None:
+        return None
+    wait = blocked(caps, tenant, dest, core.now)
+    if wait is None:
+        return oldest
+    if wait > 0:
+        arm(core, caps, staging, wait)
+    return None
+
+
+def site_stagings(caps: TenantCaps, tenant: str, scope: str) -> list[Queue]:
+    """The tenant's staging queues with mail for the site's destinations, in turn:
+    the first is moved to the end, so that a site's destinations share its slots."""
+    index = caps.staged_at.get((tenant, scope))
+    if not index:
+        caps.staged_at.pop((tenant, scope), None)
+        return []
+    for name in [n for n, q in index.items() if not q.todo]:
+        del index[name]
+    if not index:
+        del caps.staged_at[(tenant, scope)]
+        return []
+    first = next(iter(index))
+    index[first] = index.pop(first)
+    return list(index.values())
+
+
+def due(core: Core, t: Transport, now: float) -> list[Queue]:
+    """The staging queues whose rate slot has come (their timers fired)."""
+    caps = t.tenant_caps
+    out: list[Queue] = []
+    if caps is None:
+        return out
+    held = core.transports.get(HELD)
+    while caps.timed and caps.timed[0][0] <= now:
+        when, name = heapq.heappop(caps.timed)
+        if caps.armed.get(name) != when:
+            continue
+        del caps.armed[name]
+        staging = held.queues.get(name) if held is not None else None
+        if staging is not None and staging.todo and staging.name.startswith(STAGED):
+            out.append(staging)
+    return out

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import tenant_cap
 from pyqmgr.scheduler.decisions import DeferRecipient
-from pyqmgr.scheduler.entry import entry_done, entry_move_todo
+from pyqmgr.scheduler.entry import entry_done, entry_move_todo, tenant_release
 from pyqmgr.scheduler.held import HELD, STAGED, covers, held_queue_for, holding
 from pyqmgr.scheduler.queue import error_queue, queue_obtain
 from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn
@@ -112,29 +112,15 @@ def _release(core: Core, tenant: str) -> str:
             if name == tenant:
                 moved += _send_back(core, held, origin)
             elif name == STAGED + tenant:
-                moved += _unstage(core, held, origin)
+                moved += _unstage(core, held)
     return f"tenant {tenant}: {moved} deliveries released"
 
 
-def _unstage(core: Core, staging: Queue, origin: str) -> int:
-    """A capped tenant's staged mail, held with it, fills its cap again (nothing of it
-    ended while it was held, so nothing brought staged mail back)."""
-    transport, _, name = origin.partition(":")
-    t = core.transports.get(transport)
-    first = staging.todo.first()
-    if t is None or t.tenant_caps is None or first is None:
-        return 0
-    caps = t.tenant_caps
-    tenant = first.message.tenant
-    queue = t.queues.get(name) or queue_obtain(core, t, name, staging.nexthop)
-    if queue.throttled or holding(core, tenant, queue) is not None:
-        return 0
-    moved = 0
-    while caps.counts.get((tenant, queue.name), 0) < caps.limit and (
-            entry := staging.todo.first()) is not None:
-        entry_move_todo(core, queue, entry)
-        moved += 1
-    return moved
+def _unstage(core: Core, staging: Queue) -> int:
+    """A limited tenant's staged mail, held with it, fills its limits again (nothing of
+    it ended while it was held, so nothing brought staged mail back)."""
+    dest = tenant_cap.destination(core, staging)
+    return tenant_release(core, staging, dest) if dest is not None else 0
 
 
 def _send_back(core: Core, held: Queue, origin: str) -> int:

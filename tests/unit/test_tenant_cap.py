@@ -7,20 +7,26 @@ from pyqmgr.scheduler.held import HELD
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable, load
 from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.scheduler.structures import SiteLimits, SiteTable
 from pyqmgr.scheduler.suspension import Suspension, parse_target
 from tests.unit.params import Params
 
 
-def scheduler(cap: str = "2", **params: int) -> Scheduler:
+def scheduler(cap: str = "2", sites: dict[str, str] | None = None,
+              more: dict[str, str] | None = None, **params: int) -> Scheduler:
     p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 20,
          "destination_concurrency_limit": 20, **params}
-    settings = {"tenant_concurrency_limit": cap}
+    settings = {"tenant_concurrency_limit": cap, **(more or {})}
 
     def setting(name: str, transport: str, default: str) -> str:
         return settings.get(f"{transport}_{name}", settings.get(name, default))
 
+    table = None
+    if sites is not None:
+        limits = SiteLimits(0, "smtp_site_concurrency_limit")
+        table = SiteTable(lambda t: limits if t == "smtp" else None, pinned=sites)
     return Scheduler(lambda n: Params(**p),  # type: ignore[arg-type]
-                     policies=PolicyTable(load("nqmgr"), setting=setting))
+                     policies=PolicyTable(load("nqmgr"), setting=setting), sites=table)
 
 
 def add(s: Scheduler, name: str, tenant: str, dest: str = "d.example",
@@ -117,3 +123,89 @@ def test_no_cap_no_structure():
     s = scheduler("0")
     add(s, "a0", "acme")
     assert s.transports["smtp"].tenant_caps is None
+
+
+GOOGLE = {"a.example": "google", "b.example": "google", "c.example": "google"}
+
+
+def test_a_site_cap_counts_the_tenant_at_every_destination_of_the_site():
+    """tenant_site_concurrency_limit = 2: acme's mail to three of google's domains
+    goes two at a time in all, the domains taking turns; beta and a domain off the
+    site are not held by it."""
+    s = scheduler("0", sites=GOOGLE, more={"tenant_site_concurrency_limit": "2"})
+    for i, dest in enumerate(["a.example", "a.example", "b.example", "b.example",
+                              "c.example", "c.example"]):
+        add(s, f"a{i}", "acme", dest)
+    add(s, "b0", "beta", "a.example")
+    add(s, "x0", "acme", "off.example")
+    first = selected(s)
+    assert sorted(e.message.queue_id for e in first) == ["a0", "a1", "b0", "x0"]
+    assert staged(s) == 4
+    caps = s.transports["smtp"].tenant_caps
+    assert caps is not None and caps.counts[("acme", "@google")] == 2
+    # A domain no site table knows is a site of its own (sites' fallback).
+    assert caps.counts[("acme", "@off.example")] == 1
+    # Each of acme's that ends at the site lets one more go, from the other domains
+    # in turn (not a.example's own queue first: it has none staged).
+    went = []
+    pending = [e for e in first if e.message.tenant == "acme" and e.queue.name == "a.example"]
+    while pending:
+        left = staged(s)
+        s.done(pending.pop(0), 0, None, False, 1.0)
+        more = selected(s, 1.0)
+        assert len(more) == min(left, 1), "one ends, one follows"
+        went += [e.queue.name for e in more]
+        pending += more
+    assert went == ["c.example", "b.example", "c.example", "b.example"], "in turn"
+
+    assert staged(s) == 0 and ("acme", "@google") not in caps.counts
+
+
+def test_a_rate_spaces_the_tenants_mail_at_a_destination():
+    """tenant_rate = 2/1s: acme's entries for d.example enter one every 0.5 s, the
+    timers saying when; beta's go at once."""
+    s = scheduler("0", more={"tenant_rate": "2/1s"})
+    for i in range(4):
+        add(s, f"a{i}", "acme", now=0.0)
+    add(s, "b0", "beta", now=0.0)
+    got = selected(s)
+    assert sorted(e.message.queue_id for e in got) == ["a0", "b0"]
+    assert staged(s) == 3
+    times = []
+    now = 0.0
+    while staged(s):
+        now += 0.25
+        s.tick(now)
+        for entry in selected(s, now):
+            times.append(now)
+            s.done(entry, 0, None, False, now)
+    assert times == [0.5, 1.0, 1.5]
+
+
+def test_a_site_rate_is_shared_by_the_sites_destinations():
+    s = scheduler("0", sites=GOOGLE, more={"tenant_site_rate": "1/1s"})
+    add(s, "a0", "acme", "a.example")
+    add(s, "a1", "acme", "b.example")
+    add(s, "a2", "acme", "c.example")
+    assert [e.message.queue_id for e in selected(s)] == ["a0"]
+    seen = []
+    now = 0.0
+    while staged(s):
+        now += 0.25
+        s.tick(now)
+        seen += [(now, e.message.queue_id) for e in selected(s, now)]
+    assert [t for t, _ in seen] == [1.0, 2.0]
+    assert sorted(q for _, q in seen) == ["a1", "a2"]
+
+
+def test_explain_names_the_limit_that_holds_the_mail():
+    from pyqmgr.scheduler.explain import explain  # noqa: PLC0415
+
+    s = scheduler("0", sites=GOOGLE, more={"tenant_site_concurrency_limit": "1",
+                                           "tenant_rate": "1/10s"})
+    add(s, "a0", "acme", "a.example")
+    add(s, "a1", "acme", "b.example")
+    add(s, "a2", "acme", "a.example")
+    selected(s)
+    text = str(explain(s, "a1", 0.0))
+    assert "site google" in text and "tenant_site_concurrency_limit" in text, text
