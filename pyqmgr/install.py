@@ -323,8 +323,9 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
 
 
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
-    from pyqmgr.daemon import classes, delegation, memory, metrics
+    from pyqmgr.daemon import classes, delegation, memory, metrics, tenant_limits
     from pyqmgr.daemon.policies import PolicySetup, policy_setup
+    from pyqmgr.daemon.sites import on as sites_on
     from pyqmgr.daemon.sites import site_settings
     from pyqmgr.fleet.settings import check_site_limits, fleet_settings
     from pyqmgr.scheduler.policy import PolicyError
@@ -345,6 +346,8 @@ def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
     def classes_check() -> None:
         if policies:
             classes.setup(settings, policies[0], lambda text: None, cfg.config_dir)
+        tenant_limits.check(settings, (settings.get("tenant_key") or "none").strip(),
+                            sites_on(settings), lambda text: None)
 
     problems: list[str] = []
     for check in (lambda: policies.append(policy_setup(settings, cfg)),

@@ -203,6 +203,11 @@ class SiteSetup:
     lookup: Callable[[str], Any]
 
 
+def on(settings: PyqmgrCf) -> bool:
+    """Does pyqmgr.cf turn sites on (for the checks of settings that need them)?"""
+    return (settings.get(GROUPING) or "none").strip().lower() != "none"
+
+
 def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str,
           fleet: bool = False) -> SiteSetup | None:
     """Start-up's sites: the settings checked and dnspython's resolver made; None: off.

@@ -26,7 +26,16 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pyqmgr import trust
-from pyqmgr.daemon import classes, control, delegation, memory, metrics, sites, suspensions
+from pyqmgr.daemon import (
+    classes,
+    control,
+    delegation,
+    memory,
+    metrics,
+    sites,
+    suspensions,
+    tenant_limits,
+)
 from pyqmgr.daemon.host import Fatal
 from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
@@ -177,6 +186,8 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
         from pyqmgr.daemon import metrics_exporter  # noqa: F401
     # The fleet's shared state: its password file is read now, as root.
     fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
+    tenant_limits.check(pyqmgr_cf, (pyqmgr_cf.get("tenant_key") or "none").strip(),
+                        sites.on(pyqmgr_cf), log.warning)
     return DaemonSetup(
         policies, None, metrics_cf,
         # Delivery policy delegation: every form of its settings checked now.
