@@ -196,3 +196,42 @@ def test_a_tenants_cap_at_a_destination(postfix_instance, sink):
     assert free.snapshot().max_concurrent > 4
     assert "tenant a.example has 2 deliveries" in why or \
         "tenant b.example has 2 deliveries" in why, why
+
+
+def test_a_tenants_rate_at_a_destination(postfix_instance, sink):
+    """smtp_tenant_rate = 4/1s: each sender domain's twelve messages reach the server
+    one every quarter second or so (about 2.75 s from first to last), the two side by
+    side: the rate is each tenant's, not one shared by them (24 messages in about
+    2.75 s, not 5.75 s). explain names the rate while the mail waits; nothing lost."""
+    srv: SinkServer = sink(latency=0.0)
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        pyqmgr_cf={**TENANTS_CF, "smtp_tenant_rate": "4/1s"})
+    mail = ([("news@a.example", [f"a{i}@dest.example"]) for i in range(12)]
+            + [("news@b.example", [f"b{i}@dest.example"]) for i in range(12)])
+    pf.preload(mail)
+    pf.release_preload()
+    pf.wait_until(lambda: srv.delivered_count() >= 4, 30, "deliveries under way")
+    why = ""
+    for qid in pf.queue_files("active"):
+        text = cli(pf, "explain", qid).stdout
+        if "tenant's rate" in text:
+            why = text
+            break
+    pf.wait_until(lambda: srv.delivered_count() >= len(mail), 60, "everything delivered")
+    pf.wait_queue_empty(30)
+    times: dict[str, list[float]] = {"a.example": [], "b.example": []}
+    for m in srv.messages():
+        times[m.sender.split("@")[1]].append(m.time)
+    a, b = sorted(times["a.example"]), sorted(times["b.example"])
+    print(f"\n{why}")
+    for times_of in (a, b):
+        gaps = [y - x for x, y in zip(times_of, times_of[1:], strict=False)]
+        print(f"{times_of[-1] - times_of[0]:.2f} s first to last, smallest gap "
+              f"{min(gaps):.3f} s")
+        assert len(times_of) == 12
+        assert times_of[-1] - times_of[0] >= 2.5, "eleven quarter-second slots"
+        # A delivery's own time varies a little; slots do not come closer than that.
+        assert sum(1 for g in gaps if g < 0.15) <= 1, gaps
+    assert max(a[-1], b[-1]) - min(a[0], b[0]) < 4.0, "each tenant its own rate"
+    assert "smtp_tenant_rate" in why and "one delivery every 0.25 s" in why, why
