@@ -136,3 +136,41 @@ def test_a_rate_reply_to_one_domain_slows_the_whole_site(postfix_instance, sink,
     later = [k for t, k in st.timeline if first + 0.6 < t < first + 25]
     assert later and max(later) <= cap, (cap, max(later))
     assert st.rejected_rate < a.rejected_rate / 2
+
+
+def _tenants_run(postfix_instance, sink, server: dns.DnsServer, n: int,
+                 cf: dict[str, str]) -> tuple[int, float]:
+    """Peak sessions and messages a second for n messages from two sender domains
+    to the ten domains."""
+    srv: SinkServer = sink(latency=0.2)
+    pf: PostfixInstance = postfix_instance(
+        start=False, qmgr="pyqmgr",
+        pyqmgr_cf={"site_grouping": "mx", "tenant_key": "sender_domain", **cf},
+        transports={d: f"smtp:{d}:{srv.port}" for d in DOMAINS},
+        main_cf={"smtp_host_lookup": "dns", "smtp_connection_cache_on_demand": "no"})
+    pf.start(prefix=server.start_prefix())
+    pf.smtp_send([(f"s@{'ab'[i % 2]}.example", [f"r{i}@{DOMAINS[i % len(DOMAINS)]}"])
+                  for i in range(n)])
+    pf.wait_until(lambda: srv.delivered_count() >= n, 120, f"{n} messages delivered")
+    times = [m.time for m in srv.messages()]
+    pf.stop()
+    return srv.snapshot().max_concurrent, n / (max(times) - min(times))
+
+
+def test_a_tenants_cap_at_a_site(postfix_instance, sink):
+    """tenant_site_concurrency_limit = 2 (issue #34): two sender domains, each with
+    mail for ten domains at one MX, have at most two sessions each at the site (the
+    server sees at most four; without the limit, many more); every message delivered.
+    The domains' first mail is made while their MX lookups run, counted at each
+    domain's own site: it moves to the real one when the answer comes."""
+    n = 80
+    with dns.DnsServer(["test"], RECORDS) as server:
+        peak, rate = _tenants_run(postfix_instance, sink, server, n,
+                                  {"tenant_site_concurrency_limit": "2"})
+        free_peak, free_rate = _tenants_run(postfix_instance, sink, server, n, {})
+    print(f"\n{n} messages from two tenants to ten domains at one MX: each tenant capped "
+          f"at 2 at the site: peak {peak} sessions, {rate:.1f} messages a second (four "
+          f"sessions of 0.2 s: 20); without the cap: peak {free_peak}, {free_rate:.1f}")
+    assert peak <= 4, peak
+    assert rate >= 0.6 * 4 / 0.2, "the tenants' four sessions are kept busy"
+    assert free_peak > 4, "the control: without the cap the tenants take more"

@@ -52,8 +52,8 @@ from pyqmgr.scheduler import (
     enable,
     gates,
     reading,
-    site,
     tenant_cap,
+    tenant_hold,
     throttling,
 )
 from pyqmgr.scheduler.decisions import Decisions, Outbox, Throttling
@@ -500,7 +500,7 @@ class Scheduler:
         """A lookup the core asked for (``Decisions.resolve``) found the domain's site,
         valid until ``until``: its queues count there from now on."""
         self.now = now
-        site.site_learnt(self, domain, name, until)
+        tenant_hold.site_learnt(self, domain, name, until)  # moves tenants' entries
         return self.out.take()
 
     # -- a fleet's shared throttling (pyqmgr.cf shared_state; see throttling.py) -------

@@ -119,13 +119,45 @@ def capped_queue(core: Core, message: Message, queue: Queue) -> Queue:
     wait = blocked(caps, tenant, queue, core.now)
     if wait is None:
         return queue
+    staging = staging_queue(core, caps, tenant, queue)
+    if wait > 0:
+        arm(core, caps, staging, wait)
+    return staging
+
+
+def staging_queue(core: Core, caps: TenantCaps, tenant: str, queue: Queue) -> Queue:
+    """The tenant's staging queue for ``queue``, known to the queue's site."""
     staging = held_queue_for(core, tenant, queue, staged=True)
     scope = site_scope(caps, queue)
     if scope is not None:
         caps.staged_at.setdefault((tenant, scope), {})[staging.name] = staging
-    if wait > 0:
-        arm(core, caps, staging, wait)
     return staging
+
+
+def recount(caps: TenantCaps, queue: Queue) -> list[Entry]:
+    """The queue moved to another site (its MX lookup answered): its tenants'
+    entries counted at the old site count at the new one. Returns the todo entries,
+    newest first, that put a tenant over its site limit there: they go back to
+    staging (the caller moves them: the moves are :mod:`.entry`'s)."""
+    scope = site_scope(caps, queue)
+    if scope is None or not caps.site_limit:
+        return []
+    for entry, old in list(caps.site_of.items()):
+        if entry.queue is queue and old != scope:
+            tenant = entry.message.tenant
+            _less(caps, (tenant, old))
+            caps.counts[(tenant, scope)] = caps.counts.get((tenant, scope), 0) + 1
+            caps.site_of[entry] = scope
+    over: list[Entry] = []
+    extra: dict[str, int] = {}
+    for entry in reversed(list(queue.todo)):
+        tenant = entry.message.tenant
+        if not tenant or caps.site_of.get(entry) != scope:
+            continue
+        if extra.get(tenant, 0) + caps.site_limit < caps.counts.get((tenant, scope), 0):
+            extra[tenant] = extra.get(tenant, 0) + 1
+            over.append(entry)
+    return over
 
 
 def arm(core: Core, caps: TenantCaps, staging: Queue, when: float) -> None:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler import tenant_cap
+from pyqmgr.scheduler import site, tenant_cap
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.entry import entry_done, entry_move_todo, tenant_release
 from pyqmgr.scheduler.held import HELD, STAGED, covers, held_queue_for, holding
 from pyqmgr.scheduler.queue import error_queue, queue_obtain
-from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn
+from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn, site_domain
 from pyqmgr.scheduler.suspension import Suspension, Target
 
 __all__ = ["HELD", "apply", "covers", "held_queue", "holding", "rule_holds"]
@@ -114,6 +114,30 @@ def _release(core: Core, tenant: str) -> str:
             elif name == STAGED + tenant:
                 moved += _unstage(core, held)
     return f"tenant {tenant}: {moved} deliveries released"
+
+
+def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
+    """A domain's MX lookup answered (:func:`.site.site_learnt`): its queues move to
+    the site found, and its tenants' entries made while the lookup ran, counted at the
+    domain's own site, count at the real one; those over a tenant's site limit there
+    go back to staging (found at once by a real run: 14 sessions at a site whose two
+    tenants were capped at 2 each)."""
+    site.site_learnt(core, domain, name, until)
+    table = core.sites
+    if table is None:
+        return
+    domain = domain.lower()
+    for t in list(core.transports.values()):
+        caps = t.tenant_caps
+        found = table.sites.get((t.name, name)) if caps is not None else None
+        if caps is None or found is None or not caps.site_limit:
+            continue
+        for queue in list(found.members):
+            if queue.site is not found or site_domain(queue.nexthop) != domain:
+                continue
+            for entry in tenant_cap.recount(caps, queue):
+                staging = tenant_cap.staging_queue(core, caps, entry.message.tenant, queue)
+                entry_move_todo(core, staging, entry)
 
 
 def _unstage(core: Core, staging: Queue) -> int:
