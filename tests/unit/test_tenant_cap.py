@@ -209,3 +209,34 @@ def test_explain_names_the_limit_that_holds_the_mail():
     selected(s)
     text = str(explain(s, "a1", 0.0))
     assert "site google" in text and "tenant_site_concurrency_limit" in text, text
+
+
+def test_mail_made_while_the_mx_lookup_ran_moves_to_the_site_found():
+    """Each domain is a site of its own until its lookup answers: acme's entries made
+    then count there; when both domains turn out to be google's, acme has 4 at a
+    site that allows it 2: the 2 newest go back to staging, and follow as the others
+    end."""
+    p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 20,
+         "destination_concurrency_limit": 20}
+    settings = {"tenant_site_concurrency_limit": "2"}
+    limits = SiteLimits(0, "smtp_site_concurrency_limit")
+    table = SiteTable(lambda t: limits if t == "smtp" else None)
+    s = Scheduler(lambda n: Params(**p),  # type: ignore[arg-type]
+                  policies=PolicyTable(load("nqmgr"),
+                                       setting=lambda n, t, d: settings.get(n, d)),
+                  sites=table)
+    for i, dest in enumerate(["a.example", "a.example", "b.example", "b.example"]):
+        add(s, f"a{i}", "acme", dest)
+    caps = s.transports["smtp"].tenant_caps
+    assert caps is not None and staged(s) == 0
+    assert caps.counts == {("acme", "@a.example"): 2, ("acme", "@b.example"): 2}
+    s.site_learnt("a.example", "google", 3600.0, 0.1)
+    s.site_learnt("b.example", "google", 3600.0, 0.1)
+    assert caps.counts == {("acme", "@google"): 2}
+    assert staged(s) == 2
+    first = selected(s, 0.2)
+    assert len(first) == 2
+    for entry in first:
+        s.done(entry, 0, None, False, 0.3)
+    rest = selected(s, 0.3)
+    assert len(rest) == 2 and staged(s) == 0
