@@ -227,3 +227,48 @@ def test_no_inotify_left_for_the_mail_owner_is_a_warning_and_a_listing(
     print(f"\nno inotify ({held} instances taken): the reset went in {took - sent:.2f} s; "
           f"incoming/ {classes['incoming']}")
     assert took - sent < 1.5 and classes["incoming"] == "listed"
+
+
+def test_a_header_names_the_tenant_and_the_class(postfix_instance, sink):
+    """tenant_key = header:X-Tenant and message_class_key = header:X-Priority (issue
+    #34): one sender's mail splits into the tenants its headers name (a folded header
+    too, and a 4 MB message, whose header is read without its body), mail without the
+    header takes the defaults, and X-Priority: urgent makes mail transactional; the
+    metrics by tenant and by class count them."""
+    import smtplib  # noqa: PLC0415
+
+    srv: SinkServer = sink()
+    port = free_port()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        main_cf={"message_size_limit": "20000000"},
+        pyqmgr_cf={"message_classes": "transactional bulk",
+                   "message_class_key": "header:X-Priority",
+                   "message_class_maps": "inline:{ urgent=transactional }",
+                   "tenant_key": "header:X-Tenant", "metrics_listen": str(port)})
+    plan = ([("acme", None, "x")] * 4 + [("acme\r\n folded", None, "x")]
+            + [("beta", "urgent", "x")] * 3 + [(None, None, "x")] * 2
+            + [("big", None, "y" * 76 + "\n")])
+    with smtplib.SMTP("127.0.0.1", pf.smtpd_port, timeout=60) as smtp:
+        for i, (tenant, priority, line) in enumerate(plan):
+            # Raw text: a folded header is what a real mailer writes, and what
+            # Python's email package refuses to build.
+            head = ["From: news@one.example", f"To: r{i}@dest.example",
+                    f"Subject: message {i}"]
+            if tenant is not None:
+                head.append(f"X-Tenant: {tenant}")
+            if priority is not None:
+                head.append(f"X-Priority: {priority}")
+            body = line * (4_000_000 // len(line)) if tenant == "big" else "hi\n"
+            raw = "\r\n".join(head) + "\r\n\r\n" + body.replace("\n", "\r\n")
+            smtp.sendmail("news@one.example", [f"r{i}@dest.example"], raw.encode())
+    pf.wait_until(lambda: srv.delivered_count() >= len(plan), 60, "everything delivered")
+    text = scrape(port)
+    found = {ln.rpartition(" ")[0]: float(ln.rpartition(" ")[2]) for ln in text.splitlines()
+             if ln.startswith(("pyqmgr_tenant_deliveries_total", "pyqmgr_class_deliveries"))}
+    print("\n".join(f"{k} {v}" for k, v in found.items() if v))
+    tenants = {k.partition('tenant="')[2].partition('"')[0]: v for k, v in found.items()
+               if k.startswith("pyqmgr_tenant") and 'outcome="final"' in k and v}
+    assert tenants == {"acme": 4.0, "acme folded": 1.0, "beta": 3.0, "-": 2.0, "big": 1.0}
+    assert found['pyqmgr_class_deliveries_total{class="transactional",outcome="final"}'] == 3
+    assert found['pyqmgr_class_deliveries_total{class="bulk",outcome="final"}'] == 8

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Protocol
 
-from pyqmgr.daemon.classes import Classifier, envelope
+from pyqmgr.daemon.classes import Classifier, envelope, read_headers
 from pyqmgr.postfix import mail_queue, queue_file
 
 #: A listing pass over incoming/ at most this often (seconds): a hashed incoming/
@@ -247,13 +247,14 @@ class ClassFeed:
             qf = queue_file.Message(queue_id=qid)
             batch = queue_file.read_batch(queue_file.FileWindow(fd, st.st_size), qf, 1,
                                           path=path, count_check=False)
+            heads = read_headers(self.classifier, qf, path, fd) if batch.ok else None
         except OSError:
             return None
         finally:
             os.close(fd)
         if not batch.ok:
             return self.lowest  # damaged: the scan finds it and says so
-        return self.classifier.classify(envelope(qf))[0]
+        return self.classifier.classify(envelope(qf, heads))[0]
 
     def describe(self, ranks: Iterable[int]) -> dict[str, object]:
         """For status: each class's messages in the active queue (``ranks``: the

@@ -12,11 +12,12 @@ once, when its file is first read.
                            wins, as for any Postfix ``*_maps``
 ``message_class_key``      what the class tables are asked: ``sender`` (access(5)
                            order: the address, the domain, its parents, ``user@``),
-                           ``sasl_username``, ``client_address`` (cidr tables) or
-                           ``client_name``; default ``sender``
+                           ``sasl_username``, ``client_address`` (cidr tables),
+                           ``client_name`` or ``header:NAME`` (the first NAME:
+                           header's value, unfolded); default ``sender``
 ``default_message_class``  the class of mail no table names; default the last (lowest)
 ``tenant_key``             ``none`` (default), ``sender_domain``, ``sender``,
-                           ``sasl_username`` or ``client_address``
+                           ``sasl_username``, ``client_address`` or ``header:NAME``
 ``tenant_maps``            tables answering a tenant's name for the key (without: the
                            key itself is the tenant: each sender domain its own)
 ``tenant_weight_maps``     tables answering a tenant's weight (default 1): its
@@ -38,6 +39,8 @@ a default class not listed) is a start-up error, as every other pyqmgr.cf mistak
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +52,7 @@ from pyqmgr.postfix.lookup_table import (
     open_table,
     table_specs,
 )
+from pyqmgr.postfix.message_headers import header_values
 from pyqmgr.postfix.queue_file import Message
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 
@@ -69,8 +73,12 @@ MAX_WEIGHT = 1000
 MAX_WEIGHTS_KEPT = 100_000
 DEFAULT_RESERVE = 10
 
-CLASS_KEYS = ("sender", "sasl_username", "client_address", "client_name")
-TENANT_KEYS = ("none", "sender_domain", "sender", "sasl_username", "client_address")
+CLASS_KEYS = ("sender", "sasl_username", "client_address", "client_name", "header:NAME")
+TENANT_KEYS = ("none", "sender_domain", "sender", "sasl_username", "client_address",
+               "header:NAME")
+HEADER = "header:"
+#: A header name as RFC 5322 allows one (printable ASCII but the colon), not too long.
+HEADER_NAME = re.compile(r"[!-9;-~]{1,100}")
 #: The tenant of mail whose key is empty (a bounce's null sender, no SASL login).
 NO_TENANT = "-"
 #: Unknown class names warned of, at most (a table full of typos stays a few lines).
@@ -87,6 +95,8 @@ class Envelope:
     sasl_username: str = ""
     client_address: str = ""
     client_name: str = ""
+    #: The values of the headers a key names (lower-case name -> value), when one does.
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +116,13 @@ class Classifier:
     weight_tables: list[Table] = field(default_factory=list)
     warned: set[str] = field(default_factory=set)
     weights: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def header_names(self) -> frozenset[str]:
+        """The headers the keys name (lower case): read from each message's content
+        only when there are some (message_headers.py: a bounded read)."""
+        return frozenset(key[len(HEADER):].lower() for key in (self.class_key,
+                         self.tenant_key) if key.startswith(HEADER))
 
     def caps(self, active_limit: int) -> list[int]:
         """Each rank's most messages in the active queue: the highest class has it
@@ -164,15 +181,39 @@ class Classifier:
         return keys[0][:MAX_NAME]
 
 
-def envelope(qf: Message) -> Envelope:
-    """The lookup keys of a queue file's envelope as its first read left them."""
+def envelope(qf: Message, headers: dict[str, str] | None = None) -> Envelope:
+    """The lookup keys of a queue file's envelope as its first read left them (and the
+    header values a key names, read apart: :func:`read_headers`)."""
     return Envelope(qf.sender or "", qf.sasl_username or "", qf.client_address or "",
-                    qf.client_name or "")
+                    qf.client_name or "", headers or {})
+
+
+def read_headers(classes: Classifier, qf: Message, path: str,
+                 fd: int | None = None) -> dict[str, str]:
+    """The values of the headers the keys name, from the queue file at ``path`` (or
+    the open ``fd``); none when no key names a header. A file that cannot be read
+    gives none: the message takes the defaults, and the scan reports the file."""
+    names = classes.header_names
+    if not names:
+        return {}
+    if fd is not None:
+        return header_values(fd, qf.data_offset, names, path)
+    try:
+        own = os.open(path, os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        return header_values(own, qf.data_offset, names, path)
+    finally:
+        os.close(own)
 
 
 def _keys(kind: str, env: Envelope) -> list[str]:
     if kind == "sender":
         return address_keys(env.sender)
+    if kind.startswith(HEADER):
+        value = env.headers.get(kind[len(HEADER):].lower(), "")
+        return [value[:MAX_NAME]] if value else []
     if kind == "sender_domain":
         domain = env.sender.rpartition("@")[2].lower().rstrip(".")
         return [domain] if "@" in env.sender and domain else []
@@ -198,7 +239,7 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
     a warning and is left out (its mail takes the defaults)."""
     names = (settings.get(CLASSES) or "").replace(",", " ").split()
     tenant_key = (settings.get(TENANT_KEY) or "none").strip()
-    if tenant_key not in TENANT_KEYS:
+    if not _known(tenant_key, TENANT_KEYS):
         raise settings.error(TENANT_KEY, f"expected one of {', '.join(TENANT_KEYS)}, "
                                          f"not {tenant_key!r}")
     if not names:
@@ -208,7 +249,7 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
     if len(set(names)) != len(names):
         raise settings.error(CLASSES, "a class is named twice")
     class_key = (settings.get(CLASS_KEY) or "sender").strip()
-    if class_key not in CLASS_KEYS:
+    if not _known(class_key, CLASS_KEYS):
         raise settings.error(CLASS_KEY, f"expected one of {', '.join(CLASS_KEYS)}, "
                                         f"not {class_key!r}")
     default = (settings.get(DEFAULT_CLASS) or (names[-1] if names else "")).strip()
@@ -233,6 +274,12 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
         names.index(default) if names else 0, tenant_key,
         _tables(settings, TENANT_MAPS, warn, config_dir), warn, reserve,
         _tables(settings, WEIGHT_MAPS, warn, config_dir))
+
+
+def _known(key: str, keys: tuple[str, ...]) -> bool:
+    if key.startswith(HEADER):
+        return HEADER_NAME.fullmatch(key[len(HEADER):]) is not None
+    return key in keys
 
 
 def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None],

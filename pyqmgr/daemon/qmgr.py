@@ -23,7 +23,7 @@ from pyqmgr.daemon.active import (
     read_more,
 )
 from pyqmgr.daemon.applier import Applier
-from pyqmgr.daemon.classes import envelope
+from pyqmgr.daemon.classes import envelope, read_headers
 from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
 from pyqmgr.daemon.feeder import Feeder, scan_requests
@@ -169,7 +169,8 @@ class Qmgr:
         """A message the feeder read: route its first batch and hand it to the core."""
         if (classes := self.classifier) is not None:
             sched = am.sched
-            sched.rank, sched.tenant = classes.classify(envelope(am.qf))
+            heads = read_headers(classes, am.qf, am.path) if classes.header_names else None
+            sched.rank, sched.tenant = classes.classify(envelope(am.qf, heads))
             if sched.tenant:
                 sched.weight = classes.weight(sched.tenant)
         recipients = am.take_pending()

@@ -176,3 +176,28 @@ def test_a_bad_tenant_cap_is_a_start_up_error(text, name):
 
 def test_a_tenant_cap_is_read():
     assert make("tenant_key = sender_domain\nsmtp_tenant_concurrency_limit = 4\n")
+
+
+def test_a_header_names_the_class_and_the_tenant():
+    c = make("message_classes = transactional bulk\n"
+             "message_class_key = header:X-Priority\n"
+             "message_class_maps = inline:{ urgent=transactional }\n"
+             "tenant_key = header:X-Tenant\n")
+    assert c is not None and c.header_names == {"x-priority", "x-tenant"}
+    env = Envelope("a@b.example", headers={"x-priority": "urgent", "x-tenant": "acme"})
+    assert c.classify(env) == (0, "acme")
+    assert c.classify(Envelope("a@b.example")) == (1, NO_TENANT), "no header: defaults"
+    assert c.classify(Envelope(headers={"x-priority": "URGENT"})) == (0, NO_TENANT)
+
+
+@pytest.mark.parametrize("line", ["tenant_key = header:", "tenant_key = header:X Tenant",
+                                  "tenant_key = header:a:b",
+                                  "tenant_key = header:" + "x" * 101])
+def test_a_bad_header_name_is_a_start_up_error(line):
+    with pytest.raises(PyqmgrCfError, match="tenant_key: expected"):
+        make(line + "\n")
+
+
+def test_no_header_key_no_header_read():
+    c = make("tenant_key = sender_domain\n")
+    assert c is not None and c.header_names == frozenset()
