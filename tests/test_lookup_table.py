@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -145,3 +146,27 @@ def test_an_address_is_looked_up_in_access5_order():
     assert address_keys("postmaster") == ["postmaster", "postmaster@"]
     assert address_keys("+x@example.org")[:2] == ["+x@example.org", "example.org"], \
         "a delimiter first is no extension"
+
+
+def test_a_table_file_that_blocks_costs_the_timeout_not_a_hang(cf, tmp_path):
+    """hash:/path whose .db is a FIFO: Postfix's own postmap blocks opening it; the
+    read gives up after its bound with a message that says so (the daemon then logs
+    it, and the table's mail takes the defaults)."""
+    os.mkfifo(tmp_path / "stuck.db")
+    began = time.monotonic()
+    with pytest.raises(LookupTableError, match=r"stuck: postmap -s did not finish in 1 s"):
+        open_table(f"hash:{tmp_path}/stuck", cf, timeout=1.0)
+    took = time.monotonic() - began
+    print(f"\ngave up after {took:.2f} s")
+    assert took < 3.0
+
+
+def test_an_oversized_listing_is_refused_by_its_size(cf, tmp_path, monkeypatch):
+    path = tmp_path / "big"
+    path.write_text("".join(f"k{i} v\n" for i in range(1000)))
+    subprocess.run(["postmap", "-c", cf, f"hash:{path}"], check=True, capture_output=True)
+    monkeypatch.setattr(lookup_table, "MAX_TABLE_BYTES", 1000)
+    with pytest.raises(LookupTableError, match="larger than 1000 bytes"):
+        open_table(f"hash:{path}", cf)
+    monkeypatch.setattr(lookup_table, "MAX_TABLE_BYTES", 64 << 20)
+    assert open_table(f"hash:{path}", cf).get("k999") == "v"

@@ -28,6 +28,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 
 from pyqmgr.bounded import TooLarge, read_bounded
@@ -35,8 +36,11 @@ from pyqmgr.postfix.config import logical_lines
 
 #: The largest table file read (and the largest dump taken from postmap).
 MAX_TABLE_BYTES = 64 << 20
-#: How long ``postmap -s`` may take to list an indexed table.
-POSTMAP_TIMEOUT = 60.0
+#: How long ``postmap -s`` may take to list an indexed table. The tables are read at
+#: start-up and at each ``postfix reload``, when no mail moves until qmgr is up: a
+#: table whose file hangs (a FIFO, a stuck NFS mount) must cost seconds, not the
+#: minute it once could. A 64 MB dump takes well under one.
+POSTMAP_TIMEOUT = 10.0
 #: Types read through ``postmap -s``.
 INDEXED = frozenset({"hash", "btree", "lmdb", "cdb", "dbm", "sdbm"})
 #: Types parsed here.
@@ -84,7 +88,7 @@ class Table:
 
 
 def open_table(spec: str, config_dir: str | None = None,
-               postmap: str = "postmap") -> Table:
+               postmap: str = "postmap", timeout: float = POSTMAP_TIMEOUT) -> Table:
     """Read the table ``spec`` (``type:name``); LookupTableError says what is wrong."""
     kind, sep, name = spec.partition(":")
     if not sep or not kind or not name:
@@ -97,7 +101,7 @@ def open_table(spec: str, config_dir: str | None = None,
         text = _read(spec, name)
         return _texthash(spec, text) if kind == "texthash" else _cidr(spec, text)
     if kind in INDEXED:
-        return _dumped(spec, config_dir, postmap)
+        return _dumped(spec, config_dir, postmap, timeout)
     raise LookupTableError(
         f"{spec}: pyqmgr reads {', '.join(sorted(TEXT | INDEXED))} tables; {kind} "
         "tables are not supported (a pattern table's syntax is not Python's)")
@@ -218,20 +222,28 @@ def _postmap(name: str) -> str:
     return shutil.which(name, path=search) or name
 
 
-def _dumped(spec: str, config_dir: str | None, postmap: str) -> Table:
+def _dumped(spec: str, config_dir: str | None, postmap: str, timeout: float) -> Table:
+    """The table as ``postmap -s`` lists it. The listing goes to a file, not a pipe,
+    so that an oversized table is refused by its size before it is read into memory."""
     argv = [_postmap(postmap), *(("-c", config_dir) if config_dir else ()), "-s", spec]
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=POSTMAP_TIMEOUT,
-                              check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LookupTableError(f"{spec}: postmap -s: {exc}") from None
-    if proc.returncode != 0:
-        said = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise LookupTableError(f"{spec}: postmap -s: {said[-1] if said else 'failed'}")
-    if len(proc.stdout) > MAX_TABLE_BYTES:
-        raise LookupTableError(f"{spec}: larger than {MAX_TABLE_BYTES} bytes")
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.run(argv, stdout=out, stderr=subprocess.PIPE,
+                                  timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise LookupTableError(f"{spec}: postmap -s did not finish in {timeout:g} s "
+                                   "(a table file that blocks?)") from None
+        except OSError as exc:
+            raise LookupTableError(f"{spec}: postmap -s: {exc}") from None
+        if proc.returncode != 0:
+            said = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise LookupTableError(f"{spec}: postmap -s: {said[-1] if said else 'failed'}")
+        if out.tell() > MAX_TABLE_BYTES:
+            raise LookupTableError(f"{spec}: larger than {MAX_TABLE_BYTES} bytes")
+        out.seek(0)
+        listing = out.read()
     table = Table(spec)
-    for line in proc.stdout.decode("utf-8", "replace").splitlines():
+    for line in listing.decode("utf-8", "replace").splitlines():
         key, _, value = line.partition("\t")
         if key:
             table.entries.setdefault(key.lower(), value)
