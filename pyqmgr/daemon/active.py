@@ -77,6 +77,8 @@ class ActiveHost(QmgrCore, Protocol):
 
     def message_left(self) -> None: ...
 
+    def deferred(self, am: ActiveMessage, when: float) -> None: ...
+
 # Scan and per-message flags (``qmgr.h``).
 SCAN_START = 1 << 0
 SCAN_ALL = 1 << 1
@@ -574,8 +576,7 @@ class ActiveQueue:
         if not self._file_to(am, "deferred", f"qmgr_active_defer: rename {am.queue_id} from "
                                           "active to deferred"):
             return
-        if retry is not None:
-            retry.deferred(am)
+        self.qmgr.deferred(am, when)
 
     def _file_to(self, am: ActiveMessage, queue: str, what: str) -> bool:
         """Rename the message's file into ``queue``; a vanished file is logged as

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Protocol
 
+from pyqmgr.daemon.class_retry import ClassRetries
 from pyqmgr.daemon.classes import Classifier, envelope, read_headers
 from pyqmgr.postfix import mail_queue, queue_file
 
@@ -114,6 +115,8 @@ class ClassFeed:
         self.passes = 0
         self.peeked = 0
         self.fed = 0
+        #: The higher classes' deferred mail, fed when due (:mod:`.class_retry`).
+        self.retries = ClassRetries()
 
     def start(self, wake: Callable[[], None], warn: Callable[[str], None]) -> None:
         """Watch incoming/ from the running event loop (not when it is hashed). The
@@ -267,4 +270,6 @@ class ClassFeed:
                 "incoming": "watched" if self.watch is not None else "listed",
                 "passes": self.passes, "files_read": self.peeked,
                 "fed_past_the_scan": self.fed,
-                "waiting_for_room": sum(len(names) for names in self.waiting)}
+                "waiting_for_room": sum(len(names) for names in self.waiting),
+                "deferred_watched": len(self.retries),
+                "deferred_fed_past_the_scan": self.retries.fed}

@@ -28,7 +28,7 @@ from pyqmgr.daemon.active import (
     ActiveMessage,
     ActiveQueue,
 )
-from pyqmgr.daemon.class_feed import ClassFeed
+from pyqmgr.daemon.class_feed import PASS_INTERVAL, ClassFeed
 from pyqmgr.daemon.host import Fatal, QmgrCore
 from pyqmgr.postfix import mail_queue
 
@@ -210,6 +210,11 @@ class Feeder:
         classes = self.classes
         if classes is None:
             return None
+        due = self._class_retries(classes) if classes.retries else None
+        wait = self._incoming_pass(classes)
+        return due if wait is None else wait if due is None else min(due, wait)
+
+    def _incoming_pass(self, classes: ClassFeed) -> float | None:
         now = time.monotonic()
         wait = classes.pass_wait(now, self.message_count)
         if wait is None:
@@ -226,6 +231,22 @@ class Feeder:
         # More than a pass's names may be left (a burst of new files): the next pass
         # comes after one turn of the event loop, not at the next trigger.
         return classes.pass_wait(time.monotonic(), self.message_count)
+
+    def _class_retries(self, classes: ClassFeed) -> float | None:
+        """Feed the higher classes' deferred mail that is due (:mod:`.class_retry`);
+        the seconds until the next is due, or None when none is remembered."""
+        caps = classes.caps
+
+        def feed(qid: str, rank: int) -> bool | None:
+            if self.message_count >= caps[rank] or not self.host.scheduler.may_feed():
+                return None
+            return self.feed_deferred(qid)
+
+        now = time.time()
+        classes.retries.feed_due(now, feed)
+        due = classes.retries.next_due()
+        # A class with no room is asked again after a pass's interval, not at once.
+        return None if due is None else max(due - now, PASS_INTERVAL if due <= now else 0.0)
 
     def feed_incoming(self, qid: str) -> bool:
         """One incoming file into the active queue now, past the scan (a higher class's

@@ -242,6 +242,14 @@ class Qmgr:
             return
         self._assign(am, routes)
 
+    def deferred(self, am: ActiveMessage, when: float) -> None:
+        """``am`` went to deferred/, due at ``when``: recovery remembers what it waits
+        for, and a higher class's mail is fed when due (:mod:`.class_retry`)."""
+        if self.retry is not None:
+            self.retry.deferred(am)
+        if (classes := self.feeder.classes) is not None and am.sched.rank < classes.lowest:
+            classes.retries.deferred(am.queue_id, when, am.sched.rank)
+
     def message_left(self) -> None:
         self.message_count -= 1
         # The core's copy too: pyqmgr status reads it, and kept saying "1 messages"
