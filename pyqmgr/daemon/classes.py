@@ -303,12 +303,16 @@ def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None]
     return found
 
 
+def _prefixed(warn: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda text: warn(f"{prefix}: {text}")
+
+
 def _tables(settings: PyqmgrCf, name: str, warn: Callable[[str], None],
             config_dir: str | None) -> list[Table]:
     out: list[Table] = []
     for spec in table_specs(settings.get(name) or ""):
         try:
-            table = open_table(spec, config_dir)
+            table = open_table(spec, config_dir, warn=_prefixed(warn, f"classes: {name}"))
         except LookupTableError as exc:
             warn(f"classes: {name}: {exc}: left out, its mail takes the defaults")
             continue

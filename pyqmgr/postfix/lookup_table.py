@@ -14,9 +14,14 @@ start-up, not a stall mid-delivery.
 * **Indexed tables, dumped by Postfix**: ``hash:``, ``btree:``, ``lmdb:``, ``cdb:``
   (and any type whose map postmap can list) are read with Postfix's own
   ``postmap -s``, so that their file formats stay Postfix's business.
-* Anything else (``regexp:``, ``pcre:``, ``ldap:``, ``proxy:``...) is refused with a
-  message that says so: a pattern table's semantics (POSIX or PCRE syntax, ``$1``)
-  are not Python's, and half-right matching would misclassify mail silently.
+* **Any other type, through proxymap(8)**: ``proxy:TYPE:NAME`` (``proxy:regexp:``,
+  ``proxy:pcre:``, ``proxy:mysql:``...) is asked key by key, Postfix's own code
+  answering (:mod:`pyqmgr.postfix.proxymap`: cached, bounded in time, silent for a
+  while after a failure); main.cf's ``proxy_read_maps`` must list it, ``proxy:``
+  prefix and all, as for any proxied table.
+* Anything else (``regexp:``, ``pcre:``, ``ldap:``...) is refused with a message that
+  says so, naming ``proxy:``: a pattern table's semantics (POSIX or PCRE syntax,
+  ``$1``) are not Python's, and half-right matching would misclassify mail silently.
 
 Every table answers :meth:`Table.get` for one literal key, as ``postmap -q`` does;
 :func:`address_keys` gives the access(5)-style search order for an email address.
@@ -29,10 +34,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyqmgr.bounded import TooLarge, read_bounded
+from pyqmgr.postfix.attr import AttrError
 from pyqmgr.postfix.config import logical_lines
+from pyqmgr.postfix.proxymap import ProxymapClient, ProxymapError, ProxyTable
 
 #: The largest table file read (and the largest dump taken from postmap).
 MAX_TABLE_BYTES = 64 << 20
@@ -66,9 +74,13 @@ class Table:
     static: str | None = None
     #: What postmap would have warned of (a bad or duplicate line), one line each.
     warnings: list[str] = field(default_factory=list)
+    #: A ``proxy:`` table: proxymap answers each key.
+    proxy: ProxyTable | None = None
 
     def get(self, key: str) -> str | None:
         """The value for ``key``, or None: ``postmap -q key spec``."""
+        if self.proxy is not None:
+            return self.proxy.get(key)
         if self.static is not None:
             return self.static
         if self.networks:
@@ -88,11 +100,16 @@ class Table:
 
 
 def open_table(spec: str, config_dir: str | None = None,
-               postmap: str = "postmap", timeout: float = POSTMAP_TIMEOUT) -> Table:
-    """Read the table ``spec`` (``type:name``); LookupTableError says what is wrong."""
+               postmap: str = "postmap", timeout: float = POSTMAP_TIMEOUT,
+               warn: Callable[[str], None] | None = None,
+               proxymap: str = "private/proxymap") -> Table:
+    """Read the table ``spec`` (``type:name``); LookupTableError says what is wrong.
+    ``warn`` takes a ``proxy:`` table's later failures; ``proxymap``: its socket."""
     kind, sep, name = spec.partition(":")
     if not sep or not kind or not name:
         raise LookupTableError(f"{spec!r}: expected type:name (texthash:/etc/postfix/x)")
+    if kind == "proxy":
+        return _proxied(spec, name, warn or (lambda text: None), proxymap)
     if kind == "static":
         return Table(spec, fixed=False, static=_braced(name))
     if kind == "inline":
@@ -103,8 +120,25 @@ def open_table(spec: str, config_dir: str | None = None,
     if kind in INDEXED:
         return _dumped(spec, config_dir, postmap, timeout)
     raise LookupTableError(
-        f"{spec}: pyqmgr reads {', '.join(sorted(TEXT | INDEXED))} tables; {kind} "
-        "tables are not supported (a pattern table's syntax is not Python's)")
+        f"{spec}: {kind} tables are not supported as such (pyqmgr reads "
+        f"{', '.join(sorted(TEXT | INDEXED))}); ask for proxy:{spec} instead, listed "
+        "in main.cf's proxy_read_maps")
+
+
+def _proxied(spec: str, name: str, warn: Callable[[str], None], path: str) -> Table:
+    """A table proxymap answers, opened now so that a table it refuses is said at
+    start-up."""
+    kind, sep, rest = name.partition(":")
+    if not sep or not kind or not rest or kind == "proxy":
+        raise LookupTableError(f"{spec}: expected proxy:type:name "
+                               "(proxy:regexp:/etc/postfix/classes)")
+    proxy = ProxyTable(name, ProxymapClient(path), lambda text: warn(f"{spec}: {text}"))
+    try:
+        proxy.opened()
+    except (ProxymapError, AttrError) as exc:
+        proxy.client.close()
+        raise LookupTableError(f"{spec}: {exc}") from None
+    return Table(spec, fixed=proxy.fixed, proxy=proxy)
 
 
 def _read(spec: str, path: str) -> str:
