@@ -51,8 +51,9 @@ MALFORMED = {
 }
 
 
-def _corrupt_run(postfix, qmgr: str) -> dict[str, list[str]]:
-    pf = postfix(qmgr=qmgr, transports={"discard.example": "discard:"})
+def _corrupt_run(postfix, qmgr: str, pyqmgr_cf: dict[str, str] | None = None
+                 ) -> dict[str, list[str]]:
+    pf = postfix(qmgr=qmgr, transports={"discard.example": "discard:"}, pyqmgr_cf=pyqmgr_cf)
     for qid, data in MALFORMED.items():
         _drop_in_incoming(pf, qid, data)
     pf.postqueue("-f")
@@ -81,6 +82,19 @@ def test_corrupt_files_get_stock_warnings_and_go_to_corrupt(postfix):
         assert ours[qid] == stock[qid], qid
     # "Unexpected record type" carries no queue id; compare those too.
     assert all(stock[q] for q in MALFORMED)
+
+
+def test_corrupt_files_with_classes_on(postfix):
+    """With message classes (incoming/ watched, each new file's envelope and headers
+    read as it appears) the same files give the same lines as stock's, and go to
+    corrupt/; the good message after them is delivered (issue #34)."""
+    stock = _corrupt_run(postfix, "stock")
+    ours = _corrupt_run(postfix, "pyqmgr", {
+        "message_classes": "transactional bulk",
+        "message_class_maps": "inline:{ discard.example=transactional }",
+        "tenant_key": "header:X-Tenant"})
+    for qid in MALFORMED:
+        assert ours[qid] == stock[qid], qid
 
 
 @pytest.mark.parametrize("qmgr", ["stock", "pyqmgr"])
