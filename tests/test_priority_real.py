@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -313,3 +314,52 @@ def test_a_deferred_password_reset_comes_back_at_its_retry_time(postfix_instance
     assert left > 100, "the newsletter was still backlogged"
     assert status["classes"]["deferred_fed_past_the_scan"] >= 1
     pf.wait_until(lambda: bulk_srv.delivered_count() >= 300, 120, "the newsletter delivered")
+
+
+def test_lost_inotify_events_mean_a_full_listing(postfix_instance, sink):
+    """The kernel drops inotify events when its queue for the watch overflows
+    (fs.inotify.max_queued_events): the look into incoming/ then lists it whole, and a
+    password reset among two hundred newsletter files is still found at once. The
+    limit is lowered to 16 while pyqmgr starts (an instance keeps the limit it was
+    made with) and restored at once; qmgr is stopped (SIGSTOP) while the mail
+    arrives, so that nothing reads the events."""
+    limit = "/proc/sys/fs/inotify/max_queued_events"
+    with open(limit) as f:
+        saved = f.read().strip()
+    srv: SinkServer = sink(latency=0.1)
+    try:
+        with open(limit, "w") as f:
+            f.write("16")
+        pf: PostfixInstance = postfix_instance(
+            qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+            main_cf={"qmgr_message_active_limit": "100", "in_flow_delay": "0",
+                     "smtp_destination_concurrency_limit": "2"},
+            pyqmgr_cf=CLASSES_CF)
+        pid = pf.qmgr_pid()
+        # The watch is made when the feeder starts: wait for it before restoring.
+        def watched() -> bool:
+            out = cli(pf, "status", "--json").stdout
+            return bool(out) and json.loads(out)["classes"]["incoming"] == "watched"
+
+        pf.wait_until(watched, 20, "incoming/ watched")
+    finally:
+        with open(limit, "w") as f:
+            f.write(saved)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        mail = [("news@letters.example", [f"n{i}@dest.example"]) for i in range(200)]
+        pf.smtp_send_many(mail[:120])
+        pf.smtp_send([("resets@shop.example", ["reset@dest.example"])])
+        pf.smtp_send_many(mail[120:])
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    began = time.time()
+    pf.wait_until(lambda: _received(srv, ["reset@dest.example"]), 30, "the reset delivered")
+    took = time.time() - began
+    status = json.loads(cli(pf, "status", "--json").stdout)["classes"]
+    left = 201 - srv.delivered_count()
+    print(f"\nthe reset delivered {took:.1f} s after qmgr went on, {left} newsletter "
+          f"messages still to go; {status}")
+    assert status["events_lost"] >= 1, "the kernel's queue overflowed"
+    assert took < 5.0 and left > 100
+    pf.wait_until(lambda: srv.delivered_count() >= 201, 120, "everything delivered")

@@ -115,6 +115,8 @@ class ClassFeed:
         self.passes = 0
         self.peeked = 0
         self.fed = 0
+        #: Times events were lost (then a full listing).
+        self.lost = 0
         #: The higher classes' deferred mail, fed when due (:mod:`.class_retry`).
         self.retries = ClassRetries()
 
@@ -144,7 +146,10 @@ class ClassFeed:
                 break
             fresh[name] = None
         if lost:
+            # The kernel dropped events (its queue overflowed) or too many names
+            # waited: the next pass lists incoming/ whole.
             self.full = True
+            self.lost += 1
             fresh.clear()
         if names or lost:
             wake()
@@ -269,6 +274,7 @@ class ClassFeed:
                             for rank, name in enumerate(self.classifier.classes)],
                 "incoming": "watched" if self.watch is not None else "listed",
                 "passes": self.passes, "files_read": self.peeked,
+                "events_lost": self.lost,
                 "fed_past_the_scan": self.fed,
                 "waiting_for_room": sum(len(names) for names in self.waiting),
                 "deferred_watched": len(self.retries),
