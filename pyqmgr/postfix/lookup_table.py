@@ -33,7 +33,6 @@ import ipaddress
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -259,6 +258,10 @@ def _postmap(name: str) -> str:
 def _dumped(spec: str, config_dir: str | None, postmap: str, timeout: float) -> Table:
     """The table as ``postmap -s`` lists it. The listing goes to a file, not a pipe,
     so that an oversized table is refused by its size before it is read into memory."""
+    # Here, not at the top: tempfile pulls in random and more, which a daemon with no
+    # indexed table never needs (tests/unit/test_daemon_imports.py).
+    import tempfile
+
     argv = [_postmap(postmap), *(("-c", config_dir) if config_dir else ()), "-s", spec]
     with tempfile.TemporaryFile() as out:
         try:

@@ -66,6 +66,11 @@ class FakeQmgr:
     def may_feed(self) -> bool:
         return self.room
 
+    def deferred(self, am, when: float) -> None:
+        """As the daemon (Qmgr.deferred), without classes: recovery remembers it."""
+        if self.retry is not None:
+            self.retry.deferred(am)
+
     def feed_deferred(self, qid: str) -> bool:
         """As the daemon: the file leaves deferred/ (its mtime as we found it noted)."""
         path = mail_queue.queue_path("deferred", qid, self.cfg.hash_queue_names,
