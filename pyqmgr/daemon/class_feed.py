@@ -20,8 +20,8 @@ the lowest class (the scan, in order) and adds two:
   start-up, after the kernel's event queue overflowed, and when incoming/ is hashed
   (``hash_queue_names``), where a pass is at most one per :data:`PASS_INTERVAL`.
 
-Deferred mail of a higher class is not looked for: it comes back with the deferred
-scan, in order, within its class's room.
+Deferred mail of a higher class comes back at its retry time past the deferred scan
+(:mod:`.class_retry`, fed by the feeder).
 """
 
 from __future__ import annotations
@@ -277,5 +277,4 @@ class ClassFeed:
                 "events_lost": self.lost,
                 "fed_past_the_scan": self.fed,
                 "waiting_for_room": sum(len(names) for names in self.waiting),
-                "deferred_watched": len(self.retries),
-                "deferred_fed_past_the_scan": self.retries.fed}
+                **self.retries.describe()}

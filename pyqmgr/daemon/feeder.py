@@ -16,6 +16,7 @@ higher class is looked for past the scan (:mod:`.class_feed`).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
@@ -237,16 +238,31 @@ class Feeder:
         the seconds until the next is due, or None when none is remembered."""
         caps = classes.caps
 
-        def feed(qid: str, rank: int) -> bool | None:
-            if self.message_count >= caps[rank] or not self.host.scheduler.may_feed():
-                return None
-            return self.feed_deferred(qid)
+        def room(rank: int) -> bool:
+            return self.message_count < caps[rank] and self.host.scheduler.may_feed()
 
         now = time.time()
-        classes.retries.feed_due(now, feed)
-        due = classes.retries.next_due()
-        # A class with no room is asked again after a pass's interval, not at once.
-        return None if due is None else max(due - now, PASS_INTERVAL if due <= now else 0.0)
+        _, blocked = classes.retries.feed_due(now, room, self._take_deferred)
+        due = classes.retries.next_due(now)
+        wait = None if due is None else due - now
+        # A class with due mail and no room: a message leaving wakes the feeder, and
+        # a pass's interval bounds the wait (the core's may_feed changes silently).
+        return wait if not blocked else PASS_INTERVAL if wait is None else min(
+            wait, PASS_INTERVAL)
+
+    def _take_deferred(self, qid: str) -> bool | float:
+        """A remembered deferred file, now due: fed (True), not there or not
+        takeable (False: the scan's), or its real retry time when that is still in the
+        future (deferred again, or its time moved since)."""
+        path = mail_queue.queue_path("deferred", qid, self.cfg.hash_queue_names,
+                                     self.cfg.hash_queue_depth)
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return False
+        if mtime > time.time() + 1:  # as the active queue's own check (active.feed)
+            return mtime
+        return self.feed_deferred(qid)
 
     def feed_incoming(self, qid: str) -> bool:
         """One incoming file into the active queue now, past the scan (a higher class's
@@ -278,6 +294,8 @@ class Feeder:
             saw_name = True
             am = host.active.feed(scan.queue, qid, scan.flags)
             if am is not None:
+                if last == DEFERRED and self.classes is not None:
+                    self.classes.retries.forget(qid)
                 host.message_count += 1
                 host.load(am)
                 loaded = True
@@ -302,6 +320,8 @@ class Feeder:
         am = self.host.active.feed("deferred", qid, 0)
         if am is None:
             return False
+        if self.classes is not None:
+            self.classes.retries.forget(qid)
         self.host.message_count += 1
         self.host.load(am)
         return True
