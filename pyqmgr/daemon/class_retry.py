@@ -28,6 +28,13 @@ from collections.abc import Callable
 #: megabytes at worst; a relay whose transactional mail defers by the ten thousand has
 #: a dead destination, and the rest of that mail comes back with the scan, as stock's.
 MAX_KEPT = 10_000
+#: Seconds past a file's retry time that it is offered to the feed. The failure that
+#: deferred it also made its destination dead for ``minimal_backoff_time`` from the
+#: failure, and the retry time is the deferral's whole second plus the backoff: up to
+#: a second before the destination revives. Fed at its retry time, a message met its
+#: destination still dead and was deferred for a whole backoff more ("delivery
+#: temporarily suspended": on real Postfix, 6.0 s late with a 6 s backoff).
+GRACE = 2.0
 #: Forgotten entries left in the heaps before they are rebuilt from the remembered
 #: ones (a forgotten entry is otherwise dropped only when its time comes).
 SLACK = 1024
@@ -60,10 +67,12 @@ class ClassRetries:
         return len(self.due_at)
 
     def deferred(self, qid: str, when: float, rank: int) -> None:
-        """``qid`` of class ``rank`` went to deferred/ with retry time ``when``."""
+        """``qid`` of class ``rank`` went to deferred/ with retry time ``when``: it
+        is offered at ``when`` + :data:`GRACE`."""
         if qid not in self.due_at and len(self.due_at) >= MAX_KEPT:
             self.over_cap += 1
             return
+        when += GRACE
         self.due_at[qid] = when
         heapq.heappush(self.heaps.setdefault(rank, []), (when, qid))
         self.entries += 1
