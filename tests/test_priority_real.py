@@ -275,47 +275,6 @@ def test_a_header_names_the_tenant_and_the_class(postfix_instance, sink):
     assert found['pyqmgr_class_deliveries_total{class="bulk",outcome="final"}'] == 8
 
 
-def test_a_deferred_password_reset_comes_back_at_its_retry_time(postfix_instance, sink):
-    """A password reset deferred (its server greeted with 421) while a newsletter
-    keeps the active queue at bulk's room comes back when its retry time comes (2 s,
-    minimal_backoff_time), not at the next deferred scan (queue_run_delay, 60 s
-    here) nor after the newsletter: the daemon remembers the higher class's deferred
-    mail and feeds it past the scan (pyqmgr/daemon/class_retry.py)."""
-    bulk_srv: SinkServer = sink(latency=0.1)
-    shop: SinkServer = sink()
-    shop.refuse_sessions("421 4.3.2 try again later")
-    pf: PostfixInstance = postfix_instance(
-        qmgr="pyqmgr",
-        transports={"dest.example": f"smtp:[127.0.0.1]:{bulk_srv.port}",
-                    "shop-customer.example": f"smtp:[127.0.0.1]:{shop.port}"},
-        main_cf={"qmgr_message_active_limit": "100", "queue_run_delay": "60s",
-                 "minimal_backoff_time": "2s", "maximal_backoff_time": "4s",
-                 "smtp_destination_concurrency_limit": "2"},
-        pyqmgr_cf=CLASSES_CF)
-    pf.preload(300, recipients=lambda i: [f"n{i}@dest.example"],
-               sender="news@letters.example")
-    pf.release_preload()
-    pf.wait_until(lambda: bulk_srv.delivered_count() >= 20, 60, "the newsletter flowing")
-    pf.smtp_send([("resets@shop.example", ["reset@shop-customer.example"])])
-    (line,) = pf.maillog.wait_for(lambda ln: "status=deferred" in ln.text
-                                  and "reset@shop-customer.example" in ln.text, 30,
-                                  what="the reset deferred")
-    deferred_at = time.time()
-    shop.refuse_sessions(None)
-    pf.wait_until(lambda: _received(shop, ["reset@shop-customer.example"]), 30,
-                  "the reset delivered after its retry time")
-    took = time.time() - deferred_at
-    left = 300 - bulk_srv.delivered_count()
-    status = json.loads(cli(pf, "status", "--json").stdout)
-    print(f"\n{line.text}\nthe reset delivered {took:.1f} s after its deferral "
-          f"(retry time 2 s; the deferred scan every 60 s); the newsletter still had "
-          f"{left} messages to go; status: {status['classes']}")
-    assert took < 8.0
-    assert left > 100, "the newsletter was still backlogged"
-    assert status["classes"]["deferred_fed_past_the_scan"] >= 1
-    pf.wait_until(lambda: bulk_srv.delivered_count() >= 300, 120, "the newsletter delivered")
-
-
 def test_lost_inotify_events_mean_a_full_listing(postfix_instance, sink):
     """The kernel drops inotify events when its queue for the watch overflows
     (fs.inotify.max_queued_events): the look into incoming/ then lists it whole, and a
