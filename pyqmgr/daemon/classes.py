@@ -3,8 +3,10 @@
 Off unless ``message_classes`` names the classes (highest priority first) or
 ``tenant_key`` names what a tenant is: then every message gets a class and a tenant
 from its envelope as the queue file holds it (the sender, the SASL login, the
-client), looked up in Postfix lookup tables (:mod:`pyqmgr.postfix.lookup_table`),
-once, when its file is first read.
+client) or from a header the admin names (read from the file's header section only,
+at most 64 KiB of it: :mod:`pyqmgr.postfix.message_headers`), looked up in Postfix
+lookup tables (:mod:`pyqmgr.postfix.lookup_table`), once, when its file is first
+read.
 
 =========================  ==============================================================
 ``message_classes``        class names, highest priority first (``transactional bulk``)
@@ -14,10 +16,12 @@ once, when its file is first read.
                            order: the address, the domain, its parents, ``user@``),
                            ``sasl_username``, ``client_address`` (cidr tables),
                            ``client_name`` or ``header:NAME`` (the first NAME:
-                           header's value, unfolded); default ``sender``
+                           header's value, unfolded and trimmed, any case of NAME;
+                           none: the default class); default ``sender``
 ``default_message_class``  the class of mail no table names; default the last (lowest)
 ``tenant_key``             ``none`` (default), ``sender_domain``, ``sender``,
                            ``sasl_username``, ``client_address`` or ``header:NAME``
+                           (as for the class; no such header: tenant ``-``)
 ``tenant_maps``            tables answering a tenant's name for the key (without: the
                            key itself is the tenant: each sender domain its own)
 ``tenant_weight_maps``     tables answering a tenant's weight (default 1): its
@@ -43,6 +47,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.postfix.lookup_table import (
@@ -52,7 +57,7 @@ from pyqmgr.postfix.lookup_table import (
     open_table,
     table_specs,
 )
-from pyqmgr.postfix.message_headers import header_values
+from pyqmgr.postfix.message_headers import HeaderSection, header_section
 from pyqmgr.postfix.queue_file import Message
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 
@@ -117,10 +122,11 @@ class Classifier:
     warned: set[str] = field(default_factory=set)
     weights: dict[str, int] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def header_names(self) -> frozenset[str]:
         """The headers the keys name (lower case): read from each message's content
-        only when there are some (message_headers.py: a bounded read)."""
+        only when there are some (message_headers.py: a bounded read). Kept: every
+        message loaded asks."""
         return frozenset(key[len(HEADER):].lower() for key in (self.class_key,
                          self.tenant_key) if key.startswith(HEADER))
 
@@ -188,24 +194,38 @@ def envelope(qf: Message, headers: dict[str, str] | None = None) -> Envelope:
                     qf.client_name or "", headers or {})
 
 
-def read_headers(classes: Classifier, qf: Message, path: str,
-                 fd: int | None = None) -> dict[str, str]:
+def read_headers(classes: Classifier, qf: Message, path: str, fd: int | None = None,
+                 warn: Callable[[str], None] | None = None) -> dict[str, str]:
     """The values of the headers the keys name, from the queue file at ``path`` (or
-    the open ``fd``); none when no key names a header. A file that cannot be read
-    gives none: the message takes the defaults, and the scan reports the file."""
+    the open ``fd``); none, and nothing read, when no key names a header. A header
+    the look could not reach (damaged content, a header section past the bound) is
+    one ``warn`` line and counts as absent: the message takes the defaults, and is
+    delivered as ever. A file that cannot be opened gives none: the scan reports it.
+    """
     names = classes.header_names
     if not names:
         return {}
     if fd is not None:
-        return header_values(fd, qf.data_offset, names, path)
-    try:
-        own = os.open(path, os.O_RDONLY)
-    except OSError:
-        return {}
-    try:
-        return header_values(own, qf.data_offset, names, path)
-    finally:
-        os.close(own)
+        found = header_section(fd, qf.data_offset, names, path)
+    else:
+        try:
+            # Non-blocking: a FIFO put in the file's place must not stop the daemon.
+            own = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return {}
+        try:
+            found = header_section(own, qf.data_offset, names, path)
+        finally:
+            os.close(own)
+    if found.problem and warn is not None and len(found.values) < len(names):
+        warn(_unread(qf.queue_id, names, found))
+    return found.values
+
+
+def _unread(queue_id: str, names: frozenset[str], found: HeaderSection) -> str:
+    missing = ", ".join(sorted(name for name in names if name not in found.values))
+    return (f"{queue_id}: classes: header {missing} not read: {found.problem}; "
+            "counted as absent (the default class or tenant)")
 
 
 def _keys(kind: str, env: Envelope) -> list[str]:

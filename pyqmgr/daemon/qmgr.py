@@ -169,7 +169,8 @@ class Qmgr:
         """A message the feeder read: route its first batch and hand it to the core."""
         if (classes := self.classifier) is not None:
             sched = am.sched
-            heads = read_headers(classes, am.qf, am.path) if classes.header_names else None
+            heads = (read_headers(classes, am.qf, am.path, warn=self.log.warning)
+                     if classes.header_names else None)
             sched.rank, sched.tenant = classes.classify(envelope(am.qf, heads))
             if sched.tenant:
                 sched.weight = classes.weight(sched.tenant)
