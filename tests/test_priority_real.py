@@ -233,16 +233,19 @@ def test_no_inotify_left_for_the_mail_owner_is_a_warning_and_a_listing(
 def test_a_header_names_the_tenant_and_the_class(postfix_instance, sink):
     """tenant_key = header:X-Tenant and message_class_key = header:X-Priority (issue
     #34): one sender's mail splits into the tenants its headers name (a folded header
-    too, and a 4 MB message, whose header is read without its body), mail without the
-    header takes the defaults, and X-Priority: urgent makes mail transactional; the
-    metrics by tenant and by class count them."""
+    too, and a 4 MB message, whose header is read without its body; a milter's padding
+    after short headers), mail without the header takes the defaults, and X-Priority:
+    urgent makes mail transactional; the metrics by tenant and by class count them."""
     import smtplib  # noqa: PLC0415
 
     srv: SinkServer = sink()
     port = free_port()
     pf: PostfixInstance = postfix_instance(
         qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
-        main_cf={"message_size_limit": "20000000"},
+        # A milter configured (its port closed, accept): cleanup pads short header
+        # lines with records of their own, which the header reader must step over.
+        main_cf={"message_size_limit": "20000000", "milter_default_action": "accept",
+                 "smtpd_milters": f"inet:127.0.0.1:{free_port()}"},
         pyqmgr_cf={"message_classes": "transactional bulk",
                    "message_class_key": "header:X-Priority",
                    "message_class_maps": "inline:{ urgent=transactional }",
@@ -254,8 +257,7 @@ def test_a_header_names_the_tenant_and_the_class(postfix_instance, sink):
         for i, (tenant, priority, line) in enumerate(plan):
             # Raw text: a folded header is what a real mailer writes, and what
             # Python's email package refuses to build.
-            head = ["From: news@one.example", f"To: r{i}@dest.example",
-                    f"Subject: message {i}"]
+            head = ["From: news@one.example", f"To: r{i}@dest.example", f"X-N: {i}"]
             if tenant is not None:
                 head.append(f"X-Tenant: {tenant}")
             if priority is not None:
