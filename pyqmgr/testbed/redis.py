@@ -8,20 +8,30 @@ context manager's exit) sends SIGTERM to its process, then SIGKILL, and removes 
 directory. :meth:`stop` and :meth:`start` again on the same port and socket are how a
 test takes Redis away mid-run and brings it back; :meth:`freeze` and :meth:`thaw`
 (SIGSTOP, SIGCONT) make it a server that accepts and never answers.
+
+Commands by hand (:meth:`command`) go through redis-py's synchronous client
+(:mod:`pyqmgr.testbed.redis_common`). :class:`~pyqmgr.testbed.valkey.ValkeyServer`
+is the same server run from Debian 13's Valkey, with this class's interface.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 
-from pyqmgr.fleet.resp import Parser, Reply, encode
-from pyqmgr.testbed.instance_base import TestbedError, file_tail, free_port, wait_until
+import redis
+
+from pyqmgr.testbed.instance_base import free_port
+from pyqmgr.testbed.redis_common import (
+    Reply,
+    ServerProcess,
+    answers,
+    command,
+    fleet_key_file,
+    sync_client,
+)
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -34,6 +44,8 @@ class RedisServer:
     """``redis-server`` on 127.0.0.1 and a unix socket; ``password`` sets requirepass."""
 
     __test__ = False
+    #: What the process is called in errors.
+    name = "redis-server"
 
     def __init__(self, password: str | None = None) -> None:
         self.password = password
@@ -42,8 +54,17 @@ class RedisServer:
         os.chmod(self.dir, 0o755)
         self.socket_path = os.path.join(self.dir, "redis.sock")
         self.log_path = os.path.join(self.dir, "redis.log")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.frozen = False
+        self.process = ServerProcess(self.argv(), self.dir, self.log_path,
+                                     f"{self.name} on port {self.port}")
+        self._client: redis.Redis | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.process.proc
+
+    @property
+    def frozen(self) -> bool:
+        return self.process.frozen
 
     @property
     def url(self) -> str:
@@ -52,25 +73,16 @@ class RedisServer:
     @property
     def key_file(self) -> str:
         """A fleet key for the servers that share this Redis (root's, mode 0600, made on
-        first use): every fleet the test bed starts signs its notices, as a real one
-        must to share throttling."""
-        path = os.path.join(self.dir, "fleet.key")
-        if not os.path.exists(path):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32) + "\n")
-        return path
+        first use)."""
+        return fleet_key_file(self.dir)
 
     def fleet_cf(self, node: str) -> dict[str, str]:
         """pyqmgr.cf's fleet settings for the server called ``node`` in this fleet."""
         return {"shared_state": self.url, "shared_state_node": node,
                 "shared_state_key_file": self.key_file}
 
-    def start(self, timeout: float = 20) -> RedisServer:
-        if self.proc is not None and self.proc.poll() is None:
-            # A second server on the same port would fail, and the first would be
-            # left running with nobody to stop it.
-            raise TestbedError(f"redis-server on port {self.port} runs already")
+    def argv(self) -> list[str]:
+        """The server's command line (the same at every start)."""
         args = [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(self.port),
                 "--unixsocket", self.socket_path, "--unixsocketperm", "777",
                 "--save", "", "--appendonly", "no", "--dir", self.dir,
@@ -78,68 +90,38 @@ class RedisServer:
                 "--protected-mode", "no" if self.password else "yes"]
         if self.password is not None:
             args += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     cwd=self.dir, start_new_session=True)
-        try:
-            wait_until(self._ready, timeout, "redis-server to answer PING",
-                       detail=lambda: f"redis log:\n{self.log_tail()}")
-        except BaseException:
-            self.stop(remove=False)
-            raise
+        return args
+
+    def start(self, timeout: float = 20) -> RedisServer:
+        self.process.start(lambda: answers(self.client()), timeout)
         return self
 
-    def _ready(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise TestbedError(f"redis-server exited ({self.proc.returncode}):\n"
-                               f"{self.log_tail()}")
-        try:
-            return self.command("PING") == "PONG"
-        except OSError:
-            return False
+    def client(self) -> redis.Redis:
+        """The test bed's own client (AUTH first when there is a password)."""
+        if self._client is None:
+            self._client = sync_client(port=self.port, password=self.password)
+        return self._client
 
     def command(self, *args: str) -> Reply:
-        """One command by hand (AUTH first when there is a password); its reply."""
-        commands = ([("AUTH", self.password)] if self.password else []) + [args]
-        parser = Parser()
-        replies: list[Reply] = []
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
-            s.sendall(b"".join(encode(*cmd) for cmd in commands))
-            while len(replies) < len(commands):
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise OSError("redis-server closed the connection")
-                parser.feed(chunk)
-                replies += parser.replies()
-        return replies[-1]
+        """One command by hand; its reply."""
+        return command(self.client(), *args)
 
     def log_tail(self, n: int = 20) -> str:
-        return file_tail(self.log_path, n)
+        return self.process.log_tail(n)
 
     def freeze(self) -> None:
         """SIGSTOP: the server keeps its connections and answers nothing."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGSTOP)
-            self.frozen = True
+        self.process.freeze()
 
     def thaw(self) -> None:
-        if self.proc is not None and self.frozen:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.frozen = False
+        self.process.thaw()
 
     def stop(self, remove: bool = True) -> None:
         """Stop the server (the directory stays unless ``remove``, for a restart)."""
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            if self.frozen:
-                os.kill(proc.pid, signal.SIGCONT)
-                self.frozen = False
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        self.process.stop()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
 
