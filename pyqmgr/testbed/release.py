@@ -3,7 +3,8 @@
 The machine's Postfix (Debian 12's 3.7) stays the default and is never touched. Another
 release comes from Debian's archive: ``debootstrap`` makes a minimal root of the suite
 that ships it (Debian 13 "trixie" has 3.10, "forky" 3.11), with ``postfix`` and
-``python3`` inside, kept under ``$PYQMGR_ROOTS`` (default /var/cache/pyqmgr/roots) so
+``python3`` inside (and trixie's ``valkey-server``, which the fleet's tests run as
+Debian 13's Valkey, issue #35), kept under ``$PYQMGR_ROOTS`` (default /var/cache/pyqmgr/roots) so
 that a machine that keeps its disk builds each root once.
 
 A test instance in a root is an ordinary :class:`~pyqmgr.testbed.instance.PostfixInstance`
@@ -20,6 +21,7 @@ so the daemon runs the code under test with the release's postconf.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import shutil
@@ -61,12 +63,17 @@ class Release:
     #: What the suite's package was when this table was written (the root's own
     #: ``postconf -dh mail_version`` is what counts).
     expected: str
+    #: Packages the root holds besides postfix and python3, each with a file it
+    #: installs: a root made before a package joined this list lacks that file, and
+    #: :meth:`ReleaseRoot.ensure` installs the package into it.
+    extra: tuple[tuple[str, str], ...] = ()
 
 
 #: The releases the test bed can run besides the machine's own. 3.8 and 3.9 are in no
 #: suite of Debian's archive (compat/matrix.md says so).
 RELEASES = {
-    "3.10": Release("3.10", "trixie", "3.10.13"),
+    "3.10": Release("3.10", "trixie", "3.10.13",
+                    extra=(("valkey-server", "/usr/bin/valkey-server"),)),
     "3.11": Release("3.11", "forky", "3.11.7"),
 }
 #: The machine's own Postfix, run without a root.
@@ -116,11 +123,46 @@ class ReleaseRoot:
                                f"make it with: ./dev root {self.release.name}") from exc
 
     def ensure(self, say: Callable[[str], None] = lambda _: None) -> ReleaseRoot:
-        """Make the root unless a finished one is there; return self."""
+        """Make the root unless a finished one is there, add the release's extra
+        packages it lacks; return self."""
         if not self.ready():
             self.make(say)
+        if self._missing():
+            self._add_missing(say)
         self._link_checkout()
         return self
+
+    def _missing(self) -> list[str]:
+        return [package for package, path in self.release.extra
+                if not os.path.exists(self.host_path(path))]
+
+    def _add_missing(self, say: Callable[[str], None]) -> None:
+        """apt-get install the extra packages a root made before them lacks, with the
+        root's own apt, its services kept from starting (policy-rc.d); one process at a
+        time (a lock beside the root), for two test runs may share it."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with open(self.path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            missing = self._missing()
+            if not missing:
+                return
+            say(f"apt-get install {' '.join(missing)} into {self.path}")
+            policy = self.host_path("/usr/sbin/policy-rc.d")
+            made_policy = not os.path.exists(policy)
+            if made_policy:
+                with open(policy, "w") as f:
+                    f.write("#!/bin/sh\nexit 101\n")
+                os.chmod(policy, 0o755)
+            try:
+                apt = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-qq"]
+                _checked(self.command([*apt, "update"]), timeout=600,
+                         what=f"apt-get update in {self.path}")
+                _checked(self.command([*apt, "install", "-y", "--no-install-recommends",
+                                       *missing]), timeout=900,
+                         what=f"apt-get install {' '.join(missing)} in {self.path}")
+            finally:
+                if made_policy:
+                    os.unlink(policy)
 
     def make(self, say: Callable[[str], None] = lambda _: None) -> None:
         """debootstrap the suite with postfix and python3, then prepare it for tests.
@@ -133,11 +175,12 @@ class ReleaseRoot:
         building = self.path + ".building"
         shutil.rmtree(building, ignore_errors=True)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        say(f"debootstrap {self.release.suite} into {building} (postfix, python3)")
+        packages = ",".join(["postfix", "python3", *(p for p, _ in self.release.extra)])
+        say(f"debootstrap {self.release.suite} into {building} ({packages})")
         started = time.monotonic()
         # Bookworm's debootstrap has no script for newer testing suites; sid's fits all.
         script = "/usr/share/debootstrap/scripts/sid"
-        _checked(["debootstrap", "--variant=minbase", "--include=postfix,python3",
+        _checked(["debootstrap", "--variant=minbase", f"--include={packages}",
                   self.release.suite, building, MIRROR, script], timeout=1800,
                  what=f"debootstrap of {self.release.suite}")
         _checked(["chroot", building, "useradd", "--system", "--no-create-home", "--shell",
