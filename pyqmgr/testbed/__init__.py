@@ -24,6 +24,10 @@ _EXPORTS = {
     "Postfwd": "postfwd",
     "FakePolicyServer": "policy_server",
     "RedisServer": "redis",
+    "TlsRedisServer": "redis_tls",
+    "SentinelSet": "redis_sentinel",
+    "RedisCluster": "redis_cluster",
+    "ValkeyServer": "valkey",
 }
 
 __all__ = sorted(_EXPORTS)
