@@ -23,6 +23,7 @@ import pytest
 
 from pyqmgr.control.client import ClientError, request
 from pyqmgr.control.render import status_lines
+from pyqmgr.fleet.shared import bucket
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.sink import SinkServer
@@ -199,7 +200,7 @@ def test_a_fleet_rate_of_10_a_second_across_three_nodes(postfix_instance, sink, 
 def holders(redis: RedisServer) -> list[str]:
     """The fleet's unexpired leases on the sink's destination, read by hand (the queue
     is named after the nexthop, [127.0.0.1]:PORT, as on every node)."""
-    keys = redis.command("KEYS", "pyqmgr:sessions:fast:*")
+    keys = redis.command("KEYS", "pyqmgr:{*}:sessions:fast:*")
     assert isinstance(keys, list)
     found: list[str] = []
     for key in keys:
@@ -265,7 +266,7 @@ def test_postfix_stop_gives_the_kept_sessions_back_at_once(postfix_instance, red
                     "discard_fleet_destination_concurrency_limit": "20"})
     n = 2000
     pf.preload([("s@discard.example", [f"r{i}@discard.example"]) for i in range(n)])
-    key = "pyqmgr:sessions:discard:discard.example"
+    key = f"pyqmgr:{{{bucket('discard', 'discard.example')}}}:sessions:discard:discard.example"
     pf.release_preload()
     pf.wait_until(pf.queue_empty, 120, f"{n} messages drained", interval=0.01)
     kept = redis.command("ZCARD", key)

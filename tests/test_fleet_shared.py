@@ -147,7 +147,7 @@ def test_scripts_come_back_after_redis_forgets_them(redis_server):
     async def main() -> None:
         (node,) = nodes(server, 1)
         assert (await node.admit("smtp", "s.example", 3)).admitted
-        assert await node.client.call("SCRIPT", "FLUSH") == "OK"
+        assert await node.client.call("SCRIPT", "FLUSH") == b"OK"
         assert (await node.admit("smtp", "s.example", 3)).admitted
         assert len(await node.holders("smtp", "s.example")) == 2
         await close([node])
@@ -158,7 +158,7 @@ def test_scripts_come_back_after_redis_forgets_them(redis_server):
 def listen(server: RedisServer, node: Shared, heard: list[bytes]) -> tuple[
         asyncio.Task[None], Subscriber]:
     """Subscribe ``node``'s channel as the daemon does; what it hears goes to ``heard``."""
-    sub = Subscriber(Endpoint(host="127.0.0.1", port=server.port), node.channel,
+    sub = Subscriber(RedisClient(Endpoint(host="127.0.0.1", port=server.port)), node.channel,
                      heard.append, timeout=2)
     return asyncio.get_running_loop().create_task(sub.run()), sub
 
@@ -240,11 +240,11 @@ def test_redis_losing_its_data_never_loosens_the_session_limit(redis_server):
             assert answer.admitted
             held[node.node].append(answer.lease)
         heard: list[bytes] = []
-        sub = Subscriber(Endpoint(host="127.0.0.1", port=server.port), "t:recount",
+        sub = Subscriber(RedisClient(Endpoint(host="127.0.0.1", port=server.port)), "t:recount",
                          heard.append, timeout=2)
         task = asyncio.get_running_loop().create_task(sub.run())
         await asyncio.sleep(0.3)
-        assert await fleet[0].client.call("FLUSHALL") == "OK"
+        assert await fleet[0].client.call("FLUSHALL") == b"OK"
         t0 = time.monotonic()
         first = await fleet[1].admit("smtp", "big.example", 5)
         assert not first.admitted and first.recount and 2.9 <= first.wait <= 3.0, first

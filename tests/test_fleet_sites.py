@@ -17,6 +17,7 @@ import threading
 import pytest
 
 from pyqmgr.control.client import request
+from pyqmgr.fleet.shared import bucket
 from pyqmgr.testbed import dns
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.redis import RedisServer
@@ -94,7 +95,8 @@ def test_three_nodes_keep_to_a_sites_five_fleet_sessions(postfix_instance, sink,
     assert stats.rejected_421 == 0 and stats.max_concurrent <= SESSIONS
     assert defers == 0
     assert units == {"site mx.site.test"}, json.dumps(reply["fleet"])
-    assert keys == {"pyqmgr:site-sessions:fast:mx.site.test"}, keys
+    tag = bucket("fast", "site mx.site.test")
+    assert keys == {f"pyqmgr:{{{tag}}}:site-sessions:fast:mx.site.test"}, keys
     assert max(stats.delivered.values()) == 1, "a recipient delivered twice"
     for pf in nodes:
         assert not pf.maillog.lines(contains="shared state"), "Redis was there all along"

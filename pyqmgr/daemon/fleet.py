@@ -154,6 +154,8 @@ class Fleet:
         self.down = False
         self.counters: Tally[str] = Tally()
         self._tasks: list[asyncio.Task[None]] = []
+        #: The subscriptions' client (:meth:`start`).
+        self.listener: RedisClient | None = None
         #: The fleet's suspensions (pyqmgr suspend --fleet), shared and heard.
         self.suspensions = FleetSuspensions(host, self.shared, settings)
         #: What the fleet last said of each destination asked about: (sessions in use
@@ -184,24 +186,27 @@ class Fleet:
         suspensions (read once now, and again at every resubscription) and of the
         throttling other servers find; tell them what this one finds."""
         loop = asyncio.get_running_loop()
-        ep, timeout = self.settings.endpoint, self.settings.timeout
+        timeout = self.settings.timeout
+        # Subscriptions hold a connection each, apart from the calls' own.
+        ears = self.listener = RedisClient(self.settings.endpoint, timeout=timeout,
+                                           max_connections=8)
         self.host.scheduler.share_throttling = self.news.seal is not None
         self._tasks = [
             loop.create_task(self._renew()),
             # Also at every (re)subscription: a node that was cut off from a Redis
             # that restarted empty missed the recount while it reconnected.
-            loop.create_task(Subscriber(ep, self.shared.recount_channel, self._recount,
+            loop.create_task(Subscriber(ears, self.shared.recount_channel, self._recount,
                                         timeout=timeout,
                                         on_subscribed=lambda: self._recount(b"")).run()),
-            loop.create_task(Subscriber(ep, self.shared.channel, self._freed,
+            loop.create_task(Subscriber(ears, self.shared.channel, self._freed,
                                         timeout=timeout).run()),
-            loop.create_task(Subscriber(ep, self.shared.suspensions_channel,
+            loop.create_task(Subscriber(ears, self.shared.suspensions_channel,
                                         self.suspensions.changed, timeout=timeout,
                                         on_subscribed=lambda: self.suspensions.changed(b"")
                                         ).run())]
         if self.news.seal is not None:
             self._tasks.append(loop.create_task(Subscriber(
-                ep, self.shared.throttling_channel,
+                ears, self.shared.throttling_channel,
                 lambda payload: self.news.heard(payload, self.units.shares),
                 timeout=timeout).run()))
 
@@ -507,6 +512,8 @@ class Fleet:
         for task in self._tasks:
             task.cancel()
         self.host.spawn(self.client.close())
+        if self.listener is not None:
+            self.host.spawn(self.listener.close())
 
     # -- throttling (dead sites, response rules): pyqmgr/daemon/fleet_news.py -------------
 

@@ -204,39 +204,14 @@ def import_exporter(settings: PyqmgrCf) -> None:
     the launcher keeps out of the daemon to save OpenSSL's 4 MiB: with metrics on, ssl
     is let back in. The exporter never uses it.
     """
-    import importlib.util
-    import sys
-
-    from pyqmgr import trust
+    from pyqmgr.libraries import import_trusted
 
     def missing(why: object) -> PyqmgrCfError:
         return PyqmgrCfError(f"{settings.path}: parameter {LISTEN}: the prometheus_client "
                              f"library does not load ({why}); install it (pip install "
                              "'pyqmgr[metrics]') or remove the parameter")
 
-    try:
-        spec = importlib.util.find_spec("prometheus_client")
-    except (ImportError, ValueError) as exc:
-        raise missing(exc) from None
-    if spec is None:
-        raise missing("no module named 'prometheus_client'")
-    files: list[str] = []
-    for directory in spec.submodule_search_locations or ():
-        for dirpath, dirnames, filenames in os.walk(directory):
-            dirnames.sort()
-            files.append(dirpath)
-            files += [os.path.join(dirpath, name) for name in sorted(filenames)]
-    if spec.origin and spec.origin not in files:
-        files.append(spec.origin)
-    problems = trust.untrusted_paths(files)
-    if problems:
-        raise trust.UntrustedError(problems)
-    if "ssl" in sys.modules and sys.modules["ssl"] is None:
-        del sys.modules["ssl"]
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError as exc:
-        raise missing(exc) from None
+    import_trusted(("prometheus_client",), ("prometheus_client",), missing)
 
 
 class Histogram:

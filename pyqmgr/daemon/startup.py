@@ -41,7 +41,7 @@ from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.daemon.setup import DaemonSetup
-from pyqmgr.fleet.settings import fleet_settings
+from pyqmgr.fleet.settings import fleet_settings, import_redis
 from pyqmgr.postfix import mail_queue, version
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
@@ -186,6 +186,8 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
         from pyqmgr.daemon import metrics_exporter  # noqa: F401
     # The fleet's shared state: its password file is read now, as root.
     fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
+    if fleet_cf is not None:
+        import_redis(pyqmgr_cf, fleet_cf)
     tenant_limits.check(pyqmgr_cf, (pyqmgr_cf.get("tenant_key") or "none").strip(),
                         sites.on(pyqmgr_cf), log.warning)
     return DaemonSetup(

@@ -1,40 +1,68 @@
-"""An asyncio Redis client for the fleet's shared state: one connection, pipelined,
-every call bounded by a deadline.
+"""The fleet's Redis client: redis-py's asyncio client behind the few calls the fleet
+makes, every call bounded by a deadline (issue #35).
 
-Why its own and not a library's: the daemon must never stall its event loop on Redis
-(issue #23: "all Redis calls asynchronous with deadlines"), must tell a slow or gone
-server from an answer in the same way every time, and needs four commands (AUTH,
-SELECT, EVALSHA, EVAL). A codec (:mod:`.resp`) and this small transport do that with
-nothing to install.
+Why redis-py and not a client of our own (issue #23 had one): operators run Redis as
+Sentinel sets and Clusters, over TLS, with ACL users, and as Valkey; a maintained
+client follows all of that (failover discovery, MOVED/ASK redirections, the cluster's
+slot map) where a hand-written one would trail it. hiredis parses the replies in C
+where it is installed (the ``fleet`` extra).
 
-How it behaves:
+What this module adds around it, the fleet's own terms:
 
-* **Pipelined.** Commands from any number of callers go out on one connection as
-  they come; the replies come back in order and each resolves its caller's future,
-  so concurrent deliveries share round trips.
-* **Deadlines.** Each call waits at most ``timeout`` seconds. A call that times out
-  closes the connection: replies after it would still arrive in order, but a server
-  that is that slow is treated as gone, and every caller gets
-  :class:`RedisUnavailable` at once instead of queueing behind it.
-* **Gone means fail fast.** After a failure the client does not reconnect for
-  ``retry_delay`` seconds; calls in that time raise :class:`RedisUnavailable` without
-  touching the network. The fleet layer then applies ``shared_state_failure``.
-* **Bounded input.** A reply that is not RESP, or over the codec's bounds, is a
-  :class:`RedisUnavailable` with the reason, and the connection is closed.
+* **Deadlines.** Each call waits at most ``timeout`` seconds, connection included. A
+  call that times out or finds the server gone raises :class:`RedisUnavailable`, and
+  for ``retry_delay`` seconds after that every call raises it at once without
+  touching the network: the fleet layer then applies ``shared_state_failure``
+  instead of queueing deliveries behind a dead server.
+* **Replies as values.** A command's reply comes back raw (bytes, int, None, lists;
+  redis-py's per-command conversions are switched off for the commands the fleet
+  sends), and an error reply as a :class:`RedisError` value, so a pipeline's other
+  replies are not lost with it.
+* **Bounded input.** A reply over :data:`MAX_REPLY` bytes (the fleet's are a few
+  dozen) closes the connection and is a :class:`RedisUnavailable`: a broken or
+  hostile server cannot make the qmgr buffer without end (:class:`_BoundedParser`).
+* **Secrets read once, as root.** The password, the TLS client key and the CA are
+  read at start-up (:mod:`.settings`), before the queue manager drops its
+  privileges; the TLS context is built then and every connection reuses it.
+
+Where the shared state lives (:class:`Endpoint`): one server by TCP (``redis://``,
+``rediss://`` with TLS) or unix socket, a Sentinel set's primary
+(``redis+sentinel://``), or a Redis Cluster (``redis+cluster://``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from pyqmgr.fleet.resp import Arg, Parser, ProtocolError, RedisError, Reply, encode
+if TYPE_CHECKING:
+    import ssl
 
-#: Bytes read at a time.
-READ_SIZE = 65536
+    import redis.asyncio
+
+#: A command's arguments.
+Arg = bytes | str | int | float
+Reply: TypeAlias = "bytes | str | int | None | RedisError | list[Reply]"
+
+#: The largest reply read (bytes buffered for one reply): the fleet's scripts answer
+#: with a few integers; a roster record (``pyqmgr status --fleet``) is at most 64 KiB.
+MAX_REPLY = 1 << 20
+#: Connections one process keeps to a server: calls from many deliveries share them.
+MAX_CONNECTIONS = 4
+
+#: Where the shared state lives.
+STANDALONE, UNIX, SENTINEL, CLUSTER = "redis", "unix", "sentinel", "cluster"
+
+#: On a Cluster (whose client reads its slot map through its own conversions), the
+#: commands whose replies redis-py would otherwise convert (a dict for HGETALL, a bool
+#: for SET...): the fleet reads them raw.
+RAW_COMMANDS = ("EVAL", "EVALSHA", "GET", "SET", "DEL", "HGETALL", "HGET", "HSET", "PING",
+                "PUBLISH", "ZADD", "ZRANGEBYSCORE", "ZREMRANGEBYSCORE", "ZCARD", "TIME",
+                "EXPIRE", "PEXPIRE", "SCRIPT LOAD", "SCRIPT EXISTS", "MGET", "INFO",
+                "FLUSHALL", "FLUSHDB", "SCRIPT FLUSH", "KEYS", "ZSCORE", "LRANGE")
 
 
 class RedisUnavailable(Exception):
@@ -42,232 +70,406 @@ class RedisUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class RedisError:
+    """An error reply (``-ERR ...``, ``-NOSCRIPT ...``): a value, not an exception,
+    so a pipeline's other replies are not lost with it."""
+
+    message: str
+
+    @property
+    def kind(self) -> str:
+        """The first word, by Redis's convention the error's class: ERR, NOSCRIPT."""
+        return self.message.split(" ", 1)[0]
+
+
+@dataclass(frozen=True)
 class Endpoint:
-    """Where the shared state lives: TCP (host, port) or a unix socket path."""
+    """Where the shared state lives, and how to speak to it. Built from pyqmgr.cf by
+    :func:`pyqmgr.fleet.settings.parse_shared_state`; its text (``str``) never holds a
+    secret, since it is in every warning."""
 
     host: str = ""
     port: int = 0
     path: str = ""
     db: int = 0
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
+    #: :data:`STANDALONE` (one server by TCP), :data:`UNIX`, :data:`SENTINEL`, :data:`CLUSTER`.
+    kind: str = STANDALONE
+    #: A Sentinel set's sentinels, or a Cluster's seed nodes.
+    nodes: tuple[tuple[str, int], ...] = ()
+    #: A Sentinel set's service (its primary's name in ``sentinel monitor``).
+    service: str = ""
+    tls: bool = False
+    #: An ACL user (None: Redis's ``default`` user).
+    user: str | None = None
+    #: The sentinels' own password (``requirepass`` in sentinel.conf), if they have one.
+    sentinel_password: str | None = field(default=None, repr=False)
+    #: The TLS context (CA, client certificate and key loaded at start-up).
+    ssl_context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
-        where = f"unix:{self.path}" if self.path else f"redis://{self.host}:{self.port}"
+        scheme = "rediss" if self.tls else "redis"
+        if self.kind == UNIX:
+            where = f"unix:{self.path}"
+        elif self.kind == SENTINEL:
+            where = f"{scheme}+sentinel://{_hosts(self.nodes)}/{self.service}"
+        elif self.kind == CLUSTER:
+            return f"{scheme}+cluster://{_hosts(self.nodes)}"
+        else:
+            where = f"{scheme}://{_host(self.host)}:{self.port}"
         return f"{where}/{self.db}" if self.db else where
 
 
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _hosts(nodes: Sequence[tuple[str, int]]) -> str:
+    return ",".join(f"{_host(h)}:{p}" for h, p in nodes)
+
+
+def _bounded_parser() -> type:
+    """redis-py's parser (hiredis's where installed), refusing a reply that buffers
+    more than :data:`MAX_REPLY` bytes: redis-py itself reads whatever length a reply
+    claims."""
+    from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser
+    from redis.exceptions import InvalidResponse
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if HIREDIS_AVAILABLE:
+        class Hiredis(_AsyncHiredisParser):  # type: ignore[misc]
+            _fed = 0
+
+            async def read_from_socket(self) -> bool:
+                assert self._stream is not None and self._reader is not None
+                buffer = await self._stream.read(self._read_size)
+                if not buffer or not isinstance(buffer, bytes):
+                    raise ConnectionError("the server closed the connection")
+                self._fed += len(buffer)
+                if self._fed > MAX_REPLY:
+                    raise InvalidResponse(f"a reply of more than {MAX_REPLY} bytes")
+                self._reader.feed(buffer)
+                return True
+
+            async def read_response(self, disable_decoding: bool = False,
+                                    push_request: bool = False) -> Any:
+                response = await super().read_response(disable_decoding, push_request)
+                self._fed = 0
+                return response
+
+        return Hiredis
+
+    class Resp2(_AsyncRESP2Parser):  # type: ignore[misc]
+        async def _read(self, length: int) -> bytes:
+            if length > MAX_REPLY:
+                raise InvalidResponse(f"a reply of {length} bytes, more than {MAX_REPLY}")
+            return await super()._read(length)  # type: ignore[no-any-return]
+
+    return Resp2
+
+
+def _tls_class(base: type, context: ssl.SSLContext) -> type:
+    """``base`` (a redis-py connection class) speaking TLS with the context built at
+    start-up, not one of its own that would read the key files again after the
+    queue manager dropped its privileges."""
+
+    parent: Any = base
+
+    def _connection_arguments(self: Any) -> Any:
+        return {**parent._connection_arguments(self), "ssl": context}
+
+    return type(f"Tls{base.__name__}", (base,), {"_connection_arguments": _connection_arguments})
+
+
 class RedisClient:
+    """The fleet's calls to its Redis, wherever it lives (:class:`Endpoint`)."""
+
     def __init__(self, endpoint: Endpoint, timeout: float = 1.0,
                  retry_delay: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.endpoint = endpoint
+        #: A client that only subscribes holds one connection per channel.
+        self.max_connections = max_connections
         self.timeout = timeout
         self.retry_delay = retry_delay
         self.clock = clock
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._pending: deque[asyncio.Future[Reply]] = deque()
-        self._read_task: asyncio.Task[None] | None = None
-        self._connecting: asyncio.Future[None] | None = None
-        #: Monotonic time before which no new connection is tried, and why.
+        self._redis: Any = None
+        #: Monotonic time before which no call is tried, and why.
         self._down_until = 0.0
         self.last_error = ""
-        #: Which connection is current: a reader of an older one must not close it.
-        self._generation = 0
+        #: Whether the last call had an answer (status shows it).
+        self._answered = False
 
     @property
     def connected(self) -> bool:
-        return self._writer is not None
+        return self._answered and self.clock() >= self._down_until
 
     async def call(self, *args: Arg) -> Reply:
         """One command's reply (an error reply is returned as a RedisError value)."""
-        (reply,) = await self.pipeline([args])
-        return reply
+        return await self._guarded(self._call(args))
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Reply]:
-        """Several commands written at once; their replies, in order."""
-        await self._ensure_connected()
-        assert self._writer is not None
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in commands]
-        self._pending.extend(futures)
-        self._writer.write(b"".join(encode(*c) for c in commands))
-        try:
-            async with asyncio.timeout(self.timeout):
-                return list(await asyncio.gather(*futures))
-        except TimeoutError:
-            self._fail(f"no reply within {self.timeout:g} s")
-            raise RedisUnavailable(self.last_error) from None
+        """Several commands sent at once (on a Cluster, each to its key's node); their
+        replies, in order."""
+        return await self._guarded(self._pipeline(commands))
 
     async def close(self) -> None:
-        self._fail("closed", down=False)
-        if self._read_task is not None:
-            self._read_task.cancel()
+        redis, self._redis = self._redis, None
+        self._answered = False
+        if redis is not None:
             try:
-                await self._read_task
-            except (asyncio.CancelledError, Exception):
+                await redis.aclose()
+            except Exception:  # noqa: BLE001 - a dead connection has nothing to give back
                 pass
-            self._read_task = None
 
-    # -- the connection -------------------------------------------------------------
+    def pubsub(self) -> Any:
+        """A redis-py PubSub on this endpoint (on a Cluster, any node hears every
+        channel's messages)."""
+        return self.redis().pubsub(ignore_subscribe_messages=False)
 
-    async def _ensure_connected(self) -> None:
-        if self._writer is not None:
-            return
+    # -- the connection ---------------------------------------------------------------
+
+    def redis(self) -> Any:
+        """The redis-py client, made on first use (inside the event loop)."""
+        if self._redis is None:
+            self._redis = make_redis(self.endpoint, self.timeout, self.max_connections)
+        return self._redis
+
+    async def _call(self, args: Sequence[Arg]) -> Reply:
+        from redis.exceptions import ResponseError
+
+        try:
+            return _raw(await self.redis().execute_command(*args))
+        except ResponseError as exc:
+            return _error(exc)
+
+    async def _pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Reply]:
+        from redis.exceptions import ResponseError
+
+        pipe = self.redis().pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies = await pipe.execute(raise_on_error=False)
+        out: list[Reply] = []
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                out.append(_error(reply))
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                out.append(_raw(reply))
+        return out
+
+    async def _guarded(self, work: Any) -> Any:
+        """``work`` within the deadline; RedisUnavailable for a server slow, gone or
+        broken (and for ``retry_delay`` after, without a try)."""
+        from redis.exceptions import RedisError as Failure
+        from redis.exceptions import ResponseError
+
         if self.clock() < self._down_until:
+            work.close()
             raise RedisUnavailable(self.last_error or "not connected")
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._connect())
-        connecting = self._connecting
-        try:
-            await asyncio.shield(connecting)
-        finally:
-            if connecting.done():
-                self._connecting = None
-
-    async def _connect(self) -> None:
-        ep = self.endpoint
         try:
             async with asyncio.timeout(self.timeout):
-                if ep.path:
-                    reader, writer = await asyncio.open_unix_connection(ep.path)
-                else:
-                    reader, writer = await asyncio.open_connection(ep.host, ep.port)
-        except (OSError, TimeoutError) as exc:
-            reason = str(exc) or f"no connection within {self.timeout:g} s"
-            self._fail(f"cannot connect to {ep}: {reason}")
-            raise RedisUnavailable(self.last_error) from None
-        self._reader, self._writer = reader, writer
-        self._generation += 1
-        self._read_task = asyncio.ensure_future(self._read_replies(reader, self._generation))
-        setup: list[tuple[str, Arg]] = []
-        if ep.password is not None:
-            setup.append(("AUTH", ep.password))
-        if ep.db:
-            setup.append(("SELECT", ep.db))
-        if not setup:
-            return
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in setup]
-        self._pending.extend(futures)
-        writer.write(b"".join(encode(*c) for c in setup))
-        try:
-            async with asyncio.timeout(self.timeout):
-                replies = list(await asyncio.gather(*futures))
+                reply = await work
         except TimeoutError:
-            self._fail(f"{ep}: no reply to AUTH/SELECT within {self.timeout:g} s")
-            raise RedisUnavailable(self.last_error) from None
-        for command, reply in zip(setup, replies, strict=True):
-            if isinstance(reply, RedisError):
-                # Never the password in a message.
-                self._fail(f"{ep}: {command[0]} refused: {reply.message}")
-                raise RedisUnavailable(self.last_error)
+            self._fail(f"no reply within {self.timeout:g} s")
+        except ResponseError as exc:
+            # Not an answer to the command: an error before it ran (a refused AUTH,
+            # a cluster without its slots).
+            self._fail(f"{exc}")
+        except (Failure, OSError, ValueError) as exc:
+            self._fail(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
+        else:
+            self._answered = True
+            return reply
+        raise RedisUnavailable(self.last_error)
 
-    async def _read_replies(self, reader: asyncio.StreamReader, generation: int) -> None:
-        parser = Parser()
-
-        def fail(reason: str) -> None:
-            if generation == self._generation and self._writer is not None:
-                self._fail(reason)
-
-        try:
-            while True:
-                data = await reader.read(READ_SIZE)
-                if generation != self._generation or self._writer is None:
-                    return
-                if not data:
-                    fail(f"{self.endpoint} closed the connection")
-                    return
-                parser.feed(data)
-                for reply in parser.replies():
-                    if not self._pending:
-                        fail(f"{self.endpoint} sent a reply nobody asked for")
-                        return
-                    future = self._pending.popleft()
-                    if not future.done():
-                        future.set_result(reply)
-        except ProtocolError as exc:
-            fail(f"{self.endpoint} broke the protocol: {exc}")
-        except OSError as exc:
-            fail(f"{self.endpoint}: {exc}")
-
-    def _fail(self, reason: str, down: bool = True) -> None:
-        """Close the connection; every caller waiting on it gets RedisUnavailable."""
-        self.last_error = reason
-        if down:
-            self._down_until = self.clock() + self.retry_delay
-        writer, self._writer, self._reader = self._writer, None, None
-        if writer is not None:
-            writer.close()
-        pending, self._pending = self._pending, deque()
-        for future in pending:
-            if not future.done():
-                future.set_exception(RedisUnavailable(reason))
+    def _fail(self, reason: str) -> None:
+        """Fail fast for ``retry_delay``; the connections are dropped (redis-py opens
+        new ones at the next call)."""
+        self.last_error = f"{self.endpoint}: {reason}"
+        self._down_until = self.clock() + self.retry_delay
+        self._answered = False
+        redis, self._redis = self._redis, None
+        if redis is not None:
+            asyncio.ensure_future(_quietly_close(redis))
 
 
-@dataclass
+async def _quietly_close(redis: Any) -> None:
+    try:
+        await redis.aclose()
+    except Exception:  # noqa: BLE001 - it is being thrown away
+        pass
+
+
+def _error(exc: Exception) -> RedisError:
+    """An error reply as Redis sent it: redis-py turns its first word (the error's
+    class, NOSCRIPT, READONLY...) into an exception class and drops it from the text."""
+    from redis._parsers.base import BaseParser
+
+    for code, cls in BaseParser.EXCEPTION_CLASSES.items():
+        if isinstance(cls, type) and type(exc) is cls:
+            return RedisError(f"{code} {exc}")
+    text = str(exc)
+    return RedisError(text if text.split(" ", 1)[0].isupper() else f"ERR {text}")
+
+
+def _raw(reply: Any) -> Reply:
+    """A reply as the fleet reads it: redis-py hands back a few types of its own."""
+    if isinstance(reply, (bytes, int, str)) or reply is None:
+        return reply
+    if isinstance(reply, (list, tuple)):
+        return [_raw(x) for x in reply]
+    if isinstance(reply, bool):
+        return int(reply)
+    return str(reply)
+
+
+def make_redis(endpoint: Endpoint, timeout: float,
+               max_connections: int = MAX_CONNECTIONS) -> redis.asyncio.Redis | Any:
+    """The redis-py client for ``endpoint``: RESP2 (every Redis and Valkey speaks it),
+    the bounded parser, no retries of its own (the fleet decides what a failure
+    means), replies raw."""
+    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+
+    common: dict[str, Any] = {
+        "username": endpoint.user, "password": endpoint.password,
+        "socket_timeout": timeout, "socket_connect_timeout": timeout,
+        "protocol": 2, "parser_class": _bounded_parser(),
+        # No CLIENT SETINFO on connect: one command fewer for the ACL to allow.
+        "driver_info": None,
+    }
+    if endpoint.kind == CLUSTER:
+        return _make_cluster(endpoint, common)
+    if endpoint.kind == SENTINEL:
+        return _make_sentinel(endpoint, common)
+    if endpoint.kind == UNIX:
+        pool = BlockingConnectionPool(
+            connection_class=UnixDomainSocketConnection, path=endpoint.path,
+            db=endpoint.db, max_connections=max_connections, timeout=timeout, **common)
+    else:
+        cls: type = Connection
+        if endpoint.tls:
+            assert endpoint.ssl_context is not None
+            cls = _tls_class(Connection, endpoint.ssl_context)
+        pool = BlockingConnectionPool(
+            connection_class=cls, host=endpoint.host, port=endpoint.port, db=endpoint.db,
+            max_connections=max_connections, timeout=timeout, **common)
+    client = Redis(connection_pool=pool)
+    # Nothing of the client's own reads a reply through these: all raw.
+    client.response_callbacks.clear()
+    return client
+
+
+def _make_sentinel(endpoint: Endpoint, common: dict[str, Any]) -> Any:
+    from redis.asyncio.connection import Connection
+    from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
+
+    sentinel_kwargs: dict[str, Any] = {
+        "password": endpoint.sentinel_password,
+        "socket_timeout": common["socket_timeout"],
+        "socket_connect_timeout": common["socket_connect_timeout"], "protocol": 2,
+        "driver_info": None}
+    primary: dict[str, Any] = dict(common)
+    if endpoint.tls:
+        assert endpoint.ssl_context is not None
+        sentinel_kwargs["connection_class"] = _tls_class(Connection, endpoint.ssl_context)
+        primary["connection_class"] = _tls_class(SentinelManagedConnection,
+                                                 endpoint.ssl_context)
+    sentinel = Sentinel(list(endpoint.nodes), sentinel_kwargs=sentinel_kwargs)
+    client = sentinel.master_for(endpoint.service, db=endpoint.db, **primary)
+    # The primary's address comes from the sentinels' own clients: all raw here.
+    client.response_callbacks.clear()
+    return client
+
+
+def _make_cluster(endpoint: Endpoint, common: dict[str, Any]) -> Any:
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    parser = common.pop("parser_class")
+    cluster = RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in endpoint.nodes],
+        cluster_error_retry_attempts=1, **common)
+    # RedisCluster takes neither a parser nor a connection class; every node it meets
+    # is made from connection_kwargs, the seed nodes already were.
+    cluster.connection_kwargs["parser_class"] = parser
+    nodes = list(cluster.nodes_manager.startup_nodes.values())
+    if endpoint.tls:
+        assert endpoint.ssl_context is not None
+        cls = _tls_class(cluster.connection_kwargs["connection_class"], endpoint.ssl_context)
+        cluster.connection_kwargs["connection_class"] = cls
+        for node in nodes:
+            node.connection_class = cls
+    for node in nodes:
+        node.connection_kwargs["parser_class"] = parser
+    _raw_replies(cluster.connection_kwargs.get("response_callbacks") or {})
+    for node in nodes:
+        _raw_replies(node.response_callbacks)
+    return cluster
+
+
+def _raw_replies(callbacks: Any) -> None:
+    for name in RAW_COMMANDS:
+        callbacks.pop(name, None)
+
+
 class Subscriber:
-    """One channel's messages, on a connection of their own (Redis's pub/sub mode
-    allows nothing else on it), for as long as it runs.
+    """One channel's messages, for as long as it runs.
 
     The fleet uses it to hear, without asking, that a session it waits for was given
     back. A lost connection is tried again every ``retry_delay`` seconds; messages
     published meanwhile are lost, so ``on_subscribed`` is called at every
-    (re)subscription for the caller to read the state afresh.
+    (re)subscription for the caller to read the state afresh. A message over
+    :data:`MAX_REPLY` closes the connection (the parser's bound).
     """
 
-    endpoint: Endpoint
-    channel: str
-    on_message: Callable[[bytes], None]
-    timeout: float = 1.0
-    retry_delay: float = 1.0
-    on_subscribed: Callable[[], None] | None = None
-    #: Set once the server confirmed the subscription (tests wait for it).
-    subscribed: asyncio.Event = field(default_factory=asyncio.Event)
-    last_error: str = ""
+    def __init__(self, client: RedisClient, channel: str,
+                 on_message: Callable[[bytes], None], timeout: float = 1.0,
+                 retry_delay: float = 1.0,
+                 on_subscribed: Callable[[], None] | None = None) -> None:
+        self.client = client
+        self.channel = channel
+        self.on_message = on_message
+        self.timeout = timeout
+        self.retry_delay = retry_delay
+        self.on_subscribed = on_subscribed
+        #: Set once the server confirmed the subscription (tests wait for it).
+        self.subscribed = asyncio.Event()
+        self.last_error = ""
 
     async def run(self) -> None:
+        from redis.exceptions import RedisError as Failure
+
         while True:
+            pubsub = None
             try:
-                await self._session()
-            except (OSError, TimeoutError, ProtocolError, RedisUnavailable) as exc:
+                pubsub = self.client.pubsub()
+                await self._session(pubsub)
+            except (OSError, TimeoutError, Failure, RedisUnavailable, ValueError) as exc:
                 self.last_error = str(exc) or type(exc).__name__
-            self.subscribed.clear()
+            finally:
+                self.subscribed.clear()
+                if pubsub is not None:
+                    try:
+                        await pubsub.aclose()
+                    except Exception:  # noqa: BLE001 - it is being thrown away
+                        pass
             await asyncio.sleep(self.retry_delay)
 
-    async def _session(self) -> None:
-        ep = self.endpoint
+    async def _session(self, pubsub: Any) -> None:
         async with asyncio.timeout(self.timeout):
-            if ep.path:
-                reader, writer = await asyncio.open_unix_connection(ep.path)
-            else:
-                reader, writer = await asyncio.open_connection(ep.host, ep.port)
-        try:
-            commands: list[tuple[str, ...]] = []
-            if ep.password is not None:
-                commands.append(("AUTH", ep.password))
-            commands.append(("SUBSCRIBE", self.channel))
-            writer.write(b"".join(encode(*c) for c in commands))
-            parser = Parser()
-            while True:
-                data = await reader.read(READ_SIZE)
-                if not data:
-                    raise RedisUnavailable(f"{ep} closed the subscription")
-                parser.feed(data)
-                for reply in parser.replies():
-                    self._reply(reply)
-        finally:
-            writer.close()
-
-    def _reply(self, reply: Reply) -> None:
-        if isinstance(reply, RedisError):
-            raise RedisUnavailable(f"{self.endpoint}: {reply.message}")
-        if not isinstance(reply, list) or len(reply) != 3:
-            return  # AUTH's +OK
-        kind, _channel, payload = reply
-        if kind == b"subscribe":
-            self.subscribed.set()
-            if self.on_subscribed is not None:
-                self.on_subscribed()
-        elif kind == b"message" and isinstance(payload, bytes):
-            self.on_message(payload)
+            await pubsub.subscribe(self.channel)
+        while True:
+            message = await pubsub.get_message(timeout=None)
+            if message is None:
+                continue
+            kind, data = message.get("type"), message.get("data")
+            if kind == "subscribe":
+                self.subscribed.set()
+                if self.on_subscribed is not None:
+                    self.on_subscribed()
+            elif kind == "message" and isinstance(data, bytes):
+                self.on_message(data)

@@ -5,11 +5,27 @@ server as before. Every mistake is a start-up error naming pyqmgr.cf and the
 parameter, as for every other pyqmgr.cf setting.
 
 =====================================  =========================================================
-``shared_state``                       ``redis://HOST:PORT[/DB]`` or ``unix:/PATH[?db=N]``
+``shared_state``                       ``redis://HOST:PORT[/DB]``, ``rediss://HOST:PORT[/DB]``
+                                       (TLS), ``unix:/PATH[?db=N]``,
+                                       ``redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]``
+                                       (a Sentinel set's primary; ``rediss+sentinel`` with
+                                       TLS) or ``redis+cluster://HOST:PORT[,HOST:PORT...]``
+                                       (a Redis Cluster; ``rediss+cluster`` with TLS)
                                        (empty: off, the default)
+``shared_state_user``                  an ACL user (default: Redis's ``default`` user)
 ``shared_state_password_file``         a file holding Redis's password (its first line); it
                                        must belong to root and be readable by root alone,
                                        and is read at start-up, before the chroot
+``shared_state_sentinel_password_file`` the sentinels' own password (their ``requirepass``),
+                                       read the same way
+``shared_state_tls_ca_file``           the CA certificates (PEM) that the server's
+                                       certificate is checked against (TLS: default the
+                                       system's); read at start-up
+``shared_state_tls_cert_file``         a client certificate (PEM), for a server with
+                                       ``tls-auth-clients yes``
+``shared_state_tls_key_file``          its private key (PEM; root's and readable by root
+                                       alone, read at start-up as root, as Postfix reads
+                                       its own TLS keys)
 ``shared_state_key_file``              a file holding the fleet's key (its first line, at
                                        least 32 characters: ``openssl rand -hex 32``), the
                                        same on every node, root's and readable by root
@@ -64,18 +80,31 @@ master.cf chroots qmgr; a TCP address always is.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pyqmgr.fleet.client import Endpoint
+from pyqmgr.fleet.client import CLUSTER, SENTINEL, STANDALONE, UNIX, Endpoint
 from pyqmgr.postfix.host_port import HostPortError, host_port
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Rate, ShapingError, parse_duration, parse_rate
 
+if TYPE_CHECKING:
+    import ssl
+
 SHARED_STATE = "shared_state"
 PASSWORD_FILE = "shared_state_password_file"
+USER = "shared_state_user"
+SENTINEL_PASSWORD_FILE = "shared_state_sentinel_password_file"
+TLS_CA_FILE = "shared_state_tls_ca_file"
+TLS_CERT_FILE = "shared_state_tls_cert_file"
+TLS_KEY_FILE = "shared_state_tls_key_file"
+#: The parameters of how to reach Redis, besides the address.
+CONNECTION_PARAMS = (USER, PASSWORD_FILE, SENTINEL_PASSWORD_FILE, TLS_CA_FILE, TLS_CERT_FILE,
+                     TLS_KEY_FILE)
 KEY_FILE = "shared_state_key_file"
 FAILURE = "shared_state_failure"
 TIMEOUT = "shared_state_timeout"
@@ -190,8 +219,20 @@ def check_site_limits(settings: PyqmgrCf, grouped: Callable[[str], bool] | None)
                                         "(site_transports)")
 
 
+#: The address forms: scheme -> (kind, TLS).
+SCHEMES = {"redis://": (STANDALONE, False), "rediss://": (STANDALONE, True),
+           "redis+sentinel://": (SENTINEL, False), "rediss+sentinel://": (SENTINEL, True),
+           "redis+cluster://": (CLUSTER, False), "rediss+cluster://": (CLUSTER, True)}
+#: Sentinels or Cluster seed nodes named at most.
+MAX_NODES = 32
+_FORMS = ("redis://HOST:PORT[/DB], rediss://HOST:PORT[/DB], unix:/PATH[?db=N], "
+          "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB] or "
+          "redis+cluster://HOST:PORT[,HOST:PORT...]")
+
+
 def parse_shared_state(text: str) -> Endpoint:
-    """``redis://HOST:PORT[/DB]`` or ``unix:/PATH[?db=N]``; ValueError says what is off."""
+    """An address of :data:`SCHEMES`' forms or ``unix:/PATH[?db=N]``; ValueError says
+    what is off."""
     text = text.strip()
     if text.startswith("unix:"):
         path, _, query = text[5:].partition("?")
@@ -205,24 +246,48 @@ def parse_shared_state(text: str) -> Endpoint:
             raise ValueError(f"{text!r}: the socket path must be absolute")
         if "\0" in path or len(os.fsencode(path)) > _SUN_PATH_MAX:
             raise ValueError(f"{text!r}: not a usable socket path")
-        return Endpoint(path=path, db=db)
-    if not text.startswith("redis://"):
-        raise ValueError(f"{text!r}: expected redis://HOST:PORT[/DB] or unix:/PATH[?db=N]")
-    rest = text[8:]
+        return Endpoint(path=path, db=db, kind=UNIX)
+    scheme = next((s for s in SCHEMES if text.startswith(s)), None)
+    if scheme is None:
+        raise ValueError(f"{text!r}: expected {_FORMS}")
+    kind, tls = SCHEMES[scheme]
+    rest = text[len(scheme):]
     if "@" in rest:
         raise ValueError(f"{text!r}: no password in the address: use {PASSWORD_FILE}")
-    address, _, db_text = rest.partition("/")
+    address, _, tail = rest.partition("/")
+    nodes = tuple(_node(part, text) for part in address.split(","))
+    if len(nodes) > MAX_NODES:
+        raise ValueError(f"{text!r}: more than {MAX_NODES} addresses")
+    if kind == STANDALONE:
+        if len(nodes) > 1:
+            raise ValueError(f"{text!r}: one server (several: redis+sentinel:// or "
+                             "redis+cluster://)")
+        (host, port), = nodes
+        return Endpoint(host=host, port=port, db=_db(tail, text) if tail else 0, tls=tls)
+    if kind == CLUSTER:
+        if tail:
+            raise ValueError(f"{text!r}: a Redis Cluster has no database number or path")
+        return Endpoint(kind=CLUSTER, nodes=nodes, tls=tls)
+    service, _, db_text = tail.partition("/")
+    if not service or not all(c.isalnum() or c in "-_." for c in service):
+        raise ValueError(f"{text!r}: the Sentinel service name (sentinel monitor NAME) "
+                         "is missing or not a name: redis+sentinel://HOST:PORT/NAME")
+    return Endpoint(kind=SENTINEL, nodes=nodes, service=service,
+                    db=_db(db_text, text) if db_text else 0, tls=tls)
+
+
+def _node(address: str, text: str) -> tuple[str, int]:
     try:
         host, port_text = host_port(address)
     except HostPortError as exc:
         raise ValueError(f"{text!r}: " + {
-            "bracket": "expected redis://[ADDRESS]:PORT",
-            "colon": "the port is missing (Redis's own is 6379)",
+            "bracket": "expected [ADDRESS]:PORT",
+            "colon": "the port is missing (Redis's own is 6379, Sentinel's 26379)",
             "ipv6": "an IPv6 address must be in brackets", "host": "empty host"}[exc.kind]
         ) from None
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"{text!r}: bad port {port_text!r}")
-    return Endpoint(host=host, port=int(port_text), db=_db(db_text, text) if db_text else 0)
+    return host, int(port_text)
 
 
 def _db(value: str, text: str) -> int:
@@ -271,8 +336,8 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str,
     text = (settings.get(SHARED_STATE) or "").strip()
     per_transport = [k for k in settings.values if k.endswith(PER_TRANSPORT)]
     if not text:
-        for name in (PASSWORD_FILE, KEY_FILE, FAILURE, TIMEOUT, LEASE_TIME, PREFIX, NODE,
-                     *per_transport):
+        for name in (*CONNECTION_PARAMS, KEY_FILE, FAILURE, TIMEOUT, LEASE_TIME, PREFIX,
+                     NODE, *per_transport):
             if settings.get(name) is not None:
                 raise settings.error(name, f"has no effect without {SHARED_STATE}")
         return None
@@ -291,13 +356,7 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str,
         endpoint = parse_shared_state(text)
     except ValueError as exc:
         raise settings.error(SHARED_STATE, str(exc)) from None
-    password_file = (settings.get(PASSWORD_FILE) or "").strip()
-    if password_file:
-        try:
-            endpoint = Endpoint(endpoint.host, endpoint.port, endpoint.path, endpoint.db,
-                                read_password(password_file))
-        except ValueError as exc:
-            raise settings.error(PASSWORD_FILE, str(exc)) from None
+    endpoint = _connection(settings, endpoint)
     failure = (settings.get(FAILURE) or LOCAL).strip()
     if failure not in (LOCAL, HOLD):
         raise settings.error(FAILURE, f"expected {LOCAL} or {HOLD}, not {failure!r}")
@@ -305,12 +364,128 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str,
     lease = _duration(settings, LEASE_TIME, "60s", 2.0, 3600.0)
     prefix = settings.get(PREFIX)
     prefix = "pyqmgr:" if prefix is None else prefix.strip()
-    if not prefix or any(c.isspace() for c in prefix) or len(prefix) > 64:
-        raise settings.error(PREFIX, f"a word of 1 to 64 characters, not {prefix!r}")
+    if not prefix or any(c.isspace() or c in "{}" for c in prefix) or len(prefix) > 64:
+        raise settings.error(PREFIX, f"a word of 1 to 64 characters without braces (the "
+                                     f"keys' hash tags are in braces), not {prefix!r}")
     node = (settings.get(NODE) or myhostname).strip()
     if not node or any(c.isspace() or not c.isprintable() for c in node) or len(node) > 255:
         raise settings.error(NODE, f"a name without spaces, not {node!r}")
     return FleetSettings(endpoint, failure, timeout, lease, prefix, node, key, settings)
+
+
+def _connection(settings: PyqmgrCf, endpoint: Endpoint) -> Endpoint:
+    """The address with what it takes to speak to it: the ACL user, the passwords and
+    the TLS context, all read now (as root, before the chroot)."""
+    secrets: dict[str, str | None] = {}
+    for name, field in ((PASSWORD_FILE, "password"),
+                        (SENTINEL_PASSWORD_FILE, "sentinel_password")):
+        path = (settings.get(name) or "").strip()
+        if not path:
+            continue
+        if name == SENTINEL_PASSWORD_FILE and endpoint.kind != SENTINEL:
+            raise settings.error(name, "has no effect without redis+sentinel://")
+        try:
+            secrets[field] = read_password(path)
+        except ValueError as exc:
+            raise settings.error(name, str(exc)) from None
+    user = (settings.get(USER) or "").strip() or None
+    if user is not None and (len(user) > 255 or any(
+            c.isspace() or not c.isprintable() for c in user)):
+        raise settings.error(USER, f"an ACL user name without spaces, not {user!r}")
+    if user is not None and "password" not in secrets:
+        raise settings.error(USER, f"an ACL user needs its password: {PASSWORD_FILE}")
+    tls_files = {name: (settings.get(name) or "").strip()
+                 for name in (TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE)}
+    context = None
+    if endpoint.tls:
+        context = _tls_context(settings, tls_files)
+    else:
+        for name, path in tls_files.items():
+            if path:
+                raise settings.error(name, "has no effect without TLS (rediss://, "
+                                           "rediss+sentinel://, rediss+cluster://)")
+    return dataclasses.replace(endpoint, user=user, ssl_context=context,
+                               password=secrets.get("password"),
+                               sentinel_password=secrets.get("sentinel_password"))
+
+
+def _tls_context(settings: PyqmgrCf, files: dict[str, str]) -> ssl.SSLContext:
+    """The TLS context every connection uses: the server's certificate checked against
+    the CA file (or the system's), and its name against the address; a client
+    certificate when one is set. Built once, as root."""
+    import ssl
+
+    ca, cert, key = files[TLS_CA_FILE], files[TLS_CERT_FILE], files[TLS_KEY_FILE]
+    if bool(cert) != bool(key):
+        raise settings.error(TLS_CERT_FILE if key else TLS_KEY_FILE,
+                             f"a client certificate needs both {TLS_CERT_FILE} and "
+                             f"{TLS_KEY_FILE}")
+    for name, path in files.items():
+        if path and not os.path.isabs(path):
+            raise settings.error(name, f"{path!r} is not an absolute path")
+    if key:
+        try:
+            _owned_by_root(key)
+        except ValueError as exc:
+            raise settings.error(TLS_KEY_FILE, str(exc)) from None
+    context = ssl.create_default_context(cafile=None)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        if ca:
+            context.load_verify_locations(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise settings.error(TLS_CA_FILE, f"{ca}: {_ssl_reason(exc)}") from None
+    try:
+        if cert:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise settings.error(TLS_CERT_FILE, f"{cert} with {key}: {_ssl_reason(exc)}"
+                             ) from None
+    return context
+
+
+def _ssl_reason(exc: OSError) -> str:
+    return exc.strerror or getattr(exc, "reason", None) or str(exc)
+
+
+def _owned_by_root(path: str) -> None:
+    """A private key is a secret as the password is: root's, and root's alone."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"cannot open {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path} is not a regular file")
+    if st.st_uid != 0:
+        raise ValueError(f"{path} must belong to root (uid {st.st_uid})")
+    if st.st_mode & 0o077:
+        raise ValueError(f"{path} must be readable by root alone "
+                         f"(mode {stat.S_IMODE(st.st_mode):04o}; chmod 600)")
+
+
+def import_redis(settings: PyqmgrCf, fleet: FleetSettings) -> None:
+    """redis-py (and hiredis, where installed) imported now, as root and before the
+    chroot, each file trusted first (:mod:`pyqmgr.libraries`): every module the
+    client reaches later, connections and failovers included."""
+    import importlib.util
+
+    from pyqmgr.libraries import import_trusted
+
+    def missing(why: object) -> Exception:
+        return settings.error(SHARED_STATE, f"the redis library does not load ({why}); "
+                                            "install it (pip install 'pyqmgr[fleet]')")
+
+    packages = ["redis"]
+    imports = ["hashlib", "redis.asyncio", "redis.asyncio.connection", "redis.exceptions",
+               "redis.utils", "redis._parsers", "redis._parsers.base"]
+    if importlib.util.find_spec("hiredis") is not None:
+        packages.append("hiredis")
+        imports.append("hiredis")
+    if fleet.endpoint.kind == SENTINEL:
+        imports.append("redis.asyncio.sentinel")
+    elif fleet.endpoint.kind == CLUSTER:
+        imports.append("redis.asyncio.cluster")
+    import_trusted(packages, imports, missing)
 
 
 def _key(settings: PyqmgrCf) -> bytes:

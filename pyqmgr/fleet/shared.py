@@ -3,28 +3,36 @@
 Each operation is one Lua script, so it is atomic in Redis and costs one round trip;
 the scripts read Redis's own clock (``TIME``), so the nodes' clocks may differ. Keys
 live under the fleet's prefix (``shared_state_prefix``) and name the destination by
-transport and queue name, as every node names it:
+transport and queue name, as every node names it. Every key of one destination (or
+site) carries the same Redis Cluster hash tag, ``{N}``, its bucket (0 to
+:data:`BUCKETS` - 1, from a CRC of its transport and name): a Cluster keeps the keys a
+script touches in one slot, so every script runs there as on one server (issue #35).
 
-``{prefix}sessions:{transport}:{queue}``
+``{prefix}{N}:sessions:{transport}:{queue}``
     A sorted set: one member per delivery under way in the fleet, or about to start
     (``node/instance/serial``), scored by when its lease expires (Redis
     milliseconds). Expired members are dropped whenever the set is touched, so a
     node killed mid-delivery gives its sessions back within the lease time; a live
     node renews its leases well before that.
-``{prefix}waiters:{transport}:{queue}``
+``{prefix}{N}:waiters:{transport}:{queue}``
     The processes refused for want of a session, oldest first: a session given back
     goes to the first of them only, as a lease made in its name and published on its
     channel (``{prefix}freed:{node}/{instance}``), so a waiting node neither asks
     again and again nor asks at all to start the delivery it was handed.
-``{prefix}serial``
+``{prefix}serial`` (on a Cluster ``{prefix}{N}:serial``)
     A counter that names the leases a release makes for the process it hands them to.
-``{prefix}rate:{transport}:{queue}``
+``{prefix}{N}:rate:{transport}:{queue}``
     The GCRA's theoretical arrival time (Redis milliseconds) of the destination's
     fleet-wide rate: a start is allowed when ``now >= tat - (burst - 1) * interval``,
     and moves ``tat`` one interval on.
-``{prefix}site-sessions:{transport}:{site}`` (and ``site-waiters``, ``site-rate``)
+``{prefix}{N}:site-sessions:{transport}:{site}`` (and ``site-waiters``, ``site-rate``)
     The same for a site (issue #33, ``fleet_site_concurrency_limit``): the deliveries
     to all its destinations count together.
+``{prefix}epoch`` (on a Cluster ``{prefix}{N}:epoch``)
+    Which Redis process last had the fleet count its sessions (see :data:`ADMIT`). A
+    Cluster's shards lose their data apart (a failover, a restart), so there each
+    bucket has its own: a fresh Cluster pauses each bucket's first start for one
+    recount (:data:`RECOUNT_MS`), at most :data:`BUCKETS` of them.
 
 :meth:`Shared.admit` does both in one script, and takes neither unless both allow:
 a start refused for its rate does not hold a session, and one refused for the
@@ -38,16 +46,28 @@ import json
 import math
 import os
 import re
+import zlib
 from dataclasses import dataclass
 
-from pyqmgr.fleet.client import RedisClient, RedisUnavailable
-from pyqmgr.fleet.resp import Arg, RedisError, Reply
+from pyqmgr.fleet.client import CLUSTER, Arg, RedisClient, RedisError, RedisUnavailable, Reply
 from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
 
 #: How the fleet names a site where it would name a destination (issue #33): a queue
 #: name has no space (Postfix's tables split on whitespace), so neither can be taken
 #: for the other, in a key or in a message on a channel.
 SITE_UNIT = "site "
+
+#: Hash-tag buckets: enough to spread a fleet's destinations over a Cluster's shards,
+#: few enough that a fresh Cluster's recount pauses (one per bucket) stay few.
+BUCKETS = 64
+#: The key layout: 2 since issue #35 (hash tags); servers publish it, and one that
+#: finds another layout in the fleet warns (a mixed fleet counts in two places).
+KEY_LAYOUT = 2
+
+
+def bucket(transport: str, unit: str) -> int:
+    """A destination's (or ``site NAME``'s) hash-tag bucket: the same on every node."""
+    return zlib.crc32(f"{transport}\n{unit}".encode()) % BUCKETS
 
 #: KEYS: sessions, rate, waiters, the epoch. ARGV: lease ms, session limit (0: none),
 #: rate interval ms (0: none), burst, member, this process's channel, "1" when it has
@@ -266,6 +286,8 @@ class Shared:
                  lease_time: float) -> None:
         self.client = client
         self.prefix = prefix
+        #: On a Cluster the epoch and the serial are per bucket (one slot per script).
+        self.cluster = client.endpoint.kind == CLUSTER
         self.node = node
         self.lease_ms = max(1, int(lease_time * 1000))
         self._serial = itertools.count(1)
@@ -278,9 +300,8 @@ class Shared:
         self.channel_prefix = f"{prefix}freed:"
         self.channel = f"{self.channel_prefix}{node}/{self.instance}"
         self._sha: dict[str, str] = {}
-        #: When the fleet last counted its sessions (see ADMIT), and how long a recount
-        #: holds every start back: long enough for every node to hear and renew.
-        self.epoch_key = f"{prefix}epoch"
+        #: How long a recount holds every start back: long enough for every node to
+        #: hear and renew.
         self.recount_channel = f"{prefix}recount"
         self.recount_ms = RECOUNT_MS
 
@@ -288,9 +309,22 @@ class Shared:
         """A destination's key, or a site's (``queue`` = ``site NAME``: the kinds are
         ``site-sessions``, ``site-rate`` and ``site-waiters``, so that a site and a
         destination of the same name never share a count)."""
+        tag = f"{self.prefix}{{{bucket(transport, queue)}}}:"
         if queue.startswith(SITE_UNIT):
-            return f"{self.prefix}site-{kind}:{transport}:{queue[len(SITE_UNIT):]}"
-        return f"{self.prefix}{kind}:{transport}:{queue}"
+            return f"{tag}site-{kind}:{transport}:{queue[len(SITE_UNIT):]}"
+        return f"{tag}{kind}:{transport}:{queue}"
+
+    def epoch_key(self, transport: str, queue: str) -> str:
+        """When the fleet last counted its sessions (see :data:`ADMIT`): the fleet's
+        one, or on a Cluster the destination's bucket's."""
+        if self.cluster:
+            return f"{self.prefix}{{{bucket(transport, queue)}}}:epoch"
+        return f"{self.prefix}epoch"
+
+    def serial_key(self, transport: str, queue: str) -> str:
+        if self.cluster:
+            return f"{self.prefix}{{{bucket(transport, queue)}}}:serial"
+        return f"{self.prefix}serial"
 
     async def admit(self, transport: str, queue: str, limit: int,
                     interval: float = 0.0, burst: int = 1, more: bool = False) -> Admission:
@@ -299,7 +333,7 @@ class Shared:
         member = f"{self.node}/{self.instance}/{next(self._serial)}" if limit > 0 else ""
         reply = await self._script(
             ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue),
-                    self.key("waiters", transport, queue), self.epoch_key],
+                    self.key("waiters", transport, queue), self.epoch_key(transport, queue)],
             [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-",
              self.channel, "1" if more else "0", self.recount_ms, self.recount_channel])
         if not (isinstance(reply, list) and len(reply) == 4
@@ -329,7 +363,7 @@ class Shared:
             return RELEASED, "", 0
         reply = await self._script(
             RELEASE, [self.key("sessions", transport, queue),
-                      self.key("waiters", transport, queue), f"{self.prefix}serial"],
+                      self.key("waiters", transport, queue), self.serial_key(transport, queue)],
             [lease, f"{transport}\n{queue}", self.lease_ms, limit, "1" if more else "0",
              self.channel, self.channel_prefix])
         if not (isinstance(reply, list) and len(reply) == 3 and isinstance(reply[0], int)
@@ -390,20 +424,19 @@ class Shared:
         return [m.decode("utf-8", "replace") for m in reply if isinstance(m, bytes)]
 
     async def _script(self, script: str, keys: list[str], args: list[object]) -> Reply:
-        """EVALSHA, loading the script once per connection's server when missing."""
+        """EVALSHA; EVAL when the server does not have the script (a restart, a
+        failover, another shard), which also leaves it cached there."""
         sha = self._sha.get(script)
-        argv: list[Arg] = [a if isinstance(a, bytes) else str(a) for a in args]
-        if sha is not None:
-            reply = await self.client.call("EVALSHA", sha, len(keys), *keys, *argv)
-            if not (isinstance(reply, RedisError) and reply.kind == "NOSCRIPT"):
-                return _checked(reply)
-        loaded = _checked(await self.client.call("SCRIPT", "LOAD", script))
-        if not isinstance(loaded, bytes):
-            raise RedisUnavailable(f"unexpected reply to SCRIPT LOAD: {loaded!r:.80}")
-        self._sha[script] = loaded.decode()
-        return _checked(await self.client.call(
-            "EVALSHA", self._sha[script], len(keys), *keys, *argv))
+        if sha is None:
+            # Imported here: hashlib loads libcrypto (tests/unit/test_daemon_imports.py).
+            import hashlib
 
+            sha = self._sha[script] = hashlib.sha1(script.encode()).hexdigest()
+        argv: list[Arg] = [a if isinstance(a, bytes) else str(a) for a in args]
+        reply = await self.client.call("EVALSHA", sha, len(keys), *keys, *argv)
+        if isinstance(reply, RedisError) and reply.kind == "NOSCRIPT":
+            reply = await self.client.call("EVAL", script, len(keys), *keys, *argv)
+        return _checked(reply)
 
 
 def _checked(reply: Reply) -> Reply:

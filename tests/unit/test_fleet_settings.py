@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from pyqmgr.fleet.client import Endpoint
+from pyqmgr.fleet.client import CLUSTER, SENTINEL, UNIX, Endpoint
 from pyqmgr.fleet.settings import (
     HOLD,
     LOCAL,
@@ -44,8 +44,19 @@ def test_defaults():
     ("redis://127.0.0.1:6379/2", Endpoint(host="127.0.0.1", port=6379, db=2)),
     ("redis://redis.example:7000", Endpoint(host="redis.example", port=7000)),
     ("redis://[::1]:6379/0", Endpoint(host="::1", port=6379)),
-    ("unix:/run/redis/redis.sock", Endpoint(path="/run/redis/redis.sock")),
-    ("unix:/run/redis/redis.sock?db=4", Endpoint(path="/run/redis/redis.sock", db=4)),
+    ("unix:/run/redis/redis.sock", Endpoint(path="/run/redis/redis.sock", kind=UNIX)),
+    ("unix:/run/redis/redis.sock?db=4", Endpoint(path="/run/redis/redis.sock", db=4,
+                                                 kind=UNIX)),
+    ("rediss://redis.example:6380", Endpoint(host="redis.example", port=6380, tls=True)),
+    ("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,[::1]:26379/mymaster/2",
+     Endpoint(kind=SENTINEL, nodes=(("10.0.0.1", 26379), ("10.0.0.2", 26379),
+                                    ("::1", 26379)), service="mymaster", db=2)),
+    ("rediss+sentinel://s1.example:26379/fleet",
+     Endpoint(kind=SENTINEL, nodes=(("s1.example", 26379),), service="fleet", tls=True)),
+    ("redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
+     Endpoint(kind=CLUSTER, nodes=(("10.0.0.1", 7000), ("10.0.0.2", 7000)))),
+    ("rediss+cluster://c.example:7000",
+     Endpoint(kind=CLUSTER, nodes=(("c.example", 7000),), tls=True)),
 ])
 def test_addresses(text, endpoint):
     assert parse_shared_state(text) == endpoint
@@ -63,6 +74,12 @@ def test_addresses(text, endpoint):
     ("unix:/run/redis.sock?database=1", "only db=N"),
     ("unix:/" + "x" * 200, "not a usable socket path"),
     ("http://127.0.0.1:6379", "expected redis://"),
+    ("redis://a:1,b:2", "one server"),
+    ("redis+sentinel://127.0.0.1:26379", "the Sentinel service name"),
+    ("redis+sentinel://127.0.0.1:26379/my master", "the Sentinel service name"),
+    ("redis+sentinel://127.0.0.1/mymaster", "the port is missing"),
+    ("redis+cluster://127.0.0.1:7000/0", "no database number"),
+    ("redis+cluster://" + ",".join(f"h{i}:1" for i in range(33)), "more than 32"),
 ])
 def test_bad_addresses_name_the_parameter(text, says):
     with pytest.raises(PyqmgrCfError) as exc:
@@ -249,3 +266,93 @@ def test_site_limits_that_could_never_apply_are_start_up_errors():
     check_site_limits(cf("fleet_site_concurrency_limit = 5"), smtp_only)
     check_site_limits(cf("smtp_fleet_site_rate_burst = 3"), smtp_only)
     check_site_limits(cf("fleet_destination_concurrency_limit = 5"), None)
+
+
+def secret(tmp_path, name: str, text: str, mode: int = 0o600) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_an_acl_user_needs_its_password(tmp_path):
+    pw = secret(tmp_path, "pw", "s3cret\n")
+    got = settings(f"shared_state = redis://127.0.0.1:6379\nshared_state_user = pyqmgr\n"
+                   f"shared_state_password_file = {pw}\n")
+    assert got is not None and got.endpoint.user == "pyqmgr"
+    assert got.endpoint.password == "s3cret"
+    # Never in the text every warning carries.
+    assert "s3cret" not in str(got.endpoint) and "s3cret" not in repr(got.endpoint)
+    with pytest.raises(PyqmgrCfError, match="shared_state_user: an ACL user needs"):
+        settings("shared_state = redis://127.0.0.1:6379\nshared_state_user = pyqmgr\n")
+    with pytest.raises(PyqmgrCfError, match="shared_state_user: an ACL user name"):
+        settings(f"shared_state = redis://127.0.0.1:6379\nshared_state_user = a\tb\n"
+                 f"shared_state_password_file = {pw}\n")
+    with pytest.raises(PyqmgrCfError, match="shared_state_user: has no effect without"):
+        settings("shared_state_user = pyqmgr\n")
+
+
+def test_the_sentinels_password_is_for_sentinel_only(tmp_path):
+    pw = secret(tmp_path, "spw", "sentinel-pw\n")
+    got = settings(f"shared_state = redis+sentinel://127.0.0.1:26379/m\n"
+                   f"shared_state_sentinel_password_file = {pw}\n")
+    assert got is not None and got.endpoint.sentinel_password == "sentinel-pw"
+    with pytest.raises(PyqmgrCfError, match="has no effect without redis\\+sentinel"):
+        settings(f"shared_state = redis://127.0.0.1:6379\n"
+                 f"shared_state_sentinel_password_file = {pw}\n")
+
+
+def make_tls_files(tmp_path) -> tuple[str, str, str]:
+    """A CA and a client certificate signed by it, made by openssl as an admin would."""
+    import subprocess
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+        "ca.crt", "-days", "2", "-subj", "/CN=test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out",
+        "client.csr", "-subj", "/CN=pyqmgr")
+    run("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "client.crt", "-days", "2")
+    os.chmod(tmp_path / "client.key", 0o600)
+    return str(tmp_path / "ca.crt"), str(tmp_path / "client.crt"), str(tmp_path / "client.key")
+
+
+def test_tls_files_are_read_at_start_up(tmp_path):
+    ca, cert, key = make_tls_files(tmp_path)
+    got = settings(f"shared_state = rediss://127.0.0.1:6380\nshared_state_tls_ca_file = {ca}\n"
+                   f"shared_state_tls_cert_file = {cert}\nshared_state_tls_key_file = {key}\n")
+    assert got is not None and got.endpoint.tls and got.endpoint.ssl_context is not None
+    assert str(got.endpoint) == "rediss://127.0.0.1:6380"
+    # The system's CAs when no file is named.
+    plain = settings("shared_state = rediss://127.0.0.1:6380\n")
+    assert plain is not None and plain.endpoint.ssl_context is not None
+
+
+@pytest.mark.parametrize("lines, says", [
+    ("shared_state = redis://127.0.0.1:6379\nshared_state_tls_ca_file = {ca}\n",
+     "shared_state_tls_ca_file: has no effect without TLS"),
+    ("shared_state = rediss://127.0.0.1:6379\nshared_state_tls_cert_file = {cert}\n",
+     "a client certificate needs both"),
+    ("shared_state = rediss://127.0.0.1:6379\nshared_state_tls_ca_file = {cert}x\n",
+     "shared_state_tls_ca_file: "),
+    ("shared_state = rediss://127.0.0.1:6379\nshared_state_tls_ca_file = {key}\n",
+     "shared_state_tls_ca_file: "),
+    ("shared_state = rediss://127.0.0.1:6379\nshared_state_tls_ca_file = ca.crt\n",
+     "is not an absolute path"),
+    ("shared_state = rediss://127.0.0.1:6379\nshared_state_tls_cert_file = {cert}\n"
+     "shared_state_tls_key_file = {ca}\n", "must be readable by root alone"),
+    ("shared_state = rediss://127.0.0.1:6379\nshared_state_tls_cert_file = {ca}\n"
+     "shared_state_tls_key_file = {key}\n", "shared_state_tls_cert_file: "),
+])
+def test_bad_tls_settings_are_start_up_errors(tmp_path, lines, says):
+    ca, cert, key = make_tls_files(tmp_path)
+    os.chmod(ca, 0o644)
+    with pytest.raises(PyqmgrCfError, match=says.replace("+", "\\+")):
+        settings(lines.format(ca=ca, cert=cert, key=key))
+
+
+def test_a_prefix_with_braces_would_break_the_hash_tags():
+    with pytest.raises(PyqmgrCfError, match="shared_state_prefix: .*without braces"):
+        settings("shared_state = redis://127.0.0.1:6379\nshared_state_prefix = a{b}:\n")
