@@ -13,7 +13,8 @@ What is in it, and why:
   ``SCRIPT EXISTS`` when Redis has forgotten a script), ``PUBLISH`` and ``SUBSCRIBE``
   (the fleet's news and suspensions), ``HGETALL``, and the plain reads and writes the
   control commands and the roster make (``GET``, ``SET``, ``DEL``, ``HGET``, ``HSET``,
-  ``ZADD``, ``ZRANGEBYSCORE``, ``ZREMRANGEBYSCORE``), ``PING``.
+  ``ZADD``, ``ZRANGEBYSCORE``, ``ZREMRANGEBYSCORE``; ``GETRANGE``, which reads a
+  roster record no further than its 64 KiB bound), ``PING``.
 * What the Lua scripts call: Redis checks every ``redis.call`` inside a script against
   the caller's ACL, so ``ZCARD``, ``LREM``, ``RPUSH``, ``PEXPIRE``, ``ZSCORE``, ``ZREM``,
   ``LPOP``, ``INCR``, ``HSETNX``, ``HDEL``, ``TIME`` and ``INFO`` (the scripts read the
@@ -43,7 +44,7 @@ ACL_COMMANDS: tuple[str, ...] = tuple(sorted((
     # The queue manager's own.
     "evalsha", "eval", "script|load", "script|exists", "publish", "subscribe",
     "hgetall", "hget", "hset", "get", "set", "del", "zadd", "zrangebyscore",
-    "zremrangebyscore", "ping",
+    "zremrangebyscore", "ping", "getrange",
     # Called from the Lua scripts.
     "zcard", "lrem", "rpush", "pexpire", "zscore", "zrem", "lpop", "incr", "hsetnx",
     "hdel", "time", "info",
