@@ -24,8 +24,9 @@ One request and one reply per connection, on ``$queue_directory/pyqmgr/control``
 
 Commands (:data:`COMMANDS`):
 
-* reading the scheduler's state: ``status`` (no arguments) and ``explain``
-  (``target``: a destination or a queue id);
+* reading the scheduler's state: ``status`` (optional ``fleet``: true for every
+  server of the fleet, read from Redis's roster) and ``explain`` (``target``: a
+  destination or a queue id);
 * *controls* (root and mail_owner only): ``suspend`` (``target``, ``ttl`` in seconds,
   optional ``reason``), ``resume`` (``target``) and ``retry`` (``target``). A control
   target is ``DESTINATION`` (in every transport), ``TRANSPORT:DESTINATION``,
@@ -131,6 +132,11 @@ def _control(help: str, *, description: str, reply_keys: str, **more: Arg) -> Co
 COMMANDS: dict[str, CommandSpec] = {
     "status": CommandSpec(
         READ,
+        {"fleet": Arg((bool,), default=False,
+                      help="every server of the fleet instead (pyqmgr.cf shared_state): "
+                           "each one's leases, waiting deliveries and mode per "
+                           "destination, its limits and its last sync, read from "
+                           "Redis's roster")},
         help="show the running scheduler: transports and destinations (read-only)",
         description=(
             "Ask the running pyqmgr what its scheduler holds now. Per transport: the\n"
@@ -140,8 +146,15 @@ COMMANDS: dict[str, CommandSpec] = {
             "queued entries and recipients, the success and failure accumulators and\n"
             "failed cohorts of the concurrency feedback, and whether it is dead (with\n"
             "the reason and when it is tried again) or rate-delayed. Only mail in the\n"
-            "active queue is in core; 'postqueue -p' lists the rest."),
-        reply_keys="ok, messages, recipients, transports, destinations",
+            "active queue is in core; 'postqueue -p' lists the rest.\n\n"
+            "With --fleet, the fleet instead (shared_state in pyqmgr.cf): every server\n"
+            "that published its record to Redis within three lease times, with its\n"
+            "mode (normal, or local/hold while Redis fails it), its limits, its last\n"
+            "good answer from Redis and, per destination or site, the fleet sessions\n"
+            "it holds and its deliveries waiting; then the settings in which servers\n"
+            "differ (each obeys the stricter)."),
+        reply_keys="ok, messages, recipients, transports, destinations; with --fleet: "
+                   "node, read, error, servers, differences, skipped",
         view={"sort": Arg(choices=("name", "window", "busy", "queued"), default="name",
                           help="order of the destinations: name (default), window "
                                "(largest first), busy (most in flight first), queued "

@@ -183,10 +183,91 @@ def _fleet_lines(fleet: dict[str, object]) -> list[str]:
              f"; throttling told {_fmt(fleet.get('throttling_told'))}, heard "
              f"{_fmt(fleet.get('throttling_heard'))}, refused "
              f"{_fmt(fleet.get('throttling_refused'))}"]
+    if fleet.get("servers") is not None:
+        lines.append(f"fleet roster: {_fmt(fleet.get('servers'))} servers, "
+                     f"{_fmt(fleet.get('differences'))} settings differ (pyqmgr status "
+                     f"--fleet), lease time in force "
+                     f"{_seconds(fleet.get('lease_time_in_force'))}, "
+                     f"{_fmt(fleet.get('waits_capped'))} waits capped")
     rows = [[_fmt(d.get("queue")), _fmt(d.get("transport")), _fmt(d.get("text"))]
             for d in _dicts(fleet.get("destinations"))]
     if rows:
         lines += _table(["FLEET DESTINATION", "TRANSPORT", "SHARE"], rows)
+    return lines
+
+
+def _limits_text(limits: object) -> str:
+    """A server's published limits in a few words: ``default: 5 sessions; smtp: 10/s
+    burst 2`` (default: the bare ``fleet_*`` parameters, for every other transport)."""
+    parts = []
+    for transport, kinds in limits.items() if isinstance(limits, dict) else ():
+        for kind, lim in kinds.items() if isinstance(kinds, dict) else ():
+            if not isinstance(lim, dict):
+                continue
+            words = []
+            if lim.get("sessions"):
+                words.append(f"{_fmt(lim['sessions'])} sessions")
+            if lim.get("rate"):
+                words.append(f"{_fmt(lim['rate'])} burst {_fmt(lim.get('burst'))}")
+            if words:
+                name = "default" if transport == "*" else transport
+                where = name if kind == "destination" else f"{name} sites"
+                parts.append(f"{where}: {', '.join(words)}")
+    return "; ".join(parts) or "none"
+
+
+def _ago(value: object) -> str:
+    return f"{value:.1f}s ago" if isinstance(value, int | float) else "never"
+
+
+def fleet_roster_lines(reply: dict[str, object]) -> list[str]:
+    """``pyqmgr status --fleet``: every server in the roster, then each one's
+    destinations, then the settings in which they differ."""
+    servers = _dicts(reply.get("servers"))
+    lines = [f"fleet: {len(servers)} servers in the roster of "
+             f"{_fmt(reply.get('shared_state'))}, read by {_fmt(reply.get('node'))}; lease "
+             f"time in force {_seconds(reply.get('lease_time_in_force'))}"]
+    if not reply.get("read"):
+        lines.append(f"Redis did not answer ({_fmt(reply.get('error'))}): this server's own "
+                     "record only")
+    lines.append("")
+    rows = []
+    for srv in servers:
+        units = _dicts(srv.get("units"))
+        rows.append([_fmt(srv.get("node")) + (" *" if srv.get("this") else ""),
+                     _fmt(srv.get("instance")), _fmt(srv.get("pid")), _fmt(srv.get("version")),
+                     _fmt(srv.get("layout")), _fmt(srv.get("mode")), _fmt(srv.get("errors")),
+                     _ago(srv.get("last_sync_age")), _ago(srv.get("age")),
+                     str(sum(int(_num(u.get("leases"))) for u in units)),
+                     str(sum(int(_num(u.get("waiting"))) for u in units)),
+                     _limits_text(srv.get("limits"))])
+    lines += _table(["SERVER", "INSTANCE", "PID", "VERSION", "LAYOUT", "MODE", "ERRORS",
+                     "LAST SYNC", "PUBLISHED", "LEASES", "WAITING", "LIMITS"], rows)
+    rows = [[_fmt(srv.get("node")), _fmt(u.get("transport")), _fmt(u.get("unit")),
+             _fmt(u.get("leases")), _fmt(u.get("waiting")),
+             f"{_fmt(u.get('fleet_sessions'))} of {_fmt(u.get('limit'))}"
+             if u.get("limit") else "-", _fmt(u.get("mode"))]
+            for srv in servers for u in _dicts(srv.get("units"))]
+    lines.append("")
+    if rows:
+        lines += _table(["SERVER", "TRANSPORT", "DESTINATION", "LEASES", "WAITING",
+                         "FLEET SESSIONS", "MODE"], rows)
+    else:
+        lines.append("no server holds or waits for a fleet session")
+    more = [s for s in servers if _num(s.get("units_total")) > len(_dicts(s.get("units")))]
+    for srv in more:
+        lines.append(f"  {_fmt(srv.get('node'))}: the busiest {len(_dicts(srv.get('units')))} "
+                     f"of {_fmt(srv.get('units_total'))} destinations shown")
+    differences = _dicts(reply.get("differences"))
+    if differences:
+        lines.append("")
+        lines += _table(["DIFFERS", "SETTING", "THEIRS", "THIS NODE", "OBEYED"],
+                        [[_fmt(d.get("node")), _fmt(d.get("setting")), _fmt(d.get("theirs")),
+                          _fmt(d.get("ours")), _fmt(d.get("obeyed") or "-")]
+                         for d in differences])
+    for skipped in _dicts(reply.get("skipped")):
+        lines.append(f"skipped the record of {_fmt(skipped.get('server'))}: "
+                     f"{_fmt(skipped.get('why'))}")
     return lines
 
 
@@ -381,6 +462,8 @@ def reply_lines(command: str, reply: dict[str, object],
     command works from the CLI as soon as it is in ``COMMANDS``.
     """
     view = view or {}
+    if command == "status" and "servers" in reply:
+        return fleet_roster_lines(reply)
     if command == "status":
         return status_lines(reply, str(view.get("sort", "name")))
     if command == "explain":

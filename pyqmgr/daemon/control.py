@@ -19,6 +19,10 @@ Why it looks the way it does:
   built synchronously from the scheduler's state in one event-loop turn, with no await
   in between, so the scheduler never waits on a client and no half-changed state is
   ever shown.
+* **Waiting on nothing but the request**, with one exception: ``status --fleet`` reads
+  the fleet's roster from Redis (:meth:`pyqmgr.daemon.fleet_roster.FleetRoster.report`,
+  bounded by ``shared_state_timeout``); its reply is built when Redis has answered, in
+  one turn as every other, and the connection stays counted and timed meanwhile.
 * **Optional for mail**: failing to make the directory or the socket is a warning, not
   a fatal error; mail flows without the channel.
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import pwd
@@ -47,7 +52,7 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,9 +113,11 @@ class Peer:
         return f"uid={self.uid} pid={self.pid}"
 
 
-#: What answers a request the access check let through: result members, or raises
+#: What answers a request the access check let through: result members (or an
+#: awaitable of them, for a reply that must ask Redis first), or raises
 #: NotImplementedError (answered "not_implemented") or anything else ("internal").
-Handler = Callable[[dict[str, object], Peer], dict[str, object]]
+Result = dict[str, object] | Awaitable[dict[str, object]]
+Handler = Callable[[dict[str, object], Peer], Result]
 
 
 def peer_credentials(sock: socket.socket) -> Peer:
@@ -312,30 +319,48 @@ class ControlServer(BoundedServer):
         more = f" ({held} more from this uid since the last warning)" if held else ""
         self.log.warning(f"control request from {who}: {text}{more}")
 
-    def answer(self, request: Request, peer: Peer) -> bytes:
+    def answer(self, request: Request, peer: Peer) -> bytes | Coroutine[Any, Any, bytes]:
         """The reply to a parsed request: refused, or the handler's result.
 
         Synchronous on purpose: the reply is the scheduler's state of this instant.
+        Only a handler that must ask Redis first (``status --fleet``) gives an
+        awaitable, and then so does this.
         """
         refusal = self.access.refusal(request, peer)
         if refusal is not None:
             self.warn(peer, f"{request.command}: {refusal}")
             return error_reply(refusal, "denied")
         try:
-            return ok_reply(self.handler(request.as_dict(), peer))
-        except ProtocolError as exc:
+            result = self.handler(request.as_dict(), peer)
+            if inspect.isawaitable(result):
+                return self._later(result, request, peer)
+            assert isinstance(result, dict)
+            return ok_reply(result)
+        except Exception as exc:  # noqa: BLE001 - every failure is an error reply
+            return self._failed(exc, request, peer)
+
+    async def _later(self, result: Awaitable[dict[str, object]], request: Request,
+                     peer: Peer) -> bytes:
+        try:
+            return ok_reply(await result)
+        except Exception as exc:  # noqa: BLE001 - every failure is an error reply
+            return self._failed(exc, request, peer)
+
+    def _failed(self, exc: Exception, request: Request, peer: Peer) -> bytes:
+        """The error reply for what the handler raised."""
+        if isinstance(exc, ProtocolError):
             # The handler's own check of the arguments (a bad target or ttl, a transport
             # not in core). A refused control is logged, as every control is; a reader's
             # typo is only answered.
             if request.kind == CONTROL:
                 self.warn(peer, f"{request.command}: {exc}")
             return error_reply(str(exc), exc.code)
-        except NotImplementedError as exc:
+        if isinstance(exc, NotImplementedError):
             text = str(exc) or f"{request.command} is not yet implemented"
             return error_reply(text, "not_implemented")
-        except Exception as exc:  # a bug must not take the daemon down
-            self.warn(peer, f"{request.command}: internal error: {type(exc).__name__}: {exc}")
-            return error_reply(f"internal error: {type(exc).__name__}", "internal")
+        # A bug must not take the daemon down.
+        self.warn(peer, f"{request.command}: internal error: {type(exc).__name__}: {exc}")
+        return error_reply(f"internal error: {type(exc).__name__}", "internal")
 
 
 class _Connection(OneReplyConnection[ControlServer]):
@@ -348,6 +373,8 @@ class _Connection(OneReplyConnection[ControlServer]):
         self.discarded = 0
         #: Why it is not served, when it is not.
         self.busy = f"too many clients ({server.max_clients})"
+        #: The reply being made, when it waits for Redis (status --fleet).
+        self.waiting: asyncio.Task[bytes] | None = None
 
     def _accepted(self, transport: asyncio.Transport) -> None:
         sock = transport.get_extra_info("socket")
@@ -378,7 +405,26 @@ class _Connection(OneReplyConnection[ControlServer]):
             self._reply(error_reply("no peer credentials on the socket", "denied"))
             self.server.warn(None, "no peer credentials on the socket")
             return
-        self._reply(self.server.answer(request, self.peer))
+        reply = self.server.answer(request, self.peer)
+        if isinstance(reply, bytes):
+            self._reply(reply)
+            return
+        # Answered when Redis has (status --fleet): the request's timer still runs.
+        self.waiting = asyncio.get_running_loop().create_task(reply)
+        self.waiting.add_done_callback(self._answered_later)
+
+    def _answered_later(self, task: asyncio.Task[bytes]) -> None:
+        self.waiting = None
+        if task.cancelled() or self.answered or self.transport is None or (
+                self.transport.is_closing()):
+            return
+        self._reply(task.result())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiting is not None:
+            self.waiting.cancel()
+            self.waiting = None
+        super().connection_lost(exc)
 
     def eof_received(self) -> bool:
         if not self.answered:
@@ -400,6 +446,9 @@ class _Connection(OneReplyConnection[ControlServer]):
         transport.write_eof()
 
     def _timeout_reply(self) -> bytes:
+        if self.waiting is not None:
+            self.waiting.cancel()
+            return error_reply(f"no answer within {self.server.timeout:g} s", "timeout")
         what = ("request not finished" if self.parser.pending else "no request")
         text = f"{what} within {self.server.timeout:g} s"
         self.server.warn(self.peer, text)
@@ -419,9 +468,13 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 if access is not None and peer.uid == access.mail_owner_uid else "uid")
         return f"{name} ({peer})"
 
-    def handle(request: dict[str, object], peer: Peer) -> dict[str, object]:
+    def handle(request: dict[str, object], peer: Peer) -> Result:
         command = request["command"]
         now = time.monotonic()
+        if command == "status" and request.get("fleet"):
+            if qmgr.fleet is None:
+                raise ProtocolError("--fleet needs a fleet: set shared_state in pyqmgr.cf")
+            return qmgr.fleet.roster.report()
         if command == "status":
             reply = annotate(scheduler_explain.status(qmgr.scheduler, now), qmgr.delegation)
             if qmgr.retry is not None:

@@ -43,6 +43,8 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.daemon.fleet_news import FleetNews
+from pyqmgr.daemon.fleet_roster import FleetRoster
+from pyqmgr.daemon.fleet_stats import FleetStats
 from pyqmgr.daemon.fleet_suspensions import FleetSuspensions
 from pyqmgr.daemon.fleet_units import FleetUnits
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
@@ -148,6 +150,8 @@ class Fleet:
         #: Each transport's limits per destination and per site, and what a delivery
         #: counts at (:mod:`.fleet_units`).
         self.units = FleetUnits(host, settings)
+        #: Round trips, errors and the last good answer (metrics, the roster).
+        self.stats = FleetStats(clock)
         #: The lease each admitted delivery holds: call -> (transport, queue, lease).
         self.leases: dict[AgentCall, tuple[str, str, str]] = {}
         self.warn = WarnGate(60.0)
@@ -178,6 +182,8 @@ class Fleet:
         self.recount_warn = WarnGate(60.0)
         #: News of throttling, told and heard (none without a key file).
         self.news = FleetNews(host, self.shared, settings, self.counters, clock)
+        #: This server's record in the fleet's roster, and the others' (issue #35).
+        self.roster = FleetRoster(self)
 
     # -- asking -------------------------------------------------------------------------
 
@@ -192,7 +198,7 @@ class Fleet:
                                            max_connections=8)
         self.host.scheduler.share_throttling = self.news.seal is not None
         self._tasks = [
-            loop.create_task(self._renew()),
+            loop.create_task(self._renew()), loop.create_task(self.roster.run()),
             # Also at every (re)subscription: a node that was cut off from a Redis
             # that restarted empty missed the recount while it reconnected.
             loop.create_task(Subscriber(ears, self.shared.recount_channel, self._recount,
@@ -241,9 +247,10 @@ class Fleet:
         self.asking[key] = self.asking.get(key, 0) + 1
         interval = limits.rate.interval if limits.rate is not None else 0.0
         try:
-            answer: Admission | str = await self.shared.admit(
-                key[0], key[1], limits.sessions, interval, limits.burst,
-                more=self._waiting(*key))
+            with self.stats.timed():
+                answer: Admission | str = await self.shared.admit(
+                    key[0], key[1], limits.sessions, interval, limits.burst,
+                    more=self._waiting(*key))
         except RedisUnavailable as exc:
             answer = str(exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not strand the agent
@@ -281,6 +288,7 @@ class Fleet:
                                "fleet limits apply")
         key = (transport, unit)
         limit = self.units.unit_limits(transport, unit)
+        wait = self.roster.cap(answer.wait, limit, transport, unit)
         site = unit.startswith(SITE_UNIT)
         self.seen[key] = (answer.in_use, limit.sessions if limit is not None else 0)
         self.seen.move_to_end(key)
@@ -297,13 +305,13 @@ class Fleet:
             self.counters["recount_wait"] += 1
             name = FLEET_SITE_LIMIT if site else FLEET_LIMIT
             text = (f"the fleet counts its sessions again (Redis lost its data): next "
-                    f"start in {answer.wait:.3g}s")
-            until = now + answer.wait
+                    f"start in {wait:.3g}s")
+            until = now + wait
         elif answer.wait > 0:
             self.counters["rate_wait"] += 1
             name = FLEET_SITE_RATE if site else FLEET_RATE
-            text = f"{_whose(unit)}fleet rate: next start in {answer.wait:.3g}s"
-            until = now + answer.wait
+            text = f"{_whose(unit)}fleet rate: next start in {wait:.3g}s"
+            until = now + wait
         else:
             self.counters["sessions_full"] += 1
             name = FLEET_SITE_LIMIT if site else FLEET_LIMIT
@@ -435,7 +443,8 @@ class Fleet:
     async def _pass_on(self, transport: str, queue: str) -> None:
         self.counters["round_trips"] += 1
         try:
-            await self.shared.pass_on(transport, queue)
+            with self.stats.timed():
+                await self.shared.pass_on(transport, queue)
         except RedisUnavailable:
             pass  # the others ask again after their session retry time
 
@@ -446,8 +455,9 @@ class Fleet:
         limit = limits.sessions if limits is not None and limits.rate is None else 0
         self.counters["round_trips"] += 1
         try:
-            outcome, kept, _ = await self.shared.release(transport, queue, lease, limit,
-                                                         more)
+            with self.stats.timed():
+                outcome, kept, _ = await self.shared.release(transport, queue, lease,
+                                                             limit, more)
         except RedisUnavailable:
             # The lease expires by itself within shared_state_lease_time; nothing will
             # be handed here meanwhile, so the next start asks (and meets the failure
@@ -462,7 +472,7 @@ class Fleet:
     async def _renew(self) -> None:
         """Renew every lease held, a third of the lease time before it could expire."""
         while True:
-            await asyncio.sleep(self.settings.lease_time / 3)
+            await asyncio.sleep(self.roster.lease_time / 3)
             await self._renew_all()
 
     def _recount(self, payload: bytes) -> None:
@@ -477,8 +487,10 @@ class Fleet:
         for key, spares in self.spares.items():
             by_destination.setdefault(key, []).extend(lease for lease, _ in spares)
         try:
-            missing = await asyncio.gather(*(self.shared.renew(t, q, leases)
-                                             for (t, q), leases in by_destination.items()))
+            with self.stats.timed():
+                missing = await asyncio.gather(*(
+                    self.shared.renew(t, q, leases) for (t, q), leases in
+                    by_destination.items()))
         except RedisUnavailable:
             return  # the next round renews them, and counts again what expired meanwhile
         lost = sum(missing)
@@ -502,11 +514,9 @@ class Fleet:
                                     for lease, _ in spares]
         self._ended.clear()
         self.spares.clear()
-        if not held:
-            return
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(
-                *(self._release(t, q, lease, more=False) for t, q, lease in held)), timeout)
+            await asyncio.wait_for(asyncio.gather(self.roster.leave(), *(
+                self._release(t, q, lease, more=False) for t, q, lease in held)), timeout)
 
     def close(self) -> None:
         for task in self._tasks:
@@ -524,16 +534,22 @@ class Fleet:
     # -- status ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, object]:
-        here = Tally((t, q) for t, q, _ in self.leases.values())
-        destinations = [
-            {"transport": t, "queue": q, "fleet_sessions": in_use, "limit": limit,
-             "here": here.get((t, q), 0),
-             "text": f"{in_use} of {limit} fleet sessions, {here.get((t, q), 0)} here"
-             if limit else f"{here.get((t, q), 0)} here"}
-            for (t, q), (in_use, limit) in sorted(self.seen.items())]
-        return {"shared_state": str(self.settings.endpoint), "node": self.settings.node,
-                "destinations": destinations,
-                "failure": self.settings.failure, "connected": self.client.connected,
-                "unavailable": self.down, "leases_held": len(self.leases),
-                **{name: self.counters[name] for name in COUNTED}}
+        return fleet_status(self)
+
+
+def fleet_status(fleet: Fleet) -> dict[str, object]:
+    """``pyqmgr status``'s fleet block: this server's view of the destinations it asked
+    about, its counts, and the roster's last read."""
+    here = Tally((t, q) for t, q, _ in fleet.leases.values())
+    destinations = [
+        {"transport": t, "queue": q, "fleet_sessions": in_use, "limit": limit,
+         "here": here.get((t, q), 0),
+         "text": f"{in_use} of {limit} fleet sessions, {here.get((t, q), 0)} here"
+         if limit else f"{here.get((t, q), 0)} here"}
+        for (t, q), (in_use, limit) in sorted(fleet.seen.items())]
+    return {"shared_state": str(fleet.settings.endpoint), "node": fleet.settings.node,
+            "destinations": destinations,
+            "failure": fleet.settings.failure, "connected": fleet.client.connected,
+            "unavailable": fleet.down, "leases_held": len(fleet.leases),
+            **{name: fleet.counters[name] for name in COUNTED}, **fleet.roster.summary()}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from pyqmgr.fleet.roster import ANY_TRANSPORT, DESTINATION, SITE
 from pyqmgr.fleet.shared import SITE_UNIT
 from pyqmgr.scheduler.structures import ERROR, RETRY
 
@@ -40,11 +41,32 @@ class FleetUnits:
         self.host, self.settings = host, settings
         self._limits: dict[str, Limits | None] = {}
         self._site_limits: dict[str, Limits | None] = {}
+        #: Transports whose destinations are grouped into sites here.
+        self._grouped: set[str] = set()
         #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
         self._shares: dict[str, bool] = {}
+        #: The limits obeyed in place of this server's own while another server of
+        #: the fleet runs with stricter ones (:mod:`.fleet_roster`): (transport or
+        #: ``*``, kind) -> limits (None: no fleet limit), kind ``destination`` or
+        #: ``site``; a transport not named takes ``*``'s. Empty while the fleet
+        #: agrees. pyqmgr.cf's settings are not touched: when the other server is
+        #: gone or agrees, this one's own apply again.
+        self.overrides: dict[tuple[str, str], Limits | None] = {}
 
     def limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits, or None when its deliveries ask nobody."""
+        found = self._own_limits(transport)
+        if self.overrides and transport not in (RETRY, ERROR):
+            return self._override(transport, DESTINATION, found)
+        return found
+
+    def _override(self, transport: str, kind: str, found: Limits | None) -> Limits | None:
+        key = (transport, kind)
+        if key in self.overrides:
+            return self.overrides[key]
+        return self.overrides.get((ANY_TRANSPORT, kind), found)
+
+    def _own_limits(self, transport: str) -> Limits | None:
         if transport in self._limits:
             return self._limits[transport]
         found: Limits | None = None
@@ -65,16 +87,34 @@ class FleetUnits:
         the transport's destinations are not grouped into sites (then only the bare
         ``fleet_site_*`` can apply to it, which means the grouped transports: a
         transport's own is refused at start-up, fleet.settings.check_site_limits)."""
-        if transport in self._site_limits:
-            return self._site_limits[transport]
-        found: Limits | None = None
+        if transport not in self._site_limits:
+            found: Limits | None = None
+            sites = self.host.scheduler.sites
+            if transport not in (RETRY, ERROR) and sites is not None and (
+                    sites.limits(transport) is not None):
+                self._grouped.add(transport)
+                limits = self.settings.site_limits_for(transport)
+                found = limits if limits.active else None
+            self._site_limits[transport] = found
+        if self.overrides and transport in self._grouped:
+            return self._override(transport, SITE, self._site_limits[transport])
+        return self._site_limits[transport]
+
+    def own(self, transport: str, kind: str) -> Limits:
+        """This server's own limits of ``kind`` for the transport (``*``: the bare
+        parameters), as pyqmgr.cf sets them, in force or not: what it publishes."""
+        name = "" if transport == ANY_TRANSPORT else transport
+        if kind == SITE:
+            return self.settings.site_limits_for(name)
+        return self.settings.limits_for(name)
+
+    def grouped(self, transport: str) -> bool:
+        """Whether the transport's destinations are grouped into sites here (``*``:
+        whether sites are on at all)."""
         sites = self.host.scheduler.sites
-        if transport not in (RETRY, ERROR) and sites is not None and (
-                sites.limits(transport) is not None):
-            limits = self.settings.site_limits_for(transport)
-            found = limits if limits.active else None
-        self._site_limits[transport] = found
-        return found
+        if sites is None:
+            return False
+        return transport == ANY_TRANSPORT or sites.limits(transport) is not None
 
     def unit(self, entry: Entry) -> tuple[str, Limits] | None:
         """What the entry's delivery counts at across the fleet, and its limits: its
