@@ -30,7 +30,7 @@ import errno
 import heapq
 import socket
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -43,10 +43,14 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from pyqmgr.daemon.fleet_metrics import FleetCollector
 from pyqmgr.daemon.metrics import OUTCOMES, DeliveryStats, MetricsSettings, TransportStats
 from pyqmgr.daemon.metrics_http import MetricsHttpServer
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.scheduler.core import Scheduler
+
+if TYPE_CHECKING:
+    from pyqmgr.daemon.fleet import Fleet
 
 #: The label value of the series that sums the destinations beyond the limit.
 OTHER = "_other"
@@ -333,8 +337,9 @@ class SchedulerCollector:
 
 
 def registry_for(source: Source, stats: DeliveryStats, destination_limit: int,
-                 process: bool = True) -> CollectorRegistry:
-    """A registry of our own: the scheduler's collector and, optionally, the process's.
+                 process: bool = True, fleet: Fleet | None = None) -> CollectorRegistry:
+    """A registry of our own: the scheduler's collector, the fleet's (with
+    ``shared_state``) and, optionally, the process's.
 
     Not prometheus_client's global REGISTRY: its platform and GC collectors would add
     series nobody asked for, and tests build several registries in one process.
@@ -343,6 +348,8 @@ def registry_for(source: Source, stats: DeliveryStats, destination_limit: int,
     """
     registry = CollectorRegistry()
     registry.register(SchedulerCollector(source, stats, destination_limit))
+    if fleet is not None:
+        registry.register(FleetCollector(fleet))
     if process:
         ProcessCollector(registry=registry)
     return registry
@@ -415,7 +422,7 @@ class Exporter:
 def start(qmgr: Source, stats: DeliveryStats, settings: MetricsSettings,
           log: MailLog) -> Exporter:
     """Serve the metrics of ``qmgr`` (whose replies ``stats`` counts)."""
-    exporter = Exporter(settings, registry_for(qmgr, stats, settings.destination_limit),
-                        log)
+    exporter = Exporter(settings, registry_for(qmgr, stats, settings.destination_limit,
+                                               fleet=getattr(qmgr, "fleet", None)), log)
     exporter.start()
     return exporter
