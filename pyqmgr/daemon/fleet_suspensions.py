@@ -10,6 +10,7 @@ suspension, and on which server, is in every server's maillog, marked
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -65,6 +66,9 @@ class FleetSuspensions:
         #: Resumes made here that Redis has not taken yet (it was down): target ->
         #: tombstone, written at the next sync before the table is read as news.
         self.unsent: dict[str, str] = {}
+        #: A sync under way, and news that came during it (one more read after it).
+        self._syncing = False
+        self._again = False
 
     def share(self, target: str, reason: str, ttl: float, who: str) -> None:
         """A suspension made here with --fleet: into the fleet's table, news to all."""
@@ -96,18 +100,35 @@ class FleetSuspensions:
                                   "and then on every server")
 
     def changed(self, news: bytes) -> None:
+        if self._syncing:
+            self._again = True
+            return
+        self._syncing = True
         self.host.spawn(self._sync())
 
     async def _sync(self) -> None:
+        """Read the table until it is read: news (or a resubscription) can come while
+        the calls still fail fast after Redis came back (the subscription reconnects
+        by itself), and a sync given up then would leave what Redis lost unwritten
+        until the next news, which may never come."""
         try:
-            await self._sync_table()
-        except RedisUnavailable:
-            pass  # the next news, or the next resubscription, reads it again
-        except Exception as exc:  # noqa: BLE001 - Redis is anyone's who reaches it
-            # A task that fails ends the daemon (Qmgr._task_done); what the table holds
-            # must not, or one bad record would restart every server of the fleet.
-            self.host.log.warning(f"shared state {self.settings.endpoint}: the fleet's "
-                                  f"suspensions not read: {type(exc).__name__}: {exc}")
+            while True:
+                self._again = False
+                try:
+                    await self._sync_table()
+                except RedisUnavailable:
+                    await asyncio.sleep(SYNC_RETRY)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - Redis is anyone's who reaches it
+                    # A task that fails ends the daemon (Qmgr._task_done); what the table
+                    # holds must not, or one bad record would restart every server.
+                    self.host.log.warning(f"shared state {self.settings.endpoint}: the "
+                                          f"fleet's suspensions not read: "
+                                          f"{type(exc).__name__}: {exc}")
+                if not self._again:
+                    return
+        finally:
+            self._syncing = False
 
     async def _sync_table(self) -> None:
         """Bring this server's suspensions in line with the fleet's table, and the
@@ -186,6 +207,9 @@ class FleetSuspensions:
         except RedisUnavailable:
             pass
 
+
+#: How long a sync that found Redis unavailable waits before it reads again.
+SYNC_RETRY = 1.0
 
 #: How long a tombstone outlives a resume at least: a server down for less than
 #: this learns the resume rather than reading the target as lost.
