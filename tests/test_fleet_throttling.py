@@ -15,12 +15,10 @@ import json
 import os
 import re
 import secrets
-import socket
 import time
 from collections.abc import Callable
 
 from pyqmgr.control.client import request
-from pyqmgr.fleet.resp import Parser, encode
 from pyqmgr.fleet.shared import NoticeSeal
 from pyqmgr.testbed.instance import PostfixInstance, free_port
 from pyqmgr.testbed.redis import RedisServer
@@ -185,27 +183,24 @@ def test_a_response_rule_that_fires_on_one_server_holds_the_others_back(
 
 
 class Listener:
-    """A client subscribed to the throttling channel, as an outsider can be."""
+    """A client subscribed to the throttling channel, as an outsider can be (redis-py's
+    synchronous client, not the fleet's)."""
 
     def __init__(self, redis: RedisServer) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", redis.port), timeout=10)
-        self.sock.sendall(encode("SUBSCRIBE", CHANNEL))
-        self.parser = Parser()
+        import redis as redis_py
+
+        self.client = redis_py.Redis(host="127.0.0.1", port=redis.port, socket_timeout=10)
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(CHANNEL)
         self.heard: list[bytes] = []
         self._read(lambda: False, 1)
 
     def _read(self, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not done() and time.monotonic() < deadline:
-            self.sock.settimeout(max(0.05, deadline - time.monotonic()))
-            try:
-                chunk = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            self.parser.feed(chunk)
-            for reply in self.parser.replies():
-                if isinstance(reply, list) and reply[:1] == [b"message"]:
-                    self.heard.append(bytes(reply[2]))  # type: ignore[arg-type]
+            message = self.pubsub.get_message(timeout=max(0.05, deadline - time.monotonic()))
+            if message is not None and message.get("type") == "message":
+                self.heard.append(bytes(message["data"]))
 
     def wait(self, n: int, timeout: float = 20) -> list[bytes]:
         self._read(lambda: len(self.heard) >= n, timeout)
@@ -213,7 +208,8 @@ class Listener:
         return self.heard
 
     def close(self) -> None:
-        self.sock.close()
+        self.pubsub.close()
+        self.client.close()
 
 
 def forged(queue: str, nexthop: str, node: str = "node9") -> dict[str, object]:

@@ -1,8 +1,8 @@
 """A fleet of Postfix servers as one sender: shared state in Redis (issue #23).
 
-- ``resp``: Redis's wire protocol, no I/O (commands out, bounded replies in);
-- ``client``: one pipelined asyncio connection with deadlines, failing fast when
-  Redis is slow or gone;
+- ``client``: redis-py's asyncio client (one server, Sentinel, Cluster; TLS, ACL
+  users) with the fleet's deadlines, batches and bounds, failing fast when Redis is
+  slow or gone;
 - ``settings``: pyqmgr.cf's ``shared_state`` and its companions, checked at start-up;
 - ``shared``: the shared state's operations, each one atomic Lua script (sessions as
   leases, the GCRA rate).
