@@ -12,7 +12,8 @@ bigqueue (200,000 messages in deferred/: the scans' time and the RSS; by hand), 
 (an hour of that dead site with fresh mail and reloads, side by side; by hand), sites
 (50 domains at one 5-session server behind real MX records: stock, and pyqmgr with
 sites), priority (password resets at 5 a second beside a 50,000-message newsletter:
-stock, and pyqmgr with message classes).
+stock, and pyqmgr with message classes), fleetrt (the fleet's Redis round trips per
+delivery, this checkout's client against another's).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from benchmarks import (
     decisions,
     drain,
     fidelity,
+    fleet_roundtrip,
     memory,
     priority,
     replay,
@@ -38,6 +40,7 @@ BENCHMARKS = {"drain": drain.main, "decisions": decisions.main, "memory": memory
               "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main,
               "big": big_messages.main, "deadsite": dead_site.main,
               "bigqueue": big_queue.main, "soak": soak.main, "sites": sites.main,
+              "fleetrt": fleet_roundtrip.main,
               "priority": priority.main}
 
 if __name__ == "__main__":
