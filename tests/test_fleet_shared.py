@@ -319,3 +319,24 @@ def test_another_redis_process_means_a_recount(redis_server):
         await close([node])
 
     run(main)
+
+
+def test_a_rate_key_set_far_ahead_holds_for_one_interval_at_most(redis_server):
+    """The GCRA's key says when the next start may be; damage or another writer could
+    put it a week ahead. A start of the rate never sets it more than a burst ahead, so
+    that is as far as it is believed: one interval's wait, not a week's."""
+    server = redis_server()
+
+    async def main() -> None:
+        (node,) = nodes(server, 1)
+        key = node.key("rate", "smtp", "r.example")
+        week = 7 * 86400 * 1000
+        t = server.command("TIME")
+        assert isinstance(t, list)
+        now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
+        assert server.command("SET", key, str(now_ms + week)) in ("OK", b"OK")
+        answer = await node.admit("smtp", "r.example", 0, interval=0.5, burst=2)
+        assert not answer.admitted and 0 < answer.wait <= 0.5, answer
+        await close([node])
+
+    run(main)

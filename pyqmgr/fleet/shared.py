@@ -114,8 +114,11 @@ if limit > 0 and (used >= limit or (used + 1 >= limit and ARGV[7] == '1')) then
 end
 local tat = now
 if interval > 0 then
-  tat = tonumber(redis.call('GET', KEYS[2]) or now)
+  tat = tonumber(redis.call('GET', KEYS[2]) or now) or now
   if tat < now then tat = now end
+  -- No start of this rate can put tat further ahead than a full burst: a later one is
+  -- damage (or another writer's), and would hold every node back until then.
+  if tat > now + burst * interval then tat = now + burst * interval end
   local allow_at = tat - (burst - 1) * interval
   if now < allow_at then
     return {0, allow_at - now, used, 0}
