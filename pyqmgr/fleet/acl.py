@@ -7,29 +7,30 @@ One list for the docs, the test bed and the tests: docs/fleet.md quotes
 added to pyqmgr without its rule here fails those tests (``NOPERM``) instead of an
 operator's fleet.
 
-What is in it, and why:
+What is in it, and why (found by running the fleet under it and reading ``ACL LOG``,
+then taking out every rule nothing used; tests/test_fleet_deployments_real.py makes
+each operation the fleet has, on one server and on a Cluster):
 
-* The queue manager's own commands: ``EVALSHA`` (and ``EVAL`` and ``SCRIPT LOAD`` /
-  ``SCRIPT EXISTS`` when Redis has forgotten a script), ``PUBLISH`` and ``SUBSCRIBE``
-  (the fleet's news and suspensions), ``HGETALL``, and the plain reads and writes the
-  control commands and the roster make (``GET``, ``SET``, ``DEL``, ``HGET``, ``HSET``,
-  ``ZADD``, ``ZRANGEBYSCORE``, ``ZREMRANGEBYSCORE``; ``GETRANGE``, which reads a
-  roster record no further than its 64 KiB bound), ``PING``.
+* The queue manager's own commands: ``EVALSHA`` (and ``EVAL`` when Redis has not the
+  script: a restart, a failover, another shard), ``PUBLISH`` and ``SUBSCRIBE`` (the
+  fleet's news, suspensions and handed sessions), ``HGETALL`` (the suspensions), and
+  the roster's ``SET``, ``GETRANGE`` (which reads a record no further than its 64 KiB
+  bound), ``ZADD``, ``ZRANGEBYSCORE``, ``ZREMRANGEBYSCORE``, ``ZCARD``, ``ZREM``,
+  ``PEXPIRE`` and ``DEL``.
 * What the Lua scripts call: Redis checks every ``redis.call`` inside a script against
-  the caller's ACL, so ``ZCARD``, ``LREM``, ``RPUSH``, ``PEXPIRE``, ``ZSCORE``, ``ZREM``,
-  ``LPOP``, ``INCR``, ``HSETNX``, ``HDEL``, ``TIME`` and ``INFO`` (the scripts read the
-  server's run id from ``INFO server``, to notice a Redis that restarted empty) are here
-  although pyqmgr never sends them itself.
-* What the client library sends on connecting: ``HELLO`` and ``AUTH``, ``CLIENT
-  SETNAME`` (the connection's name), ``SELECT`` for a database other than 0, and on
-  Redis Cluster ``CLUSTER SLOTS`` / ``CLUSTER SHARDS`` (the slot map), ``READONLY``,
-  and ``COMMAND`` (redis-py's cluster client reads the command table to find each
-  command's keys, and so each command's slot: without it, the first command fails with
-  NOPERM).
-  Not ``CLIENT SETINFO``: Redis 7.0 (Debian 12's) does not know it, and an ACL naming
-  it does not load there; redis-py sends it by default and ignores its refusal, which
-  on Redis 7.2 and later and Valkey is an entry in ``ACL LOG`` (the fleet's client is
-  to be made without a library name, so it does not send it).
+  the caller's ACL, so ``GET``, ``HGET``, ``HSET``, ``HSETNX``, ``HDEL``, ``LREM``,
+  ``RPUSH``, ``LPOP``, ``INCR``, ``ZSCORE``, ``TIME`` and ``INFO`` (the scripts read
+  the server's run id from ``INFO server``, to notice a Redis that lost its data) are
+  here although pyqmgr never sends them itself.
+* What the client library sends on connecting: ``SELECT`` for a database other than
+  0, and on a Cluster ``CLUSTER SLOTS`` (the slot map) and ``COMMAND`` (redis-py's
+  cluster client reads the command table to find each command's keys, and so its
+  slot: without it the first command fails with NOPERM). ``AUTH`` needs no rule (it
+  is allowed before authentication). Not ``HELLO``, ``CLIENT SETNAME`` or ``CLIENT
+  SETINFO``: the fleet's client speaks RESP2, names no connection and sends no
+  library name; ``CLIENT SETINFO`` would not even load in an ACL on Redis 7.0
+  (Debian 12's), which does not know it. Not ``PING``, ``SCRIPT LOAD``, ``READONLY``
+  or ``CLUSTER SHARDS`` either: nothing sends them.
 
 Nothing else: no ``KEYS``, ``SCAN``, ``FLUSH*``, ``CONFIG``, ``SCRIPT FLUSH``, ``DEBUG``
 or ``MONITOR``. Keys are limited to ``~PREFIX*`` and pub/sub channels to ``&PREFIX*``
@@ -42,15 +43,13 @@ from __future__ import annotations
 #: Every command (``command|subcommand``) the fleet's user may run, sorted.
 ACL_COMMANDS: tuple[str, ...] = tuple(sorted((
     # The queue manager's own.
-    "evalsha", "eval", "script|load", "script|exists", "publish", "subscribe",
-    "hgetall", "hget", "hset", "get", "set", "del", "zadd", "zrangebyscore",
-    "zremrangebyscore", "ping", "getrange",
-    # Called from the Lua scripts.
-    "zcard", "lrem", "rpush", "pexpire", "zscore", "zrem", "lpop", "incr", "hsetnx",
-    "hdel", "time", "info",
+    "evalsha", "eval", "publish", "subscribe", "hgetall", "set", "getrange", "zadd",
+    "zrangebyscore", "zremrangebyscore", "zcard", "zrem", "pexpire", "del",
+    # Called from the Lua scripts (besides some of the above).
+    "get", "hget", "hset", "hsetnx", "hdel", "lrem", "rpush", "lpop", "incr", "zscore",
+    "time", "info",
     # Sent by the client library on connecting.
-    "hello", "auth", "client|setname", "select",
-    "cluster|slots", "cluster|shards", "readonly", "command",
+    "select", "cluster|slots", "command",
 )))
 
 
