@@ -280,7 +280,7 @@ class Fleet:
         queue = entry.queue
         transport = queue.transport.name
         if isinstance(answer, str):
-            self._unavailable(call, entry, answer)
+            self._unavailable(call, entry, answer, unit)
             return
         if self.down:
             self.down = False
@@ -322,7 +322,7 @@ class Fleet:
         self._hold_back(entry, until, name, text, now)
         self.host.agent_next(call, transport)
 
-    def _unavailable(self, call: AgentCall, entry: Entry, why: str) -> None:
+    def _unavailable(self, call: AgentCall, entry: Entry, why: str, unit: str) -> None:
         self.counters["errors"] += 1
         self.down = True
         held = self.warn.allow(self.clock())
@@ -334,7 +334,8 @@ class Fleet:
             self.host.log.warning(f"shared state {self.settings.endpoint}: {why}; {doing} "
                                   f"({FAILURE} = {self.settings.failure}; this warning at "
                                   f"most once a minute{more})")
-        if not hold:
+        if not hold:  # leased here alone: the next renewal puts it in Redis's count
+            self.leases[call] = (entry.queue.transport.name, unit, self.shared.member())
             self.host.fleet_admitted(call, entry)
             return
         now = self.clock()

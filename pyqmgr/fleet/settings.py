@@ -308,14 +308,7 @@ def read_password(path: str) -> str:
     except OSError as exc:
         raise ValueError(f"cannot open {path}: {exc.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        if st.st_uid != 0:
-            raise ValueError(f"{path} must belong to root (uid {st.st_uid})")
-        if st.st_mode & 0o077:
-            raise ValueError(f"{path} must be readable by root alone "
-                             f"(mode {stat.S_IMODE(st.st_mode):04o}; chmod 600)")
+        _roots_alone(path, os.fstat(fd))
         data = os.read(fd, MAX_PASSWORD_FILE + 1)
     finally:
         os.close(fd)
@@ -454,6 +447,11 @@ def _owned_by_root(path: str) -> None:
         st = os.stat(path)
     except OSError as exc:
         raise ValueError(f"cannot open {path}: {exc.strerror}") from None
+    _roots_alone(path, st)
+
+
+def _roots_alone(path: str, st: os.stat_result) -> None:
+    """ValueError unless a regular file of root's that no one else may read."""
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{path} is not a regular file")
     if st.st_uid != 0:

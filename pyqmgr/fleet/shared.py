@@ -329,11 +329,16 @@ class Shared:
             return f"{self.prefix}{{{bucket(transport, queue)}}}:serial"
         return f"{self.prefix}serial"
 
+    def member(self) -> str:
+        """A new lease's name (``node/instance/serial``): admitted, or taken here alone
+        while Redis is away (counted at the next renewal)."""
+        return f"{self.node}/{self.instance}/{next(self._serial)}"
+
     async def admit(self, transport: str, queue: str, limit: int,
                     interval: float = 0.0, burst: int = 1, more: bool = False) -> Admission:
         """Take a fleet session (``limit`` > 0) and a rate slot (``interval`` > 0),
         both or neither. RedisUnavailable when Redis does not answer in time."""
-        member = f"{self.node}/{self.instance}/{next(self._serial)}" if limit > 0 else ""
+        member = self.member() if limit > 0 else ""
         reply = await self._script(
             ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue),
                     self.key("waiters", transport, queue), self.epoch_key(transport, queue)],
