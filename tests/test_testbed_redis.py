@@ -72,6 +72,14 @@ def test_tls_server_with_the_fleets_acl_user():
             assert os.stat(cf[f"shared_state_{key}"]).st_mode & 0o077 == 0, key
 
 
+def test_a_server_that_fails_to_start_leaves_nothing():
+    """A failed start in ``with`` runs no __exit__: the server cleans up itself."""
+    server = TlsRedisServer(prefix="two words")
+    with pytest.raises(ValueError), server:
+        pass
+    assert not server.process.running and not os.path.exists(server.dir)
+
+
 @pytest.mark.skipif(not sentinel_available(), reason="needs Debian's redis-sentinel "
                     "(./dev installs it)")
 def test_sentinel_set_fails_over_when_the_primary_is_killed():

@@ -126,7 +126,12 @@ class RedisServer:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
-        return self.start()
+        # A start that fails is no context: __exit__ will not run, so clean up here.
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
