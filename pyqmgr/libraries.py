@@ -18,6 +18,26 @@ import sys
 from collections.abc import Callable, Sequence
 
 
+def allow_ssl() -> None:
+    """Lift the launcher's block on ``ssl``: a setting needs it (TLS to Redis, a
+    library that imports it at the top). asyncio, imported while ``ssl`` was blocked,
+    kept None for it in three modules; they get the module now, or a TLS connection
+    would fail with asyncio's "stdlib ssl module not available"."""
+    if "ssl" not in sys.modules or sys.modules["ssl"] is not None:
+        return
+    del sys.modules["ssl"]
+    import ssl
+
+    for name in ("asyncio.base_events", "asyncio.selector_events", "asyncio.sslproto"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "ssl", ssl) is None:
+            module.ssl = ssl  # type: ignore[attr-defined]
+    sslproto = sys.modules.get("asyncio.sslproto")
+    if sslproto is not None and not hasattr(sslproto, "SSLAgainErrors"):
+        sslproto.SSLAgainErrors = (ssl.SSLWantReadError,  # type: ignore[attr-defined]
+                                   ssl.SSLSyscallError)
+
+
 def import_trusted(packages: Sequence[str], imports: Sequence[str],
                    missing: Callable[[object], Exception]) -> None:
     """Check every file of ``packages`` (pyqmgr.trust), then import ``imports``.
@@ -44,8 +64,7 @@ def import_trusted(packages: Sequence[str], imports: Sequence[str],
     problems = trust.untrusted_paths(files)
     if problems:
         raise trust.UntrustedError(problems)
-    if "ssl" in sys.modules and sys.modules["ssl"] is None:
-        del sys.modules["ssl"]
+    allow_ssl()
     for name in imports:
         try:
             importlib.import_module(name)

@@ -181,24 +181,8 @@ def endpoint_of(cf: dict[str, str]) -> Endpoint:
     return settings.endpoint
 
 
-#: Known defects these tests found, each an xfail that turns into a failure (strict)
-#: once it is fixed, so that its mark goes with it.
-SUBSCRIBER_ON_CLUSTER = (
-    "on a Cluster no subscription is ever made: Subscriber.run's first pubsub.subscribe "
-    "meets its RedisClient's RedisCluster before anything initialised it (empty slot "
-    "cache), redis-py raises KeyError(slot), which run() does not catch, and the task "
-    "ends silently (fleet.py creates it with loop.create_task, not host.spawn): no "
-    "freed/recount/suspensions/throttling channel on any node (PUBSUB CHANNELS)")
-TLS_IN_THE_DAEMON = (
-    "qmgr exits 1 at start with rediss://: fleet_settings -> _connection -> "
-    "_tls_context runs 'import ssl' while the launcher's sys.modules['ssl'] = None is "
-    "still in place (import_redis lifts it later): ModuleNotFoundError, not caught by "
-    "startup.main, so nothing is logged and master(8) says 'bad command startup'")
-
-
 @pytest.mark.parametrize("deployment", [
-    "tls", pytest.param("cluster", marks=pytest.mark.xfail(
-        strict=True, reason=SUBSCRIBER_ON_CLUSTER))])
+    "tls", "cluster"])
 def test_every_fleet_operation_is_within_the_acl(deployment):
     """pyqmgr/fleet/acl.py is the fleet user's whole ACL: every operation pyqmgr makes
     (admissions, releases, renewals, handing on, throttling news, fleet suspensions,
@@ -222,7 +206,6 @@ def test_every_fleet_operation_is_within_the_acl(deployment):
     assert not refused, refused
 
 
-@pytest.mark.xfail(strict=True, reason=TLS_IN_THE_DAEMON)
 def test_tls_with_an_acl_user_and_a_client_certificate(postfix_instance, sink):
     """rediss:// to a server with no plaintext port, ``default`` off, the fleet's user
     held to acl.py's rules, and client certificates required."""

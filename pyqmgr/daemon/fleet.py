@@ -204,8 +204,8 @@ class Fleet:
             loop.create_task(Subscriber(ears, self.shared.recount_channel, self._recount,
                                         timeout=timeout,
                                         on_subscribed=lambda: self._recount(b"")).run()),
-            loop.create_task(Subscriber(ears, self.shared.channel, self._freed,
-                                        timeout=timeout).run()),
+            loop.create_task(Subscriber(ears, self.shared.freed_channels(), self._freed,
+                                        timeout=timeout, sharded=self.shared.cluster).run()),
             loop.create_task(Subscriber(ears, self.shared.suspensions_channel,
                                         self.suspensions.changed, timeout=timeout,
                                         on_subscribed=lambda: self.suspensions.changed(b"")

@@ -44,6 +44,8 @@ from __future__ import annotations
 ACL_COMMANDS: tuple[str, ...] = tuple(sorted((
     # The queue manager's own.
     "evalsha", "eval", "publish", "subscribe", "hgetall", "set", "getrange", "zadd",
+    # On a Cluster: a session handed on by sharded pub/sub, in the destination's slot.
+    "spublish", "ssubscribe",
     "zrangebyscore", "zremrangebyscore", "zcard", "zrem", "pexpire", "del",
     # Called from the Lua scripts (besides some of the above).
     "get", "hget", "hset", "hsetnx", "hdel", "lrem", "rpush", "lpop", "incr", "zscore",

@@ -270,10 +270,14 @@ class RedisClient:
             except Exception:  # noqa: BLE001 - a dead connection has nothing to give back
                 pass
 
-    def pubsub(self) -> Any:
+    async def pubsub(self) -> Any:
         """A redis-py PubSub on this endpoint (on a Cluster, any node hears every
-        channel's messages)."""
-        return self.redis().pubsub(ignore_subscribe_messages=False)
+        channel's messages; the cluster's slot map is read first, which redis-py's
+        cluster pub/sub needs to pick its node)."""
+        redis = self.redis()
+        if self.endpoint.kind == CLUSTER:
+            await redis.initialize()
+        return redis.pubsub(ignore_subscribe_messages=False)
 
     # -- the connection ---------------------------------------------------------------
 
@@ -477,39 +481,49 @@ def _raw_replies(callbacks: Any) -> None:
 
 
 class Subscriber:
-    """One channel's messages, for as long as it runs.
+    """A channel's messages (or several channels'), for as long as it runs.
 
     The fleet uses it to hear, without asking, that a session it waits for was given
     back. A lost connection is tried again every ``retry_delay`` seconds; messages
     published meanwhile are lost, so ``on_subscribed`` is called at every
     (re)subscription for the caller to read the state afresh. A message over
-    :data:`MAX_REPLY` closes the connection (the parser's bound).
+    :data:`MAX_REPLY` closes the connection (the parser's bound). ``sharded``: the
+    channels are a Cluster's shard channels (SSUBSCRIBE), each heard from the node
+    that serves its slot, one reader per node.
     """
 
-    def __init__(self, client: RedisClient, channel: str,
+    def __init__(self, client: RedisClient, channel: str | Sequence[str],
                  on_message: Callable[[bytes], None], timeout: float = 1.0,
                  retry_delay: float = 1.0,
-                 on_subscribed: Callable[[], None] | None = None) -> None:
+                 on_subscribed: Callable[[], None] | None = None,
+                 sharded: bool = False) -> None:
         self.client = client
-        self.channel = channel
+        self.channels = [channel] if isinstance(channel, str) else list(channel)
         self.on_message = on_message
         self.timeout = timeout
         self.retry_delay = retry_delay
         self.on_subscribed = on_subscribed
+        self.sharded = sharded
         #: Set once the server confirmed the subscription (tests wait for it).
         self.subscribed = asyncio.Event()
         self.last_error = ""
 
     async def run(self) -> None:
-        from redis.exceptions import RedisError as Failure
-
         while True:
             pubsub = None
             try:
-                pubsub = self.client.pubsub()
-                await self._session(pubsub)
-            except (OSError, TimeoutError, Failure, RedisUnavailable, ValueError) as exc:
-                self.last_error = str(exc) or type(exc).__name__
+                async with asyncio.timeout(self.timeout):
+                    pubsub = await self.client.pubsub()
+                if self.sharded:
+                    await self._shards(pubsub)
+                else:
+                    await self._session(pubsub)
+            except Exception as exc:  # noqa: BLE001 - a subscription must outlive anything
+                # Whatever broke it (a server gone, garbage, a library's own error), the
+                # subscription is tried again: a task that ended here would leave the
+                # server deaf to the fleet for the rest of its life.
+                self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else \
+                    type(exc).__name__
             finally:
                 self.subscribed.clear()
                 if pubsub is not None:
@@ -521,15 +535,53 @@ class Subscriber:
 
     async def _session(self, pubsub: Any) -> None:
         async with asyncio.timeout(self.timeout):
-            await pubsub.subscribe(self.channel)
+            await pubsub.subscribe(*self.channels)
+        confirmed = 0
         while True:
             message = await pubsub.get_message(timeout=None)
             if message is None:
                 continue
             kind, data = message.get("type"), message.get("data")
             if kind == "subscribe":
-                self.subscribed.set()
-                if self.on_subscribed is not None:
-                    self.on_subscribed()
+                confirmed += 1
+                if confirmed == len(self.channels):
+                    self._subscribed()
             elif kind == "message" and isinstance(data, bytes):
                 self.on_message(data)
+
+    async def _shards(self, pubsub: Any) -> None:
+        async with asyncio.timeout(self.timeout):
+            await pubsub.ssubscribe(*self.channels)
+        nodes = list(pubsub.node_pubsub_mapping.values())
+        left = len(self.channels)
+
+        async def read(node: Any) -> None:
+            nonlocal left
+            while True:
+                message = await node.get_message(timeout=None)
+                if message is None:
+                    continue
+                kind, data = message.get("type"), message.get("data")
+                if kind == "ssubscribe":
+                    left -= 1
+                    if left == 0:
+                        self._subscribed()
+                elif kind == "smessage" and isinstance(data, bytes):
+                    self.on_message(data)
+
+        readers = [asyncio.ensure_future(read(node)) for node in nodes]
+        try:
+            # The first reader to fail (its node gone, the slots moved) ends them all:
+            # run() subscribes afresh, from the cluster's current slot map.
+            done, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+    def _subscribed(self) -> None:
+        self.subscribed.set()
+        if self.on_subscribed is not None:
+            self.on_subscribed()

@@ -406,6 +406,9 @@ def _tls_context(settings: PyqmgrCf, files: dict[str, str]) -> ssl.SSLContext:
     """The TLS context every connection uses: the server's certificate checked against
     the CA file (or the system's), and its name against the address; a client
     certificate when one is set. Built once, as root."""
+    from pyqmgr.libraries import allow_ssl
+
+    allow_ssl()  # the launcher keeps ssl out of a daemon that has no use for it
     import ssl
 
     ca, cert, key = files[TLS_CA_FILE], files[TLS_CERT_FILE], files[TLS_KEY_FILE]

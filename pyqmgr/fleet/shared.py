@@ -142,6 +142,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local missing = 0
+-- A removal first: Redis at maxmemory under noeviction refuses a script whose first
+-- write could grow memory, and a renewal refused lets deliveries' leases lapse.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 for i = 2, #ARGV do
   local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
   if not score or tonumber(score) <= now then missing = missing + 1 end
@@ -154,7 +157,8 @@ return missing
 #: KEYS: sessions, waiters, the serial. ARGV: member, the destination as "transport NL
 #: queue", lease ms, the session limit (0: tell, do not hand), "1" when this process
 #: has more deliveries waiting for the destination, its channel, the channels'
-#: common prefix. Gives the session back and passes it on in the same step, so that
+#: common prefix, the publishing command (PUBLISH, or SPUBLISH on a Cluster). Gives
+#: the session back and passes it on in the same step, so that
 #: the next delivery to start needs no question of its own:
 #:
 #: * to the process that has waited longest (another one): a lease made in its name
@@ -188,14 +192,14 @@ while limit == 0 or used < limit do
   if not waiter then break end
   if waiter ~= me then
     if limit == 0 then
-      if redis.call('PUBLISH', waiter, ARGV[2]) > 0 then
+      if redis.call(ARGV[8], waiter, ARGV[2]) > 0 then
         line_up()
         return {3, '', used}
       end
     else
       local name = string.sub(waiter, plen + 1) .. '/h' .. redis.call('INCR', KEYS[3])
       redis.call('ZADD', KEYS[1], now + lease, name)
-      if redis.call('PUBLISH', waiter, ARGV[2] .. '\\n' .. name) > 0 then
+      if redis.call(ARGV[8], waiter, ARGV[2] .. '\\n' .. name) > 0 then
         redis.call('PEXPIRE', KEYS[1], lease)
         -- It stays in line for the next (it passes on what it no longer needs).
         redis.call('RPUSH', KEYS[2], waiter)
@@ -224,11 +228,11 @@ RECOUNT_MS = 3000
 #: RELEASE's outcomes.
 RELEASED, KEPT, HANDED, TOLD = 0, 1, 2, 3
 
-#: KEYS: waiters. ARGV: the destination. A process told of a session it no longer
-#: needs passes the news on to the next in line.
+#: KEYS: waiters. ARGV: the destination, the publishing command. A process told of a
+#: session it no longer needs passes the news on to the next in line.
 PASS_ON = """
 local waiter = redis.call('LPOP', KEYS[1])
-if waiter then redis.call('PUBLISH', waiter, ARGV[1]) end
+if waiter then redis.call(ARGV[2], waiter, ARGV[1]) end
 return 1
 """
 
@@ -302,6 +306,11 @@ class Shared:
         #: handed to it); what follows the prefix is also its leases' stem.
         self.channel_prefix = f"{prefix}freed:"
         self.channel = f"{self.channel_prefix}{node}/{self.instance}"
+        #: How a release tells a waiter: on a Cluster by sharded pub/sub, whose channel
+        #: is in the destination's slot, so that the count of listeners a script gets
+        #: back is the whole fleet's (PUBLISH counts only the node the script runs on,
+        #: yet reaches every node: a lease taken back as unheard was heard, and used).
+        self.publish = "SPUBLISH" if self.cluster else "PUBLISH"
         self._sha: dict[str, str] = {}
         #: How long a recount holds every start back: long enough for every node to
         #: hear and renew.
@@ -324,6 +333,20 @@ class Shared:
             return f"{self.prefix}{{{bucket(transport, queue)}}}:epoch"
         return f"{self.prefix}epoch"
 
+    def freed_prefix(self, transport: str, queue: str) -> str:
+        """Where this fleet's processes hear of sessions handed to them for the
+        destination: one channel each, or on a Cluster one per bucket."""
+        if self.cluster:
+            return f"{self.prefix}{{{bucket(transport, queue)}}}:freed:"
+        return self.channel_prefix
+
+    def freed_channels(self) -> list[str]:
+        """The channels this process listens on for sessions handed to it."""
+        if not self.cluster:
+            return [self.channel]
+        return [f"{self.prefix}{{{n}}}:freed:{self.node}/{self.instance}"
+                for n in range(BUCKETS)]
+
     def serial_key(self, transport: str, queue: str) -> str:
         if self.cluster:
             return f"{self.prefix}{{{bucket(transport, queue)}}}:serial"
@@ -343,7 +366,8 @@ class Shared:
             ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue),
                     self.key("waiters", transport, queue), self.epoch_key(transport, queue)],
             [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-",
-             self.channel, "1" if more else "0", self.recount_ms, self.recount_channel])
+             self.freed_prefix(transport, queue) + self.channel[len(self.channel_prefix):],
+             "1" if more else "0", self.recount_ms, self.recount_channel])
         if not (isinstance(reply, list) and len(reply) == 4
                 and all(isinstance(x, int) for x in reply)):
             raise RedisUnavailable(f"unexpected reply to the admission script: {reply!r:.80}")
@@ -373,7 +397,8 @@ class Shared:
             RELEASE, [self.key("sessions", transport, queue),
                       self.key("waiters", transport, queue), self.serial_key(transport, queue)],
             [lease, f"{transport}\n{queue}", self.lease_ms, limit, "1" if more else "0",
-             self.channel, self.channel_prefix])
+             self.freed_prefix(transport, queue) + self.channel[len(self.channel_prefix):],
+             self.freed_prefix(transport, queue), self.publish])
         if not (isinstance(reply, list) and len(reply) == 3 and isinstance(reply[0], int)
                 and isinstance(reply[1], bytes) and isinstance(reply[2], int)):
             raise RedisUnavailable(f"unexpected reply to the release script: {reply!r:.80}")
@@ -382,7 +407,7 @@ class Shared:
     async def pass_on(self, transport: str, queue: str) -> None:
         """Tell the next process waiting for the destination instead of this one."""
         await self._script(PASS_ON, [self.key("waiters", transport, queue)],
-                           [f"{transport}\n{queue}"])
+                           [f"{transport}\n{queue}", self.publish])
 
     @property
     def throttling_channel(self) -> str:
