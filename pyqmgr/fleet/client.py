@@ -429,6 +429,7 @@ def make_redis(endpoint: Endpoint, timeout: float,
 
 
 def _make_sentinel(endpoint: Endpoint, common: dict[str, Any]) -> Any:
+    from redis.asyncio import ConnectionPool, Redis
     from redis.asyncio.connection import Connection
     from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 
@@ -438,12 +439,18 @@ def _make_sentinel(endpoint: Endpoint, common: dict[str, Any]) -> Any:
         "socket_connect_timeout": common["socket_connect_timeout"], "protocol": 2,
         "driver_info": None}
     primary: dict[str, Any] = dict(common)
+    sentinel = Sentinel(list(endpoint.nodes), sentinel_kwargs=sentinel_kwargs)
     if endpoint.tls:
         assert endpoint.ssl_context is not None
-        sentinel_kwargs["connection_class"] = _tls_class(Connection, endpoint.ssl_context)
         primary["connection_class"] = _tls_class(SentinelManagedConnection,
                                                  endpoint.ssl_context)
-    sentinel = Sentinel(list(endpoint.nodes), sentinel_kwargs=sentinel_kwargs)
+        # The sentinels' clients take no connection class of their own: made again
+        # here on pools that speak TLS with the start-up context.
+        tls = _tls_class(Connection, endpoint.ssl_context)
+        sentinel.sentinels = [
+            Redis(connection_pool=ConnectionPool(connection_class=tls, host=host, port=port,
+                                                 **sentinel_kwargs))
+            for host, port in endpoint.nodes]
     client = sentinel.master_for(endpoint.service, db=endpoint.db, **primary)
     # The primary's address comes from the sentinels' own clients: all raw here.
     client.response_callbacks.clear()
@@ -455,8 +462,7 @@ def _make_cluster(endpoint: Endpoint, common: dict[str, Any]) -> Any:
 
     parser = common.pop("parser_class")
     cluster = RedisCluster(
-        startup_nodes=[ClusterNode(h, p) for h, p in endpoint.nodes],
-        cluster_error_retry_attempts=1, **common)
+        startup_nodes=[ClusterNode(h, p) for h, p in endpoint.nodes], **common)
     # RedisCluster takes neither a parser nor a connection class; every node it meets
     # is made from connection_kwargs, the seed nodes already were.
     cluster.connection_kwargs["parser_class"] = parser

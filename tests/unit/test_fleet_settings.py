@@ -356,3 +356,34 @@ def test_bad_tls_settings_are_start_up_errors(tmp_path, lines, says):
 def test_a_prefix_with_braces_would_break_the_hash_tags():
     with pytest.raises(PyqmgrCfError, match="shared_state_prefix: .*without braces"):
         settings("shared_state = redis://127.0.0.1:6379\nshared_state_prefix = a{b}:\n")
+
+
+def test_tls_to_sentinels_and_their_primary_uses_the_start_up_context(tmp_path):
+    """rediss+sentinel://: the sentinels' clients and the primary's connections all
+    speak TLS with the context built at start-up (redis-py's Sentinel takes no
+    connection class for its sentinels: a TypeError at the first connection once)."""
+    import asyncio
+
+    from pyqmgr.fleet.client import make_redis
+
+    ca, cert, key = make_tls_files(tmp_path)
+    got = settings(f"shared_state = rediss+sentinel://127.0.0.1:26379,127.0.0.1:26380/m\n"
+                   f"shared_state_tls_ca_file = {ca}\nshared_state_tls_cert_file = {cert}\n"
+                   f"shared_state_tls_key_file = {key}\n")
+    assert got is not None
+
+    async def build() -> None:
+        client = make_redis(got.endpoint, 1.0)
+        pool = client.connection_pool
+        sentinels = pool.sentinel_manager.sentinels
+        assert len(sentinels) == 2
+        for conn_class in [pool.connection_class,
+                           *(s.connection_pool.connection_class for s in sentinels)]:
+            assert conn_class.__name__.startswith("Tls"), conn_class
+            made = conn_class(host="127.0.0.1", port=1) if "Sentinel" not in \
+                conn_class.__name__ else None
+            if made is not None:
+                assert made._connection_arguments()["ssl"] is got.endpoint.ssl_context
+        await client.aclose()
+
+    asyncio.run(build())
