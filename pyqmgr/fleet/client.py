@@ -542,40 +542,14 @@ class Subscriber:
     async def _session(self, pubsub: Any) -> None:
         async with asyncio.timeout(self.timeout):
             await pubsub.subscribe(*self.channels)
-        confirmed = 0
-        while True:
-            message = await pubsub.get_message(timeout=None)
-            if message is None:
-                continue
-            kind, data = message.get("type"), message.get("data")
-            if kind == "subscribe":
-                confirmed += 1
-                if confirmed == len(self.channels):
-                    self._subscribed()
-            elif kind == "message" and isinstance(data, bytes):
-                self.on_message(data)
+        await self._read(pubsub, "subscribe", "message", [len(self.channels)])
 
     async def _shards(self, pubsub: Any) -> None:
         async with asyncio.timeout(self.timeout):
             await pubsub.ssubscribe(*self.channels)
-        nodes = list(pubsub.node_pubsub_mapping.values())
-        left = len(self.channels)
-
-        async def read(node: Any) -> None:
-            nonlocal left
-            while True:
-                message = await node.get_message(timeout=None)
-                if message is None:
-                    continue
-                kind, data = message.get("type"), message.get("data")
-                if kind == "ssubscribe":
-                    left -= 1
-                    if left == 0:
-                        self._subscribed()
-                elif kind == "smessage" and isinstance(data, bytes):
-                    self.on_message(data)
-
-        readers = [asyncio.ensure_future(read(node)) for node in nodes]
+        left = [len(self.channels)]
+        readers = [asyncio.ensure_future(self._read(node, "ssubscribe", "smessage", left))
+                   for node in pubsub.node_pubsub_mapping.values()]
         try:
             # The first reader to fail (its node gone, the slots moved) ends them all:
             # run() subscribes afresh, from the cluster's current slot map.
@@ -586,6 +560,22 @@ class Subscriber:
             for task in readers:
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+
+    async def _read(self, pubsub: Any, confirmation: str, kind: str,
+                    left: list[int]) -> None:
+        """One connection's messages until it fails; ``left``: confirmations still
+        to come before the subscription is whole (shared by a Cluster's readers)."""
+        while True:
+            message = await pubsub.get_message(timeout=None)
+            if message is None:
+                continue
+            data = message.get("data")
+            if message.get("type") == confirmation:
+                left[0] -= 1
+                if left[0] == 0:
+                    self._subscribed()
+            elif message.get("type") == kind and isinstance(data, bytes):
+                self.on_message(data)
 
     def _subscribed(self) -> None:
         self.subscribed.set()

@@ -25,6 +25,7 @@ import redis
 
 from pyqmgr.testbed.instance_base import free_port
 from pyqmgr.testbed.redis_common import (
+    Managed,
     Reply,
     ServerProcess,
     answers,
@@ -40,7 +41,7 @@ def available() -> bool:
     return os.access(REDIS_SERVER, os.X_OK)
 
 
-class RedisServer:
+class RedisServer(Managed):
     """``redis-server`` on 127.0.0.1 and a unix socket; ``password`` sets requirepass."""
 
     __test__ = False
@@ -125,13 +126,4 @@ class RedisServer:
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> RedisServer:
-        # A start that fails is no context: __exit__ will not run, so clean up here.
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

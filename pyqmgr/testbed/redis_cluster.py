@@ -31,6 +31,7 @@ from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
 from pyqmgr.testbed.redis import REDIS_SERVER
 from pyqmgr.testbed.redis_common import (
     COMMAND_TIMEOUT,
+    Managed,
     Reply,
     ServerProcess,
     answers,
@@ -49,7 +50,7 @@ def available() -> bool:
     return os.access(REDIS_CLI, os.X_OK) and os.access(REDIS_SERVER, os.X_OK)
 
 
-class RedisCluster:
+class RedisCluster(Managed):
     """``nodes`` cluster primaries on 127.0.0.1; ``acl``: the fleet's ACL user."""
 
     __test__ = False
@@ -197,8 +198,4 @@ class RedisCluster:
             client.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> RedisCluster:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

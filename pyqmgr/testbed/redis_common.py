@@ -22,7 +22,7 @@ import secrets
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Self, TypeAlias
 
 import redis
 from redis.backoff import NoBackoff
@@ -83,6 +83,23 @@ def fleet_key_file(directory: str) -> str:
         write_secret(path, secrets.token_hex(32))
     return path
 
+
+
+class Managed:
+    """``with`` for a test bed's servers: started on entry (stopped again, its every
+    process and directory, when the start fails: no ``__exit__`` runs then) and
+    stopped on exit."""
+
+    def __enter__(self) -> Self:
+        try:
+            started: Self = self.start()  # type: ignore[attr-defined]
+        except BaseException:
+            self.stop()  # type: ignore[attr-defined]
+            raise
+        return started
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()  # type: ignore[attr-defined]
 
 class ServerProcess:
     """One server process: its command line, the directory it runs in, its log."""

@@ -28,6 +28,7 @@ import redis
 from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
 from pyqmgr.testbed.redis import REDIS_SERVER
 from pyqmgr.testbed.redis_common import (
+    Managed,
     Reply,
     ServerProcess,
     answers,
@@ -76,7 +77,7 @@ class _Node:
         self.client.close()
 
 
-class SentinelSet:
+class SentinelSet(Managed):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels, ``service`` the
     name the sentinels monitor it by."""
 
@@ -218,8 +219,4 @@ class SentinelSet:
             node.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> SentinelSet:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

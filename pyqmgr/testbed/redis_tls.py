@@ -27,6 +27,7 @@ from pyqmgr.fleet.acl import acl_rules
 from pyqmgr.testbed.instance_base import TestbedError, free_port
 from pyqmgr.testbed.redis import REDIS_SERVER
 from pyqmgr.testbed.redis_common import (
+    Managed,
     Reply,
     ServerProcess,
     answers,
@@ -108,7 +109,7 @@ def make_certificates(directory: str) -> Certificates:
         "ca.crt", "server.crt", "server.key", "client.crt", "client.key")))
 
 
-class TlsRedisServer:
+class TlsRedisServer(Managed):
     """redis-server on a TLS port of 127.0.0.1, ``default`` off, the fleet's ACL user."""
 
     __test__ = False
@@ -219,16 +220,7 @@ class TlsRedisServer:
         if remove:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> TlsRedisServer:
-        # A start that fails is no context: __exit__ will not run, so clean up here.
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _text(value: object) -> str:
