@@ -39,7 +39,7 @@ import contextlib
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.daemon.fleet_news import FleetNews
@@ -98,6 +98,8 @@ SPARE_TIME = 1.0
 QUIT_GRACE = 0.005
 #: The longest an exiting process spends giving its spare sessions back.
 EXIT_GIVE_BACK = 0.5
+#: Sessions given back while Redis was away, kept to give back when it answers.
+MAX_UNRELEASED = 10_000
 #: How long ``shared_state_failure = hold`` holds a destination back per try.
 HOLD_RETRY = 1.0
 #: Destinations whose fleet figures ``pyqmgr status`` remembers.
@@ -160,6 +162,8 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         #: The subscriptions' client (:meth:`start`).
         self.listener: RedisClient | None = None
+        #: Sessions of ended deliveries that Redis was not there to take back.
+        self.unreleased: list[tuple[str, str, str]] = []
         #: The fleet's suspensions (pyqmgr suspend --fleet), shared and heard.
         self.suspensions = FleetSuspensions(host, self.shared, settings)
         #: What the fleet last said of each destination asked about: (sessions in use
@@ -423,23 +427,8 @@ class Fleet:
         self.spares.setdefault(key, []).append((lease, self.clock()))
         if not self._sweep_armed:
             self._sweep_armed = True
-            asyncio.get_running_loop().call_later(SPARE_TIME, self._sweep)
+            asyncio.get_running_loop().call_later(SPARE_TIME, _sweep, self)
         self._lift(transport, queue, held_only=True)
-
-    def _sweep(self) -> None:
-        """Sessions kept or handed here that no delivery took within SPARE_TIME go back."""
-        self._sweep_armed = False
-        stale = self.clock() - SPARE_TIME
-        for key in list(self.spares):
-            spares = self.spares[key]
-            for lease, since in [sp for sp in spares if sp[1] <= stale]:
-                spares.remove((lease, since))
-                self.host.spawn(self._release(key[0], key[1], lease, more=False))
-            if not spares:
-                del self.spares[key]
-        if self.spares:
-            self._sweep_armed = True
-            asyncio.get_running_loop().call_later(SPARE_TIME, self._sweep)
 
     async def _pass_on(self, transport: str, queue: str) -> None:
         self.counters["round_trips"] += 1
@@ -460,9 +449,13 @@ class Fleet:
                 outcome, kept, _ = await self.shared.release(transport, queue, lease,
                                                              limit, more)
         except RedisUnavailable:
-            # The lease expires by itself within shared_state_lease_time; nothing will
-            # be handed here meanwhile, so the next start asks (and meets the failure
-            # mode) instead of waiting for a session.
+            # Given back again at the next renewal: a failover's new primary (a replica)
+            # still counts it, and would until its lease ran out. Nothing is handed
+            # here meanwhile, so the next start asks (and meets the failure mode).
+            if not self.unreleased:  # tried again each HOLD_RETRY until Redis takes it
+                asyncio.get_running_loop().call_later(HOLD_RETRY, self._recount, b"")
+            if len(self.unreleased) < MAX_UNRELEASED:
+                self.unreleased.append((transport, queue, lease))
             self.full.clear()
             self.ask_again.clear()
             return
@@ -478,10 +471,16 @@ class Fleet:
 
     def _recount(self, payload: bytes) -> None:
         """Redis lost its data (a node's admission found no epoch): count this node's
-        deliveries under way again at once, within the recount's pause."""
+        deliveries under way again at once, within the recount's pause. A session this
+        node waited to be handed may have been lost with the data: ask again instead."""
+        _ask_again(self, list(self.full))
         self.host.spawn(self._renew_all())
 
     async def _renew_all(self) -> None:
+        owed, self.unreleased = self.unreleased, []
+        await asyncio.gather(*(self._release(t, q, lease, False) for t, q, lease in owed))
+        # Given back: ask at once, not after the session retry time.
+        _ask_again(self, {(t, q) for t, q, _ in owed} - {(t, q) for t, q, _ in self.unreleased})
         by_destination: dict[tuple[str, str], list[str]] = {}
         for transport, queue, lease in list(self.leases.values()):
             by_destination.setdefault((transport, queue), []).append(lease)
@@ -494,15 +493,7 @@ class Fleet:
                     by_destination.items()))
         except RedisUnavailable:
             return  # the next round renews them, and counts again what expired meanwhile
-        lost = sum(missing)
-        if lost:
-            self.counters["leases_recounted"] += lost
-            held = self.recount_warn.allow(self.clock())
-            if held is not None:
-                self.host.log.warning(
-                    f"shared state {self.settings.endpoint}: {lost} deliveries under way "
-                    "were missing from Redis's count (Redis restarted, flushed, or too "
-                    "slow to renew): counted again; this warning at most once a minute")
+        _recounted(self, sum(missing))
 
     async def give_back(self, timeout: float = EXIT_GIVE_BACK) -> None:
         """At exit (``postfix stop``, ``reload``): the sessions kept for this process's
@@ -536,6 +527,42 @@ class Fleet:
 
     def status(self) -> dict[str, object]:
         return fleet_status(self)
+
+
+def _sweep(fleet: Fleet) -> None:
+    """Sessions kept or handed here that no delivery took within SPARE_TIME go back."""
+    fleet._sweep_armed = False
+    stale = fleet.clock() - SPARE_TIME
+    for key in list(fleet.spares):
+        spares = fleet.spares[key]
+        for lease, since in [sp for sp in spares if sp[1] <= stale]:
+            spares.remove((lease, since))
+            fleet.host.spawn(fleet._release(key[0], key[1], lease, more=False))
+        if not spares:
+            del fleet.spares[key]
+    if fleet.spares:
+        fleet._sweep_armed = True
+        asyncio.get_running_loop().call_later(SPARE_TIME, _sweep, fleet)
+
+
+def _ask_again(fleet: Fleet, keys: Iterable[tuple[str, str]]) -> None:
+    """The fleet's gates of these destinations open, their waits for a handed session
+    forgotten: the next start asks Redis."""
+    for transport, unit in keys:
+        fleet._done_waiting((transport, unit))
+        fleet._lift(transport, unit, held_only=True)
+
+
+def _recounted(fleet: Fleet, lost: int) -> None:
+    """Deliveries under way that a renewal found missing from Redis's count."""
+    if not lost:
+        return
+    fleet.counters["leases_recounted"] += lost
+    if fleet.recount_warn.allow(fleet.clock()) is not None:
+        fleet.host.log.warning(
+            f"shared state {fleet.settings.endpoint}: {lost} deliveries under way were "
+            "missing from Redis's count (Redis restarted, flushed, or too slow to renew): "
+            "counted again; this warning at most once a minute")
 
 
 def fleet_status(fleet: Fleet) -> dict[str, object]:
