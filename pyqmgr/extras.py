@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
     "classes": ("inotify_simple",),
+    "fleet": ("redis", "hiredis"),
 }
 
 

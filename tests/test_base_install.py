@@ -28,11 +28,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 #: The interpreter ./dev builds .venv from, and the one an admin's venv comes from.
 SYSTEM_PYTHON = "/usr/bin/python3"
-OPTIONAL = ("aiosmtpd", "matplotlib", "prometheus_client", "inotify_simple")
+OPTIONAL = ("aiosmtpd", "matplotlib", "prometheus_client", "inotify_simple", "redis")
 #: The modules that may fail to import without the extras: each is reached only by a
-#: command that checks for its extra first (demo, and the daemon with metrics_listen).
+#: command that checks for its extra first (demo, and the daemon with metrics_listen),
+#: or is the test bed's (its Redis servers are driven with redis-py, the fleet extra).
 NEEDS_AN_EXTRA = {"pyqmgr.demo", "pyqmgr.testbed.sink", "pyqmgr.testbed.content_filter",
-                  "pyqmgr.daemon.metrics_exporter"}
+                  "pyqmgr.daemon.metrics_exporter", "pyqmgr.daemon.fleet_metrics",
+                  "pyqmgr.testbed.redis", "pyqmgr.testbed.redis_common",
+                  "pyqmgr.testbed.redis_cluster", "pyqmgr.testbed.redis_sentinel",
+                  "pyqmgr.testbed.redis_tls", "pyqmgr.testbed.valkey"}
 #: Every subprocess here is bounded; an install may build in an isolated environment.
 INSTALL_TIMEOUT = 180
 TIMEOUT = 60
