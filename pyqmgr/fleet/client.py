@@ -250,10 +250,12 @@ class RedisClient:
                     if self.clock() < self._down_until:
                         raise RedisUnavailable(self.last_error or "not connected")
                     replies = await self._guarded(self._exchange([a for a, _ in batch]))
-                except RedisUnavailable as exc:
+                except Exception as exc:  # noqa: BLE001 - no caller may wait for ever
+                    why = str(exc) if isinstance(exc, RedisUnavailable) else \
+                        f"{self.endpoint}: internal error: {type(exc).__name__}: {exc}"
                     for _, future in batch:
                         if not future.done():
-                            future.set_exception(RedisUnavailable(str(exc)))
+                            future.set_exception(RedisUnavailable(why))
                     continue
                 for (_, future), reply in zip(batch, replies, strict=True):
                     if not future.done():
