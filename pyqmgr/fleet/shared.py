@@ -340,6 +340,10 @@ class Shared:
             return f"{self.prefix}{{{bucket(transport, queue)}}}:freed:"
         return self.channel_prefix
 
+    def freed_channel(self, transport: str, queue: str) -> str:
+        """This process's channel for sessions handed to it for the destination."""
+        return f"{self.freed_prefix(transport, queue)}{self.node}/{self.instance}"
+
     def freed_channels(self) -> list[str]:
         """The channels this process listens on for sessions handed to it."""
         if not self.cluster:
@@ -366,7 +370,7 @@ class Shared:
             ADMIT, [self.key("sessions", transport, queue), self.key("rate", transport, queue),
                     self.key("waiters", transport, queue), self.epoch_key(transport, queue)],
             [self.lease_ms, limit, int(round(interval * 1000)), burst, member or "-",
-             self.freed_prefix(transport, queue) + self.channel[len(self.channel_prefix):],
+             self.freed_channel(transport, queue),
              "1" if more else "0", self.recount_ms, self.recount_channel])
         if not (isinstance(reply, list) and len(reply) == 4
                 and all(isinstance(x, int) for x in reply)):
@@ -397,7 +401,7 @@ class Shared:
             RELEASE, [self.key("sessions", transport, queue),
                       self.key("waiters", transport, queue), self.serial_key(transport, queue)],
             [lease, f"{transport}\n{queue}", self.lease_ms, limit, "1" if more else "0",
-             self.freed_prefix(transport, queue) + self.channel[len(self.channel_prefix):],
+             self.freed_channel(transport, queue),
              self.freed_prefix(transport, queue), self.publish])
         if not (isinstance(reply, list) and len(reply) == 3 and isinstance(reply[0], int)
                 and isinstance(reply[1], bytes) and isinstance(reply[2], int)):
