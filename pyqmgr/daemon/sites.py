@@ -302,11 +302,26 @@ class SiteResolver:
 
 class DnsLookup:
     """dnspython's asyncio resolver, made now (it reads /etc/resolv.conf: before the
-    chroot), asked for MX records with a bounded lifetime."""
+    chroot), asked for MX records with a bounded lifetime.
+
+    Made at start-up, as root: dnspython imports its asyncio backend at the first
+    lookup and each record type's class at the first answer holding one, and after
+    the daemon dropped its privileges those files may be out of reach (a checkout under
+    /root, a chroot): every lookup failed (issue #43). So the backend is taken now and
+    every record type loaded (15 ms, 1 MiB, only with sites on), which also stops
+    dnspython from importing at all later: a record type nobody expected in an
+    answer's additional section is read as generic data, not imported as mail_owner.
+    """
 
     def __init__(self, settings: SiteSettings) -> None:
+        import dns.asyncbackend
         import dns.asyncresolver
+        import dns.exception
+        import dns.rdata
+        import dns.resolver
 
+        dns.asyncbackend.set_default_backend("asyncio")
+        dns.rdata.load_all_types()
         self.settings = settings
         self.resolver = dns.asyncresolver.Resolver()
 

@@ -30,6 +30,7 @@ from pyqmgr.daemon import (
     classes,
     control,
     delegation,
+    late_imports,
     memory,
     metrics,
     sites,
@@ -154,6 +155,9 @@ def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
     state = suspensions.open_state(cfg, log)
     _drop_privileges(cfg, log, opts.service_name, chroot=opts.chroot,
                      unprivileged=opts.unprivileged)
+    # From here on an import reads files as mail_owner (perhaps in a chroot): each
+    # one is a start-up gap, named in the maillog.
+    late_imports.watch(log.warning)
 
     status = MasterStatus(STATUS_FD, os.getpid(), generation) if _fd_open(STATUS_FD) else None
     flow = FlowControl() if _fd_open(3) and _fd_open(4) else None

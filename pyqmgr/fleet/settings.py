@@ -477,8 +477,9 @@ def import_redis(settings: PyqmgrCf, fleet: FleetSettings) -> None:
                                             "install it (pip install 'pyqmgr[fleet]')")
 
     packages = ["redis"]
-    imports = ["hashlib", "redis.asyncio", "redis.asyncio.connection", "redis.exceptions",
-               "redis.utils", "redis._parsers", "redis._parsers.base"]
+    # hmac: the fleet key's notices are signed and checked with it, long after start-up.
+    imports = ["hashlib", "hmac", "redis.asyncio", "redis.asyncio.connection",
+               "redis.exceptions", "redis.utils", "redis._parsers", "redis._parsers.base"]
     if importlib.util.find_spec("hiredis") is not None:
         packages.append("hiredis")
         imports.append("hiredis")
