@@ -14,15 +14,21 @@ relay= names the host); stock is refused sessions and defers a large share; pyqm
 with sites defers nothing and the server never sees more than 5 sessions at once;
 each domain's replies at a shared sink stay its own; the DNS server and the instances
 are gone afterwards. Without unbound such a workload is refused, not routed otherwise.
+
+With the DNS server stopped while pyqmgr looks its domains up (issue #43), pyqmgr
+learns no site, and the report must lead with that, not show a comparison of sites
+that never took effect: the run's mail still drains once the server is back.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -141,6 +147,9 @@ def test_stock_meets_the_421s_and_pyqmgr_with_sites_none(ran):
     assert o_host["sink"]["max_concurrent"] <= 5 and o_host["in_flight_peak"] <= 5
     assert any(f"at MX host {ONE}" in d and "421" in d for d in report["differences"]), \
         report["differences"]
+    # The control of the DNS test below: lookups that worked are not reported.
+    assert ours["not_in_effect"] == [] and not any("site" in d and "learnt" in d
+                                                   for d in report["differences"])
 
 
 def test_the_mail_went_by_the_mx_records(ran):
@@ -206,3 +215,94 @@ def test_the_domains_of_one_mx_host_must_agree_on_the_server(tmp_path):
     with pytest.raises(ScenarioError, match=r'line \d+: destinations."d3.example": its '
                                             r"server_limit \(6\)"):
         load_plan(str(path))
+
+
+def _small_workload() -> str:
+    """Two domains at one MX host, three messages each: the smallest that has a site."""
+    lines = ['title = "Two domains at one MX host"', "seed = 3", "[compare]",
+             "time_scale = 1", "timeout = 30", "[compare.main_cf]",
+             'minimal_backoff_time = "1s"', 'maximal_backoff_time = "2s"',
+             'queue_run_delay = "1s"']
+    for d in LIMITED[:2]:
+        lines += ["[[messages]]", "count = 3", f'destination = "{d}"',
+                  f'[destinations."{d}"]', "latency = 0.02", "server_limit = 5",
+                  'overload = "421"', f'mx = "{ONE}"']
+    return "\n".join(lines) + "\n"
+
+
+def _maillog_shows(instances: str, text: str, count: int) -> bool:
+    found = 0
+    for path in glob.glob(os.path.join(instances, "*", "maillog")):
+        with open(path, errors="replace") as f:
+            found += f.read().count(text)
+    return found >= count
+
+
+def test_with_the_dns_server_stopped_the_report_says_no_site_was_learnt(monkeypatch):
+    """unbound is started as compare starts it, then stopped before any mail comes: the
+    daemon's MX lookups fail (site_dns_timeout = 1s). Once both domains' failures are
+    in the maillog the server is started again, so smtp(8) delivers on its next try
+    and the run drains: a run whose figures look whole, but without sites. Its report
+    leads with "learnt no site". PYQMGR_RECORD_DNS_STOPPED=DIR keeps the run's
+    run.json and maillog (tests/data/compare-dns-stopped/ is one)."""
+    made: list[dns.DnsServer] = []
+    real_start = dns.DnsServer.start
+
+    def start_then_stop(self: dns.DnsServer, timeout: float = 20) -> dns.DnsServer:
+        real_start(self, timeout)
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(10)
+        assert not self.query_ok(), "the DNS server still answers"
+        made.append(self)
+        return self
+
+    monkeypatch.setattr(dns.DnsServer, "start", start_then_stop)
+    base, instances = _base_dir(), _base_dir()
+    failures: list[BaseException] = []
+
+    def back_up_after_the_failures() -> None:
+        try:
+            deadline = time.monotonic() + 30
+            while not (made and _maillog_shows(instances, "MX lookup failed", 2)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no two 'MX lookup failed' lines within 30 s")
+                time.sleep(0.1)
+            real_start(made[0])
+        except BaseException as exc:  # noqa: BLE001 - said by the test below
+            failures.append(exc)
+
+    watcher = threading.Thread(target=back_up_after_the_failures, daemon=True)
+    try:
+        path = os.path.join(base, "small.toml")
+        with open(path, "w") as f:
+            f.write(_small_workload())
+        out = os.path.join(base, "out")
+        watcher.start()
+        report = compare(path, [SITES + ",site_dns_timeout=1s"], out, base_dir=instances)
+        watcher.join(35)
+        assert not failures, failures
+        (label, run), = report["runs"].items()
+        with open(os.path.join(out, "summary.md")) as f:
+            summary = f.read()
+        with open(os.path.join(out, "report.html")) as f:
+            page = f.read()
+        record = os.environ.get("PYQMGR_RECORD_DNS_STOPPED")
+        if record:
+            os.makedirs(record, exist_ok=True)
+            for name in ("run.json", "maillog"):
+                shutil.copy(os.path.join(out, run["run_dir"], name), record)
+    finally:
+        for server in made:
+            server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(instances, ignore_errors=True)
+    print(f"\nDNS server stopped for the lookups: {report['differences']}")
+    assert run["drained"] and run["sent"] == 6, (run["drained"], run["sent"])
+    lead = (f"{label} learnt no site: 2 of 2 MX lookups failed (first: d")
+    assert report["differences"][0].startswith(lead), report["differences"]
+    assert "timeout after 1s" in report["differences"][0]
+    assert report["differences"][0].endswith("the comparison does not show sites")
+    assert summary.split("## Differences that matter\n\n", 1)[1].startswith(f"- {lead}")
+    assert page.split("<ul class=diffs>", 1)[1].startswith("<li class=missed>"
+                                                            + lead.replace("'", "&#x27;"))

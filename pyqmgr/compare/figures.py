@@ -27,6 +27,8 @@ the hundredth of a second, where the maillog's own time stamps have whole second
   destination (its session timeline) and recipients accepted per second. A
   destination without a sink (a dead host) gets its attempts in flight from the
   maillog instead: there the connect timeout is long enough for its precision.
+* what did not take effect (the qmgr fatal, MX lookups that failed...), from the
+  maillog's own lines for it (:mod:`.evidence`);
 * per MX host (destinations that name one share its sink): the host's sessions, 421
   and rate refusals, sessions open over time and their peak, from its sink
   (``mx_hosts``). A refusal comes before the session says whom it is for, so it is
@@ -43,6 +45,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyqmgr.compare.evidence import not_in_effect
 from pyqmgr.compare.plan import parse_address
 from pyqmgr.postfix import maillog
 from pyqmgr.testbed.replies import RATE_LIMITED, TOO_MANY
@@ -392,4 +395,6 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         else None,
         "qmgr_vmhwm_mib": _r(qmgr.get("vmhwm_kib", 0) / 1024, 2) if qmgr else None,
         "submission_errors": len(record.get("submission_errors", [])),
+        # What the maillog shows did not take effect (pyqmgr.compare.evidence).
+        "not_in_effect": not_in_effect(record, maillog),
     }

@@ -67,9 +67,11 @@ def _crosses(a: float, b: float, ratio: float, diff: float) -> bool:
 
 def differences(runs: list[dict[str, Any]], similar: dict[str, dict[str, float]],
                 timeouts: dict[str, float]) -> list[str]:
-    """The sentences at the top: each contender against the first."""
+    """The sentences at the top: first what a run shows did not take effect (a feature
+    under test that never acted makes every comparison below meaningless), then each
+    contender against the first."""
     th = THRESHOLDS
-    out: list[str] = []
+    out: list[str] = [s for run in runs for s in run.get("not_in_effect", [])]
     for run in runs:
         if not run["drained"]:
             out.append(f"{run['contender']} did not drain within "
@@ -188,6 +190,8 @@ def build(workload: dict[str, Any], runs: list[dict[str, Any]],
         "contenders": labels,
         "baseline": labels[0] if labels else None,
         "differences": differences(runs, similar, timeouts),
+        # Of those, what the runs' maillogs show did not take effect (they lead).
+        "not_in_effect": [s for r in runs for s in r.get("not_in_effect", [])],
         "thresholds": THRESHOLDS,
         "similarity": similar,
         "runs": {r["contender"]: r for r in runs},
@@ -332,6 +336,7 @@ th { background: #f0f0f0; }
   border: 1px solid #e8d080; }
 .plots img { max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }
 .note { color: #555; font-size: 0.9em; }
+.diffs li.missed { font-weight: bold; color: #8a1c00; }
 """
 
 
@@ -420,6 +425,7 @@ def to_html(report: dict[str, Any]) -> str:
     e = html.escape
     diffs = report["differences"] or ["No difference crosses the thresholds: the "
                                       "contenders behaved alike on this workload."]
+    missed = set(report.get("not_in_effect", []))
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>pyqmgr compare: {e(w['title'] or w['path'])}</title>",
@@ -430,7 +436,8 @@ def to_html(report: dict[str, Any]) -> str:
         f"{len(w['destinations'])} destination(s). Baseline: {e(str(report['baseline']))}. "
         f"Generated {e(report['generated'])}.{e(_fleet_note(w))}</p>",
         "<h2>Differences that matter</h2><ul class=diffs>"
-        + "".join(f"<li>{e(d)}</li>" for d in diffs) + "</ul>",
+        + "".join(f"<li class=missed>{e(d)}</li>" if d in missed else f"<li>{e(d)}</li>"
+                  for d in diffs) + "</ul>",
         "<h2>Overview</h2>", _html_table(OVERVIEW, _overview_rows(report)),
         "<h2>Delivery latency per message class</h2>",
         "<p class=note>From each message's arrival to its recipient's status=sent line "

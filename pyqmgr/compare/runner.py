@@ -49,6 +49,7 @@ from pyqmgr.compare.contender import Contender
 from pyqmgr.compare.figures import DeliveryLine, parse_delivery
 from pyqmgr.compare.plan import Arrival, Plan, parse_address
 from pyqmgr.compare.servers import Servers, fleet_cf
+from pyqmgr.install import InstallError
 from pyqmgr.output import open_new, output_dir
 from pyqmgr.simulator.scenario import Destination, parse_script
 from pyqmgr.testbed import dns
@@ -691,7 +692,9 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
         servers.close_submitters()
         servers.stop()
         _record_remote(record, hosts, filt, t0, wall0)
-    except TestbedError as exc:
+    except (TestbedError, InstallError) as exc:
+        # InstallError: the contender's pyqmgr.cf, refused as install refuses it
+        # (``--with pyqmgr:nqmgr,site_grouping=bogus``), said as a run not made.
         record["error"] = str(exc)
         raise RunError(f"{contender.label}: {exc}") from None
     finally:
