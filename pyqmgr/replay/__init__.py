@@ -19,6 +19,7 @@ from pyqmgr.compare.contender import Contender
 from pyqmgr.postfix.maillog import Reader
 from pyqmgr.replay.derive import GAP, Derived, Deriver, relay_nexthop
 from pyqmgr.replay.report import as_dict, log_figures, sim_figures, sim_ranges
+from pyqmgr.replay.timing import retry_timing
 from pyqmgr.replay.workload import build, sites_of
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import Destination, Scenario
@@ -127,6 +128,14 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
                        "notes": m.notes} for m in models],
             "figures": {"log": as_dict(log_figures(derived, names))}, "runs": {},
             "ranges": {}}
+        # The log's own retry timers against the replay's: a contradiction is said
+        # with the -o that fits (issue #43), before any figure is read.
+        timing = retry_timing(derived.retries, sc.main_cf)
+        if timing is not None:
+            inst["retry_timing"] = timing.as_dict()
+            said = timing.warning()
+            if said is not None:
+                inst["warnings"].append(said)
         if opts.sites:
             inst["sites"] = sites_of(sc)
         if sc.trace:

@@ -173,6 +173,13 @@ class Derived:
     #: qmgr's lines for it, a sample): the deferred-queue scans' times, whose phase
     #: the simulation keeps.
     rescans: list[float] = field(default_factory=list)
+    #: Retries seen whole (a sample): each message's age at its round's last line
+    #: when it had a deferral (its ``delay=``), and the seconds from that line to its
+    #: coming back. qmgr sets the retry time then, to the age bounded by
+    #: minimal_backoff_time and maximal_backoff_time, and a deferred-queue scan (every
+    #: queue_run_delay) brings it back: :mod:`.timing` holds them against the
+    #: configuration replayed under.
+    retries: list[tuple[float, float]] = field(default_factory=list)
     #: Per transport: first tries' waits in the active queue (``delays`` b) under
     #: HANDOFF_MAX, a sample, each with its destination: the workload keeps those of
     #: destinations that never refused a session, whose b is the time from a message
@@ -196,7 +203,8 @@ _DLine = tuple[float, int, str, str, str, float, float, float, str, str, float, 
 
 class _Msg:
     __slots__ = ("first", "submitted", "sender", "size", "queued", "lines", "first_qmgr",
-                 "root_born", "parent", "filter_end", "children", "expired_at")
+                 "root_born", "parent", "filter_end", "children", "expired_at",
+                 "deferred_at", "deferred_age")
 
     def __init__(self, first: float) -> None:
         self.first = first
@@ -213,6 +221,10 @@ class _Msg:
         self.children: list[tuple[str, float]] = []
         #: When qmgr returned it to sender as too old ("status=expired").
         self.expired_at: float | None = None
+        #: The last line of a round with a deferral (when, the message's age then):
+        #: where its retry time was set; None once it came back.
+        self.deferred_at: float | None = None
+        self.deferred_age = 0.0
         self.lines: list[_DLine] = []
 
 
@@ -488,9 +500,15 @@ class Deriver:
                 if not msg.queued:
                     msg.queued, msg.sender, msg.size = True, a[1], a[2]
                     msg.first_qmgr = line.time
-                elif len(derived.rescans) < RESERVOIR:
+                else:
                     # Back in the active queue: a deferred-queue scan has just run.
-                    derived.rescans.append(line.time)
+                    if len(derived.rescans) < RESERVOIR:
+                        derived.rescans.append(line.time)
+                    if msg.deferred_at is not None:
+                        if len(derived.retries) < RESERVOIR:
+                            derived.retries.append((msg.deferred_age,
+                                                    line.time - msg.deferred_at))
+                        msg.deferred_at = None
             elif rest.startswith(_SUBMISSION) and line.program in (
                     "smtpd", "pickup", "cleanup", "qmqpd", "postsuper"):
                 if msg is None:
@@ -534,6 +552,10 @@ class Deriver:
             # and the relayhost's mail are bracketed next hops, never grouped.
             relays.seen(d.to.rpartition("@")[2].lower() or "localhost", d.relay,
                         d.detail)
+        if d.status == "deferred" or msg.deferred_at is not None:
+            # The round's later lines move its end (qmgr defers the message once
+            # its last delivery of the round is done).
+            msg.deferred_at, msg.deferred_age = line.time, d.delay
         msg.lines.append((line.time, line.pid, line.service, line.program, d.to,
                           d.delay, d.c, d.d, d.status, d.detail, d.a, d.b, d.dsn,
                           hop))
