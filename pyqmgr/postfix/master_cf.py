@@ -7,16 +7,29 @@ options on its own command line, which master copies from its master.cf line).
 The line reader is main.cf's (comment and blank lines dropped, indentation
 continues), and fields follow ``get_master_ent()``: whitespace-separated, with
 ``{ ... }`` keeping an argument together and losing its braces.
+
+:func:`locate_entries` serves a third place, ``pyqmgr install``/``uninstall``: where
+an entry and its command column lie in the file's text, so that the one word can be
+replaced and every other byte (the admin's alignment, comments, line breaks) stays.
+``postconf -F`` rewrites the whole entry in its own layout and may move it past the
+comment lines that follow it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pyqmgr.postfix.config import ConfigError, logical_lines, option_nameval, split_list
-from pyqmgr.postfix.expand import compat_level_from_string, is_digit, strtol
+from pyqmgr.postfix.config import (
+    ConfigError,
+    logical_lines,
+    option_nameval,
+    split_list,
+    split_nameval,
+)
+from pyqmgr.postfix.expand import C_SPACE, compat_level_from_string, is_digit, strtol
 from pyqmgr.postfix.getopt import SERVER_OPTIONS, GetOpt
 
 #: ``CHARS_SPACE``: the field separators of master.cf.
@@ -235,6 +248,131 @@ def load_master_cf(config_dir: str, *, default_process_limit: int = 100,
     return parse_master_cf(text, default_process_limit=default_process_limit,
                            compatibility_level=compatibility_level,
                            service_disable=service_disable, path=path)
+
+
+@dataclass(frozen=True)
+class EntryText:
+    """Where one master.cf entry lies in the file's text (character offsets).
+
+    ``start``/``end`` cover its physical lines, from its first line's first
+    character to just past its last line's newline (comment lines between its
+    continuation lines included); ``command`` is the command column's span.
+    ``columns`` are its whitespace-separated words up to the command, and ``args``
+    its arguments as master passes them (braces stripped): what the entry means,
+    whatever its layout.
+    """
+
+    service: str
+    type: str
+    start: int
+    end: int
+    command: tuple[int, int]
+    columns: tuple[str, ...]
+    args: tuple[str, ...]
+    #: (offset, length) of each of its physical lines that is not a comment or blank.
+    lines: tuple[tuple[int, int], ...] = ()
+
+    def meaning(self) -> tuple[str, ...]:
+        """Its columns and arguments, with each ``-o`` value as ``name=value``:
+        ``postconf -F`` writes ``-o { a = b }`` back as ``-o {a=b}``, the same entry."""
+        out = list(self.columns)
+        after_o = False
+        for arg in self.args:
+            if after_o:
+                try:
+                    arg = "=".join(split_nameval(arg))
+                except ValueError:
+                    pass
+            out.append(arg)
+            after_o = arg == "-o"
+        return tuple(out)
+
+
+def _line_starts(text: str) -> list[int]:
+    starts = [0]
+    starts += [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+    return starts
+
+
+def _pieces(text: str, starts: list[int], first: int, buf: str) -> list[tuple[int, int]]:
+    """The (offset, length) of each physical line ``logical_lines`` glued into ``buf``.
+
+    It glues the lines from line ``first`` on that are neither blank nor comments,
+    as they are; so walking them from there and matching each against ``buf``
+    finds them without a second copy of its loop.
+    """
+    found: list[tuple[int, int]] = []
+    used = 0
+    index = first - 1
+    while used < len(buf) and index < len(starts):
+        offset = starts[index]
+        end = text.find("\n", offset)
+        line = text[offset:] if end < 0 else text[offset:end]
+        index += 1
+        content = line.lstrip(C_SPACE)
+        if not content or content[0] == "#":
+            continue
+        if buf[used:used + len(line)] != line:
+            break  # cannot happen: logical_lines glued exactly these lines
+        found.append((offset, len(line)))
+        used += len(line)
+    return found
+
+
+def locate_entries(text: str) -> list[EntryText]:
+    """Every entry with at least a command column, in file order, with its place.
+
+    Entries master would refuse (a bad field value) are located all the same: the
+    caller edits a file that ``postconf`` has already read without complaint. An
+    entry whose command word would straddle two physical lines (a continuation line
+    starting with a vertical tab or form feed) is left out: no span to replace.
+    """
+    starts = _line_starts(text)
+    found: list[EntryText] = []
+    for first, buf in logical_lines(text, "master.cf", []):
+        pieces = _pieces(text, starts, first, buf)
+        origin: list[int] = []
+        for offset, length in pieces:
+            origin.extend(range(offset, offset + length))
+        words = [(m.start(), m.end()) for m in re.finditer(f"[^{BLANKS}]+", buf)]
+        if len(words) < 8 or len(origin) != len(buf):
+            continue
+        begin, stop = words[7]
+        command = (origin[begin], origin[stop - 1] + 1)
+        if command[1] - command[0] != stop - begin:
+            continue
+        last_offset, last_length = pieces[-1]
+        end = min(len(text), last_offset + last_length + 1)
+        args = []
+        for token in tokens_with_braces(buf[stop:]):
+            if token.startswith("{"):
+                try:
+                    token = strip_braces(token)
+                except ValueError:
+                    pass  # compared as written
+            args.append(token)
+        found.append(EntryText(
+            service=buf[words[0][0]:words[0][1]], type=buf[words[1][0]:words[1][1]],
+            start=pieces[0][0], end=end, command=command,
+            columns=tuple(buf[a:b] for a, b in words[:8]), args=tuple(args),
+            lines=tuple(pieces)))
+    return found
+
+
+def locate_entry(text: str, service: str, type_: str) -> EntryText | None:
+    """The entry master would use for ``service/type`` (the last, as it keeps the
+    last of duplicates), or None."""
+    found = None
+    for entry in locate_entries(text):
+        if entry.service == service and entry.type == type_:
+            found = entry
+    return found
+
+
+def replace_command(text: str, entry: EntryText, word: str) -> str:
+    """``text`` with ``entry``'s command column replaced by ``word``, all else as is."""
+    begin, stop = entry.command
+    return text[:begin] + word + text[stop:]
 
 
 _Fatal = Callable[[str], ConfigError]
