@@ -151,6 +151,10 @@ def compare(path: str, contenders: list[str] | None, out_dir: str,
         "classes": sorted({a.klass for a in plan.arrivals}),
         "servers": sc.fleet_servers,
         "mx_hosts": plan.mx_hosts,
+        # Each MX host's session limit (its destinations agree on it), drawn on its
+        # chart.
+        "mx_limits": {host: plan.destinations[doms[0]].server_limit
+                      for host, doms in plan.mx_hosts.items() if doms},
     }
     report = build(workload, runs, {c.label: limit for c in chosen})
     with open_new(os.path.join(out_dir, "report.json")) as f:

@@ -23,13 +23,12 @@ README) chosen so that noise between two runs of the same qmgr stays quiet:
 
 from __future__ import annotations
 
-import base64
 import datetime
 import difflib
 import html
-import io
-import math
 from typing import Any
+
+from pyqmgr.compare.plots import plots
 
 THRESHOLDS = {
     "latency_ratio": 1.5, "latency_seconds": 0.1,
@@ -327,7 +326,8 @@ def markdown(report: dict[str, Any]) -> str:
 # -- HTML -------------------------------------------------------------------------------
 
 _CSS = """
-body { font-family: sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+body { font-family: sans-serif; margin: 2em auto; padding: 0 1em; max-width: 1200px;
+  color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
@@ -345,77 +345,6 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
                    for r in rows)
     return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def plots(report: dict[str, Any]) -> dict[str, str]:
-    """Base64 PNGs by name; empty without matplotlib (the tables carry the figures)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return {}
-    out = {}
-    labels = report["contenders"]
-    runs = report["runs"]
-    dests = sorted({d for r in runs.values() for d in r["destinations"]})
-    for dest in dests:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.4))
-        for label in labels:
-            d = runs[label]["destinations"].get(dest)
-            if d is None:
-                continue
-            pts = d["in_flight"]
-            if pts:
-                ax1.step([0.0] + [p[0] for p in pts], [0] + [p[1] for p in pts],
-                         where="post", label=label)
-            width = runs[label]["bin_width"]
-            xs = [width * (i + 0.5) for i in range(len(d["per_second"]))]
-            ax2.plot(xs, d["per_second"], marker=".", label=label)
-        ax1.set_title(f"{dest}: sessions open" if any(
-            runs[lb]["destinations"].get(dest, {}).get("in_flight_source") == "sink"
-            for lb in labels) else f"{dest}: connection attempts under way")
-        ax1.set_xlabel("seconds since the first message")
-        ax2.set_title(f"{dest}: recipients accepted per second")
-        ax2.set_xlabel("seconds since the first message")
-        for ax in (ax1, ax2):
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize="small")
-        fig.tight_layout()
-        out[f"dest:{dest}"] = _png(fig)
-        plt.close(fig)
-    classes = sorted({c for r in runs.values() for c in r["classes"]})
-    if classes:
-        cols = min(3, len(classes))
-        rows = math.ceil(len(classes) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-        for i, klass in enumerate(classes):
-            ax = axes[i // cols][i % cols]
-            for label in labels:
-                c = runs[label]["classes"].get(klass)
-                if c is None or not c["sent"]:
-                    continue
-                keys = ["p50", "p95", "p99", "max"]
-                ax.plot(range(len(keys)), [c[k] for k in keys], marker="o", label=label)
-            ax.set_title(f"{klass}: latency (s)")
-            ax.set_xticks(range(4), ["p50", "p95", "p99", "max"])
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize="small")
-        for j in range(len(classes), rows * cols):
-            axes[j // cols][j % cols].axis("off")
-        fig.tight_layout()
-        out["latency"] = _png(fig)
-        plt.close(fig)
-    return out
 
 
 def to_html(report: dict[str, Any]) -> str:
@@ -465,6 +394,10 @@ def to_html(report: dict[str, Any]) -> str:
                   "sessions together, and a refusal comes before a session names its "
                   "recipients, so refusals and sessions open are the host's.</p>",
                   _html_table(HOSTS, hosts)]
+        for host in sorted({h for r in report["runs"].values() for h in r.get("mx_hosts", {})}):
+            if f"host:{host}" in pics:
+                parts.append(f'<div class=plots><img alt="MX host {e(host)} over time" '
+                             f'src="data:image/png;base64,{pics["host:" + host]}"></div>')
     for dest in sorted({d for r in report["runs"].values() for d in r["destinations"]}):
         if f"dest:{dest}" in pics:
             parts.append(f'<div class=plots><img alt="{e(dest)} over time" '

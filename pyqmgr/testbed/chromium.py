@@ -54,6 +54,8 @@ class PageReport:
     #: The screenshot, if one was asked for.
     screenshot: bytes = b""
     title: str = ""
+    #: What the ``evaluate`` expression returned (JSON-able), once the page loaded.
+    evaluated: Any = None
 
     def fetched(self, page: str) -> list[str]:
         """Requests beyond the page itself and its inline data: URLs."""
@@ -136,11 +138,34 @@ class _Pipe:
         return [json.loads(m) for m in msgs if m]
 
 
+def _collect(events: list[dict[str, Any]], report: PageReport) -> None:
+    """The page's console calls, exceptions, log entries and requests, from the
+    protocol's events."""
+    for ev in events:
+        method, params = ev.get("method"), ev.get("params", {})
+        if method == "Runtime.consoleAPICalled":
+            text = " ".join(str(a.get("value", a.get("description", "")))
+                            for a in params.get("args", []))
+            report.console.append((params.get("type", ""), text))
+        elif method == "Runtime.exceptionThrown":
+            det = params.get("exceptionDetails", {})
+            report.exceptions.append(str(det.get("exception", {}).get("description")
+                                         or det.get("text", "")))
+        elif method == "Log.entryAdded":
+            entry = params.get("entry", {})
+            report.log.append((entry.get("level", ""), entry.get("text", "")))
+        elif method == "Network.requestWillBeSent":
+            report.requests.append(params.get("request", {}).get("url", ""))
+
+
 def open_page(url: str, screenshot: bool = True, width: int = 1280, height: int = 2000,
-              timeout: float = 60, settle: float = 1.0) -> PageReport:
+              timeout: float = 60, settle: float = 1.0,
+              evaluate: str | None = None) -> PageReport:
     """Load ``url`` in a fresh headless Chromium; return what it saw (and a screenshot).
 
-    The screenshot is of the whole page, up to 12,000 pixels high.
+    The screenshot is of the whole page, up to 12,000 pixels high. ``evaluate`` is a
+    JavaScript expression run in the laid-out page at that size (where elements are,
+    for cropping a screenshot to them), its value in ``evaluated``.
     """
     binary = chromium_path()
     if binary is None:
@@ -183,25 +208,17 @@ def open_page(url: str, screenshot: bool = True, width: int = 1280, height: int 
             shot = pipe.send("Page.captureScreenshot", {"format": "png"}, session=session,
                              timeout=timeout)
             report.screenshot = base64.b64decode(shot["data"])
+        if evaluate is not None:
+            value = pipe.send("Runtime.evaluate", {"expression": evaluate,
+                                                   "returnByValue": True}, session=session)
+            if "exceptionDetails" in value:
+                raise ChromiumError(f"evaluate: {value['exceptionDetails'].get('text')}")
+            report.evaluated = value.get("result", {}).get("value")
         title = pipe.send("Runtime.evaluate", {"expression": "document.title",
                                                "returnByValue": True}, session=session)
         report.title = str(title.get("result", {}).get("value", ""))
         pipe.drain(0.2)
-        for ev in pipe.events:
-            method, params = ev.get("method"), ev.get("params", {})
-            if method == "Runtime.consoleAPICalled":
-                text = " ".join(str(a.get("value", a.get("description", "")))
-                                for a in params.get("args", []))
-                report.console.append((params.get("type", ""), text))
-            elif method == "Runtime.exceptionThrown":
-                det = params.get("exceptionDetails", {})
-                report.exceptions.append(str(det.get("exception", {}).get("description")
-                                             or det.get("text", "")))
-            elif method == "Log.entryAdded":
-                entry = params.get("entry", {})
-                report.log.append((entry.get("level", ""), entry.get("text", "")))
-            elif method == "Network.requestWillBeSent":
-                report.requests.append(params.get("request", {}).get("url", ""))
+        _collect(pipe.events, report)
         try:
             pipe.send("Browser.close", timeout=5)
         except ChromiumError:
