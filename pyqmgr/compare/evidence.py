@@ -18,6 +18,8 @@ or master(8) writes for exactly that:
   node's own limits`` (Redis unreachable: the limits were not shared meanwhile);
 * delegation: ``warning: SERVICE: ERROR; ... by default_action = ACTION`` (the policy
   service did not answer: its default decided);
+* classes: ``warning: classes: PARAMETER: ...: left out, its mail takes the defaults``
+  (a class or tenant table that could not be read);
 * the qmgr's warnings that name pyqmgr.cf (a parameter or table it does not act on).
 
 Nothing is inferred from the figures: a feature that worked logs nothing here, and a
@@ -42,6 +44,8 @@ _THROTTLED = re.compile(r"^warning: (?P<path>\S*qmgr): bad command startup -- th
 _SHARED_STATE = re.compile(r"^warning: shared state (?P<endpoint>\S+): (?P<why>.*); "
                            r"(?:holding deliveries to shared destinations back|delivering "
                            r"under this node's own limits) \(")
+_CLASS_TABLE = re.compile(r"^warning: classes: (?P<param>\S+): (?P<why>.*): left out, "
+                          r"its mail takes the defaults")
 _POLICY = re.compile(r"^warning: (?P<service>\S+): (?P<why>.*); (?:delivering|holding "
                      r"deliveries back) by default_action = (?P<action>\S+)")
 #: The test bed's "postfix stop": what a qmgr does after it is no longer the run's.
@@ -79,6 +83,7 @@ class _Lines:
         self.lookups: list[tuple[str, str]] = []
         self.shared_state: list[tuple[str, str]] = []
         self.policy: list[tuple[str, str, str]] = []
+        self.class_tables: list[tuple[str, str]] = []
         self.settings: list[str] = []
         for raw in text.splitlines():
             parts = maillog.split(raw)
@@ -110,6 +115,8 @@ class _Lines:
             self.lookups.append((m["domain"].lower(), m["why"]))
         elif (m := _SHARED_STATE.match(line)) is not None:
             self.shared_state.append((m["endpoint"], m["why"]))
+        elif (m := _CLASS_TABLE.match(line)) is not None:
+            self.class_tables.append((m["param"], m["why"]))
         elif (m := _POLICY.match(line)) is not None:
             self.policy.append((m["service"], m["why"], m["action"]))
         elif "pyqmgr.cf" in line:
@@ -169,6 +176,9 @@ def not_in_effect(record: dict[str, Any], text: str) -> list[str]:
         out.append(f"{x}'s policy service {service} did not answer (at least "
                    f"{len(lines.policy)} warning{'s' if len(lines.policy) > 1 else ''}; "
                    f"first: {_cut(why)}): default_action = {action} decided instead")
+    for param, why in lines.class_tables:
+        out.append(f"{x}'s qmgr left a table of {param} out ({_cut(why)}): the mail it "
+                   "names took the default class")
     if lines.settings:
         more = (f" (and {len(lines.settings) - 1} more)" if len(lines.settings) > 1 else "")
         out.append(f"{x}'s qmgr warned about its settings: {_cut(lines.settings[0])}{more}: "

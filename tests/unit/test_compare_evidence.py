@@ -115,15 +115,17 @@ def test_what_comes_after_postfix_stop_is_not_the_runs():
     assert not_in_effect({"contender": "pyqmgr"}, "".join(moved)) == []
 
 
-def test_the_fleets_and_the_policy_services_warnings():
-    # The daemon's own texts (pyqmgr/daemon/fleet.py, delegation.py), as master's
-    # syslog writes them.
+def test_the_fleets_the_policy_services_and_the_classes_warnings():
+    # The daemon's own texts (pyqmgr/daemon/fleet.py, delegation.py, classes.py,
+    # pyqmgr_cf_names.py), as its maillog has them.
     head = "Nov 29 05:24:25 pfx postfix/qmgr[26977]: warning: "
     text = (head + "shared state redis://127.0.0.1:6390/0: Redis is unreachable: "
             "Connection refused; delivering under this node's own limits "
             "(shared_state_failure = local; this warning at most once a minute)\n"
             + head + "policy.example: no answer after 1s; delivering by default_action = "
             "DUNNO (this warning at most once a minute)\n"
+            + head + "classes: class_sender_maps: texthash:/etc/postfix/senders: cannot "
+            "open: No such file or directory: left out, its mail takes the defaults\n"
             + head + "/etc/postfix/pyqmgr.cf: unknown parameter metrics_lisen (did you "
             "mean metrics_listen?)\n")
     said = not_in_effect({"contender": "pyqmgr", "pyqmgr_cf": {}}, text)
@@ -133,5 +135,8 @@ def test_the_fleets_and_the_policy_services_warnings():
         "shared meanwhile",
         "pyqmgr's policy service policy.example did not answer (at least 1 warning; first: "
         "no answer after 1s): default_action = DUNNO decided instead",
+        "pyqmgr's qmgr left a table of class_sender_maps out (texthash:/etc/postfix/senders:"
+        " cannot open: No such file or directory): the mail it names took the default "
+        "class",
         "pyqmgr's qmgr warned about its settings: /etc/postfix/pyqmgr.cf: unknown parameter "
         "metrics_lisen (did you mean metrics_listen?): what it names did not take effect"]
