@@ -73,6 +73,9 @@ class PyqmgrCf:
     exists: bool
     values: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)
     warnings: tuple[str, ...] = ()
+    #: The file's names that another of its values uses as ``$name``: the admin's own
+    #: parameters (postconf(1) calls them user-defined and does not warn of them).
+    referenced: frozenset[str] = frozenset()
 
     def which(self, name: str, transport: str | None = None) -> str | None:
         """The concrete parameter name that answers for ``name``, or None.
@@ -171,9 +174,14 @@ def from_text(text: str, path: str = PYQMGR_CF,
     except ConfigError as exc:
         raise PyqmgrCfError(str(exc), exc.warnings) from None
 
+    referenced: set[str] = set()
+
     def lookup(name: str) -> str | None:
         own = raw.get(name)
-        return own if own is not None else main_lookup(name)
+        if own is not None:
+            referenced.add(name)
+            return own
+        return main_lookup(name)
 
     values: dict[str, str] = {}
     for name, value in raw.items():
@@ -185,7 +193,8 @@ def from_text(text: str, path: str = PYQMGR_CF,
                                 warnings) from None
         except ConversionFatal as exc:
             raise PyqmgrCfError(f"{path}: parameter {name}: {exc}", warnings) from None
-    return PyqmgrCf(path=path, exists=True, values=values, warnings=tuple(warnings))
+    return PyqmgrCf(path=path, exists=True, values=values, warnings=tuple(warnings),
+                    referenced=frozenset(referenced))
 
 
 def read_text(path: str) -> str | None:

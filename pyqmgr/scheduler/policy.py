@@ -99,6 +99,10 @@ class Policy:
     #: "int", "number" or "bool" (yes/no); checked at start-up in every
     #: ``<transport>_`` form the file gives.
     knobs: ClassVar[dict[str, tuple[str, str, float, float | None]]] = {}
+    #: Other pyqmgr.cf parameters the policy reads itself (``ctx.setting``), each also
+    #: in its ``<transport>_`` forms: declared, so that ``pyqmgr check`` and start-up
+    #: do not call them unknown (they know every name a policy in use declares).
+    parameters: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, transport: Transport, ctx: Context) -> None:
         self.transport = transport
