@@ -46,7 +46,7 @@ def test_a_suspended_destination_keeps_its_mail_until_resumed(postfix_instance, 
     nexthop = f"[127.0.0.1]:{held.port}"
     done = cli(pf, "suspend", nexthop, "--ttl", "10m", "--reason", "remote asked for a pause")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"suspended destination {nexthop} for 600s\n")
+    assert done.stdout.startswith(f"suspended destination {nexthop} for 10m\n")
 
     pf.smtp_send([("s@test.example", [f"h{i}@held.example"]) for i in range(5)]
                  + [("s@test.example", [f"o{i}@other.example"]) for i in range(5)])

@@ -1,7 +1,10 @@
 """The client side of the control channel: one request, one reply, bounded in time.
 
 Used by ``pyqmgr status`` and ``pyqmgr explain``; the errors say what an admin can do
-about them (start Postfix, ask for authorized_mailq_users, wait).
+about them (start Postfix, ask for authorized_mailq_users, wait). When no daemon
+answers, :func:`not_running` says why as far as this user can see it: the daemon's
+last fatal error kept by :mod:`pyqmgr.control.last_fatal`, master(8)'s wait before
+it starts the service again and how to end it, or that Postfix is not running.
 """
 
 from __future__ import annotations
@@ -11,8 +14,13 @@ import os
 import socket
 import subprocess
 import time
+from dataclasses import dataclass, field
 
+from pyqmgr.control import last_fatal
 from pyqmgr.control.protocol import MAX_REPLY, ProtocolError, decode_reply, encode_request
+from pyqmgr.control.render import clock
+from pyqmgr.durations import ago, duration
+from pyqmgr.postfix.config import conv_time
 
 #: The socket, relative to queue_directory (as the daemon binds it).
 SOCKET_PATH = os.path.join("pyqmgr", "control")
@@ -22,11 +30,13 @@ CLIENT_TIMEOUT = 10.0
 
 
 class ClientError(Exception):
-    """Why there is no reply; ``kind`` is "unavailable", "timeout" or "protocol"."""
+    """Why there is no reply; ``kind`` is "unavailable", "timeout" or "protocol";
+    ``down``: no daemon listens (no socket, or nobody accepts on it)."""
 
-    def __init__(self, text: str, kind: str) -> None:
+    def __init__(self, text: str, kind: str, down: bool = False) -> None:
         super().__init__(text)
         self.kind = kind
+        self.down = down
 
 
 def queue_directory(config_dir: str) -> str:
@@ -82,7 +92,8 @@ def request(path: str, command: str, args: dict[str, object] | None = None, *,
             _connect(sock, path, deadline)
         except (FileNotFoundError, NotADirectoryError, ConnectionRefusedError):
             raise ClientError(f"cannot connect to {path}: the pyqmgr daemon is not running "
-                              "(or this instance does not run pyqmgr)", "unavailable") from None
+                              "(or this instance does not run pyqmgr)", "unavailable",
+                              down=True) from None
         except PermissionError:
             raise ClientError(f"cannot connect to {path}: permission denied",
                               "unavailable") from None
@@ -117,3 +128,96 @@ def request(path: str, command: str, args: dict[str, object] | None = None, *,
         return decode_reply(bytes(data))
     except ProtocolError as exc:
         raise ClientError(str(exc), "protocol") from None
+
+
+#: master(8)'s wait after a failed start when postconf does not say (its default).
+DEFAULT_THROTTLE = 60
+
+
+@dataclass
+class NotRunning:
+    """Why no daemon answers, as far as this user can see: lines for a person, and
+    the same for ``--json``."""
+
+    lines: list[str] = field(default_factory=list)
+    data: dict[str, object] = field(default_factory=dict)
+
+
+def _postfix(config_dir: str, verb: str) -> str:
+    """``postfix VERB`` as the admin types it for this instance."""
+    if os.path.normpath(config_dir) == "/etc/postfix":
+        return f"postfix {verb}"
+    return f"postfix -c {config_dir} {verb}"
+
+
+def master_running(queue_dir: str) -> bool | None:
+    """Whether the instance's master(8) runs (its pid file names a live process);
+    None when this user cannot tell."""
+    try:
+        with open(os.path.join(queue_dir, "pid", "master.pid"), "rb") as f:
+            text = f.read(64)
+        pid = int(text.split()[0])
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, IndexError):
+        return None
+    if pid <= 1:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # root's process, alive
+    return True
+
+
+def throttle_time(config_dir: str) -> int:
+    """``service_throttle_time`` in seconds: master(8)'s wait after a failed start."""
+    try:
+        proc = subprocess.run(["postconf", "-c", config_dir, "-h", "service_throttle_time"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_THROTTLE
+    value = conv_time(proc.stdout.strip(), "s") if proc.returncode == 0 else None
+    return value if value else DEFAULT_THROTTLE
+
+
+def not_running(queue_dir: str, config_dir: str, now: float | None = None) -> NotRunning:
+    """What to tell the admin when no daemon answers on the control socket."""
+    now = time.time() if now is None else now
+    out = NotRunning()
+    restart = f"'{_postfix(config_dir, 'stop')}; {_postfix(config_dir, 'start')}'"
+    try:
+        kept = last_fatal.read(queue_dir)
+    except PermissionError:
+        path = os.path.join(queue_dir, last_fatal.PATH)
+        out.lines.append(f"the daemon's last fatal error is kept in {path}, for the users "
+                         "authorized_mailq_users lets read the scheduler's state: ask "
+                         "root, or look for 'fatal:' in the maillog")
+        out.data["last_fatal"] = {"path": path, "error": "permission denied"}
+        return out
+    if kept is not None:
+        wait = throttle_time(config_dir)
+        out.data["last_fatal"] = {**kept.as_dict(), "ago": round(now - kept.time, 3),
+                                  "service_throttle_time": wait}
+        out.lines.append(f"its last start failed at {clock(kept.time)} "
+                         f"({ago(now - kept.time)}):")
+        out.lines += [f"  warning: {text}" for text in kept.warnings]
+        out.lines.append(f"  fatal: {kept.text}")
+        out.lines.append(
+            f"master(8) starts the qmgr service again {duration(wait)} after each failed "
+            f"start (service_throttle_time); once what the fatal line names is fixed, "
+            f"{restart} starts it at once ('postfix reload' does not end master's wait)")
+        return out
+    running = master_running(queue_dir)
+    out.data["master_running"] = running
+    if running is False:
+        out.lines.append(f"Postfix is not running: '{_postfix(config_dir, 'start')}' "
+                         "starts it")
+    elif running:
+        out.lines.append("master(8) runs, but no pyqmgr answers: the qmgr service may be "
+                         "stock's ('postconf -Mf qmgr/unix' shows its command; 'pyqmgr "
+                         "install' makes it pyqmgr), or it is starting (try again in a "
+                         "moment); a 'fatal:' line in the maillog says why it did not start")
+    return out

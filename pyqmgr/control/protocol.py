@@ -171,8 +171,19 @@ COMMANDS: dict[str, CommandSpec] = {
             "names the constraint (a full window, a dead destination, the transport's\n"
             "process limit, a rate delay, a blocker or preempted job, ...) and the\n"
             "setting behind it, so that shaping by configuration can be told from a\n"
-            "slow remote side."),
-        reply_keys="ok, target, kind, reasons with constraint, setting and text"),
+            "slow remote side.\n\n"
+            "A queue id of a message outside the active queue is answered from its\n"
+            "queue file and defer log, which the daemon reads for you: in the deferred\n"
+            "queue, each recipient's last reason, when it arrived, when it is tried\n"
+            "next and when it is returned to the sender, and the state of its\n"
+            "destinations in core; on hold, since when; in the incoming queue, that it\n"
+            "waits to be read. Durations are in Postfix's units (9m58s), times on this\n"
+            "machine's clock; --json gives seconds and Unix times."),
+        reply_keys="ok, target, kind, reasons with constraint, setting and text; for a "
+                   "message outside the active queue also queue, in_core, sender, "
+                   "arrival_time, next_try_time, next_try_in, held_since, held_for, "
+                   "expires_time, expires_in, recipients (address, status, reason, "
+                   "transport, nexthop), destinations, defer_log, warnings"),
     "jobs": CommandSpec(
         READ,
         {"transport": Arg(required=True, positional=True,

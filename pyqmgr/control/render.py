@@ -8,7 +8,11 @@ members it knows and tolerates missing ones (a newer daemon may add or drop memb
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Callable, Sequence
+
+from pyqmgr.durations import ago, duration, until
 
 #: ``pyqmgr status --sort`` keys: how destinations are ordered (busiest first for all
 #: but name, so the ones an admin asks about come on top).
@@ -36,7 +40,15 @@ def _fmt(value: object) -> str:
 
 
 def _seconds(value: object) -> str:
-    return f"{value:g}s" if isinstance(value, int | float) else "-"
+    """A duration of a reply (seconds, a number) in human units: 9m58s."""
+    return duration(value) if isinstance(value, int | float) else "-"
+
+
+def clock(wall: object) -> str:
+    """A time of a reply (seconds since the epoch) on this machine's clock."""
+    if not isinstance(wall, int | float) or not math.isfinite(wall):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall))
 
 
 def _state(item: dict[str, object]) -> str:
@@ -217,7 +229,7 @@ def _limits_text(limits: object) -> str:
 
 
 def _ago(value: object) -> str:
-    return f"{value:.1f}s ago" if isinstance(value, int | float) else "never"
+    return ago(value) if isinstance(value, int | float) else "never"
 
 
 def fleet_roster_lines(reply: dict[str, object]) -> list[str]:
@@ -296,10 +308,103 @@ def _retry_lines(retry: dict[str, object]) -> list[str]:
     return lines
 
 
+def _reason_lines(reasons: list[dict[str, object]]) -> list[str]:
+    lines = []
+    for r in reasons:
+        constraint = _fmt(r.get("constraint"))
+        setting = r.get("setting")
+        where = f" [{r['destination']}]" if r.get("destination") else ""
+        lines.append(f"  {constraint}{where}: {_fmt(r.get('text'))}")
+        if setting:
+            lines.append(f"      setting: {setting}")
+    return lines
+
+
+def _when(wall: object, relative: str) -> str:
+    """A time of the reply as the local clock says it, and how far from now."""
+    return f"{clock(wall)} ({relative})" if isinstance(wall, int | float) else relative
+
+
+def _queued_facts(reply: dict[str, object]) -> list[str]:
+    """The envelope's times: arrival, next try or hold, when it is returned."""
+    sender = reply.get("sender")
+    lines = []
+    if reply.get("arrival_time") is not None:
+        lines.append(f"  from <{_fmt(sender) if sender else ''}>, arrived "
+                     + _when(reply["arrival_time"], ago(_number(reply.get("arrived_ago")))))
+    next_in = _number(reply.get("next_try_in"))
+    if reply.get("queue") == "deferred" or (next_in is not None and next_in > 1):
+        lines.append("  next try after " + _when(reply.get("next_try_time"), until(next_in)))
+    if reply.get("held_since") is not None:
+        lines.append("  on hold since "
+                     + _when(reply["held_since"], ago(_number(reply.get("held_for")))))
+    expires_in = _number(reply.get("expires_in"))
+    if expires_in is not None:
+        setting = _fmt(reply.get("lifetime_setting"))
+        lines.append(f"  returned to the sender if not delivered by "
+                     f"{_when(reply.get('expires_time'), f'{until(expires_in)}, {setting}')}"
+                     if expires_in > 0 else
+                     f"  past its {setting}: returned to the sender at its next "
+                     "delivery attempt")
+    return lines
+
+
+def _recipient_lines(reply: dict[str, object]) -> list[str]:
+    rows = _dicts(reply.get("recipients"))
+    pending = reply.get("recipients_pending")
+    more = " and more in the file" if reply.get("recipients_more") else ""
+    shown = (f", the first {len(rows)} shown"
+             if isinstance(pending, int) and pending > len(rows) else "")
+    lines = [f"  recipients: {_fmt(pending)} to deliver{more}{shown}"]
+    for r in rows:
+        route = (f" ({_fmt(r.get('transport'))}:{_fmt(r.get('nexthop'))})"
+                 if r.get("transport") else "")
+        why = (f": {_fmt(r.get('status'))} {_fmt(r.get('reason'))}" if r.get("reason")
+               else ": no reason logged" if reply.get("queue") == "deferred" else "")
+        lines.append(f"    {_fmt(r.get('address'))}{route}{why}")
+    if reply.get("routing"):
+        lines.append(f"    (destinations not looked up: {_fmt(reply['routing'])})")
+    return lines
+
+
+def _queued_lines(reply: dict[str, object]) -> list[str]:
+    """A message outside the active queue: where it is, its times, each recipient's
+    last reason, then what its destinations' state in core says."""
+    lines = [f"{_fmt(reply.get('target'))}: message in the {_fmt(reply.get('queue'))} "
+             "queue (not in core)"]
+    lines += _queued_facts(reply)
+    reasons = _dicts(reply.get("reasons"))
+    lines += _reason_lines(reasons[:1])
+    if "recipients" in reply:
+        lines += _recipient_lines(reply)
+    lines += _reason_lines(reasons[1:])
+    for d in _dicts(reply.get("destinations")):
+        if not d.get("in_core"):
+            lines.append(f"  destination {_fmt(d.get('nexthop'))} ({_fmt(d.get('transport'))}"
+                         "): not in core (no mail for it in the active queue now)")
+    log = reply.get("defer_log")
+    if isinstance(log, dict) and log.get("error"):
+        lines.append(f"  defer log {_fmt(log.get('path'))}: {_fmt(log['error'])}")
+    elif isinstance(log, dict) and _num(log.get("read")) < _num(log.get("size")):
+        lines.append(f"  defer log {_fmt(log.get('path'))}: the first {_fmt(log.get('read'))} "
+                     f"of {_fmt(log.get('size'))} bytes read")
+    warnings = reply.get("warnings")
+    for text in warnings if isinstance(warnings, list) else ():
+        lines.append(f"  warning: {text}")
+    return lines
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(
+        value, bool) else None
+
+
 def explain_lines(reply: dict[str, object]) -> list[str]:
     """What the target is, then one line per reason with its constraint and setting."""
     target = _fmt(reply.get("target"))
     kind = reply.get("kind")
+    if kind == "message" and reply.get("in_core") is False:
+        return _queued_lines(reply)
     if kind == "destination":
         head = f"{target}: destination"
         dests = _dicts(reply.get("destinations"))
@@ -309,19 +414,12 @@ def explain_lines(reply: dict[str, object]) -> list[str]:
                 f"{_fmt(d.get('limit'))}, {_fmt(d.get('in_flight'))} in flight, "
                 f"{_fmt(d.get('queued_entries'))} queued" for d in dests) + ")"
     elif kind == "message":
-        head = (f"{target}: message ({_fmt(reply.get('queued_entries'))} entries queued, "
+        head = (f"{target}: message in the active queue "
+                f"({_fmt(reply.get('queued_entries'))} entries queued, "
                 f"{_fmt(reply.get('in_flight'))} in flight)")
     else:
-        head = f"{target}: not in core"
-    lines = [head]
-    for r in _dicts(reply.get("reasons")):
-        constraint = _fmt(r.get("constraint"))
-        setting = r.get("setting")
-        where = f" [{r['destination']}]" if r.get("destination") else ""
-        lines.append(f"  {constraint}{where}: {_fmt(r.get('text'))}")
-        if setting:
-            lines.append(f"      setting: {setting}")
-    return lines
+        head = f"{target}: not in core, nor in the queue"
+    return [head, *_reason_lines(_dicts(reply.get("reasons")))]
 
 
 def control_lines(command: str, reply: dict[str, object]) -> list[str]:

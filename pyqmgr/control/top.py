@@ -10,7 +10,10 @@ moving (or not) is visible without comparing numbers by eye.
 The frames are built by pure functions (:func:`frame`) so that they can be tested
 on canned replies; :func:`interactive` is the curses loop around them, and
 :func:`batch` prints plain frames for scripts and pipes (curses needs a terminal on
-both stdin and stdout; anything else gets the batch output, as ``top -b`` does).
+both stdin and stdout; anything else gets the batch output, as ``top -b`` does):
+a frame every interval until stopped (Ctrl-C, the reader of the pipe going away,
+SIGTERM), or ``-n N`` of them, each written out whole as it is made, so that
+``pyqmgr top | grep`` and ``pyqmgr top > file`` see each one at once.
 
 The loop never gives up on the daemon: while it is not running (or refuses, or does
 not answer) the screen says why and top asks again every interval, so it can be left
@@ -214,23 +217,39 @@ def screen(snap: Snapshot | None, previous: dict[str, object] | None, sort: str,
     return lines + [("", False)] + frame(snap.reply, previous, sort)
 
 
-def batch(fetch: Fetch, config_dir: str, interval: float, sort: str, iterations: int,
-          write: Callable[[str], object], sleep: Callable[[float], None] = time.sleep) -> int:
-    """Plain frames, ``iterations`` of them ``interval`` apart; 0, or the failure's status.
+def batch(fetch: Fetch, config_dir: str, interval: float, sort: str,
+          iterations: int | None, write: Callable[[str], object],
+          sleep: Callable[[float], None] = time.sleep) -> int:
+    """Plain frames ``interval`` apart, as ``top -b`` prints them: ``iterations`` of
+    them, or (None) until the caller is stopped; 0, or the first request's failure.
 
-    A script cannot read a message on a screen, so here a failed request ends the run
-    with its status (as ``pyqmgr status`` would) instead of being retried.
+    A failed first request ends the run with its status (as ``pyqmgr status`` would):
+    a script learns at once that there is nothing to read. A later one is that
+    refresh's frame, saying why, and the next refresh asks again, as the screen does:
+    a ``pyqmgr top > file`` left running sees the daemon through a ``postfix reload``.
     """
     previous: dict[str, object] | None = None
-    for i in range(iterations):
+    i = 0
+    while iterations is None or i < iterations:
         if i:
             sleep(interval)
-        reply = fetch()
-        state = f"snapshot {i + 1} of {iterations}" if iterations > 1 else "snapshot"
+        if iterations == 1:
+            state = "snapshot"
+        else:
+            state = f"snapshot {i + 1}" + (f" of {iterations}" if iterations else "")
         lines = [title(config_dir, state, sort, time.time(), keys=False), ""]
-        lines += [text for text, _ in frame(reply, previous, sort)]
-        write("\n".join(lines) + "\n" + ("\n" if i + 1 < iterations else ""))
-        previous = reply
+        try:
+            reply = fetch()
+        except TopError as exc:
+            if i == 0:
+                raise
+            lines += [str(exc), f"asking again in {interval:g}s"]
+        else:
+            lines += [text for text, _ in frame(reply, previous, sort)]
+            previous = reply
+        i += 1
+        last = iterations is not None and i >= iterations
+        write("\n".join(lines) + "\n" + ("" if last else "\n"))
     return 0
 
 

@@ -56,6 +56,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pyqmgr.control import last_fatal
 from pyqmgr.control.protocol import (
     CONTROL,
     MAX_REQUEST,
@@ -65,6 +66,7 @@ from pyqmgr.control.protocol import (
     error_reply,
     ok_reply,
 )
+from pyqmgr.daemon import queued
 from pyqmgr.daemon.bounded_server import BoundedServer, OneReplyConnection
 from pyqmgr.daemon.delegation import annotate
 from pyqmgr.daemon.owned_dir import owned_directory
@@ -172,8 +174,16 @@ class Access:
         return login_name(uid)
 
 
+#: Who may read a kept fatal error (:mod:`pyqmgr.control.last_fatal`): everyone
+#: (authorized_mailq_users lets everyone read the scheduler's state), else the uids
+#: of the login names it lists. Settled with the access rules, before the privilege
+#: drop and the chroot, for a fatal after them; None: not settled yet.
+_fatal_readers: tuple[bool, tuple[int, ...]] | None = None
+
+
 def access_from_config(cfg: QmgrConfig, log: MailLog) -> Access:
     """Read authorized_mailq_users and resolve names while the password file is there."""
+    global _fatal_readers
     mail_owner_uid = None
     with contextlib.suppress(KeyError):
         mail_owner_uid = pwd.getpwnam(cfg.mail_owner).pw_uid
@@ -181,6 +191,7 @@ def access_from_config(cfg: QmgrConfig, log: MailLog) -> Access:
         acl = configured_acl(cfg.lookup, cfg.get)
     except (UserAclError, ConfigError) as exc:
         log.warning(f"control socket: {exc}")
+        _fatal_readers = (False, ())
         return Access(None, mail_owner_uid, acl_error=str(exc))
     for text in acl.warnings:
         log.warning(text)
@@ -189,7 +200,35 @@ def access_from_config(cfg: QmgrConfig, log: MailLog) -> Access:
         with contextlib.suppress(KeyError):
             pw = pwd.getpwnam(name)
             names[pw.pw_uid] = pw.pw_name
+    _fatal_readers = (acl.anyone, tuple(uid for uid, name in names.items()
+                                        if acl.allows_name(name)))
     return Access(acl, mail_owner_uid, names)
+
+
+def keep_fatal(text: str, warnings: list[str]) -> bool:
+    """Keep a fatal error for ``pyqmgr status`` (:mod:`pyqmgr.control.last_fatal`).
+
+    For the users authorized_mailq_users lets read the scheduler's state: as settled
+    before the privilege drop, or, for a fatal before that, as main.cf says if it can
+    be read (else for root alone).
+    """
+    readers = _fatal_readers
+    if readers is None:
+        try:
+            cfg = QmgrConfig.load(os.environ.get("MAIL_CONFIG", "/etc/postfix"),
+                                  check_accounts=False)
+            acl = configured_acl(cfg.lookup, cfg.get)
+            uids = []
+            for name in filter(acl.allows_name, acl.names()):
+                with contextlib.suppress(KeyError):
+                    uids.append(pwd.getpwnam(name).pw_uid)
+            readers = (acl.anyone, tuple(uids))
+        except Exception:  # noqa: BLE001 - on the way out of a fatal: keep it private
+            readers = (False, ())
+    try:
+        return last_fatal.keep(text, warnings, public=readers[0], readers=readers[1])
+    except Exception:  # noqa: BLE001 - the maillog has the line; this is a copy
+        return False
 
 
 def prepare_directory(cfg: QmgrConfig, log: MailLog) -> bool:
@@ -488,15 +527,7 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                     m.sched.rank for m in qmgr.active.messages.values())
             return reply
         if command == "explain":
-            target = str(request["target"])
-            reply = scheduler_explain.explain(qmgr.scheduler, target, now,
-                                              busy=qmgr.in_flight())
-            if qmgr.retry is not None:
-                extra = qmgr.retry.explain(target)
-                reasons = reply.get("reasons")
-                if extra and isinstance(reasons, list):
-                    reasons.extend(extra)
-            return reply
+            return explain_reply(qmgr, str(request["target"]), now)
         if command == "jobs":
             return jobs_reply(qmgr, request, now)
         controls = qmgr.suspensions
@@ -532,6 +563,25 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
     return handle
 
 
+def explain_reply(qmgr: Qmgr, target: str, now: float) -> dict[str, object]:
+    """``explain``: a destination or a message in core, else a message's queue file
+    (deferred, on hold, not yet read: :mod:`pyqmgr.daemon.queued`)."""
+    reply = scheduler_explain.explain(qmgr.scheduler, target, now, busy=qmgr.in_flight())
+    retry = qmgr.retry
+    if reply.get("kind") == "unknown":
+        queued_reply = queued.explain(
+            qmgr.cfg, qmgr.scheduler, target, now, in_core=qmgr.message_count,
+            extra=retry.explain if retry is not None else None)
+        if queued_reply is not None:
+            return queued_reply
+    if retry is not None:
+        extra = retry.explain(target)
+        reasons = reply.get("reasons")
+        if extra and isinstance(reasons, list):
+            reasons.extend(extra)
+    return reply
+
+
 def jobs_reply(qmgr: Qmgr, request: dict[str, object], now: float) -> dict[str, object]:
     """``jobs``: the transport's policy's list, or a refusal that says what exists."""
     name = str(request["transport"])
@@ -556,7 +606,12 @@ def jobs_reply(qmgr: Qmgr, request: dict[str, object], now: float) -> dict[str, 
 
 async def start(qmgr: Qmgr, access: Access, log: MailLog,
                 mail_owner: str = "postfix") -> ControlServer | None:
-    """Serve the channel for ``qmgr``; on failure log a warning and return None."""
+    """Serve the channel for ``qmgr``; on failure log a warning and return None.
+
+    Called once the daemon has started: a fatal error kept from an earlier start no
+    longer says why there is no daemon, and goes.
+    """
+    last_fatal.clear()
     server = ControlServer(scheduler_handler(qmgr, access, mail_owner), access, log)
     try:
         await server.start(SOCKET_PATH)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, cast
 
+from pyqmgr.durations import duration, until
 from pyqmgr.scheduler import tenant_cap
 from pyqmgr.scheduler.held import HELD, STAGED
 from pyqmgr.scheduler.policy import Policy, Reason, reason
@@ -62,8 +63,8 @@ def _suspended(s: Suspension, what: str, now: float) -> Reason:
     why = f": {s.reason}" if s.reason else " (no reason given)"
     return reason(
         "suspended", "pyqmgr suspend",
-        f"{what} is suspended by {s.who}{why}; the suspension ends in "
-        f"{_in(s.until, now)} s unless 'pyqmgr resume' ends it sooner",
+        f"{what} is suspended by {s.who}{why}; the suspension ends "
+        f"{until(_in(s.until, now))} unless 'pyqmgr resume' ends it sooner",
         by=s.who, suspension_reason=s.reason, ends_in=_in(s.until, now))
 
 
@@ -182,7 +183,7 @@ def _capped(sched: Scheduler, staging: Queue, now: float) -> Reason:
         if spacing and at > now:
             return reason("tenant's rate", f"{transport}_{rate_param}",
                           f"tenant {tenant} sends to {what} one delivery every "
-                          f"{spacing:g} s: the next in {at - now:.1f} s",
+                          f"{duration(spacing)}: the next {until(at - now)}",
                           tenant=tenant, until=at)
     return reason("tenant's share", f"{transport}_{tenant_cap.PARAM}",
                   f"tenant {tenant}'s mail for {name} follows now", tenant=tenant)
@@ -201,11 +202,11 @@ def _transport_reasons(sched: Scheduler, t: Transport, now: float,
     if t.suspension is not None:
         out.append(_suspended(t.suspension, f"transport {t.name}", now))
     if t.throttled:
-        until = _in(t.revive_at, now)
+        retry = _in(t.revive_at, now)
         out.append(reason(
             "transport unavailable", "transport_retry_time",
             f"transport {t.name} is dead ({t.dsn.reason if t.dsn else 'unknown'}); "
-            f"tried again in {until} s", retry_in=until))
+            f"tried again {until(retry)}", retry_in=retry))
     limit = sched.process_limit(t.name)
     busy = _busy(t)
     if limit and busy + t.pending >= limit:
@@ -216,7 +217,7 @@ def _transport_reasons(sched: Scheduler, t: Transport, now: float,
     if t.rate_lock:
         out.append(reason(
             "transport rate delay", f"{t.name}_transport_rate_delay",
-            f"transport {t.name} waits {t.cfg.transport_rate_delay} s between "
+            f"transport {t.name} waits {duration(t.cfg.transport_rate_delay)} between "
             "deliveries"))
     return out
 
@@ -229,11 +230,11 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
                  if queue.revive_at is not None else None)
         out.append(reason(
             "dead destination", "minimal_backoff_time",
-            f"{queue.nexthop} is dead since {_in(since, now)} s after "
+            f"{queue.nexthop} is dead for {duration(-(_in(since, now) or 0.0))} after "
             f"{queue.fail_cohorts:g} failed cohorts (limit "
             f"{t.cfg.failed_cohort_limit}: {t.name}_destination_concurrency_failed_"
-            f"cohort_limit): {queue.dsn.reason if queue.dsn else 'unknown'}; retried in "
-            f"{_in(queue.revive_at, now)} s", since=_in(since, now),
+            f"cohort_limit): {queue.dsn.reason if queue.dsn else 'unknown'}; retried "
+            f"{until(_in(queue.revive_at, now))}", since=_in(since, now),
             retry_in=_in(queue.revive_at, now), fail_cohorts=queue.fail_cohorts))
         return out
     gate = queue.gate
@@ -243,14 +244,15 @@ def _queue_reasons(sched: Scheduler, queue: Queue, now: float) -> list[Reason]:
     if gate is not None:
         opens = _in(gate.until, now)
         out.append(reason(gate.kind, gate.setting, gate.text + (
-            f"; next start in {opens} s" if opens is not None else
+            f"; next start {until(opens)}" if opens is not None else
             "; the next starts when one of its deliveries ends"), opens_in=opens))
         return out
     if queue.paused:
         out.append(reason(
             "rate delay", f"{t.name}_destination_rate_delay",
-            f"{queue.nexthop} waits {t.cfg.destination_rate_delay} s between deliveries; "
-            f"next in {_in(queue.paused_until, now)} s", resume_in=_in(queue.paused_until, now)))
+            f"{queue.nexthop} waits {duration(t.cfg.destination_rate_delay)} between "
+            f"deliveries; next {until(_in(queue.paused_until, now))}",
+            resume_in=_in(queue.paused_until, now)))
         return out
     room = t.room(queue)
     if room <= 0:
@@ -348,11 +350,13 @@ def explain(sched: Scheduler, target: str, now: float,
     if message is None and in_flight:
         message = in_flight[0].message
     if message is None:
+        # The daemon then looks for a queue file of that name (pyqmgr.daemon.queued).
         return {"target": target, "kind": "unknown", "reasons": [reason(
-            "not in the active queue", "",
-            f"{target} is neither an in-core destination nor a message in the active "
-            "queue (postqueue -p lists the others; deferred mail waits for "
-            "queue_run_delay and its backoff)")]}
+            "not found", "",
+            f"{target} is neither a destination in core nor a message in the queue: a "
+            "message delivered, returned or deleted, or a destination with no mail in "
+            "the active queue now (pyqmgr status lists those in core; postqueue -p the "
+            "messages)")]}
     reasons = []
     if in_flight:
         reasons.append(reason("in flight", "",
@@ -378,8 +382,35 @@ def explain(sched: Scheduler, target: str, now: float,
     if not reasons and entries:
         reasons.append(reason("none", "", "deliverable now: the next free agent of its "
                                           "transport takes it"))
-    return {"target": target, "kind": "message", "queued_entries": len(entries),
-            "in_flight": len(in_flight), "reasons": reasons}
+    return {"target": target, "kind": "message", "queue": "active", "in_core": True,
+            "queued_entries": len(entries), "in_flight": len(in_flight),
+            "reasons": reasons}
+
+
+def destination_state(sched: Scheduler, transport: str, nexthop: str,
+                      now: float) -> dict[str, object]:
+    """Where a queued message's recipient goes, as ``explain`` of it says: its state
+    in core and why nothing goes there now, or that it is not in core.
+
+    A message in the deferred queue names its destination only through its
+    recipients (the daemon routes them as the feeder would); this is that
+    destination's side: dead, suspended, shaped, at its window, or unknown to the
+    scheduler because no mail for it is in the active queue.
+    """
+    t = sched.transports.get(transport)
+    key = nexthop.lower()
+    queues = ([q for q in t.queues.values() if q.nexthop.lower() == key]
+              if t is not None else [])
+    reasons: list[Reason] = _transport_reasons(sched, t, now) if t is not None else []
+    for queue in queues:
+        reasons += _queue_reasons(sched, queue, now)
+    if not queues:
+        reasons += [_suspended(s, str(s.target), now) for s in sched.suspensions
+                    if s.target.destination == key
+                    and s.target.transport in (None, transport)]
+    return {"transport": transport, "nexthop": nexthop, "in_core": bool(queues),
+            "destinations": [destination_status(q, now) for q in queues],
+            "reasons": [{**r, "destination": nexthop} for r in reasons]}
 
 
 # -- jobs ----------------------------------------------------------------------------

@@ -392,12 +392,12 @@ def test_status_fleet_text_lists_servers_destinations_and_differences():
     print(text)
     lines = text.splitlines()
     assert lines[0] == ("fleet: 2 servers in the roster of redis://10.0.0.5:6379, read by "
-                        "relay1; lease time in force 60s")
+                        "relay1; lease time in force 1m")
     head = lines[2].split()
     assert head[:6] == ["SERVER", "INSTANCE", "PID", "VERSION", "LAYOUT", "MODE"]
     assert lines[3].split()[:8] == ["relay1", "*", "aaaa0001", "4242", "0.1.0", "2",
                                     "normal", "0"]
-    assert "10.0s ago" in lines[3] and "default: 5 sessions; smtp: 10 sessions, 10/s burst 2" \
+    assert "10s ago" in lines[3] and "default: 5 sessions; smtp: 10 sessions, 10/s burst 2" \
         in lines[3]
     assert lines[4].split()[:7] == ["relay2", "0a1b2c3d", "4242", "0.1.0", "2", "hold",
                                     "0"] and " never " in lines[4]

@@ -124,3 +124,36 @@ def test_classes_each_with_its_room_and_the_change():
     cells, changed = row(lines, "bulk")
     assert cells == ["bulk", "180", "180"] and not changed
     assert not any(text.startswith("CLASS") for text, _ in frame(REPLY, None, "name"))
+
+
+def test_batch_without_a_count_runs_until_stopped_and_survives_a_later_failure():
+    """As top -b: a frame every interval until the reader goes away (here the write
+    fails as a closed pipe does); a failure after the first frame is a frame saying
+    so, and the next refresh asks again."""
+    replies: list[object] = [REPLY, TopError("cannot connect: not running", 69), later(),
+                             REPLY, REPLY]
+
+    def fetch() -> dict[str, object]:
+        item = replies.pop(0)
+        if isinstance(item, TopError):
+            raise item
+        assert isinstance(item, dict)
+        return item
+
+    out: list[str] = []
+    slept: list[float] = []
+
+    def write(text: str) -> None:
+        if len(out) == 4:
+            raise BrokenPipeError
+        out.append(text)
+
+    with pytest.raises(BrokenPipeError):
+        batch(fetch, "/etc/postfix", 0.5, "name", None, write, slept.append)
+    assert len(out) == 4 and slept == [0.5] * 4
+    assert "snapshot 1 - sort name" in out[0] and "of" not in out[0].split("\n")[0][-20:]
+    assert "snapshot 2 - " in out[1] and "cannot connect: not running" in out[1]
+    assert "asking again in 0.5s" in out[1]
+    # The next frame's changes are against the last reply there was.
+    assert "since the last refresh" in out[2] and "c.example" in out[2]
+    assert all(text.endswith("\n\n") for text in out)
