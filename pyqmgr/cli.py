@@ -68,6 +68,8 @@ def _check(args: argparse.Namespace) -> int:
         settings = f"{report.pyqmgr_cf}: does not parse"
     elif report.pyqmgr_cf_exists:
         settings = f"{report.pyqmgr_cf}: parses, {len(report.pyqmgr_cf_parameters)} parameter(s)"
+        if report.findings.unknown:
+            settings += f", {len(report.findings.unknown)} unknown"
     else:
         settings = f"{report.pyqmgr_cf}: absent (no settings: stock behaviour)"
     lines = [f"config_dir  {report.config_dir}", f"launcher    {launcher}",

@@ -40,6 +40,7 @@ from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PYQMGR_CF, PyqmgrCf, PyqmgrCfError
 from pyqmgr.pyqmgr_cf import load as load_pyqmgr_cf
+from pyqmgr.settings_check import SettingsFindings, settings_problems, unknown_names_only
 
 LAUNCHER_DIR = "pyqmgr"
 LAUNCHER_NAME = "qmgr"
@@ -190,6 +191,9 @@ class CheckReport:
     check_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: pyqmgr.cf's unknown names, unreadable tables and missing extras (also among
+    #: ``problems``), by kind for ``--json``.
+    findings: SettingsFindings = field(default_factory=SettingsFindings)
 
     @property
     def ok(self) -> bool:
@@ -216,6 +220,7 @@ class CheckReport:
             "policy_modules": self.policy_modules,
             "paths_checked": self.paths_checked,
             "check_milliseconds": round(self.check_seconds * 1000, 3),
+            **self.findings.as_json(self.pyqmgr_cf),
         }
 
 
@@ -317,49 +322,18 @@ def inspect_installation(config_dir: str, daemon_dir: str) -> CheckReport:
         # The values, as the daemon's start-up judges them: policies, shaping, rules
         # files, retry, metrics, delivery policy delegation, fleet and memory
         # settings. Only once everything is trusted, since a module: policy is code
-        # that this imports.
-        report.problems += _settings_problems(settings, cfg)
+        # that this imports. Names nothing reads, tables that cannot be read and
+        # missing extras are problems too (pyqmgr.settings_check).
+        report.problems += settings_problems(settings, cfg, report.findings)
+        report.notes += report.findings.notes
+    elif settings is not None:
+        report.problems += unknown_names_only(settings, config_dir, report.findings)
     return report
 
 
 def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
-    from pyqmgr.daemon import classes, delegation, memory, metrics, tenant_limits
-    from pyqmgr.daemon.policies import PolicySetup, policy_setup
-    from pyqmgr.daemon.sites import on as sites_on
-    from pyqmgr.daemon.sites import site_settings
-    from pyqmgr.fleet.settings import check_site_limits, fleet_settings
-    from pyqmgr.scheduler.policy import PolicyError
-
-    policies: list[PolicySetup] = []
-
-    def sites() -> None:
-        # The settings only: start-up also makes dnspython's resolver, which check
-        # need not (it reads resolv.conf, not pyqmgr.cf). With policies refused,
-        # master.cf's commands are unknown and that refusal is the one said.
-        if policies:
-            found = site_settings(settings, policies[0].commands,
-                                  cfg.get("relayhost") or "")
-            if fleet_settings(settings, cfg.myhostname) is not None:
-                check_site_limits(settings, found.limits.__contains__
-                                  if found is not None else None)
-
-    def classes_check() -> None:
-        if policies:
-            classes.setup(settings, policies[0], lambda text: None, cfg.config_dir)
-        tenant_limits.check(settings, (settings.get("tenant_key") or "none").strip(),
-                            sites_on(settings), lambda text: None)
-
-    problems: list[str] = []
-    for check in (lambda: policies.append(policy_setup(settings, cfg)),
-                  lambda: metrics.setup(settings, cfg),
-                  lambda: delegation.setup(settings),
-                  lambda: fleet_settings(settings, cfg.myhostname),
-                  lambda: memory.warning_limit(settings), sites, classes_check):
-        try:
-            check()
-        except (PyqmgrCfError, PolicyError, ConfigError) as exc:
-            problems.append(f"the daemon would refuse to start: {exc}")
-    return problems
+    """pyqmgr.cf's values as ``check`` judges them (:mod:`pyqmgr.settings_check`)."""
+    return settings_problems(settings, cfg)
 
 
 def check_installation(config_dir: str) -> CheckReport:

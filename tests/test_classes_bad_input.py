@@ -119,9 +119,10 @@ def test_a_class_table_that_blocks_delays_start_up_by_the_bound(postfix_instance
     srv: SinkServer = sink()
     pf: PostfixInstance = postfix_instance(
         start=False, transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
-        qmgr="pyqmgr", pyqmgr_cf={**CLASSES_CF, "message_class_maps": spec})
-    # Made after the install, whose check reads the tables too (and would wait as
-    # long, silently: it leaves the table out as start-up does).
+        qmgr="pyqmgr")
+    # Both made after the install, whose check reads the tables too (it would wait as
+    # long, and refuse a table it cannot read).
+    pf.write_pyqmgr_cf({**CLASSES_CF, "message_class_maps": spec})
     os.mkfifo(tmp_path / "stuck.db")
     began = time.time()
     pf.start()

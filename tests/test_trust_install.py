@@ -70,9 +70,11 @@ def state(pf) -> dict[str, object]:
     return found
 
 
+# pyqmgr_test_note is the admin's own parameter (another value uses it as $name, so
+# check does not call it unknown); smtp_delivery_policy_context is one of pyqmgr's.
 CLEAN_CF = ("# pyqmgr's own settings\n"
             "pyqmgr_test_note = queue in $queue_directory\n"
-            "smtp_pyqmgr_test_note = ${pyqmgr_test_note},\n"
+            "smtp_delivery_policy_context = ${pyqmgr_test_note},\n"
             "    continued\n")
 
 
@@ -94,7 +96,7 @@ def test_check_passes_a_clean_instance_and_reports_json(trusted_base, postfix):
     assert report["ok"] is True and report["problems"] == []
     assert report["pyqmgr_cf"] == {
         "path": f"{pf.config_dir}/pyqmgr.cf", "exists": True, "parses": True, "error": None,
-        "parameters": ["pyqmgr_test_note", "smtp_pyqmgr_test_note"]}
+        "parameters": ["pyqmgr_test_note", "smtp_delivery_policy_context"]}
     assert report["launcher"]["installed"] is False
     assert report["paths_checked"] > 50
     assert report["build"] == "pure Python"
@@ -265,7 +267,7 @@ def test_pyqmgr_cf_names_are_invisible_to_postconf(postfix):
     """pyqmgr.cf is not main.cf: real postconf -n does not read it, so never warns."""
     pf = postfix(qmgr="stock", start=False)
     write_cf(pf, CLEAN_CF + "scheduler_policy = nqmgr\n")
-    names = ("pyqmgr_test_note", "smtp_pyqmgr_test_note", "scheduler_policy")
+    names = ("pyqmgr_test_note", "smtp_delivery_policy_context", "scheduler_policy")
     proc = subprocess.run(["postconf", "-c", pf.config_dir, "-n"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -47,9 +47,10 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 from pyqmgr.daemon.policies import PolicySetup
+from pyqmgr.extras import install_command
 from pyqmgr.postfix.lookup_table import (
     LookupTableError,
     Table,
@@ -252,11 +253,19 @@ def _lookup(tables: list[Table], keys: list[str]) -> str | None:
     return None
 
 
+#: Told of a table that cannot be read: (its spec, the warning's text).
+Unreadable = Callable[[str, str], None]
+
+
 def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
-               config_dir: str | None = None) -> Classifier | None:
+               config_dir: str | None = None, unreadable: Unreadable | None = None,
+               proxymap: str | None = None) -> Classifier | None:
     """pyqmgr.cf's classes and tenants; None when off (stock: one class, no tenant).
     PyqmgrCfError for a mistake in the parameters; a table that cannot be read is
-    a warning and is left out (its mail takes the defaults)."""
+    a warning and is left out (its mail takes the defaults). ``unreadable``, when
+    given, is told of such a table instead of ``warn``: ``pyqmgr check`` counts it as
+    a problem, since the daemon would not do what the file says. ``proxymap``: its
+    socket, where the working directory is not the queue directory (check's)."""
     names = (settings.get(CLASSES) or "").replace(",", " ").split()
     tenant_key = (settings.get(TENANT_KEY) or "none").strip()
     if not _known(tenant_key, TENANT_KEYS):
@@ -289,11 +298,12 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
         if settings.get(RESERVE) is not None:
             raise settings.error(RESERVE, f"has no effect without {CLASSES}")
         return None
+    opener = _Tables(settings, warn, config_dir,
+                     unreadable or (lambda spec, text: warn(text)), proxymap)
     return Classifier(
-        names or ["default"], _tables(settings, CLASS_MAPS, warn, config_dir), class_key,
-        names.index(default) if names else 0, tenant_key,
-        _tables(settings, TENANT_MAPS, warn, config_dir), warn, reserve,
-        _tables(settings, WEIGHT_MAPS, warn, config_dir))
+        names or ["default"], opener.read(CLASS_MAPS), class_key,
+        names.index(default) if names else 0, tenant_key, opener.read(TENANT_MAPS), warn,
+        reserve, opener.read(WEIGHT_MAPS))
 
 
 def _known(key: str, keys: tuple[str, ...]) -> bool:
@@ -303,11 +313,12 @@ def _known(key: str, keys: tuple[str, ...]) -> bool:
 
 
 def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None],
-          config_dir: str | None = None) -> Classifier | None:
+          config_dir: str | None = None, unreadable: Unreadable | None = None,
+          proxymap: str | None = None) -> Classifier | None:
     """:func:`classifier` at start-up: classes and tenants order deliveries in nqmgr's
     job list only, so another scheduler_policy with them is refused, not quietly
     ignored."""
-    found = classifier(settings, warn, config_dir)
+    found = classifier(settings, warn, config_dir, unreadable, proxymap)
     if found is not None and not policies.table.stock:
         name = CLASSES if len(found.classes) > 1 else TENANT_KEY
         raise settings.error(name, "classes and tenants order deliveries in stock's "
@@ -318,8 +329,8 @@ def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None]
             import inotify_simple  # type: ignore[import-untyped]  # noqa: F401
         except (ImportError, OSError) as exc:
             raise settings.error(CLASSES, f"the inotify_simple library does not load "
-                                          f"({exc}); install it (pip install "
-                                          "'pyqmgr[classes]')") from None
+                                          f"({exc}); install it "
+                                          f"({install_command(['classes'])})") from None
     return found
 
 
@@ -327,17 +338,29 @@ def _prefixed(warn: Callable[[str], None], prefix: str) -> Callable[[str], None]
     return lambda text: warn(f"{prefix}: {text}")
 
 
-def _tables(settings: PyqmgrCf, name: str, warn: Callable[[str], None],
-            config_dir: str | None) -> list[Table]:
-    out: list[Table] = []
-    for spec in table_specs(settings.get(name) or ""):
-        try:
-            table = open_table(spec, config_dir, warn=_prefixed(warn, f"classes: {name}"))
-        except LookupTableError as exc:
-            warn(f"classes: {name}: {exc}: left out, its mail takes the defaults")
-            continue
-        for text in table.warnings[:10]:
-            warn(f"classes: {name}: {text}")
-        out.append(table)
-    return out
+@dataclass(frozen=True)
+class _Tables:
+    """Opens the tables a parameter names, each that cannot be read left out."""
+
+    settings: PyqmgrCf
+    warn: Callable[[str], None]
+    config_dir: str | None
+    refused: Unreadable
+    proxymap: str | None
+
+    def read(self, name: str) -> list[Table]:
+        out: list[Table] = []
+        opener = partial(open_table, proxymap=self.proxymap) if self.proxymap else open_table
+        for spec in table_specs(self.settings.get(name) or ""):
+            try:
+                table = opener(spec, self.config_dir,
+                               warn=_prefixed(self.warn, f"classes: {name}"))
+            except LookupTableError as exc:
+                self.refused(spec, f"classes: {name}: {exc}: left out, its mail takes the "
+                                   "defaults")
+                continue
+            for text in table.warnings[:10]:
+                self.warn(f"classes: {name}: {text}")
+            out.append(table)
+        return out
 

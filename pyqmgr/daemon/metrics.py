@@ -204,12 +204,13 @@ def import_exporter(settings: PyqmgrCf) -> None:
     the launcher keeps out of the daemon to save OpenSSL's 4 MiB: with metrics on, ssl
     is let back in. The exporter never uses it.
     """
+    from pyqmgr.extras import install_command
     from pyqmgr.libraries import import_trusted
 
     def missing(why: object) -> PyqmgrCfError:
         return PyqmgrCfError(f"{settings.path}: parameter {LISTEN}: the prometheus_client "
-                             f"library does not load ({why}); install it (pip install "
-                             "'pyqmgr[metrics]') or remove the parameter")
+                             f"library does not load ({why}); install it "
+                             f"({install_command(['metrics'])}) or remove the parameter")
 
     import_trusted(("prometheus_client",), ("prometheus_client",), missing)
 

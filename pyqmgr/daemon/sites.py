@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pyqmgr.extras import install_command
 from pyqmgr.fleet.settings import check_site_limits
 from pyqmgr.postfix.lookup_table import LookupTableError, open_table, table_specs
 from pyqmgr.pyqmgr_cf import PyqmgrCf
@@ -218,7 +219,14 @@ def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str,
         check_site_limits(settings, checked.limits.__contains__ if checked else None)
     if checked is None:
         return None
-    return SiteSetup(checked, DnsLookup(checked).found)
+    try:
+        lookup = DnsLookup(checked)
+    except ImportError as exc:
+        # Start-up names a dnspython that is not installed (pyqmgr.extras); this is one
+        # that is there but does not load: the same fatal line, not a traceback.
+        raise settings.error(GROUPING, f"the dnspython library does not load ({exc}); "
+                                       f"install it ({install_command(['sites'])})") from None
+    return SiteSetup(checked, lookup.found)
 
 
 class SiteHost(Protocol):

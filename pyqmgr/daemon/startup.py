@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Protocol
 
-from pyqmgr import trust
+from pyqmgr import extras, trust
 from pyqmgr.daemon import (
     classes,
     control,
@@ -57,6 +57,7 @@ from pyqmgr.postfix.master import (
 )
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.pyqmgr_cf import load as load_pyqmgr_cf
+from pyqmgr.pyqmgr_cf_names import unknown_parameters
 
 
 class QueueManager(Protocol):
@@ -182,6 +183,17 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
                     log: MailLog, config_dir: str) -> DaemonSetup:
     """pyqmgr.cf's optional parts, each checked and its files read before the chroot
     (the suspensions' state file is opened later, in the queue directory)."""
+    # A name nothing reads is a warning each (a misspelled setting leaves its feature
+    # off), as postconf(1) warns of unused main.cf parameters (issue #43).
+    table = policies.table
+    for found in unknown_parameters(pyqmgr_cf, policies.commands,
+                                    [table.default, *table.by_transport.values()]):
+        log.warning(found.text(pyqmgr_cf.path))
+    # A feature whose library is not installed: one fatal line naming the extra and the
+    # command that adds it, before any of them is imported.
+    lacking = extras.lacking(pyqmgr_cf.values)
+    if lacking:
+        raise PyqmgrCfError(extras.lacking_fatal(pyqmgr_cf.path, lacking))
     # Metrics are off unless pyqmgr.cf says where to serve them; then the exporter and
     # prometheus_client are imported now, before the chroot.
     metrics_cf = metrics.setup(pyqmgr_cf, cfg)

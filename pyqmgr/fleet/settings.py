@@ -470,11 +470,12 @@ def import_redis(settings: PyqmgrCf, fleet: FleetSettings) -> None:
     client reaches later, connections and failovers included."""
     import importlib.util
 
+    from pyqmgr.extras import install_command
     from pyqmgr.libraries import import_trusted
 
     def missing(why: object) -> Exception:
         return settings.error(SHARED_STATE, f"the redis library does not load ({why}); "
-                                            "install it (pip install 'pyqmgr[fleet]')")
+                                            f"install it ({install_command(['fleet'])})")
 
     packages = ["redis"]
     # hmac: the fleet key's notices are signed and checked with it, long after start-up.
