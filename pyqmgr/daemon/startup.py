@@ -101,9 +101,12 @@ def main(argv: list[str], daemon: QueueManagerFactory = Qmgr) -> int:
         return _run(argv, log, daemon)
     except (UsageError, ConfigError, PyqmgrCfError, trust.UntrustedError,
             version.VersionError, Fatal, mail_queue.ScanError) as exc:
-        for text in getattr(exc, "warnings", ()):
+        warnings = list(getattr(exc, "warnings", ()))
+        for text in warnings:
             log.warning(text)
         log.fatal(str(exc))
+        # And where pyqmgr status finds it: its users may not read the maillog.
+        control.keep_fatal(str(exc), warnings)
         return EXIT_FATAL
 
 
