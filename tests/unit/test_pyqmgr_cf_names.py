@@ -257,3 +257,22 @@ def test_contribs_policy_declares_what_it_reads():
     cf = from_text("".join(f"smtp_{knob} = 1\n" for knob in policy.knobs), "pyqmgr.cf")
     assert policy.knobs and unknown_parameters(cf, TRANSPORTS, [policy]) == []
     assert len(unknown_parameters(cf, TRANSPORTS)) == len(policy.knobs)
+
+
+def test_check_names_unknown_names_even_when_it_cannot_judge_the_values(tmp_path):
+    """An installation the trust check refuses is not imported from (no policy loads),
+    yet its misspellings are named, against master.cf's transports; with a module:
+    policy, whose own names are unknown until it loads, nothing is said."""
+    from pyqmgr.settings_check import SettingsFindings, unknown_names_only
+
+    (tmp_path / "master.cf").write_text("smtp unix - - n - 10 smtp\n")
+    cf = from_text("metrics_lisen = 9155\nbulk_destination_rate = 1/1s\n", "pyqmgr.cf")
+    found = SettingsFindings()
+    assert unknown_names_only(cf, str(tmp_path), found) == [
+        "pyqmgr.cf: unknown parameter metrics_lisen (did you mean metrics_listen?)",
+        "pyqmgr.cf: unknown parameter bulk_destination_rate (master.cf has no bulk "
+        "service: it applies to nothing)"]
+    assert [u.name for u in found.unknown] == ["metrics_lisen", "bulk_destination_rate"]
+    policy = from_text("scheduler_policy = module:/etc/postfix/mine.py\nmine_knob = 1\n",
+                       "pyqmgr.cf")
+    assert unknown_names_only(policy, str(tmp_path), SettingsFindings()) == []
