@@ -20,13 +20,18 @@ the daemon from a 0700 directory with every feature on and want no such line.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Only a name: importlib.abc at run time brings tempfile, random and more into
+    # every daemon (tests/unit/test_daemon_imports.py). A finder is any object with
+    # find_spec.
+    from importlib.machinery import ModuleSpec
 
 #: The environment variable that adds the audit hook (tests set it).
 AUDIT_ENV = "PYQMGR_IMPORT_AUDIT"
@@ -34,7 +39,7 @@ AUDIT_ENV = "PYQMGR_IMPORT_AUDIT"
 MAX_REPORTED = 50
 
 
-class LateImports(importlib.abc.MetaPathFinder):
+class LateImports:
     """Names each module first imported after privileges were dropped, once."""
 
     def __init__(self, warn: Callable[[str], None]) -> None:
@@ -51,7 +56,7 @@ class LateImports(importlib.abc.MetaPathFinder):
                   "please report this")
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         self.report(fullname)
         return None
 
