@@ -273,3 +273,22 @@ def test_chromium_pipe_keeps_an_event_read_together_with_a_reply():
     finally:
         for fd in (to_r, to_w, from_r, from_w):
             os.close(fd)
+
+
+def test_chromium_evaluates_an_expression_in_the_laid_out_page(tmp_path):
+    """open_page's ``evaluate`` (docs/images/regenerate.py cuts the compare report's
+    screenshot where it says): where an element is, in the page at the screenshot's
+    size; a script that throws is an error, not a None."""
+    from pyqmgr.testbed.chromium import ChromiumError, open_page
+
+    page = tmp_path / "p.html"
+    page.write_text('<!DOCTYPE html><html><body style="margin:0"><div style="height:700px">'
+                    '</div><h2 id=x style="margin:0;height:40px">here</h2></body></html>')
+    os.chmod(tmp_path, 0o755)
+    seen = open_page(f"file://{page}", width=400, height=300, evaluate=(
+        "(() => { const b = document.getElementById('x').getBoundingClientRect();"
+        " return [b.top + window.scrollY, b.bottom + window.scrollY]; })()"))
+    assert seen.evaluated == [700, 740]
+    assert seen.screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ChromiumError, match="evaluate"):
+        open_page(f"file://{page}", screenshot=False, evaluate="no_such_name.x")
