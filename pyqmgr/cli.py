@@ -20,9 +20,24 @@ from pyqmgr.control.protocol import COMMANDS, CONTROL, READ, Arg
 from pyqmgr.output import OutputError, output_dir
 
 
+def _not_root(command: str, why: str) -> bool:
+    """True, after one line saying so, when this is not root; ``why`` says what needs it.
+
+    One line and a non-zero status instead of the first EACCES deep inside
+    (``cannot be checked: Permission denied``, postconf's raw fatal, a traceback).
+    """
+    if os.geteuid() == 0:
+        return False
+    print(f"pyqmgr {command}: must be run as root: {why}", file=sys.stderr)
+    return True
+
+
 def _install(args: argparse.Namespace) -> int:
     from pyqmgr.install import InstallError, install, install_man_pages
 
+    if _not_root("install", "it changes master.cf and writes the launcher that master(8) "
+                            "runs as root"):
+        return 1
     try:
         for line in install(args.config_dir):
             print(line)
@@ -92,6 +107,8 @@ def _check(args: argparse.Namespace) -> int:
 def _uninstall(args: argparse.Namespace) -> int:
     from pyqmgr.install import InstallError, remove_man_pages, uninstall
 
+    if _not_root("uninstall", "it changes master.cf and reloads Postfix"):
+        return 1
     try:
         lines = uninstall(args.config_dir)
         for line in lines:
@@ -107,6 +124,9 @@ def _uninstall(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from pyqmgr import extras
 
+    if _not_root("demo", "it starts a throwaway Postfix instance, whose master(8) runs "
+                         "as root (the machine's own Postfix is not touched)"):
+        return 1
     lacking = extras.missing("testbed")  # the demo's remote site is a sink SMTP server
     if lacking is not None:
         print(f"pyqmgr demo: {lacking}", file=sys.stderr)
@@ -183,10 +203,17 @@ def _simulate(args: argparse.Namespace) -> int:
         print("\n".join(lines))
     if args.plot:
         try:
-            plot(result, args.plot, scenario.title)
+            written = plot(result, args.plot, scenario.title, scenario)
         except (PlotError, OutputError) as exc:
             print(f"pyqmgr simulate: {exc}", file=sys.stderr)
             return 1
+        except OSError as exc:
+            print(f"pyqmgr simulate: --plot {args.plot}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
+        # Where it went, as a person looks for it; on stderr under --json, whose
+        # stdout is one JSON document.
+        print(f"plot: {written}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -498,14 +525,25 @@ def _ask(args: argparse.Namespace, command: str, **request_args: object) -> (
     """One request to the instance's daemon: its successful reply, or an exit status.
 
     Failures are printed here, as ``pyqmgr COMMAND: text`` on stderr (and, with
-    --json, also the daemon's failed reply on stdout, for scripts).
+    --json, also the daemon's failed reply on stdout, for scripts). When no daemon
+    answers, what this user can see of why follows: the daemon's last fatal error
+    and how to start it at once, or that Postfix is not running.
     """
-    from pyqmgr.control.client import ClientError, request, socket_path
+    from pyqmgr.control.client import SOCKET_PATH, ClientError, not_running, queue_directory
+    from pyqmgr.control.client import request as ask
 
     try:
-        reply = request(socket_path(args.config_dir), command, request_args)
+        queue_dir = queue_directory(args.config_dir)
+        reply = ask(os.path.join(queue_dir, SOCKET_PATH), command, request_args)
     except ClientError as exc:
         print(f"pyqmgr {command}: {exc}", file=sys.stderr)
+        why = not_running(queue_dir, args.config_dir) if exc.down else None
+        for line in why.lines if why is not None else ():
+            print(f"pyqmgr {command}: {line}" if not line.startswith(" ") else line,
+                  file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": str(exc), "code": exc.kind,
+                              **(why.data if why is not None else {})}, indent=2))
         return _CLIENT_EXIT[exc.kind]
     if not reply["ok"]:
         if args.json:
@@ -541,33 +579,44 @@ def _top(args: argparse.Namespace) -> int:
     import curses
 
     from pyqmgr.control import top
-    from pyqmgr.control.client import ClientError, request, socket_path
+    from pyqmgr.control.client import SOCKET_PATH, ClientError, not_running, queue_directory
+    from pyqmgr.control.client import request as ask
 
     try:
-        path = socket_path(args.config_dir)
+        queue_dir = queue_directory(args.config_dir)
     except ClientError as exc:  # not a configuration directory: nothing to retry
         print(f"pyqmgr top: {exc}", file=sys.stderr)
         return _CLIENT_EXIT[exc.kind]
+    path = os.path.join(queue_dir, SOCKET_PATH)
 
     def fetch() -> dict[str, object]:
         try:
-            reply = request(path, "status")
+            reply = ask(path, "status")
         except ClientError as exc:
-            raise top.TopError(str(exc), _CLIENT_EXIT[exc.kind]) from None
+            why = not_running(queue_dir, args.config_dir).lines if exc.down else []
+            raise top.TopError("\n".join([str(exc), *why]), _CLIENT_EXIT[exc.kind]) from None
         if not reply["ok"]:
             raise top.TopError(f"the daemon refused: {reply['error']}",
                                EX_NOPERM if reply.get("code") == "denied" else 1)
         return reply
 
+    def write(text: str) -> None:
+        # Each frame whole as soon as it is made, to a pipe as to a file.
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
     try:
         if args.once or args.iterations is not None or not (
                 sys.stdin.isatty() and sys.stdout.isatty()):
-            iterations = 1 if args.once else (args.iterations or 1)
+            # As top -b: until stopped, unless -n (or --once) says how many.
+            iterations = 1 if args.once else args.iterations
             try:
                 return top.batch(fetch, args.config_dir, args.interval, args.sort,
-                                 iterations, sys.stdout.write)
+                                 iterations, write)
             except top.TopError as exc:
-                print(f"pyqmgr top: {exc}", file=sys.stderr)
+                for line in str(exc).splitlines():
+                    print(f"pyqmgr top: {line}" if not line.startswith(" ") else line,
+                          file=sys.stderr)
                 return exc.status
         try:
             return int(curses.wrapper(top.interactive, fetch, args.config_dir,
@@ -665,9 +714,11 @@ def _add_setup(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "then write this installation's launcher\n"
             "($daemon_directory/pyqmgr/<venv>-<hash>/qmgr: each venv has its own, so no\n"
             "other installation's is rewritten), save master.cf as master.cf.pyqmgr-backup\n"
-            "the first time, make the qmgr service run the launcher (only its command\n"
-            "column changes), install the manual pages pyqmgr(8) and pyqmgr(1), and\n"
-            "'postfix reload' the instance if it runs. Idempotent."))
+            "(the last master.cf without pyqmgr; an older one is named and replaced), make\n"
+            "the qmgr service run the launcher (only its command word changes, in place:\n"
+            "every other byte of master.cf stays), install the manual pages pyqmgr(8) and\n"
+            "pyqmgr(1), and 'postfix reload' the instance if it runs. Idempotent. Root only."),
+        epilog="exit status: 0 installed (or already), 1 refused or not root (says why)")
     p.add_argument("--config-dir", required=True, help="the instance's config_directory")
     p.add_argument("--man-dir", default=DEFAULT_MAN_DIR, metavar="DIR",
                    help=f"where man finds the pages (default {DEFAULT_MAN_DIR}: "
@@ -677,10 +728,16 @@ def _add_setup(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     p = sub.add_parser(
         "uninstall", help="restore stock qmgr for a Postfix instance",
-        description=("Give the qmgr service back to stock qmgr (its arguments kept) and "
-                     "reload a running instance; keep pyqmgr.cf. The launcher goes when no "
-                     "instance of this Postfix runs it any more, and the manual pages "
-                     "with the last launcher."))
+        description=("Give the qmgr service back the command it ran before install (its "
+                     "arguments kept) and reload a running instance. master.cf is restored "
+                     "from master.cf.pyqmgr-backup byte for byte, and the backup removed, "
+                     "when nothing else in it changed since install; otherwise only the "
+                     "command word changes, your later edits stay and the backup is kept. "
+                     "pyqmgr.cf is kept. The launcher goes when no instance of this Postfix "
+                     "runs it any more, the manual pages with the last launcher, and the "
+                     "daemon's own directories ($queue_directory/pyqmgr, "
+                     "$data_directory/pyqmgr) once it has exited. Root only."),
+        epilog="exit status: 0 done (or nothing to undo), 1 failed or not root (says why)")
     p.add_argument("--config-dir", required=True, help="the instance's config_directory")
     p.add_argument("--man-dir", default=DEFAULT_MAN_DIR, metavar="DIR",
                    help=f"where install put the manual pages (default {DEFAULT_MAN_DIR})")
@@ -857,20 +914,24 @@ def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "keys: q quit (Ctrl-C too), s next sort order (name, window, busy, queued),\n"
             "p pause/resume, space refresh now. While the daemon is not running or does\n"
             "not answer, the screen says so and top asks again every interval.\n\n"
-            "Without a terminal on stdin and stdout (a pipe, a script), or with --once or\n"
-            "-n, top prints plain snapshots instead, like 'top -b': one, or N an interval\n"
-            "apart; there a failed request ends the run with the exit status of status."),
+            "Without a terminal on stdin and stdout (a pipe, a script), or with -n, top\n"
+            "prints plain snapshots instead, as 'top -b' does: one every --interval until\n"
+            "stopped (Ctrl-C, SIGTERM, or the pipe's reader going away: 'pyqmgr top | head'\n"
+            "ends quietly), or N of them with -n N (--once: one). Each is written out as\n"
+            "soon as it is made. A failed first request ends the run with the exit status\n"
+            "of status; a later failure is that snapshot's text, and the next asks again."),
         epilog=_CONTROL_EPILOG)
     p.add_argument("--config-dir", default=_default_config(),
                    help="the instance's config_directory (default: $MAIL_CONFIG or "
                         "/etc/postfix)")
-    p.add_argument("--interval", type=_interval, default=2.0, metavar="SECONDS",
-                   help="seconds between refreshes (default 2, at least 0.1)")
+    p.add_argument("-d", "--interval", type=_interval, default=2.0, metavar="SECONDS",
+                   help="seconds between refreshes (default 2, at least 0.1; top's -d)")
     p.add_argument("--sort", choices=["name", "window", "busy", "queued"], default="name",
                    help="initial order of the destinations (s changes it)")
     p.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
-    p.add_argument("-n", dest="iterations", type=_positive, metavar="N",
-                   help="print N plain snapshots, --interval apart, and exit")
+    p.add_argument("-n", "--iterations", dest="iterations", type=_positive, metavar="N",
+                   help="print N plain snapshots, --interval apart, and exit (top's -n); "
+                        "without a terminal and without -n, top prints them until stopped")
     p.set_defaults(func=_top)
 
 

@@ -3,8 +3,9 @@
 master(8) runs ``$daemon_directory/<command>`` and Postfix's log tag is the basename of
 argv[0]; so the launcher is a file named ``qmgr`` and the master.cf command becomes
 ``pyqmgr/<venv>/qmgr``: log lines keep reading ``postfix/qmgr[pid]``. Only the command
-word of the ``qmgr unix`` line changes, through ``postconf -F``, so every other column
-and ``-o`` option stays as the admin wrote it.
+word of the ``qmgr unix`` line changes, in place, so every other byte of master.cf stays
+as the admin wrote it; uninstall gives master.cf back byte for byte when nothing else
+changed in it, and otherwise keeps the admin's later edits (:mod:`pyqmgr.rollback`).
 
 Each installation (one interpreter, one venv) has a launcher of its own,
 ``$daemon_directory/pyqmgr/<venv name>-<hash of its path>/qmgr``: a second checkout,
@@ -29,13 +30,13 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-from pyqmgr import build, trust
+from pyqmgr import build, rollback, trust
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PYQMGR_CF, PyqmgrCf, PyqmgrCfError
@@ -47,7 +48,7 @@ LAUNCHER_NAME = "qmgr"
 #: The one launcher older installs shared; recognised, never written.
 SHARED_COMMAND = f"{LAUNCHER_DIR}/{LAUNCHER_NAME}"
 STOCK_COMMAND = "qmgr"
-BACKUP_SUFFIX = ".pyqmgr-backup"
+BACKUP_SUFFIX = rollback.BACKUP_SUFFIX
 # Linux reads at most this much of a "#!" line (BINPRM_BUF_SIZE, 256 with the newline).
 _SHEBANG_MAX = 255
 
@@ -366,8 +367,17 @@ def _running(config_dir: str) -> bool:
 
 
 def _set_command(config_dir: str, current: str, new_word: str) -> None:
-    # Replace the program word only; its arguments (-o ...) follow unchanged.
+    """Replace the program word only, in place; its arguments (-o ...) follow unchanged.
+
+    ``postconf -F`` only if this reader does not find the entry where postconf did
+    (it then rewrites the entry in its own layout).
+    """
     first = current.split(maxsplit=1)[0]
+    try:
+        if rollback.set_command(os.path.join(config_dir, "master.cf"), first, new_word):
+            return
+    except rollback.RollbackError as exc:
+        raise InstallError(str(exc)) from None
     _postconf(config_dir, "-F", f"qmgr/unix/command={new_word}{current[len(first):]}")
 
 
@@ -410,24 +420,61 @@ def install(config_dir: str) -> list[str]:
     if word == ours:
         done.append("qmgr service already runs pyqmgr")
         return done
-    master_cf = os.path.join(config_dir, "master.cf")
-    backup = master_cf + BACKUP_SUFFIX
-    if not os.path.exists(backup):
-        try:
-            shutil.copy2(master_cf, backup)
-        except OSError as exc:
-            raise InstallError(f"cannot save {backup}: {exc}") from exc
-        done.append(f"saved {backup}")
+    try:
+        done += rollback.save_backup(os.path.join(config_dir, "master.cf"),
+                                     is_pyqmgr_command(word))
+    except rollback.RollbackError as exc:
+        raise InstallError(f"cannot save master.cf's backup: {exc}") from None
     if is_pyqmgr_command(word):
         done.append(f"note: the qmgr service ran another pyqmgr installation ({word}); "
                     "it now runs this one")
     elif word != STOCK_COMMAND:
         done.append(f"note: the qmgr service ran {word!r}, not stock qmgr; "
-                    "uninstall will restore 'qmgr'")
+                    f"uninstall will restore {word!r}")
     _set_command(config_dir, current, ours)
     done.append(f"qmgr service command: {ours}")
+    done += _who_can_run(config_dir)
     _reload(config_dir, done)
     return done
+
+
+def _closed_directory(paths: list[str]) -> tuple[str, int] | None:
+    """The first directory above ``paths`` that users other than root cannot enter."""
+    for path in paths:
+        parts = os.path.abspath(path).split(os.sep)[1:-1]
+        for depth in range(len(parts) + 1):
+            directory = os.sep + os.path.join(*parts[:depth]) if depth else os.sep
+            try:
+                mode = os.stat(directory).st_mode
+            except OSError:
+                continue
+            if not mode & 0o001:
+                return directory, stat.S_IMODE(mode)
+    return None
+
+
+def _who_can_run(config_dir: str) -> list[str]:
+    """A note when this pyqmgr lies where only root can run it.
+
+    ``pyqmgr status`` and ``explain`` are for the users authorized_mailq_users
+    allows, but they run this interpreter and package themselves: under a 0700
+    directory (/root) they cannot even start it, and nothing pyqmgr does at run
+    time can change that. Said at install, where the admin can still move it.
+    """
+    try:
+        allowed = _postconf(config_dir, "-xh", "authorized_mailq_users").strip()
+    except InstallError:
+        allowed = "static:anyone"
+    script = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
+    closed = _closed_directory([script, os.path.realpath(sys.executable),
+                                os.path.join(trust.package_dir(), "__init__.py")])
+    if not allowed or closed is None:
+        return []
+    directory, mode = closed
+    return [f"note: {directory} is mode {mode:04o}, so only root can run {script}: the "
+            f"users authorized_mailq_users allows ({allowed}) cannot run 'pyqmgr status' "
+            "or 'pyqmgr explain' from it. For them, put the checkout and its venv "
+            "under /opt (README.md, section 6)"]
 
 
 def _instances(config_dir: str) -> list[str]:
@@ -482,30 +529,62 @@ def _remove_unused_launcher(config_dir: str, daemon_dir: str, word: str,
                 os.rmdir(directory)  # only when empty
 
 
+def _restore_master_cf(config_dir: str, current: str, word: str) -> list[str]:
+    """The qmgr command back to the backup's (stock ``qmgr`` without one), and
+    master.cf back to the backup's bytes when nothing else changed in it."""
+    master_cf = os.path.join(config_dir, "master.cf")
+    try:
+        stock = rollback.stock_word(master_cf, is_pyqmgr_command, STOCK_COMMAND)
+        done = rollback.restore(master_cf, word, stock)
+    except rollback.RollbackError as exc:
+        raise InstallError(str(exc)) from None
+    if done is None:
+        _set_command(config_dir, current, stock)
+        done = [f"qmgr service command: {stock}",
+                f"edited the qmgr line of {master_cf} with postconf -F (its layout is "
+                "postconf's); the backup, if any, is kept"]
+    return done
+
+
+def _leftovers(config_dir: str, pids: list[int]) -> list[str]:
+    """Remove the daemon's own directories (:func:`rollback.remove_state`)."""
+    try:
+        queue_dir = _postconf(config_dir, "-xh", "queue_directory").strip()
+        data_dir = _postconf(config_dir, "-xh", "data_directory").strip()
+    except InstallError:
+        return []
+    return rollback.remove_state(queue_dir, data_dir, pids)
+
+
 def uninstall(config_dir: str) -> list[str]:
     """Give the qmgr service back to stock qmgr (arguments kept); idempotent.
 
-    The launcher goes too unless another instance of this Postfix still names it.
+    master.cf comes back byte for byte when nothing else in it changed since
+    install; otherwise only the qmgr command word changes and the admin's edits
+    stay (:mod:`pyqmgr.rollback`). The launcher goes too unless another instance
+    of this Postfix still names it, and so do the daemon's own directories (the
+    control socket's, the suspensions') once it has exited.
     """
     current = _check(config_dir)
     done: list[str] = []
     word = current.split()[0]
     if word == STOCK_COMMAND:
         done.append("qmgr service already runs stock qmgr")
-        return done
+        return done + _leftovers(config_dir, [])
     if not is_pyqmgr_command(word):
         # Not ours to undo: an admin's own choice (oqmgr, a wrapper...) stays.
         done.append(f"qmgr service runs {word!r}, not pyqmgr: nothing to undo")
         return done
     daemon_dir = _postconf(config_dir, "-xh", "daemon_directory").strip()
-    _set_command(config_dir, current, STOCK_COMMAND)
-    done.append(f"qmgr service command: {STOCK_COMMAND}")
+    queue_dir = _postconf(config_dir, "-xh", "queue_directory").strip()
+    pids = rollback.daemon_pids(queue_dir, os.path.join(daemon_dir, word))
+    done += _restore_master_cf(config_dir, current, word)
     _remove_unused_launcher(config_dir, daemon_dir, word, done)
     settings = os.path.join(config_dir, PYQMGR_CF)
     if os.path.lexists(settings):
         done.append(f"kept {settings} (stock qmgr ignores it; install uses it again)")
     _reload(config_dir, done)
-    return done
+    return done + _leftovers(config_dir, pids)
 
 
 # -- manual pages ---------------------------------------------------------------------------

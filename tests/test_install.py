@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -18,6 +20,7 @@ from pyqmgr.install import (
     pyqmgr_command,
     uninstall,
 )
+from pyqmgr.rollback import daemon_pids
 
 CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
 
@@ -183,13 +186,20 @@ def test_snippet_matches_what_install_writes(postfix):
 def other_venv():
     """A second installation of this checkout: its own venv, in a root-only directory
     (the trust check refuses /tmp), importing pyqmgr through a .pth file."""
+    with venv_of_this_checkout(0o755) as python:
+        yield python
+
+
+@contextlib.contextmanager
+def venv_of_this_checkout(mode: int):
+    """A venv under a new directory of /opt with ``mode``; yields its python."""
     import shutil
     import tempfile
 
     from pyqmgr import trust
 
     home = tempfile.mkdtemp(prefix="pyqmgr-venv2-", dir="/opt")
-    os.chmod(home, 0o755)
+    os.chmod(home, mode)
     try:
         venv = os.path.join(home, "venv2")
         subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", venv], check=True,
@@ -376,3 +386,278 @@ def test_man_pages_are_installed_and_read_with_man(postfix, tmp_path):
                           str(man_dir)], capture_output=True, text=True, check=True).stdout
     assert f"removed manual page {man_dir}/man8/pyqmgr.8" in out
     assert not (man_dir / "man1" / "pyqmgr.1").exists()
+
+
+# -- master.cf given back, state removed, the backup named (#43) ------------------------
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The command as root or, with ``user``, as that user (``setpriv``: no session,
+    no environment of its own, just the ids)."""
+    extra = {"install": ["--no-man"], "uninstall": ["--man-dir", "/nonexistent"]}
+    prefix = ([] if user is None else
+              ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}",
+               "--clear-groups"])
+    return subprocess.run([*prefix, CLI, *args, *extra.get(args[0], [])],
+                          capture_output=True, text=True, timeout=180, cwd="/")
+
+
+#: The qmgr entry as an admin's master.cf may have it: its own alignment, a
+#: continuation line with a comment inside the entry, and a commented alternative
+#: right after it (postconf -F moves the entry past that comment).
+ADMIN_QMGR_ENTRY = (b"qmgr\tunix  n   -   n   300   1     qmgr\n"
+                    b"# the active queue limit is ours\n"
+                    b"    -o qmgr_message_active_limit=20000\n"
+                    b"#qmgr     unix  n       -       n       300     1       oqmgr\n")
+
+
+def admin_layout(pf) -> bytes:
+    """Give the instance's qmgr entry ADMIN_QMGR_ENTRY's layout; return the file."""
+    path = os.path.join(pf.config_dir, "master.cf")
+    lines = read_bytes(path).splitlines(keepends=True)
+    (at,) = [i for i, ln in enumerate(lines) if ln.split()[:2] == [b"qmgr", b"unix"]]
+    lines[at] = ADMIN_QMGR_ENTRY
+    write_bytes(path, b"".join(lines))
+    return read_bytes(path)
+
+
+def wait_for_daemon(pf) -> None:
+    pf.wait_until(lambda: cli("status", "--config-dir", pf.config_dir).returncode == 0, 30,
+                  "pyqmgr's control socket to answer")
+
+
+def test_install_then_uninstall_gives_master_cf_back_byte_for_byte(postfix):
+    """The issue's round trip on a running instance: master.cf is the same file again,
+    the backup was named and is gone, and so are the daemon's own directories (with
+    the suspension it kept); only the command word changed in between."""
+    pf = postfix(qmgr="stock", start=False)
+    master_cf = os.path.join(pf.config_dir, "master.cf")
+    backup = master_cf + ".pyqmgr-backup"
+    original = admin_layout(pf)
+    pf.start()
+    installed = cli("install", "--config-dir", pf.config_dir)
+    assert installed.returncode == 0, installed.stderr
+    assert f"saved {backup}" in installed.stdout
+    during = read_bytes(master_cf)
+    assert during.replace(OURS.encode(), b"qmgr") == original, "one word changed, in place"
+    assert during.count(OURS.encode()) == 1
+    assert read_bytes(backup) == original
+
+    wait_for_daemon(pf)
+    suspended = cli("suspend", "example.com", "--ttl", "1h", "--config-dir", pf.config_dir)
+    assert suspended.returncode == 0, suspended.stderr
+    control = os.path.join(pf.queue_dir, "pyqmgr")
+    state = os.path.join(pf.data_dir, "pyqmgr")
+    assert os.path.exists(os.path.join(state, "suspensions.json"))
+    assert os.path.exists(os.path.join(control, "control"))
+    # Uninstall waits for this daemon to exit before it removes its directories.
+    daemon = pf.qmgr_pid()
+    assert daemon_pids(pf.queue_dir, launcher_path(pf.daemon_dir)) == [daemon]
+
+    removed = cli("uninstall", "--config-dir", pf.config_dir)
+    assert removed.returncode == 0, removed.stderr
+    out = removed.stdout
+    assert read_bytes(master_cf) == original
+    assert f"restored {master_cf} from {backup} (saved " in out, out
+    assert f"removed {backup}: master.cf is the same file again" in out, out
+    assert not os.path.exists(backup)
+    assert f"removed {control} (the control socket's directory)" in out, out
+    assert f"removed {state} (pyqmgr's state: 1 suspension, which stock qmgr does not " \
+           "know)" in out, out
+    assert not os.path.exists(control) and not os.path.exists(state)
+    assert not os.path.exists(f"/proc/{daemon}")
+    with open(f"/proc/{pf.qmgr_pid()}/cmdline", "rb") as f:
+        assert b"pyqmgr" not in f.read(), "stock qmgr runs again"
+    # Once more: nothing to do, nothing changed.
+    again = cli("uninstall", "--config-dir", pf.config_dir)
+    assert again.stdout.splitlines() == ["qmgr service already runs stock qmgr"]
+    assert read_bytes(master_cf) == original
+
+
+def admin_edits(text: bytes) -> bytes:
+    """What an admin does to master.cf in a week: a comment, another service's column
+    changed, a service added."""
+    lines = text.splitlines(keepends=True)
+    (at,) = [i for i, ln in enumerate(lines) if ln.split()[:2] == [b"pickup", b"unix"]]
+    assert b" 60 " in lines[at], lines[at]
+    lines[at] = lines[at].replace(b" 60 ", b" 30 ", 1)
+    lines.insert(0, b"# edited by hand after pyqmgr install\n")
+    lines.append(b"relay2    unix  -       -       n       -       -       smtp\n"
+                 b"  -o syslog_name=postfix/relay2\n")
+    return b"".join(lines)
+
+
+def test_an_admins_edits_after_install_survive_uninstall(postfix):
+    pf = postfix(qmgr="stock", start=False)
+    master_cf = os.path.join(pf.config_dir, "master.cf")
+    backup = master_cf + ".pyqmgr-backup"
+    original = admin_layout(pf)
+    install(pf.config_dir)
+    write_bytes(master_cf, admin_edits(read_bytes(master_cf)))
+
+    lines = uninstall(pf.config_dir)
+    assert read_bytes(master_cf) == admin_edits(original), "edits kept, qmgr back to stock"
+    assert qmgr_line(pf).split()[-3:] == ["qmgr", "-o", "qmgr_message_active_limit=20000"]
+    assert pf.postconf("-Fh", "pickup/unix/wakeup").strip() == "30"
+    assert pf.postconf("-Fh", "relay2/unix/command").strip().startswith("smtp")
+    assert any(ln.startswith(f"edited only the qmgr line of {master_cf}: it has changed "
+                             "since install (4 line(s) differ from the backup)")
+               for ln in lines), lines
+    assert any(ln.startswith(f"kept {backup} (saved ") and f"diff -u {backup}" in ln
+               for ln in lines), lines
+    assert read_bytes(backup) == original
+
+    # Reinstalling: the old backup is named and replaced by today's master.cf, the
+    # last one without pyqmgr; uninstall then gives that one back.
+    today = read_bytes(master_cf)
+    lines = install(pf.config_dir)
+    assert any(ln.startswith(f"replaced {backup} of ") and "master.cf has changed since"
+               in ln for ln in lines), lines
+    assert read_bytes(backup) == today
+    lines = uninstall(pf.config_dir)
+    assert read_bytes(master_cf) == today and not os.path.exists(backup)
+
+
+def test_an_existing_backup_is_named(postfix):
+    pf = postfix(qmgr="stock", start=False)
+    master_cf = os.path.join(pf.config_dir, "master.cf")
+    backup = master_cf + ".pyqmgr-backup"
+    write_bytes(backup, read_bytes(master_cf))
+    os.utime(backup, (1700000000, 1700000000))
+    lines = install(pf.config_dir)
+    saved = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(1700000000))
+    assert f"kept {backup} (saved {saved}, the same as master.cf)" in lines, lines
+
+
+def test_uninstall_after_an_older_pyqmgrs_postconf_install_restores_the_backup(postfix):
+    """Installs before #43 edited master.cf with postconf -F, which rewrote the entry
+    in its own layout after the comment that followed it: uninstall sees that only
+    the layout differs and writes the backup's bytes."""
+    pf = postfix(qmgr="stock", start=False)
+    master_cf = os.path.join(pf.config_dir, "master.cf")
+    original = admin_layout(pf)
+    write_bytes(master_cf + ".pyqmgr-backup", original)
+    current = pf.postconf("-Fh", "qmgr/unix/command").strip()
+    pf.postconf("-F", f"qmgr/unix/command={OURS}{current[len('qmgr'):]}")
+    assert read_bytes(master_cf).replace(OURS.encode(), b"qmgr") != original
+    lines = uninstall(pf.config_dir)
+    assert read_bytes(master_cf) == original
+    assert any(ln.startswith(f"restored {master_cf} from ") for ln in lines), lines
+
+
+def test_uninstall_gives_back_the_qmgr_that_ran_before(postfix):
+    """An admin's oqmgr before install is the oqmgr after uninstall (the backup's)."""
+    pf = postfix(qmgr="stock", start=False)
+    pf.postconf("-F", "qmgr/unix/command=oqmgr")
+    master_cf = os.path.join(pf.config_dir, "master.cf")
+    original = read_bytes(master_cf)
+    lines = install(pf.config_dir)
+    assert "note: the qmgr service ran 'oqmgr', not stock qmgr; uninstall will restore " \
+           "'oqmgr'" in lines, lines
+    uninstall(pf.config_dir)
+    assert read_bytes(master_cf) == original
+
+
+# -- the wrong user (#43) ---------------------------------------------------------------
+
+
+def test_the_wrong_user_is_told_what_is_needed_in_one_line(postfix):
+    """Run as nobody: install, uninstall and demo say they need root; the daemon's
+    controls and reads say who may; compare says what it needs. One line on stderr,
+    a non-zero status, nothing changed, no traceback."""
+    probe = cli("--help", user="nobody")
+    assert probe.returncode == 0, (
+        f"nobody cannot run {CLI} at all ({probe.stderr.strip()}): run the suite from "
+        "a checkout other users can read")
+    pf = postfix(qmgr="stock", main_cf={"authorized_mailq_users": "root"})
+    master_cf = os.path.join(pf.config_dir, "master.cf")
+    before = read_bytes(master_cf)
+    for args, needs in (
+            (["install", "--config-dir", pf.config_dir],
+             "pyqmgr install: must be run as root: it changes master.cf and writes the "
+             "launcher that master(8) runs as root"),
+            (["uninstall", "--config-dir", pf.config_dir],
+             "pyqmgr uninstall: must be run as root: it changes master.cf and reloads "
+             "Postfix"),
+            (["demo", "--messages", "1"],
+             "pyqmgr demo: must be run as root: it starts a throwaway Postfix instance, "
+             "whose master(8) runs as root (the machine's own Postfix is not touched)")):
+        proc = cli(*args, user="nobody")
+        assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (1, [needs], ""), \
+            proc
+    assert read_bytes(master_cf) == before
+    assert not os.path.exists(master_cf + ".pyqmgr-backup")
+
+    install(pf.config_dir)
+    wait_for_daemon(pf)
+    installed = read_bytes(master_cf)
+    proc = cli("uninstall", "--config-dir", pf.config_dir, user="nobody")
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1
+    assert read_bytes(master_cf) == installed
+    for args, code, words in (
+            (["suspend", "example.com", "--config-dir", pf.config_dir], 77,
+             "pyqmgr suspend: permission denied"),
+            (["status", "--config-dir", pf.config_dir], 77, "pyqmgr status: permission "
+                                                            "denied"),
+            (["compare", os.path.join(os.path.dirname(__file__), "..", "compat", "workloads",
+                                      "limiter-421.toml")], 4,
+             "pyqmgr compare: runs real Postfix instances: needs root")):
+        proc = cli(*args, user="nobody")
+        assert proc.returncode == code, proc
+        assert len(proc.stderr.splitlines()) == 1 and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    uninstall(pf.config_dir)
+
+
+def test_install_says_when_only_root_can_run_this_pyqmgr(postfix):
+    """From a venv under a 0700 directory (as /root is), users authorized_mailq_users
+    allows cannot even start the interpreter to run status: install says so, and
+    where to put the checkout instead. From a directory others can enter, no note."""
+    pf = postfix(qmgr="stock", start=False)
+    with venv_of_this_checkout(0o700) as python:
+        home = os.path.dirname(os.path.dirname(os.path.dirname(python)))
+        lines = _install_with(python, "install", pf.config_dir)
+        script = os.path.join(os.path.dirname(python), "pyqmgr")
+        assert (f"note: {home} is mode 0700, so only root can run {script}: the users "
+                "authorized_mailq_users allows (static:anyone) cannot run 'pyqmgr status' "
+                "or 'pyqmgr explain' from it. For them, put the checkout and its venv under "
+                "/opt (README.md, section 6)") in lines, lines
+        _install_with(python, "uninstall", pf.config_dir)
+    assert not any("only root can run" in ln for ln in install(pf.config_dir))
+
+
+def test_state_stays_while_the_daemon_has_not_exited(tmp_path):
+    """A daemon still on its way out keeps its directories, and uninstall says how to
+    finish; once it is gone they go."""
+    from pyqmgr.rollback import remove_state
+
+    queue_dir, data_dir = tmp_path / "spool", tmp_path / "data"
+    for directory in (queue_dir / "pyqmgr", data_dir / "pyqmgr"):
+        directory.mkdir(parents=True)
+    (data_dir / "pyqmgr" / "suspensions.json").write_text(
+        '{"version": 1, "suspensions": [{}, {}]}')
+    slow = subprocess.Popen(["sleep", "60"])
+    try:
+        lines = remove_state(str(queue_dir), str(data_dir), [slow.pid], timeout=0.3)
+        assert lines == [f"left {queue_dir}/pyqmgr and {data_dir}/pyqmgr: the pyqmgr daemon "
+                         f"(pid {slow.pid}) had not exited 0.3 s after the reload; 'pyqmgr "
+                         "uninstall' again removes them once it has"]
+        assert (data_dir / "pyqmgr" / "suspensions.json").exists()
+    finally:
+        slow.kill()
+        slow.wait()
+    lines = remove_state(str(queue_dir), str(data_dir), [slow.pid], timeout=0.3)
+    assert lines == [f"removed {queue_dir}/pyqmgr (the control socket's directory)",
+                     f"removed {data_dir}/pyqmgr (pyqmgr's state: 2 suspensions, which "
+                     "stock qmgr does not know)"]
+    assert not (queue_dir / "pyqmgr").exists() and not (data_dir / "pyqmgr").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -200,3 +201,58 @@ def test_top_waits_for_the_daemon_survives_a_small_terminal_and_quits_on_ctrl_c(
     assert two.returncode == 0, two.stderr
     assert two.stdout.count("pyqmgr top - ") == 2 and "TRANSPORT" in two.stdout
     assert "since the last refresh" in two.stdout.split("pyqmgr top - ")[2]
+
+
+def read_snapshots(proc: subprocess.Popen[bytes], count: int, timeout: float) -> str:
+    """What a piped top printed until ``count`` snapshots have come (each whole)."""
+    import select
+
+    assert proc.stdout is not None
+    data = b""
+    deadline = time.monotonic() + timeout
+    while data.count(b"pyqmgr top - ") < count or not data.endswith(b"\n\n"):
+        left = deadline - time.monotonic()
+        assert left > 0, f"{count} snapshots within {timeout} s; got:\n{data.decode()}"
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"top ended early ({proc.wait()}):\n{data.decode()}"
+            data += chunk
+    return data.decode()
+
+
+def test_top_without_a_terminal_is_top_b(postfix_instance):
+    """Piped, top prints a snapshot every interval, each as soon as it is made, until
+    its reader goes away (SIGPIPE: a quiet exit 0) or Ctrl-C; -n/--iterations counts."""
+    pf: PostfixInstance = postfix_instance(qmgr="pyqmgr")
+    wait_for_channel(pf)
+    argv = top_argv(pf, "--interval", "0.2")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for stop in ("close the pipe", "ctrl-c"):
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env)
+            procs.append(proc)
+            text = read_snapshots(proc, 3, 30)
+            first = text.split("\n", 1)[0]
+            assert first.startswith("pyqmgr top - ") and "snapshot 1 - sort name" in first
+            assert "snapshot 3 - " in text and "TRANSPORT" in text
+            if stop == "close the pipe":
+                assert proc.stdout is not None
+                proc.stdout.close()
+            else:
+                proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=10) == 0, stop
+            assert proc.stderr is not None
+            err = proc.stderr.read().decode()
+            assert "Traceback" not in err and "Error" not in err, (stop, err)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    counted = cli(pf, "top", "--iterations", "3", "-d", "0.1")
+    assert counted.returncode == 0, counted.stderr
+    assert counted.stdout.count("pyqmgr top - ") == 3 and "snapshot 3 of 3" in counted.stdout
+    assert not counted.stdout.endswith("\n\n")
