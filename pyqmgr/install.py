@@ -68,15 +68,36 @@ def _postconf(config_dir: str, *args: str) -> str:
     return proc.stdout
 
 
+#: Debian's template for a main.cf, which its "No configuration" choice leaves uncopied.
+DEBIAN_MAIN_CF = "/usr/share/postfix/main.cf.debian"
+
+
+def require_postfix_dir(config_dir: str) -> None:
+    """InstallError unless ``config_dir`` holds main.cf and master.cf.
+
+    Debian's postfix package installed with "No configuration" (debconf's choice, or
+    what a non-interactive install picks) has master.cf and no main.cf: Postfix itself
+    does not run there yet, and the message says how to give it one.
+    """
+    for name in ("main.cf", "master.cf"):
+        if not os.path.isfile(os.path.join(config_dir, name)):
+            why = f"{config_dir} is not a Postfix configuration directory (no {name})"
+            if name == "main.cf" and os.path.isfile(os.path.join(config_dir, "master.cf")):
+                why += ("; Postfix was installed without a configuration (Debian's "
+                        "\"No configuration\"): run 'dpkg-reconfigure postfix' and choose a "
+                        "mail configuration type")
+                if os.path.isfile(DEBIAN_MAIN_CF):
+                    why += f", or start from 'cp {DEBIAN_MAIN_CF} {config_dir}/main.cf'"
+                why += ", then start Postfix and run this again"
+            raise InstallError(why)
+
+
 def _check(config_dir: str) -> str:
     """Return the current qmgr command field, or refuse a non-Postfix directory.
 
     Only reads: every refusal happens before anything is written.
     """
-    for name in ("main.cf", "master.cf"):
-        if not os.path.isfile(os.path.join(config_dir, name)):
-            raise InstallError(f"{config_dir} is not a Postfix configuration directory "
-                               f"(no {name})")
+    require_postfix_dir(config_dir)
     out = _postconf(config_dir, "-F", "qmgr/unix/command").strip()
     if not out:
         raise InstallError(f"{config_dir}/master.cf has no qmgr/unix service "
@@ -339,10 +360,7 @@ def _settings_problems(settings: PyqmgrCf, cfg: QmgrConfig) -> list[str]:
 
 def check_installation(config_dir: str) -> CheckReport:
     """``pyqmgr check``: read-only; InstallError if config_dir is not a Postfix one."""
-    for name in ("main.cf", "master.cf"):
-        if not os.path.isfile(os.path.join(config_dir, name)):
-            raise InstallError(f"{config_dir} is not a Postfix configuration directory "
-                               f"(no {name})")
+    require_postfix_dir(config_dir)
     daemon_dir = _postconf(config_dir, "-xh", "daemon_directory").strip()
     return inspect_installation(config_dir, daemon_dir)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -83,6 +84,20 @@ def test_not_a_postfix_directory_is_refused_and_untouched(tmp_path):
     proc = subprocess.run([CLI, "install", "--config-dir", str(tmp_path / "nope")],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "not a Postfix configuration directory" in proc.stderr
+
+
+def test_debians_no_configuration_is_named_with_what_to_do(tmp_path):
+    """Debian's postfix installed with "No configuration" leaves master.cf and no
+    main.cf (this machine's own /etc/postfix is such a one): check says what to run."""
+    shutil.copy("/usr/share/postfix/master.cf.dist", tmp_path / "master.cf")
+    proc = subprocess.run([CLI, "check", "--config-dir", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "(no main.cf); Postfix was installed without a configuration" in line
+    assert "dpkg-reconfigure postfix" in line
+    assert f"cp /usr/share/postfix/main.cf.debian {tmp_path}/main.cf" in line
+    assert os.listdir(tmp_path) == ["master.cf"]
 
 
 def test_launcher_uses_this_interpreter_in_isolated_mode():
