@@ -91,6 +91,11 @@ def settings_problems(settings: PyqmgrCf, cfg: QmgrConfig,
             check()
         except (PyqmgrCfError, PolicyError, ConfigError) as exc:
             problems.append(f"{REFUSE}{exc}")
+        except Exception as exc:  # noqa: BLE001 - what nobody foresaw (an own policy's code)
+            # The daemon would stop on it too, with its own fatal line: named here as
+            # a problem, not a traceback of check's.
+            problems.append(f"{REFUSE}{settings.path}: unexpected error: "
+                            f"{type(exc).__name__}: {exc}")
     if policies:
         table = policies[0].table
         found.unknown = unknown_parameters(settings, policies[0].commands,

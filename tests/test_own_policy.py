@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import subprocess
+import sys
 from collections import deque
 from typing import Any
 
@@ -337,3 +339,33 @@ def test_raising_policy_text_is_a_single_policy_module(tmp_path):
     cls = load(f"module:{path}")
     assert cls.name == "raising"
     assert cls.__name__ == "Raising"
+
+
+#: A policy whose knobs are declared wrongly (a number, not a mapping): nothing any
+#: check of pyqmgr's foresaw, so it breaks start-up where it is used.
+BAD_KNOBS = ("from pyqmgr.scheduler.policy import Policy\n\n"
+             "class BadKnobs(Policy):\n    name = 'badknobs'\n    knobs = 5\n")
+
+
+def test_an_unforeseen_error_at_start_up_is_one_fatal_line_status_shows(postfix_instance):
+    """Issue #43: an error nobody foresaw at start-up was master's bare 'exit status 1';
+    now it is one fatal line naming the error and where in pyqmgr it happened, and
+    pyqmgr status shows the same line. check names the file instead of crashing."""
+    pf: PostfixInstance = postfix_instance(qmgr="pyqmgr", start=False)
+    path = install_policy(pf, "bad_knobs.py", BAD_KNOBS)
+    pf.write_pyqmgr_cf({"scheduler_policy": f"module:{path}"})
+    checked = subprocess.run([sys.executable, "-m", "pyqmgr.cli", "check", "--config-dir",
+                              pf.config_dir], capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in checked.stderr, checked.stderr
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "unexpected error: AttributeError: " in checked.stdout, checked.stdout
+    pf.start()
+    fatal = pf.maillog.wait_for(
+        lambda ln: ln.program_name == "qmgr" and ln.severity == "fatal", timeout=30,
+        what="qmgr's fatal line")[0]
+    assert fatal.text.startswith("fatal: unexpected error: AttributeError: "), fatal.text
+    assert "(at pyqmgr/" in fatal.text, fatal.text
+    status = subprocess.run([sys.executable, "-m", "pyqmgr.cli", "status", "--config-dir",
+                             pf.config_dir], capture_output=True, text=True, timeout=60)
+    assert status.returncode != 0
+    assert "unexpected error: AttributeError" in status.stderr, status.stderr

@@ -22,6 +22,7 @@ import os
 import pwd
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Protocol
 
@@ -108,6 +109,24 @@ def main(argv: list[str], daemon: QueueManagerFactory = Qmgr) -> int:
         # And where pyqmgr status finds it: its users may not read the maillog.
         control.keep_fatal(str(exc), warnings)
         return EXIT_FATAL
+    except Exception as exc:
+        # A defect, not a setting: without this master's bare "exit status 1" was all
+        # the maillog said (issue #43). Where it happened goes with it, for the report.
+        text = f"unexpected error: {type(exc).__name__}: {exc}{_where(exc)}"
+        log.fatal(text)
+        control.keep_fatal(text, [])
+        return EXIT_FATAL
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at FILE:LINE in FUNCTION)`` for the innermost frame of pyqmgr's own code."""
+    ours = [frame for frame in traceback.extract_tb(exc.__traceback__)
+            if f"{os.sep}pyqmgr{os.sep}" in frame.filename]
+    if not ours:
+        return ""
+    frame = ours[-1]
+    rel = frame.filename[frame.filename.rindex(f"{os.sep}pyqmgr{os.sep}") + 1:]
+    return f" (at {rel}:{frame.lineno} in {frame.name})"
 
 
 def _run(argv: list[str], log: MailLog, daemon: QueueManagerFactory) -> int:
