@@ -163,14 +163,14 @@ def test_a_response_rule_that_fires_on_one_server_holds_the_others_back(
     (line,) = nodes[1].maillog.wait_for(re.escape("seen by node0 (fleet) matched"), 10)
     assert f"shaping: {nexthop} (fast): throttling reply \"4.7.0 host 127.0.0.1" in \
         line.text
-    assert line.text.endswith(f"matched {rules}, line 1: held back 60s"), line.text
+    assert line.text.endswith(f"matched {rules}, line 1: held back 1m"), line.text
     path = os.path.join(nodes[1].queue_dir, "pyqmgr", "control")
     texts: list[str] = []
 
     def backoff() -> bool:
         reply = request(path, "explain", {"target": nexthop}, timeout=10)
         texts[:] = [str(r.get("text")) for r in reply.get("reasons", [])]
-        return any("held back 60 s after a throttling reply" in t for t in texts)
+        return any("held back 1m after a throttling reply" in t for t in texts)
 
     nodes[1].wait_until(backoff, 10, "explain naming the backoff")
     sessions = srv.snapshot().sessions

@@ -44,6 +44,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from pyqmgr.durations import duration
 from pyqmgr.postfix.policy_delegation import (
     MAX_DELAY,
     MIN_DELAY,
@@ -462,7 +463,7 @@ class Delegation:
     def _hold_back(self, entry: Entry, svc: Service, delay: float, where: str,
                    why: str, now: float) -> None:
         am: ActiveMessage = entry.message.owner
-        text = f"held back {delay:g}s: {svc.name} {why}"
+        text = f"held back {duration(delay)}: {svc.name} {why}"
         self.qmgr.log.info(f"{am.queue_id}: delivery to {where} {text}")
         transport = entry.queue.transport.name
         setting = self.setup.settings.which(SERVICE, transport) or SERVICE

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr.daemon.host import QmgrCore
+from pyqmgr.durations import duration
 from pyqmgr.postfix import mail_queue
 from pyqmgr.scheduler.settings import (
     JITTER,
@@ -211,7 +212,7 @@ class RetryControl:
         parts = []
         if s.jitter_text:
             parts.append(f"{JITTER} = {s.jitter_text}: up to "
-                         + (f"{s.jitter:g} s" if s.jitter else f"{s.jitter_share:.0%} of the "
+                         + (duration(s.jitter) if s.jitter else f"{s.jitter_share:.0%} of the "
                             "backoff") + " added to each deferred message's retry time")
         if s.recovery_rate is not None:
             self.qmgr.scheduler.watch_recovery()

@@ -14,6 +14,7 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
+from pyqmgr.durations import duration
 from pyqmgr.scheduler.decisions import RULE, Throttling
 from pyqmgr.scheduler.shaping import (
     Gate,
@@ -151,9 +152,9 @@ def reduce(core: Core, queue: Queue, rule: Rule, now: float) -> list[str]:
             done.append(f"rate lowered to {per_s:.3g}/s")
     if rule.suspend is not None:
         close(core, queue, Gate("backoff", now + rule.suspend, rule.where,
-                                f"{queue.nexthop} is held back {rule.suspend:g} s after "
+                                f"{queue.nexthop} is held back {duration(rule.suspend)} after "
                                 f"a throttling reply ({rule.describe()})"))
-        done.append(f"held back {rule.suspend:g}s")
+        done.append(f"held back {duration(rule.suspend)}")
     shape.next_step = now + rule.quiet
     push_gate(core, shape.next_step, t, queue.name, "step")
     t.sync(queue)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from pyqmgr.durations import duration
 from pyqmgr.scheduler.gates import regate
 from pyqmgr.scheduler.shaping import (
     Gate,
@@ -199,12 +200,12 @@ def site_throttled(core: Core, site: Site, rule: Rule, now: float, started: floa
         if shaping.rate is not None or shape.learnt_rate > 0:
             shape.rate_factor *= rule.rate
             done.append(f"site rate lowered to one start every "
-                        f"{effective_interval(shaping, shape):.3g} s")
+                        f"{duration(effective_interval(shaping, shape))}")
     if rule.suspend is not None:
         _hold(core, site, BACKOFF_GATE, now + rule.suspend, rule.where,
-              f"site {site.name} is held back {rule.suspend:g} s after a throttling "
+              f"site {site.name} is held back {duration(rule.suspend)} after a throttling "
               f"reply ({rule.describe()})")
-        done.append(f"held back {rule.suspend:g}s")
+        done.append(f"held back {duration(rule.suspend)}")
     if site.gate is None and site.full:
         _close(core, site)
     shape.next_step = now + rule.quiet

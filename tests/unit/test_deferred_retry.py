@@ -507,7 +507,7 @@ def test_start_says_what_is_on_and_explain_names_the_remembered_mail(tmp_path, m
     retry.start()
     assert qmgr.scheduler.recovery_watch == {}
     assert qmgr.log.lines == [
-        "deferred retry: deferred_retry_jitter = 15m: up to 900 s added to each deferred "
+        "deferred retry: deferred_retry_jitter = 15m: up to 15m added to each deferred "
         "message's retry time",
         "deferred retry: deferred_recovery_rate = 20/s: deferred mail of a dead or "
         "throttled destination is brought forward when it delivers again (at most 20000 "

@@ -396,7 +396,7 @@ def test_a_rate_rule_lowers_the_site_rate_it_learnt():
     reply = Dsn("4.7.0", "host mx[192.0.2.1] said: 421 [TSS04] Messages temporarily "
                          "deferred due to user complaints")
     d = done(s, out[0], 1, reply, False, 1.0)
-    assert any("site rate lowered to one start every 0.1 s" in text for _, text in d.log), \
+    assert any("site rate lowered to one start every 100ms" in text for _, text in d.log), \
         d.log
     for e in out[1:]:
         done(s, e, 0, None, False, 1.0)
