@@ -507,7 +507,8 @@ _COMPARE_DESCRIPTION = (
     "destination deliveries in flight and delivered per second over time; how similar\n"
     "the delivery orders are. Progress goes to stderr when it is a terminal.\n\n"
     "Needs root (it runs Postfix instances), Debian's postfix package and the testbed\n"
-    "extra (the sinks' aiosmtpd: pip install 'pyqmgr[testbed]').")
+    "extra (the sinks' aiosmtpd: pip install '.[testbed]' in a checkout, pip install\n"
+    "'pyqmgr[testbed]' from a package).")
 
 
 #: Exit statuses of status and explain, sysexits(3) as postqueue(1) uses them.
@@ -778,8 +779,13 @@ def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "max_window; policy_service, deferred_queue; trace, with --trace: "
                         "deliveries and windows)")
     p.add_argument("--plot", metavar="FILE.png",
-                   help="also draw each destination's window and deliveries in flight over "
-                        "time (needs the plot extra, matplotlib: pip install 'pyqmgr[plot]')")
+                   help="also draw the picture of the run and print its path: deliveries in "
+                        "flight per site (or MX host) with the site cap and the host's "
+                        "session limit, each destination's window, and its deliveries in "
+                        "flight, on one time axis (the busiest nine destinations and the "
+                        "others together when there are more than ten); needs the plot "
+                        "extra, matplotlib: pip install '.[plot]' in a checkout, "
+                        "'pyqmgr[plot]' from a package")
     p.add_argument("--seed", type=int, help="override the scenario's random seed")
     p.add_argument("--policy", metavar="NAME",
                    help="scheduler_policy for every transport, overriding the scenario's: "

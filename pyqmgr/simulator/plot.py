@@ -1,6 +1,6 @@
 """``--plot``: windows and deliveries in flight over time, as a PNG a person can read.
 
-matplotlib is an optional extra (``pip install 'pyqmgr[plot]'``); the rest of the
+matplotlib is an optional extra (``pip install '.[plot]'`` in a checkout); the rest of the
 simulator does not need it.
 
 What the figure shows, one panel above another on one time axis:
@@ -69,7 +69,9 @@ def _pyplot() -> Any:  # noqa: ANN401 - matplotlib.pyplot, imported on demand
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotError("--plot needs the plot extra: pip install 'pyqmgr[plot]'") from None
+        from pyqmgr.extras import install_command
+
+        raise PlotError(f"--plot needs the plot extra: {install_command(['plot'])}") from None
     return plt
 
 
