@@ -236,6 +236,7 @@ def _walk(clone: Clone, pf: PostfixInstance, man_dir: str, site: SinkServer,
                  for qid in (slow_id, dead_id, held_id)}
     for qid, proc in explained.items():
         assert proc.returncode == 0, f"explain {qid}: {proc.stdout}{proc.stderr}"
+        print(f"\n$ pyqmgr explain {qid}\n{proc.stdout}")
     assert "active" in explained[slow_id].stdout
     assert "deferred" in explained[dead_id].stdout
     assert "Connection refused" in explained[dead_id].stdout, explained[dead_id].stdout
