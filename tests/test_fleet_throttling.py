@@ -81,7 +81,7 @@ def test_a_dead_site_one_server_finds_is_dead_on_the_others_within_a_second(
     nodes[0].smtp_send([("s@test.example", [f"d{k}@far.example"]) for k in range(10)])
     # node0's own mail for the site goes to the retry transport once the site is dead;
     # node1, with no mail for it yet, says the fleet told it, and who.
-    heard = "seen by node0: no mail here for it yet: holds for mail that comes within 300s"
+    heard = "seen by node0: no mail here for it yet: holds for mail that comes within 5m"
     t0, t1 = first_seen(nodes[:2], ["delivery temporarily suspended", heard], 20)
     print(f"\nnode1 held the site dead {t1 - t0:+.2f} s after node0's first deferral "
           "through the retry transport")
@@ -148,7 +148,7 @@ def test_a_response_rule_that_fires_on_one_server_holds_the_others_back(
     nodes = start_nodes(postfix_instance, redis, nexthop, [cf, cf, cf])
     nodes[0].smtp_send([("s@test.example", [f"ts{k}@far.example"]) for k in range(4)])
     # node1 and node2 have no mail for it yet: they keep the news for the next minute.
-    heard = "seen by node0: no mail here for it yet: holds for mail that comes within 60s"
+    heard = "seen by node0: no mail here for it yet: holds for mail that comes within 1m"
     t0, t1, t2 = first_seen(nodes, ["throttling reply", heard, heard], 20)
     print(f"\nnode1 and node2 heard {t1 - t0:+.2f} s and {t2 - t0:+.2f} s after "
           "node0's rule fired")

@@ -271,7 +271,7 @@ class RetryControl:
         self.qmgr.log.info(
             f"deferred recovery: {nexthop} ({transport}) delivers again after {why}: "
             f"bringing {len(qids)} deferred messages forward at {rate} "
-            f"({RECOVERY_RATE}), about {len(self.due) * rate.interval:.3g} s")
+            f"({RECOVERY_RATE}), about {duration(len(self.due) * rate.interval)}")
         if not self.pacing:
             self.pacing = True
             self.qmgr.spawn(self._pace())

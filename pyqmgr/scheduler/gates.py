@@ -86,7 +86,7 @@ def started(core: Core, queue: Queue) -> None:
         if shape.rate_factor < 1.0 and shape.rule is not None:
             setting = shape.rule.where
         every = effective_interval(shaping, shape)
-        text = (f"{queue.nexthop} starts a delivery at most every {every:.3g} s"
+        text = (f"{queue.nexthop} starts a delivery at most every {duration(every)}"
                 + (f" ({t.name}_{shaping.rate_setting} = {rate}"
                    + (f", burst {shaping.burst})" if shaping.burst > 1 else ")")
                    if rate and shape.rate_factor >= 1.0 else

@@ -286,7 +286,7 @@ def site_started(core: Core, queue: Queue) -> None:
         shape.tat = max(shape.tat, core.now) + interval
         if shape.tat > core.now + 1e-9:
             _hold(core, site, RATE_GATE, shape.tat, _rate_setting(site),
-                  f"site {site.name} starts a delivery at most every {interval:.3g} s")
+                  f"site {site.name} starts a delivery at most every {duration(interval)}")
             return
     if site.gate is None and site.full:
         _close(core, site)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyqmgr.durations import duration
 from pyqmgr.scheduler import site, tenant_cap
 from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.entry import entry_done, entry_move_todo, tenant_release
@@ -72,7 +73,7 @@ def rule_holds(core: Core, tenant: str, queue: Queue, rule: Rule, hop: Dsn,
     core.suspensions.add(s)
     core.out.timers.append(until)  # its end, as controls.suspend does
     apply(core, target)
-    core.out.log.append(("info", f"shaping: {target} held {rule.suspend_tenant:g} s: "
+    core.out.log.append(("info", f"shaping: {target} held {duration(rule.suspend_tenant)}: "
                                  f"reply \"{text}\" matched {rule.where}"))
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyqmgr.durations import duration
 from pyqmgr.scheduler.decisions import DEAD, Throttling
 from pyqmgr.scheduler.defer import defer_todo
 from pyqmgr.scheduler.gates import reduce
@@ -64,7 +65,7 @@ def learnt(core: Core, news: Throttling, who: str, now: float) -> None:
         heard[(news.transport, news.queue)] = (news, who, until)
         core.out.log.append(("info", f"fleet: {_where(news)}: {_said(news, who)}: no mail "
                                      f"here for it yet: holds for mail that comes within "
-                                     f"{until - now:g}s"))
+                                     f"{duration(until - now)}"))
         return
     _apply(core, t, queue, news, who, now, news.lasts)
 
@@ -113,7 +114,7 @@ def _apply(core: Core, t: Transport, queue: Queue, news: Throttling, who: str,
         defer_todo(core, queue, dsn)
         t.sync(queue)
         core.out.log.append(("info", f"fleet: {where}: {said}: dead here too for "
-                                     f"{lasts:g}s ({waiting} waiting deferred)"))
+                                     f"{duration(lasts)} ({waiting} waiting deferred)"))
         return
     rule = next((r for r in t.shaping.rules if r.where == news.rule), None) if (
         t.shaping is not None) else None

@@ -86,7 +86,7 @@ def test_a_dead_site_seen_elsewhere_is_dead_here_and_its_mail_waits():
     assert d.timers == (301.5,)
     (text,) = [t for _, t in d.log]
     assert text == (f"fleet: d.example (smtp): \"4.4.1 {REFUSED.reason}\" seen by relay1: "
-                    "dead here too for 300s (1 waiting deferred)")
+                    "dead here too for 5m (1 waiting deferred)")
     assert d.throttled == (), "news heard is not told again"
     # New mail for it waits too, and a timer revives it as one of its own would.
     mail(b, 1, now=2.0, dest="d.example")
@@ -120,7 +120,7 @@ def test_news_of_a_site_with_no_mail_here_holds_for_new_mail_without_a_queue():
     assert "d.example" not in b.transports["smtp"].queues
     assert d.log == (("info", f"fleet: d.example (smtp): \"4.4.1 {REFUSED.reason}\" seen "
                               "by relay1: no mail here for it yet: holds for mail that "
-                              "comes within 300s"),)
+                              "comes within 5m"),)
     mail(b, 2, now=5.0)
     q = b.transports["smtp"].queues["d.example"]
     assert q.throttled and q.revive_at == 301.0, "what remains of the backoff"
@@ -144,7 +144,7 @@ def test_news_for_a_transport_with_no_mail_here_makes_no_transport():
     assert "relay" not in b.transports
     assert d.log == (("info", "fleet: d.example (relay): \"4.4.1 refused\" seen by relay1: "
                               "no mail here for it yet: holds for mail that comes within "
-                              "300s"),)
+                              "5m"),)
 
 
 def test_news_kept_is_bounded(monkeypatch):

@@ -379,7 +379,7 @@ def test_a_site_rate_spaces_the_starts_of_all_its_domains():
     assert len(first) == 1
     t = s.transport("smtp")
     assert all(q.gate is not None and q.gate.kind == "site rate" for q in t.queues.values())
-    assert t.queues["d1.example"].gate.text == "site g starts a delivery at most every 0.5 s"
+    assert t.queues["d1.example"].gate.text == "site g starts a delivery at most every 500ms"
     s.tick(0.49)
     assert drain(s, 0.49) == []
     s.tick(0.5)

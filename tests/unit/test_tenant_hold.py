@@ -142,7 +142,7 @@ def test_a_response_rule_holds_the_tenant_at_the_destination_only():
     assert first is not None and first.message.tenant == "acme"
     d = s.done(first, 4, Dsn("4.7.0", "[TSS04] Messages from 192.0.2.1 temporarily "
                                       "deferred due to unexpected volume"), False, 1.0)
-    assert any("tenant acme at destination smtp:yahoo.example held 3600 s" in text
+    assert any("tenant acme at destination smtp:yahoo.example held 1h" in text
                for _, text in d.log), d.log
     (held,) = s.suspensions.tenants["acme"]
     assert held.who == "response rule rules, line 1" and held.wall_until == 1_003_601.0
