@@ -363,8 +363,13 @@ class PolicyTable:
     def __init__(self, default: PolicyClass | None = None,
                  by_transport: dict[str, PolicyClass] | None = None,
                  setting: Callable[[str, str, str], str] | None = None) -> None:
+        #: Stock's nqmgr, which the retry and error transports always run: loaded now,
+        #: before the privilege drop, like every other policy. Loaded at their first
+        #: message, the import came after it and failed from a checkout mail_owner
+        #: cannot read (issue #43: a fatal with scheduler_policy = oqmgr).
+        self.stock_policy: PolicyClass = load(STOCK)
         #: ``scheduler_policy``; stock's nqmgr when pyqmgr.cf names none.
-        self.default: PolicyClass = default or load(STOCK)
+        self.default: PolicyClass = default or self.stock_policy
         self.by_transport = dict(by_transport or {})
         self.setting = setting
 
@@ -382,7 +387,7 @@ class PolicyTable:
     def policy_for(self, transport: str) -> PolicyClass:
         """The policy of ``transport``; the retry and error transports run stock's."""
         if transport in (RETRY, ERROR):
-            return load(STOCK)
+            return self.stock_policy
         return self.by_transport.get(transport, self.default)
 
     @classmethod

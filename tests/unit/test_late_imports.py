@@ -63,3 +63,17 @@ def test_the_number_of_names_is_bounded() -> None:
     body = ("for i in range(80):\n    try:\n        __import__(f'no_such_{i}')\n"
             "    except ImportError:\n        pass")
     assert len(_said(body)) == 50
+
+
+def test_a_table_of_other_policies_loads_stock_for_the_retry_and_error_transports() -> None:
+    """The retry and error transports run stock's nqmgr whatever scheduler_policy says:
+    its module is loaded with the table, at start-up. Loaded at their first message,
+    it came after the privilege drop, and from /root the daemon died on it (CI, with
+    scheduler_policy = oqmgr)."""
+    script = ("import sys\nfrom pyqmgr.scheduler.policy import PolicyTable, load\n"
+              "table = PolicyTable(load('oqmgr'))\n"
+              "print('pyqmgr.scheduler.nqmgr' in sys.modules, table.policy_for('retry').name,"
+              " table.policy_for('error').name, table.policy_for('smtp').name)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["True", "nqmgr", "nqmgr", "oqmgr"]
