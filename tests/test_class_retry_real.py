@@ -110,7 +110,8 @@ def _run(postfix_instance, sink, qmgr: str) -> Run:
     pf.wait_until(lambda: bulk_srv.delivered_count() >= BULK
                   and _arrival(shop, RESETS[2]) is not None, 60,
                   f"the newsletter's {BULK} messages and the resets delivered")
-    assert pf.queue_empty(), pf.queue_counts()
+    # The sink has the last message a moment before qmgr hears of it and removes it.
+    pf.wait_queue_empty(30)
     return Run(due=due[reset], queued=injected, at_retry=at_retry, reset=got,
                bulk_left=bulk_left, moved_due=moved_to,
                moved_got=_arrival(shop, RESETS[2]), gone_got=_arrival(shop, RESETS[1]),

@@ -358,14 +358,16 @@ def test_an_unforeseen_error_at_start_up_is_one_fatal_line_status_shows(postfix_
                               pf.config_dir], capture_output=True, text=True, timeout=60)
     assert "Traceback" not in checked.stderr, checked.stderr
     assert checked.returncode == 1, checked.stdout + checked.stderr
-    assert "unexpected error: AttributeError: " in checked.stdout, checked.stdout
+    assert "unexpected error: " in checked.stdout, checked.stdout
     pf.start()
     fatal = pf.maillog.wait_for(
         lambda ln: ln.program_name == "qmgr" and ln.severity == "fatal", timeout=30,
         what="qmgr's fatal line")[0]
-    assert fatal.text.startswith("fatal: unexpected error: AttributeError: "), fatal.text
+    # What the error is depends on the build (the compiled one checks the mapping's type
+    # first: a TypeError); that it is one line naming where is what matters.
+    assert fatal.text.startswith("fatal: unexpected error: "), fatal.text
     assert "(at pyqmgr/" in fatal.text, fatal.text
     status = subprocess.run([sys.executable, "-m", "pyqmgr.cli", "status", "--config-dir",
                              pf.config_dir], capture_output=True, text=True, timeout=60)
     assert status.returncode != 0
-    assert "unexpected error: AttributeError" in status.stderr, status.stderr
+    assert fatal.text.removeprefix("fatal: ") in status.stderr, status.stderr

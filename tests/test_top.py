@@ -243,7 +243,11 @@ def test_top_without_a_terminal_is_top_b(postfix_instance):
                 proc.stdout.close()
             else:
                 proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=10) == 0, stop
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"top still runs 30 s after we did this: {stop}") from None
+            assert code == 0, stop
             assert proc.stderr is not None
             err = proc.stderr.read().decode()
             assert "Traceback" not in err and "Error" not in err, (stop, err)
