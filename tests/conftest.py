@@ -16,6 +16,8 @@ from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.redis import available as redis_available
 from pyqmgr.testbed.sink import SinkServer
+from tests.trust_helpers import PyqmgrForOthers
+from tests.trust_helpers import pyqmgr_for_others as _pyqmgr_for_others
 
 #: Tests that may skip in CI (``CI=true``), each with why. Anything else that skips there
 #: fails: a suite must not pass by not running. Empty: every test runs in CI.
@@ -114,3 +116,13 @@ def sink() -> Iterator[Callable[..., SinkServer]]:
     yield make
     for server in made:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pyqmgr_for_others() -> Iterator[PyqmgrForOthers]:
+    """pyqmgr as users other than root run it: a copy of the working tree's package
+    they can read, with Debian's python3 (tests/trust_helpers.py). The suite's checkout
+    may be under a 0700 directory such as /root; an admin's users run an installation
+    under /opt (README section 6). Made once a session, removed at its end."""
+    with _pyqmgr_for_others() as made:
+        yield made
