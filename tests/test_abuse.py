@@ -23,7 +23,7 @@ from pyqmgr.control.client import request
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import SinkServer
 from tests.test_control import control_path, control_warnings, wait_for_channel
-from tests.trust_helpers import throwaway_user
+from tests.trust_helpers import OTHERS_PYTHON, throwaway_user
 
 #: A local user's flood: ``N`` connections to the control socket, held open, each one
 #: the daemon closes opened again, a few of them sending garbage, for ``SECONDS``.
@@ -82,7 +82,8 @@ def _fds(pid: int) -> int:
 
 def _limit_fds(pf: PostfixInstance, pid: int, n: int) -> None:
     """Set qmgr's open-file limit to ``n``: as mail_owner, its own uid (root here has
-    no CAP_SYS_RESOURCE to change another user's process)."""
+    no CAP_SYS_RESOURCE to change another user's process), with Debian's python3 (the
+    suite's venv may be under a 0700 directory mail_owner cannot enter)."""
     uid, gid = pf.mail_owner_ids()
 
     def as_owner() -> None:
@@ -90,7 +91,7 @@ def _limit_fds(pf: PostfixInstance, pid: int, n: int) -> None:
         os.setgid(gid)
         os.setuid(uid)
 
-    subprocess.run([sys.executable, "-c", "import resource, sys; resource.prlimit("
+    subprocess.run([OTHERS_PYTHON, "-c", "import resource, sys; resource.prlimit("
                     "int(sys.argv[1]), resource.RLIMIT_NOFILE, (int(sys.argv[2]),) * 2)",
                     str(pid), str(n)], preexec_fn=as_owner, check=True, timeout=30,
                    capture_output=True, cwd="/")
@@ -127,7 +128,7 @@ def test_a_local_users_thousand_idle_connections_do_not_stop_mail(postfix_instan
             os.setuid(stranger.pw_uid)
 
         flood = subprocess.Popen(
-            [sys.executable, "-c", FLOOD, path, "1000", "20"], preexec_fn=as_stranger,
+            [OTHERS_PYTHON, "-c", FLOOD, path, "1000", "20"], preexec_fn=as_stranger,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
         try:
             time.sleep(2)

@@ -14,14 +14,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 
 from pyqmgr.control.client import request
 from pyqmgr.testbed.instance import PostfixInstance, wait_until
 from pyqmgr.testbed.sink import SinkServer
-from tests.trust_helpers import throwaway_user
+from tests.trust_helpers import PyqmgrForOthers, throwaway_user
 
 EX_NOPERM = 77
 
@@ -43,26 +42,20 @@ def wait_for_channel(pf: PostfixInstance, timeout: float = 20) -> None:
 
 
 def cli(pf: PostfixInstance, *args: str, user: pwd.struct_passwd | None = None,
+        others: PyqmgrForOthers | None = None,
         timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """``pyqmgr ARGS --config-dir`` as root or, with ``user``, as that real user."""
-    argv = [sys.executable, "-m", "pyqmgr.cli", *args, "--config-dir", pf.config_dir]
-    return run_as(argv, user, timeout)
-
-
-def run_as(argv: list[str], user: pwd.struct_passwd | None,
-           timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    preexec: Callable[[], None] | None = None
-    if user is not None:
-        uid, gid = user.pw_uid, user.pw_gid
-
-        def preexec() -> None:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd="/",
-                          env=env, preexec_fn=preexec, check=False)
+    """``pyqmgr ARGS --config-dir`` as root or, with ``user``, as that real user, who
+    runs the copy ``others`` (the pyqmgr_for_others fixture): the suite's own venv may
+    be under a 0700 directory that user cannot enter."""
+    if user is None:
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        return subprocess.run([sys.executable, "-m", "pyqmgr.cli", *args, "--config-dir",
+                               pf.config_dir], capture_output=True, text=True,
+                              timeout=timeout, cwd="/", env=env, check=False)
+    if others is None:
+        raise TypeError(f"cli(user={user.pw_name}) needs others=pyqmgr_for_others: that "
+                        "user runs a pyqmgr it can read")
+    return others.run(others.pyqmgr(*args, "--config-dir", pf.config_dir), user, timeout)
 
 
 def control_warnings(pf: PostfixInstance) -> list[str]:
@@ -120,26 +113,27 @@ def test_status_and_explain_while_a_slow_sink_holds_deliveries(postfix_instance,
     assert not control_warnings(pf)
 
 
-def test_access_for_a_real_unprivileged_user(postfix_instance):
+def test_access_for_a_real_unprivileged_user(postfix_instance, pyqmgr_for_others):
     pf: PostfixInstance = postfix_instance(qmgr="pyqmgr")
     wait_for_channel(pf)
     raw = ("import json, sys; from pyqmgr.control.client import request; "
            "print(json.dumps(request(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))))")
+    others = pyqmgr_for_others
     with throwaway_user() as stranger:
         # Default authorized_mailq_users = static:anyone: the stranger reads.
-        allowed = cli(pf, "status", "--json", user=stranger)
+        allowed = cli(pf, "status", "--json", user=stranger, others=others)
         assert allowed.returncode == 0, allowed.stderr
         assert json.loads(allowed.stdout)["ok"] is True
         # ...but is refused every control, by the CLI and by a raw request alike.
         for args in (["suspend", "x.example", "--ttl", "1m"], ["resume", "x.example"],
                      ["retry", "x.example"]):
-            refused_cli = cli(pf, *args, user=stranger)
+            refused_cli = cli(pf, *args, user=stranger, others=others)
             assert refused_cli.returncode == EX_NOPERM, (args, refused_cli.stderr)
             assert refused_cli.stderr == (
                 f"pyqmgr {args[0]}: permission denied: {args[0]} is a control command, "
                 "for root and mail_owner only\n")
-        refused = run_as([sys.executable, "-c", raw, control_path(pf), "suspend",
-                          '{"target": "x.example", "ttl": 60}'], stranger)
+        refused = others.run(others.python("-c", raw, control_path(pf), "suspend",
+                                           '{"target": "x.example", "ttl": 60}'), stranger)
         assert json.loads(refused.stdout) == {
             "ok": False, "code": "denied",
             "error": "permission denied: suspend is a control command, for root and "
@@ -154,7 +148,7 @@ def test_access_for_a_real_unprivileged_user(postfix_instance):
         assert json.loads(cli(pf, "status", "--json").stdout)["suspensions"] == []
         held = cli(pf, "suspend", "x.example", "--ttl", "1m", "--reason", "test")
         assert held.returncode == 0, held.stderr
-        listed = json.loads(cli(pf, "status", "--json", user=stranger).stdout)
+        listed = json.loads(cli(pf, "status", "--json", user=stranger, others=others).stdout)
         assert [h["target"] for h in listed["suspensions"]] == ["destination x.example"]
         resumed = cli(pf, "resume", "x.example")
         assert resumed.returncode == 0 and resumed.stdout == "resumed destination x.example\n"
@@ -166,12 +160,12 @@ def test_access_for_a_real_unprivileged_user(postfix_instance):
         pf.wait_until(lambda: pf.pids("qmgr") not in ([], [old]), 20,
                       "a new qmgr after postfix reload")
         wait_for_channel(pf)
-        denied = cli(pf, "status", user=stranger)
+        denied = cli(pf, "status", user=stranger, others=others)
         assert denied.returncode == EX_NOPERM, (denied.stdout, denied.stderr)
         assert denied.stderr == (
             f"pyqmgr status: permission denied: user {stranger.pw_name}({stranger.pw_uid}) "
             "is not allowed to read the scheduler's state (authorized_mailq_users)\n")
-        denied_explain = cli(pf, "explain", "x.example", user=stranger)
+        denied_explain = cli(pf, "explain", "x.example", user=stranger, others=others)
         assert denied_explain.returncode == EX_NOPERM
         assert cli(pf, "status").returncode == 0, "root is always allowed"
         pf.wait_until(lambda: any(f"uid={stranger.pw_uid}" in t and "status: permission "
@@ -185,7 +179,7 @@ def test_access_for_a_real_unprivileged_user(postfix_instance):
         pf.wait_until(lambda: pf.pids("qmgr") not in ([], [old]), 20,
                       "a new qmgr after postfix reload")
         wait_for_channel(pf)
-        assert cli(pf, "status", user=stranger).returncode == 0
+        assert cli(pf, "status", user=stranger, others=others).returncode == 0
 
 
 def _hostile(path: str, kind: str, stop: threading.Event, replies: Counter[str]) -> None:

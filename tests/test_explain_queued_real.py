@@ -21,12 +21,14 @@ from pyqmgr.postfix import queue_file
 from pyqmgr.testbed.instance import PostfixInstance, free_port
 from pyqmgr.testbed.sink import SinkServer
 from tests.test_control import cli, wait_for_channel
+from tests.trust_helpers import PyqmgrForOthers
 
 FIVE_DAYS = 5 * 86400
 
 
-def explain(pf: PostfixInstance, qid: str, user: pwd.struct_passwd | None = None) -> dict:
-    proc = cli(pf, "explain", qid, "--json", user=user)
+def explain(pf: PostfixInstance, qid: str, user: pwd.struct_passwd | None = None,
+            others: PyqmgrForOthers | None = None) -> dict:
+    proc = cli(pf, "explain", qid, "--json", user=user, others=others)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout)
 
@@ -40,7 +42,8 @@ def arrival(pf: PostfixInstance, queue: str, qid: str) -> tuple[float, str]:
     return msg.arrival_time[0] + msg.arrival_time[1] / 1e6, msg.sender or ""
 
 
-def test_explain_a_deferred_a_held_and_an_unread_message(postfix_instance, sink):
+def test_explain_a_deferred_a_held_and_an_unread_message(postfix_instance, sink,
+                                                         pyqmgr_for_others):
     dead_port = free_port()  # nothing listens: every connection is refused
     slow: SinkServer = sink(latency=lambda a: 25.0 if a.startswith("slow@") else 0.05)
     dead = f"[127.0.0.1]:{dead_port}"
@@ -114,7 +117,7 @@ def test_explain_a_deferred_a_held_and_an_unread_message(postfix_instance, sink)
     # The same answer for a user authorized_mailq_users allows (static:anyone), who
     # cannot read the queue file or the defer log: the daemon reads them.
     assert not os.access(path, os.R_OK, effective_ids=False) or os.getuid() == 0
-    as_nobody = explain(pf, deferred_id, user=nobody)
+    as_nobody = explain(pf, deferred_id, user=nobody, others=pyqmgr_for_others)
     assert as_nobody["recipients"] == reply["recipients"]
 
     # -- on hold: since when, and the reasons it had ------------------------------------

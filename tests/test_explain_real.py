@@ -89,7 +89,7 @@ def explain_reply(pf: PostfixInstance, target: str) -> dict:
     return json.loads(proc.stdout)
 
 
-def test_a_preempted_job_in_explain_and_jobs(postfix_instance, sink):
+def test_a_preempted_job_in_explain_and_jobs(postfix_instance, sink, pyqmgr_for_others):
     """A 40-recipient message preempted by a 2-recipient one, held there for 20 s.
 
     One delivery agent (maxproc 1), one recipient per delivery, slot cost 2: after
@@ -134,10 +134,11 @@ def test_a_preempted_job_in_explain_and_jobs(postfix_instance, sink):
         assert bottom["slots_available"] == 1 - 2 * 2 and bottom["loan"] == 3, bottom
         assert reply["settings"]["slow_delivery_slot_cost"] == 2
 
-        as_stranger = cli(pf, "jobs", "slow", user=stranger)
+        as_stranger = cli(pf, "jobs", "slow", user=stranger, others=pyqmgr_for_others)
         assert as_stranger.returncode == 0, as_stranger.stderr
         assert f"preemption stack, preempted first: {big} <- {small}" in as_stranger.stdout
-        refused = cli(pf, "jobs", "slow", user=pwd.getpwnam("nobody"))
+        refused = cli(pf, "jobs", "slow", user=pwd.getpwnam("nobody"),
+                      others=pyqmgr_for_others)
         assert refused.returncode == EX_NOPERM, (refused.stdout, refused.stderr)
         assert "is not allowed to read the scheduler's state" in refused.stderr
         unknown = cli(pf, "jobs", "nosuch")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pyqmgr.install import (
     uninstall,
 )
 from pyqmgr.rollback import daemon_pids
+from tests.trust_helpers import CHECKOUT, PyqmgrForOthers, make_readable, run_as
 
 CLI = os.path.join(os.path.dirname(sys.executable), "pyqmgr")
 
@@ -199,23 +201,28 @@ def test_snippet_matches_what_install_writes(postfix):
 
 @pytest.fixture
 def other_venv():
-    """A second installation of this checkout: its own venv, in a root-only directory
-    (the trust check refuses /tmp), importing pyqmgr through a .pth file."""
+    """A second installation of this checkout: its own venv and a copy of the package,
+    in a root-only directory (the trust check refuses /tmp), importing pyqmgr through a
+    .pth file."""
     with venv_of_this_checkout(0o755) as python:
         yield python
 
 
 @contextlib.contextmanager
 def venv_of_this_checkout(mode: int):
-    """A venv under a new directory of /opt with ``mode``; yields its python."""
+    """A venv under a new directory of /opt with ``mode``, with a copy of the working
+    tree's package beside it (so that the mode of the directories above the suite's own
+    checkout does not matter); yields its python."""
     import shutil
     import tempfile
-
-    from pyqmgr import trust
 
     home = tempfile.mkdtemp(prefix="pyqmgr-venv2-", dir="/opt")
     os.chmod(home, mode)
     try:
+        source = os.path.join(home, "src")
+        shutil.copytree(os.path.join(CHECKOUT, "pyqmgr"), os.path.join(source, "pyqmgr"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        make_readable(source)
         venv = os.path.join(home, "venv2")
         subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", venv], check=True,
                        timeout=120)
@@ -223,7 +230,7 @@ def venv_of_this_checkout(mode: int):
                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               capture_output=True, text=True, check=True).stdout.strip()
         with open(os.path.join(site, "pyqmgr-checkout.pth"), "w") as f:
-            f.write(os.path.dirname(trust.package_dir()) + "\n")
+            f.write(source + "\n")
         yield os.path.join(venv, "bin", "python")
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -416,15 +423,19 @@ def write_bytes(path: str, data: bytes) -> None:
         f.write(data)
 
 
-def cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The command as root or, with ``user``, as that user (``setpriv``: no session,
-    no environment of its own, just the ids)."""
+def cli(*args: str, user: str | None = None, others: PyqmgrForOthers | None = None,
+        ) -> subprocess.CompletedProcess[str]:
+    """The command as root or, with ``user``, as that user (its uid and gid, no other
+    groups, a plain environment), who runs the copy ``others`` (the pyqmgr_for_others
+    fixture): the suite's own venv may be under a 0700 directory it cannot enter."""
     extra = {"install": ["--no-man"], "uninstall": ["--man-dir", "/nonexistent"]}
-    prefix = ([] if user is None else
-              ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}",
-               "--clear-groups"])
-    return subprocess.run([*prefix, CLI, *args, *extra.get(args[0], [])],
-                          capture_output=True, text=True, timeout=180, cwd="/")
+    argv = [*args, *extra.get(args[0], [])]
+    if user is None:
+        return subprocess.run([CLI, *argv], capture_output=True, text=True, timeout=180,
+                              cwd="/")
+    if others is None:
+        raise TypeError(f"cli(user={user!r}) needs others=pyqmgr_for_others")
+    return others.run(others.pyqmgr(*argv), pwd.getpwnam(user), timeout=180)
 
 
 #: The qmgr entry as an admin's master.cf may have it: its own alignment, a
@@ -586,14 +597,18 @@ def test_uninstall_gives_back_the_qmgr_that_ran_before(postfix):
 # -- the wrong user (#43) ---------------------------------------------------------------
 
 
-def test_the_wrong_user_is_told_what_is_needed_in_one_line(postfix):
+def test_the_wrong_user_is_told_what_is_needed_in_one_line(postfix, pyqmgr_for_others):
     """Run as nobody: install, uninstall and demo say they need root; the daemon's
     controls and reads say who may; compare says what it needs. One line on stderr,
     a non-zero status, nothing changed, no traceback."""
-    probe = cli("--help", user="nobody")
+    others = pyqmgr_for_others
+    probe = cli("--help", user="nobody", others=others)
     assert probe.returncode == 0, (
-        f"nobody cannot run {CLI} at all ({probe.stderr.strip()}): run the suite from "
-        "a checkout other users can read")
+        f"nobody cannot run the copy in {others.path} at all: {probe.stderr.strip()}")
+    # The workload, and the response rules it names by relative path, where nobody
+    # can read them.
+    workload = others.share(os.path.join("compat", "workloads", "limiter-421.toml"))
+    others.share(os.path.join("contrib", "response_rules.example"))
     pf = postfix(qmgr="stock", main_cf={"authorized_mailq_users": "root"})
     master_cf = os.path.join(pf.config_dir, "master.cf")
     before = read_bytes(master_cf)
@@ -607,7 +622,7 @@ def test_the_wrong_user_is_told_what_is_needed_in_one_line(postfix):
             (["demo", "--messages", "1"],
              "pyqmgr demo: must be run as root: it starts a throwaway Postfix instance, "
              "whose master(8) runs as root (the machine's own Postfix is not touched)")):
-        proc = cli(*args, user="nobody")
+        proc = cli(*args, user="nobody", others=others)
         assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (1, [needs], ""), \
             proc
     assert read_bytes(master_cf) == before
@@ -616,7 +631,7 @@ def test_the_wrong_user_is_told_what_is_needed_in_one_line(postfix):
     install(pf.config_dir)
     wait_for_daemon(pf)
     installed = read_bytes(master_cf)
-    proc = cli("uninstall", "--config-dir", pf.config_dir, user="nobody")
+    proc = cli("uninstall", "--config-dir", pf.config_dir, user="nobody", others=others)
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1
     assert read_bytes(master_cf) == installed
     for args, code, words in (
@@ -624,10 +639,9 @@ def test_the_wrong_user_is_told_what_is_needed_in_one_line(postfix):
              "pyqmgr suspend: permission denied"),
             (["status", "--config-dir", pf.config_dir], 77, "pyqmgr status: permission "
                                                             "denied"),
-            (["compare", os.path.join(os.path.dirname(__file__), "..", "compat", "workloads",
-                                      "limiter-421.toml")], 4,
+            (["compare", workload], 4,
              "pyqmgr compare: runs real Postfix instances: needs root")):
-        proc = cli(*args, user="nobody")
+        proc = cli(*args, user="nobody", others=others)
         assert proc.returncode == code, proc
         assert len(proc.stderr.splitlines()) == 1 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -637,7 +651,9 @@ def test_the_wrong_user_is_told_what_is_needed_in_one_line(postfix):
 def test_install_says_when_only_root_can_run_this_pyqmgr(postfix):
     """From a venv under a 0700 directory (as /root is), users authorized_mailq_users
     allows cannot even start the interpreter to run status: install says so, and
-    where to put the checkout instead. From a directory others can enter, no note."""
+    where to put the checkout instead. From a directory others can enter, no note.
+    Both installations are made here: where the suite's own checkout lies does not
+    matter. Each time nobody tries it, so the note is held to what it says."""
     pf = postfix(qmgr="stock", start=False)
     with venv_of_this_checkout(0o700) as python:
         home = os.path.dirname(os.path.dirname(os.path.dirname(python)))
@@ -647,8 +663,21 @@ def test_install_says_when_only_root_can_run_this_pyqmgr(postfix):
                 "authorized_mailq_users allows (static:anyone) cannot run 'pyqmgr status' "
                 "or 'pyqmgr explain' from it. For them, put the checkout and its venv under "
                 "/opt (README.md, section 6)") in lines, lines
+        with pytest.raises(PermissionError, match=f"Permission denied: '{python}'"):
+            _as_nobody(python, "--help")  # the exec itself is refused
         _install_with(python, "uninstall", pf.config_dir)
-    assert not any("only root can run" in ln for ln in install(pf.config_dir))
+    with venv_of_this_checkout(0o755) as python:
+        lines = _install_with(python, "install", pf.config_dir)
+        assert not any("only root can run" in ln for ln in lines), lines
+        ran = _as_nobody(python, "--help")
+        assert ran.returncode == 0 and "usage: pyqmgr" in ran.stdout, ran.stderr
+        _install_with(python, "uninstall", pf.config_dir)
+
+
+def _as_nobody(python: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``pyqmgr ARGS`` from the venv of ``python``, as nobody."""
+    return run_as([python, "-m", "pyqmgr.cli", *args], pwd.getpwnam("nobody"),
+                  {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, timeout=60)
 
 
 def test_state_stays_while_the_daemon_has_not_exited(tmp_path):

@@ -48,7 +48,9 @@ def answered_after(pf: PostfixInstance, start: float) -> float:
     return time.time() - start
 
 
-def test_status_shows_the_fatal_and_the_way_to_end_masters_wait(postfix_instance):
+def test_status_shows_the_fatal_and_the_way_to_end_masters_wait(postfix_instance,
+                                                                pyqmgr_for_others):
+    others = pyqmgr_for_others
     with throwaway_user() as allowed:
         pf: PostfixInstance = postfix_instance(
             qmgr="pyqmgr",
@@ -76,10 +78,10 @@ def test_status_shows_the_fatal_and_the_way_to_end_masters_wait(postfix_instance
         assert (f"'postfix -c {pf.config_dir} stop; postfix -c {pf.config_dir} start' starts "
                 "it at once ('postfix reload' does not end master's wait)") in err
         # A user authorized_mailq_users names reads it (the maillog is not theirs)...
-        theirs = cli(pf, "status", user=allowed)
+        theirs = cli(pf, "status", user=allowed, others=others)
         assert theirs.returncode == 69 and f"  fatal: {kept.text}\n" in theirs.stderr, theirs
         # ... one it does not name is told where it is and that it is not for them.
-        refused = cli(pf, "status", user=nobody)
+        refused = cli(pf, "status", user=nobody, others=others)
         assert refused.returncode == 69 and kept.text not in refused.stderr
         assert f"kept in {record}, for the users authorized_mailq_users" in refused.stderr
         scripted = cli(pf, "status", "--json")
@@ -103,7 +105,7 @@ def test_status_shows_the_fatal_and_the_way_to_end_masters_wait(postfix_instance
         pf.set_main(authorized_mailq_users="static:anyone")
         kept = fail_start(pf, pf.maillog.mark())
         assert stat.S_IMODE(os.stat(record).st_mode) == 0o644
-        public = cli(pf, "status", user=nobody)
+        public = cli(pf, "status", user=nobody, others=others)
         assert public.returncode == 69 and f"  fatal: {kept.text}\n" in public.stderr
         # The fix, then 'postfix stop; postfix start': a new master, no wait.
         fix(pf)
@@ -126,7 +128,8 @@ def test_status_shows_the_fatal_and_the_way_to_end_masters_wait(postfix_instance
         assert waited < THROTTLE - 5 and time.time() - kept.time < THROTTLE, waited
 
 
-def test_a_first_start_that_fails_keeps_its_fatal_in_a_directory_it_makes(postfix_instance):
+def test_a_first_start_that_fails_keeps_its_fatal_in_a_directory_it_makes(postfix_instance,
+                                                                          pyqmgr_for_others):
     """No daemon ever ran: $queue_directory/pyqmgr is not there yet. The daemon, still
     root, makes it (mail_owner's, 0755, as the control channel would) for the record."""
     pf: PostfixInstance = postfix_instance(qmgr="pyqmgr", start=False)
@@ -141,5 +144,5 @@ def test_a_first_start_that_fails_keeps_its_fatal_in_a_directory_it_makes(postfi
     uid, gid = pf.mail_owner_ids()
     assert stat.S_ISDIR(st.st_mode) and (st.st_uid, st.st_gid) == (uid, gid)
     assert stat.S_IMODE(st.st_mode) == 0o755
-    status = cli(pf, "status", user=pwd.getpwnam("nobody"))
+    status = cli(pf, "status", user=pwd.getpwnam("nobody"), others=pyqmgr_for_others)
     assert status.returncode == 69 and "missing '=' after attribute name" in status.stderr

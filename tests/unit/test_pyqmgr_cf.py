@@ -7,8 +7,7 @@ make "permission denied" real).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import pwd
 import tempfile
 
 import pytest
@@ -228,8 +227,9 @@ def test_an_oversized_file_is_refused_unread(tmp_path, monkeypatch):
     assert load(str(tmp_path)).get("a") == "1", "exactly the limit is accepted"
 
 
-def test_an_unreadable_file_is_a_clear_error():
-    """Permission denied for real: as root the read happens in a child run as nobody."""
+def test_an_unreadable_file_is_a_clear_error(pyqmgr_for_others):
+    """Permission denied for real: as root the read happens in a child run as nobody
+    (from a copy of pyqmgr nobody can read: the suite's venv may be under /root)."""
     with tempfile.TemporaryDirectory() as d:
         os.chmod(d, 0o755)
         path = os.path.join(d, "pyqmgr.cf")
@@ -238,7 +238,7 @@ def test_an_unreadable_file_is_a_clear_error():
         os.chmod(path, 0o600 if os.geteuid() == 0 else 0o000)
         code = ("import sys\nfrom pyqmgr.pyqmgr_cf import PyqmgrCfError, load\n"
                 "try:\n    load(sys.argv[1])\nexcept PyqmgrCfError as e:\n    print(e)\n")
-        kwargs = {"user": 65534, "group": 65534} if os.geteuid() == 0 else {}
-        proc = subprocess.run([sys.executable, "-I", "-c", code, d], capture_output=True,
-                              text=True, timeout=60, cwd="/", **kwargs)  # type: ignore[call-overload]
+        others = pyqmgr_for_others
+        nobody = pwd.getpwuid(65534) if os.geteuid() == 0 else None
+        proc = others.run(others.python("-c", code, d), nobody, timeout=60)
         assert proc.stdout.strip() == f"open {path}: Permission denied", proc.stderr
