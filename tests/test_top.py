@@ -221,6 +221,10 @@ def read_snapshots(proc: subprocess.Popen[bytes], count: int, timeout: float) ->
     return data.decode()
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_top_without_a_terminal_is_top_b(postfix_instance):
     """Piped, top prints a snapshot every interval, each as soon as it is made, until
     its reader goes away (SIGPIPE: a quiet exit 0) or Ctrl-C; -n/--iterations counts."""
@@ -231,8 +235,12 @@ def test_top_without_a_terminal_is_top_b(postfix_instance):
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for stop in ("close the pipe", "ctrl-c"):
+            # As from a terminal: SIGINT at its default. CI's lanes run in the background
+            # of a shell, which starts background jobs with SIGINT ignored, and Python
+            # then never turns Ctrl-C into KeyboardInterrupt (top ran on, 30 s).
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env)
+                                    stderr=subprocess.PIPE, env=env,
+                                    preexec_fn=_sigint_default)
             procs.append(proc)
             text = read_snapshots(proc, 3, 30)
             first = text.split("\n", 1)[0]

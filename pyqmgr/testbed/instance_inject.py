@@ -114,7 +114,16 @@ class InstanceInjection(InstanceQueue, InstanceProcesses):
         self.postconf("-Me", f"qmgr/unix={line}")
         self._disabled_qmgr_line = None
         if self.started:
+            mark = self.maillog.mark()
             self.reload()
+            # master(8) handles the reload in its own time: until it has, the qmgr
+            # service has no listener, and a trigger sent at once (postkick, postqueue
+            # -f) fails with "Cannot contact class public service qmgr" (seen under
+            # load in the parity suite's W and I test). Its wakeup starts qmgr at once;
+            # a qmgr that cannot start shows as master's line about its exit.
+            self.wait_until(lambda: bool(self.pids("qmgr")) or bool(self.maillog.lines(
+                "postfix/master", contains="qmgr pid", since=mark)), 20,
+                "qmgr to start again")
 
     def preload(self, messages: int | Sequence[Message],
                 recipients: Callable[[int], list[str]] | None = None,
