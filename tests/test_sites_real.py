@@ -73,7 +73,12 @@ def test_ten_domains_at_one_mx_are_one_site(postfix_instance, sink):
     assert stock_refused > 0
     assert deferred == 0 and sent == n
     assert st.max_concurrent <= 5 and st.rejected_421 == 0
-    assert n / span >= 0.8 * 5 / 0.2, "the site's five sessions are kept busy"
+    # The site's five sessions are kept busy: a cap that opened late would leave them
+    # idle (one at a time is 20% of the capacity). Not 100%: each session is a new
+    # smtp(8) connection, and on CI's two cores with three lanes of tests beside, the
+    # gaps between one session's end and the next one's start took 21% once (19.7 of
+    # 25 messages a second); alone, 93-97%.
+    assert n / span >= 0.7 * 5 / 0.2, "the site's five sessions are kept busy"
 
 
 WINDOW = 30.0
