@@ -24,7 +24,7 @@ import pytest
 from pyqmgr.control.client import ClientError, request
 from pyqmgr.control.render import status_lines
 from pyqmgr.fleet.shared import bucket
-from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.instance import PostfixInstance, wait_until
 from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.sink import SinkServer
 
@@ -308,7 +308,25 @@ def test_redis_stopped_mid_run_and_back(postfix_instance, sink, redis_server, mo
     nodes[0].smtp_send([("s@test.example", [f"n{k}@big.example"]) for k in range(more)])
     nodes[0].maillog.wait_for("answering again; fleet limits apply", 20)
     total += more
-    nodes[0].wait_until(lambda: len(srv.messages()) >= total, 60, "all at the sink")
+
+    def missing() -> str:
+        # What a timeout needs to be understood (CI saw one once, under load, with
+        # the last lines all deliveries): whose mail is not at the sink, what the
+        # maillog says of it, and the fleet's own view.
+        got = {r for m in srv.messages() for r in m.recipients}
+        lost = [f"{p}{k}@big.example" for p, n in (("m", 60), ("n", more))
+                for k in range(n) if f"{p}{k}@big.example" not in got]
+        said = [ln.raw for ln in nodes[0].maillog.lines()
+                if any(f"<{r}>" in ln.text for r in lost[:5]) or "fleet" in ln.text
+                or "shared state" in ln.text]
+        try:
+            fleet = reply_fleet(nodes)
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the timeout
+            fleet = [{"error": str(exc)}]
+        return (f"; not at the sink: {lost[:10]} ({len(lost)}); fleet: {fleet}; their "
+                "lines and the fleet's:\n" + "\n".join(said[-40:]))
+
+    wait_until(lambda: len(srv.messages()) >= total, 60, "all at the sink", detail=missing)
     print(f"\nRedis gone for 1.5 s ({mode}): {during} delivered meanwhile")
     if mode == "local":
         assert during > 5, "local delivers on under the node's own limits"
