@@ -160,8 +160,16 @@ def test_active_queue_limit(side_by_side, sink):
             time.sleep(0.01)
         inst.wait_queue_empty(30)
         settle(inst)
-        return outcome(inst, unordered=True, peak_within_limit=peak <= 5,
-                       delivered=delivered(srv, start))
+        out = outcome(inst, unordered=True, peak_within_limit=peak <= 5,
+                      delivered=delivered(srv, start))
+        # The clog warning ("mail for X is using up 2 of 2 active queue entries") and
+        # its advice are said again when the destination's queue emptied between two
+        # feeds and was made anew (qmgr_queue_create clears clog_time_to_warn), which
+        # is timing: under load stock said it twice, pyqmgr once. Said is what counts.
+        warned: set[str] = set()
+        out.log = [x for x in out.log if "warning:" not in x
+                   or not (x in warned or warned.add(x))]
+        return out
 
     side_by_side(scenario, name="qmgr_message_active_limit", item="4.5 large messages and "
                  "a full queue",
