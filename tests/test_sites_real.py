@@ -77,7 +77,8 @@ def test_ten_domains_at_one_mx_are_one_site(postfix_instance, sink):
     # idle (one at a time is 20% of the capacity). Not 100%: each session is a new
     # smtp(8) connection, and on CI's two cores with three lanes of tests beside, the
     # gaps between one session's end and the next one's start took 21% once (19.7 of
-    # 25 messages a second); alone, 93-97%.
+    # 25 messages a second); on an idle machine 20.3 (81%, two runs), so 80% was a
+    # bar it barely cleared even then.
     assert n / span >= 0.7 * 5 / 0.2, "the site's five sessions are kept busy"
 
 
