@@ -30,7 +30,8 @@ import time
 from benchmarks.target import Target, status
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import BUILTIN, PolicyTable, load
+from pyqmgr.scheduler.policy import BUILTIN, PolicyTable
+from pyqmgr.settings.policies import load
 from pyqmgr.simulator import simulate
 from pyqmgr.simulator.scenario import parse
 

@@ -142,7 +142,7 @@ class PyqmgrCf:
 
         These files are Python code the daemon will import as root, so the start-up
         trust check covers them. PATH is returned as written: the policy loader
-        (:mod:`pyqmgr.scheduler.policy`) accepts only absolute paths, and a relative
+        (:mod:`pyqmgr.settings.policies`) accepts only absolute paths, and a relative
         one is reported by :meth:`relative_module_paths` rather than guessed at.
         """
         found: dict[str, str] = {}

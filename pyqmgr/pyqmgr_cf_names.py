@@ -47,22 +47,22 @@ PER_TRANSPORT: frozenset[str] = frozenset({
     "delivery_policy_default_action", "delivery_policy_defer_delay",
     "delivery_policy_reject", "delivery_policy_hold", "delivery_policy_connections",
     "delivery_policy_context",
-    # daemon/sites.py
+    # settings/sites.py
     "site_concurrency_limit", "site_rate", "site_dead_scope",
     # fleet/settings.py
     "fleet_destination_concurrency_limit", "fleet_destination_rate",
     "fleet_destination_rate_burst", "fleet_throttling", "fleet_site_concurrency_limit",
     "fleet_site_rate", "fleet_site_rate_burst",
-    # scheduler/tenant_cap.py
+    # settings/tenants.py, scheduler/tenant_cap.py
     "tenant_concurrency_limit", "tenant_site_concurrency_limit", "tenant_rate",
     "tenant_site_rate",
 })
 
 #: Parameters read once for the whole daemon: no transport form.
 GLOBAL: frozenset[str] = frozenset({
-    # scheduler/settings.py
+    # settings/retry.py
     "deferred_retry_jitter", "deferred_recovery_rate", "deferred_recovery_limit",
-    # daemon/sites.py, scheduler/structures.py
+    # settings/sites.py, scheduler/structures.py
     "site_grouping", "site_transports", "site_providers", "site_pins",
     "site_dns_timeout", "site_dns_negative_ttl", "site_dns_max_ttl", "site_dns_lookups",
     "site_dns_wait", "site_concurrency_limit_maps",
@@ -72,7 +72,7 @@ GLOBAL: frozenset[str] = frozenset({
     "shared_state_tls_cert_file", "shared_state_tls_key_file", "shared_state_key_file",
     "shared_state_failure", "shared_state_timeout", "shared_state_lease_time",
     "shared_state_prefix", "shared_state_node",
-    # daemon/classes.py
+    # settings/classes.py
     "message_classes", "message_class_maps", "message_class_key",
     "default_message_class", "message_class_active_reserve", "tenant_key",
     "tenant_maps", "tenant_weight_maps",

@@ -65,7 +65,7 @@ def settings_problems(settings: PyqmgrCf, cfg: QmgrConfig,
     extras. Run only once the installation is trusted: a ``module:`` policy is code
     that this imports."""
     from pyqmgr.daemon.policies import policy_setup
-    from pyqmgr.scheduler.policy import PolicyError
+    from pyqmgr.settings.policies import PolicyError
 
     found = findings if findings is not None else SettingsFindings()
     found.lacking = extras.lacking(settings.values)
@@ -127,10 +127,12 @@ def _checks(settings: PyqmgrCf, cfg: QmgrConfig, policies: list[PolicySetup],
     """Start-up's steps after the policies, each as check runs it: a feature whose
     extra is missing has its settings checked without importing its library (that it
     is missing is said once, with the command)."""
-    from pyqmgr.daemon import classes, delegation, memory, metrics, tenant_limits
-    from pyqmgr.daemon.sites import on as sites_on
-    from pyqmgr.daemon.sites import site_settings
+    from pyqmgr.daemon import classes, delegation, memory, metrics
     from pyqmgr.fleet.settings import check_site_limits, fleet_settings
+    from pyqmgr.settings.classes import classifier
+    from pyqmgr.settings.sites import on as sites_on
+    from pyqmgr.settings.sites import site_settings
+    from pyqmgr.settings.tenants import tenant_limits
 
     def sites() -> None:
         # The settings only: start-up also makes dnspython's resolver, which check
@@ -147,13 +149,12 @@ def _checks(settings: PyqmgrCf, cfg: QmgrConfig, policies: list[PolicySetup],
         # check's working directory is not the queue directory, where the daemon finds
         # proxymap's socket as private/proxymap.
         if "classes" in lacking:
-            classes.classifier(settings, lambda text: None, cfg.config_dir, unreadable,
-                               proxymap)
+            classifier(settings, lambda text: None, cfg.config_dir, unreadable, proxymap)
         elif policies:
             classes.setup(settings, policies[0], lambda text: None, cfg.config_dir,
                           unreadable, proxymap)
-        tenant_limits.check(settings, (settings.get("tenant_key") or "none").strip(),
-                            sites_on(settings), lambda text: None)
+        tenant_limits(settings, (settings.get("tenant_key") or "none").strip(),
+                      sites_on(settings), lambda text: None)
 
     return [lambda: (metrics.metrics_settings(settings) if "metrics" in lacking
                      else metrics.setup(settings, cfg)),

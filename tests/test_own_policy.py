@@ -27,8 +27,9 @@ import pytest
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.settings.policies import load
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.maillog import LogLine
 from pyqmgr.testbed.sink import SinkServer

@@ -57,6 +57,11 @@ def test_tenants_share_in_the_simulator():
     ({"tenant_key": "client_address"}, "tenant_key"),
     ({"message_classes": "a b", "message_class_maps": "texthash:no-such-table"},
      "cannot read"),
+    # Tenant limits are read as the daemon reads them (issue #44): refused, not taken
+    # for no limit.
+    ({"tenant_key": "sender_domain", "smtp_tenant_rate": "fast"},
+     r"pyqmgr_cf\.smtp_tenant_rate: .*N/PERIOD"),
+    ({"tenant_rate": "5/1s"}, "tenant_rate: has no effect without tenant_key"),
 ])
 def test_what_a_scenario_cannot_say_is_an_error(cf, text):
     sc = load(os.path.join(DATA, "priority.toml"))

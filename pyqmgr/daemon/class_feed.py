@@ -8,7 +8,7 @@ the lowest class (the scan, in order) and adds two:
 
 * **Room by class**: each class below the highest stops entering the active queue
   ``message_class_active_reserve`` percent earlier than the class above it
-  (:meth:`~pyqmgr.daemon.classes.Classifier.caps`), so the highest always finds room.
+  (:meth:`~pyqmgr.settings.classes.Classifier.caps`), so the highest always finds room.
 * **A look into incoming/** (:meth:`ClassFeed.run`): new files in incoming/ are
   read up to their envelope (never moved, never their content) as the kernel reports
   them (inotify: a file renamed in, or made complete by cleanup's last chmod), and a
@@ -34,8 +34,9 @@ from itertools import islice
 from typing import Protocol
 
 from pyqmgr.daemon.class_retry import ClassRetries
-from pyqmgr.daemon.classes import Classifier, envelope, read_headers
+from pyqmgr.daemon.classes import envelope, read_headers
 from pyqmgr.postfix import mail_queue, queue_file
+from pyqmgr.settings.classes import Classifier
 
 #: A listing pass over incoming/ at most this often (seconds): a hashed incoming/
 #: with new mail at 5 a second costs at most this many listings a second.

@@ -1,191 +1,30 @@
-"""A message's class and tenant, from pyqmgr.cf and the admin's tables (issue #34).
+"""Message classes and tenants in the daemon (issue #34): start-up's setup, and each
+queue file's envelope and headers, which the classifier is asked by.
 
-Off unless ``message_classes`` names the classes (highest priority first) or
-``tenant_key`` names what a tenant is: then every message gets a class and a tenant
-from its envelope as the queue file holds it (the sender, the SASL login, the
-client) or from a header the admin names (read from the file's header section only,
-at most 64 KiB of it: :mod:`pyqmgr.postfix.message_headers`), looked up in Postfix
-lookup tables (:mod:`pyqmgr.postfix.lookup_table`), once, when its file is first
-read.
-
-=========================  ==============================================================
-``message_classes``        class names, highest priority first (``transactional bulk``)
-``message_class_maps``     tables answering a class name; the first that knows the key
-                           wins, as for any Postfix ``*_maps``
-``message_class_key``      what the class tables are asked: ``sender`` (access(5)
-                           order: the address, the domain, its parents, ``user@``),
-                           ``sasl_username``, ``client_address`` (cidr tables),
-                           ``client_name`` or ``header:NAME`` (the first NAME:
-                           header's value, unfolded and trimmed, any case of NAME;
-                           none: the default class); default ``sender``
-``default_message_class``  the class of mail no table names; default the last (lowest)
-``tenant_key``             ``none`` (default), ``sender_domain``, ``sender``,
-                           ``sasl_username``, ``client_address`` or ``header:NAME``
-                           (as for the class; no such header: tenant ``-``)
-``tenant_maps``            tables answering a tenant's name for the key (without: the
-                           key itself is the tenant: each sender domain its own)
-``tenant_weight_maps``     tables answering a tenant's weight (default 1): its
-                           messages a round when tenants share a class's deliveries
-``tenant_concurrency_``    each tenant's most deliveries (under way or waiting for an
-``limit``                  agent) at one destination; transport forms too; 0: none
-``message_class_active_``  percent of ``qmgr_message_active_limit`` each class below
-``reserve``                the highest leaves to those above it (default 10): with
-                           two classes bulk stops at 90% of the active queue, and
-                           transactional mail always finds room
-=========================  ==============================================================
-
-Bad tables must not stop mail (issue #34): a table that cannot be read at start-up, a
-class name a table answers that ``message_classes`` does not list, are a log line
-each (the latter once per name, at most :data:`MAX_WARNED`), and the message takes
-the default class and tenant. A mistake in the parameters themselves (an unknown key,
-a default class not listed) is a start-up error, as every other pyqmgr.cf mistake.
+pyqmgr.cf's parameters, the tables and the classifier itself are
+:mod:`pyqmgr.settings.classes`, shared with the simulator and ``pyqmgr check``; what
+is here reads queue files (:func:`envelope`, :func:`read_headers`) or belongs to the
+daemon's start-up (:func:`setup`: the scheduler it needs, the inotify library).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cached_property, partial
 
 from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.extras import install_command
-from pyqmgr.postfix.lookup_table import (
-    LookupTableError,
-    Table,
-    address_keys,
-    open_table,
-    table_specs,
-)
 from pyqmgr.postfix.message_headers import HeaderSection, header_section
 from pyqmgr.postfix.queue_file import Message
 from pyqmgr.pyqmgr_cf import PyqmgrCf
-
-CLASSES = "message_classes"
-CLASS_MAPS = "message_class_maps"
-CLASS_KEY = "message_class_key"
-DEFAULT_CLASS = "default_message_class"
-TENANT_KEY = "tenant_key"
-TENANT_MAPS = "tenant_maps"
-RESERVE = "message_class_active_reserve"
-#: Each tenant's most entries at one destination (scheduler/tenant_cap.py); 0: none.
-TENANT_CAP = "tenant_concurrency_limit"
-MAX_TENANT_CAP = 10_000
-WEIGHT_MAPS = "tenant_weight_maps"
-#: A tenant's weight at most (jobs a round).
-MAX_WEIGHT = 1000
-#: Tenants' weights remembered at most (then looked up each time).
-MAX_WEIGHTS_KEPT = 100_000
-DEFAULT_RESERVE = 10
-
-CLASS_KEYS = ("sender", "sasl_username", "client_address", "client_name", "header:NAME")
-TENANT_KEYS = ("none", "sender_domain", "sender", "sasl_username", "client_address",
-               "header:NAME")
-HEADER = "header:"
-#: A header name as RFC 5322 allows one (printable ASCII but the colon), not too long.
-HEADER_NAME = re.compile(r"[!-9;-~]{1,100}")
-#: The tenant of mail whose key is empty (a bounce's null sender, no SASL login).
-NO_TENANT = "-"
-#: Unknown class names warned of, at most (a table full of typos stays a few lines).
-MAX_WARNED = 100
-#: Tenant and class names are kept at most this long (metrics labels, status).
-MAX_NAME = 200
-
-
-@dataclass(frozen=True)
-class Envelope:
-    """What a message's class and tenant are looked up by, from its queue file."""
-
-    sender: str = ""
-    sasl_username: str = ""
-    client_address: str = ""
-    client_name: str = ""
-    #: The values of the headers a key names (lower-case name -> value), when one does.
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Classifier:
-    """Class (a rank: 0 is the highest) and tenant of each message."""
-
-    classes: list[str]
-    class_tables: list[Table]
-    class_key: str
-    default_rank: int
-    tenant_key: str
-    tenant_tables: list[Table]
-    warn: Callable[[str], None]
-    #: message_class_active_reserve: percent of the active queue per class step.
-    reserve: int = DEFAULT_RESERVE
-    #: tenant_weight_maps: each tenant's jobs a round (default 1).
-    weight_tables: list[Table] = field(default_factory=list)
-    warned: set[str] = field(default_factory=set)
-    weights: dict[str, int] = field(default_factory=dict)
-
-    @cached_property
-    def header_names(self) -> frozenset[str]:
-        """The headers the keys name (lower case): read from each message's content
-        only when there are some (message_headers.py: a bounded read). Kept: every
-        message loaded asks."""
-        return frozenset(key[len(HEADER):].lower() for key in (self.class_key,
-                         self.tenant_key) if key.startswith(HEADER))
-
-    def caps(self, active_limit: int) -> list[int]:
-        """Each rank's most messages in the active queue: the highest class has it
-        all, each lower one ``reserve`` percent less than the one above (never < 1)."""
-        step = active_limit * self.reserve // 100
-        return [max(1, active_limit - rank * step) for rank in range(len(self.classes))]
-
-    def classify(self, env: Envelope) -> tuple[int, str]:
-        return self._rank(env), self._tenant(env)
-
-    def _rank(self, env: Envelope) -> int:
-        if not self.class_tables:
-            return self.default_rank
-        name = _lookup(self.class_tables, _keys(self.class_key, env))
-        if name is None:
-            return self.default_rank
-        try:
-            return self.classes.index(name)
-        except ValueError:
-            if name not in self.warned and len(self.warned) < MAX_WARNED:
-                self.warned.add(name)
-                self.warn(f"classes: a table answered class {name[:MAX_NAME]!r}, which "
-                          f"{CLASSES} does not list: such mail is "
-                          f"{self.classes[self.default_rank]!r} (this warning once)")
-            return self.default_rank
-
-    def weight(self, tenant: str) -> int:
-        """The tenant's weight (``tenant_weight_maps``): its jobs a round; 1 unless a
-        table says otherwise. A bad value is said once and counts as 1."""
-        found = self.weights.get(tenant)
-        if found is not None:
-            return found
-        weight = 1
-        value = _lookup(self.weight_tables, [tenant]) if self.weight_tables else None
-        if value is not None:
-            if value.isdigit() and 1 <= int(value) <= MAX_WEIGHT:
-                weight = int(value)
-            elif len(self.warned) < MAX_WARNED and f"weight {tenant}" not in self.warned:
-                self.warned.add(f"weight {tenant}")
-                self.warn(f"classes: {WEIGHT_MAPS}: tenant {tenant[:MAX_NAME]!r} has weight "
-                          f"{value[:MAX_NAME]!r}, not a whole number from 1 to "
-                          f"{MAX_WEIGHT}: it counts as 1 (this warning once)")
-        if len(self.weights) < MAX_WEIGHTS_KEPT:
-            self.weights[tenant] = weight
-        return weight
-
-    def _tenant(self, env: Envelope) -> str:
-        if self.tenant_key == "none":
-            return ""
-        keys = _keys(self.tenant_key, env)
-        if not keys or not keys[0]:
-            return NO_TENANT
-        if self.tenant_tables:
-            found = _lookup(self.tenant_tables, keys)
-            return (found or NO_TENANT)[:MAX_NAME]
-        return keys[0][:MAX_NAME]
+from pyqmgr.settings.classes import (
+    CLASSES,
+    TENANT_KEY,
+    Classifier,
+    Envelope,
+    Unreadable,
+    classifier,
+)
 
 
 def envelope(qf: Message, headers: dict[str, str] | None = None) -> Envelope:
@@ -229,89 +68,6 @@ def _unread(queue_id: str, names: frozenset[str], found: HeaderSection) -> str:
             "counted as absent (the default class or tenant)")
 
 
-def _keys(kind: str, env: Envelope) -> list[str]:
-    if kind == "sender":
-        return address_keys(env.sender)
-    if kind.startswith(HEADER):
-        value = env.headers.get(kind[len(HEADER):].lower(), "")
-        return [value[:MAX_NAME]] if value else []
-    if kind == "sender_domain":
-        domain = env.sender.rpartition("@")[2].lower().rstrip(".")
-        return [domain] if "@" in env.sender and domain else []
-    value = getattr(env, kind)
-    return [value] if value else []
-
-
-def _lookup(tables: list[Table], keys: list[str]) -> str | None:
-    """The first table that knows one of the keys, in table order, then key order (as
-    Postfix's *_maps: each table is asked every partial key before the next table)."""
-    for table in tables:
-        for key in keys if table.fixed else keys[:1]:
-            value = table.get(key)
-            if value is not None:
-                return value.split()[0] if value.split() else None
-    return None
-
-
-#: Told of a table that cannot be read: (its spec, the warning's text).
-Unreadable = Callable[[str, str], None]
-
-
-def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
-               config_dir: str | None = None, unreadable: Unreadable | None = None,
-               proxymap: str | None = None) -> Classifier | None:
-    """pyqmgr.cf's classes and tenants; None when off (stock: one class, no tenant).
-    PyqmgrCfError for a mistake in the parameters; a table that cannot be read is
-    a warning and is left out (its mail takes the defaults). ``unreadable``, when
-    given, is told of such a table instead of ``warn``: ``pyqmgr check`` counts it as
-    a problem, since the daemon would not do what the file says. ``proxymap``: its
-    socket, where the working directory is not the queue directory (check's)."""
-    names = (settings.get(CLASSES) or "").replace(",", " ").split()
-    tenant_key = (settings.get(TENANT_KEY) or "none").strip()
-    if not _known(tenant_key, TENANT_KEYS):
-        raise settings.error(TENANT_KEY, f"expected one of {', '.join(TENANT_KEYS)}, "
-                                         f"not {tenant_key!r}")
-    if not names:
-        for name in (CLASS_MAPS, CLASS_KEY, DEFAULT_CLASS):
-            if settings.get(name) is not None:
-                raise settings.error(name, f"has no effect without {CLASSES}")
-    if len(set(names)) != len(names):
-        raise settings.error(CLASSES, "a class is named twice")
-    class_key = (settings.get(CLASS_KEY) or "sender").strip()
-    if not _known(class_key, CLASS_KEYS):
-        raise settings.error(CLASS_KEY, f"expected one of {', '.join(CLASS_KEYS)}, "
-                                        f"not {class_key!r}")
-    default = (settings.get(DEFAULT_CLASS) or (names[-1] if names else "")).strip()
-    if names and default not in names:
-        raise settings.error(DEFAULT_CLASS, f"{default!r} is not one of {CLASSES} "
-                                            f"({' '.join(names)})")
-    for name in (TENANT_MAPS, WEIGHT_MAPS):
-        if settings.get(name) is not None and tenant_key == "none":
-            raise settings.error(name, f"has no effect without {TENANT_KEY}")
-    reserve = settings.get_int(RESERVE, None, DEFAULT_RESERVE, 0, 50)
-    for name in settings.names():
-        if name == TENANT_CAP or name.endswith("_" + TENANT_CAP):
-            settings.get_int(name, None, 0, 0, MAX_TENANT_CAP)
-            if tenant_key == "none":
-                raise settings.error(name, f"has no effect without {TENANT_KEY}")
-    if not names and tenant_key == "none":
-        if settings.get(RESERVE) is not None:
-            raise settings.error(RESERVE, f"has no effect without {CLASSES}")
-        return None
-    opener = _Tables(settings, warn, config_dir,
-                     unreadable or (lambda spec, text: warn(text)), proxymap)
-    return Classifier(
-        names or ["default"], opener.read(CLASS_MAPS), class_key,
-        names.index(default) if names else 0, tenant_key, opener.read(TENANT_MAPS), warn,
-        reserve, opener.read(WEIGHT_MAPS))
-
-
-def _known(key: str, keys: tuple[str, ...]) -> bool:
-    if key.startswith(HEADER):
-        return HEADER_NAME.fullmatch(key[len(HEADER):]) is not None
-    return key in keys
-
-
 def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None],
           config_dir: str | None = None, unreadable: Unreadable | None = None,
           proxymap: str | None = None) -> Classifier | None:
@@ -332,35 +88,3 @@ def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None]
                                           f"({exc}); install it "
                                           f"({install_command(['classes'])})") from None
     return found
-
-
-def _prefixed(warn: Callable[[str], None], prefix: str) -> Callable[[str], None]:
-    return lambda text: warn(f"{prefix}: {text}")
-
-
-@dataclass(frozen=True)
-class _Tables:
-    """Opens the tables a parameter names, each that cannot be read left out."""
-
-    settings: PyqmgrCf
-    warn: Callable[[str], None]
-    config_dir: str | None
-    refused: Unreadable
-    proxymap: str | None
-
-    def read(self, name: str) -> list[Table]:
-        out: list[Table] = []
-        opener = partial(open_table, proxymap=self.proxymap) if self.proxymap else open_table
-        for spec in table_specs(self.settings.get(name) or ""):
-            try:
-                table = opener(spec, self.config_dir,
-                               warn=_prefixed(self.warn, f"classes: {name}"))
-            except LookupTableError as exc:
-                self.refused(spec, f"classes: {name}: {exc}: left out, its mail takes the "
-                                   "defaults")
-                continue
-            for text in table.warnings[:10]:
-                self.warn(f"classes: {name}: {text}")
-            out.append(table)
-        return out
-

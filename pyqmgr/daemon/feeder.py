@@ -34,8 +34,8 @@ from pyqmgr.daemon.host import Fatal, QmgrCore
 from pyqmgr.postfix import mail_queue
 
 if TYPE_CHECKING:
-    from pyqmgr.daemon.classes import Classifier
     from pyqmgr.postfix.master import FlowControl
+    from pyqmgr.settings.classes import Classifier
 
 #: Messages fed per event-loop pass: one, as stock feeds. Four (before issue #30) saved
 #: no CPU on the drain (5,000 messages, 1.28 s either way) but made every pass cost

@@ -48,6 +48,7 @@ from pyqmgr.daemon.fleet_stats import FleetStats
 from pyqmgr.daemon.fleet_suspensions import FleetSuspensions
 from pyqmgr.daemon.fleet_units import FleetUnits
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
+from pyqmgr.fleet.sessions import GATE_KIND, SPARE_TIME, session_retry
 from pyqmgr.fleet.settings import (
     FAILURE,
     FLEET_LIMIT,
@@ -69,26 +70,6 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.decisions import Decisions, Throttling
     from pyqmgr.scheduler.entry import Entry
 
-#: The gate explain shows for a destination the fleet holds back.
-GATE_KIND = "fleet"
-#: How long a destination whose fleet sessions are all in use waits before it asks
-#: again unless handed a session sooner, as a share of the lease time (within
-#: :data:`SESSION_RETRY_RANGE`): a session given back goes to the first process
-#: waiting for it, so asking again only covers what nobody hands on: a dead node's
-#: leases expiring (after the lease time), a lost message.
-SESSION_RETRY_SHARE = 0.25
-SESSION_RETRY_RANGE = (1.0, 15.0)
-
-
-def session_retry(lease_time: float) -> float:
-    """Seconds a refused server waits before it asks the fleet again on its own."""
-    lo, hi = SESSION_RETRY_RANGE
-    return min(hi, max(lo, lease_time * SESSION_RETRY_SHARE))
-
-
-#: A session kept or handed for a next delivery that did not start within this long
-#: goes back (and on to whoever waits).
-SPARE_TIME = 1.0
 #: How long after a delivery's end its session is given back. smtp(8) does not wait
 #: for the reply to its QUIT (smtp_skip_quit_response = yes, the default), so the
 #: agent reports while the remote server may not have read the QUIT yet; handed on

@@ -22,8 +22,9 @@ from pyqmgr.postfix.config import ConfigError, QmgrConfig, oqmgr_fudge_factor
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.policy import PolicyTable
-from pyqmgr.scheduler.settings import RetrySettings, scheduling_settings
 from pyqmgr.scheduler.shaping import ShapingTable
+from pyqmgr.settings.retry import RetrySettings
+from pyqmgr.settings.scheduling import scheduling_settings
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ class Qmgr:
             cfg, refill=self._refill, policies=pol.table,
             process_limit_for=pol.process_limit, fudge_factor=pol.fudge_factor,
             shaping_for=pol.shaping.shaping_for if pol.shaping is not None else None,
-            sites=setup.sites.settings.table() if setup.sites is not None else None)
+            sites=setup.sites.settings.table() if setup.sites is not None else None,
+            tenant_limits=setup.tenant_limits)
         self.resolver = ResolveClient(
             f"private/{cfg.rewrite_service_name}", ipc_timeout=cfg.qmgr_ipc_timeout,
             ipc_idle=cfg.ipc_idle, ipc_ttl=cfg.ipc_ttl, give_up_after=cfg.qmgr_ipc_timeout,

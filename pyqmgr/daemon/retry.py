@@ -25,9 +25,10 @@ brought forward instead of waiting out its backoff, paced at the rate so that th
 recovery does not become the flush storm that ``postqueue -f`` would be. The core
 says which messages waited for which destination and when one delivered again
 (:meth:`pyqmgr.scheduler.core.Scheduler.watch_recovery`); this module remembers the
-queue ids of the deferred files (:class:`Registry`) and brings them forward: the
-file's mtime is set to now if it still lies in the future, and the file is fed into
-the active queue directly, one every 1/rate seconds, oldest deferral first.
+queue ids of the deferred files (:class:`~pyqmgr.settings.retry.Registry`, shared
+with the simulator) and brings them forward: the file's mtime is set to now if it
+still lies in the future, and the file is fed into the active queue directly, one
+every 1/rate seconds, oldest deferral first.
 
 Why fed directly rather than by asking for a deferred scan: a scan walks the whole of
 deferred/ and takes everything that is due at the speed of the feeder, so pacing by
@@ -48,7 +49,7 @@ import asyncio
 import os
 import random
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -56,11 +57,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.durations import duration
 from pyqmgr.postfix import mail_queue
-from pyqmgr.scheduler.settings import (
-    JITTER,
-    RECOVERY_RATE,
-    RetrySettings,
-)
+from pyqmgr.settings.retry import JITTER, RECOVERY_RATE, Key, Registry, RetrySettings
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.active import ActiveMessage
@@ -79,86 +76,6 @@ class RetryHost(QmgrCore, Protocol):
 
 #: Where a message's destination keys wait in ActiveMessage.extra until it is deferred.
 WAITS = "waits"
-
-#: (transport, queue name): a destination as the core names it.
-Key = tuple[str, str]
-
-
-class Registry:
-    """Which deferred queue files wait for which destination: bounded, in memory.
-
-    A message is remembered under each destination it waited for when it was deferred,
-    and forgotten when it leaves deferred/ (fed into the active queue) or when room is
-    needed: past ``limit`` messages, the one deferred longest ago goes first (it is the
-    closest to being retried at its normal time anyway). Every operation is O(1) per
-    (message, destination) pair, so neither a dead destination with 100,000 deferred
-    messages nor a recovery costs more than its own mail. Destination keys are shared
-    between messages, so a message costs its queue id and two dictionary slots.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        #: Per queue id, the destinations it waits for; least recently deferred first.
-        self.of: OrderedDict[str, tuple[Key, ...]] = OrderedDict()
-        #: Per destination, its queue ids in the order they were deferred.
-        self.by_dest: dict[Key, dict[str, None]] = {}
-        #: One tuple per destination, shared by every message that waits for it.
-        self._keys: dict[Key, Key] = {}
-        #: Messages forgotten for room, since start.
-        self.evicted = 0
-
-    def __len__(self) -> int:
-        return len(self.of)
-
-    def remember(self, qid: str, keys: Iterable[Key]) -> None:
-        self.forget(qid)
-        mine = tuple(self._keys.setdefault(k, k) for k in dict.fromkeys(keys))
-        if not mine:
-            return
-        self.of[qid] = mine
-        for key in mine:
-            self.by_dest.setdefault(key, {})[qid] = None
-        while len(self.of) > self.limit:
-            old, keys = self.of.popitem(last=False)
-            for key in keys:
-                self._unlist(key, old)
-            self.evicted += 1
-
-    def forget(self, qid: str) -> None:
-        """The file left deferred/, or room is needed: it waits for nothing now."""
-        keys = self.of.pop(qid, None)
-        if keys is None:
-            return
-        for key in keys:
-            self._unlist(key, qid)
-
-    def _unlist(self, key: Key, qid: str) -> None:
-        ids = self.by_dest[key]
-        del ids[qid]
-        if not ids:
-            del self.by_dest[key]
-            del self._keys[key]
-
-    def take(self, key: Key) -> list[str]:
-        """The queue ids waiting for ``key``, oldest deferral first; forgotten here.
-
-        A message that waits for other destinations too stays remembered for those.
-        """
-        ids = self.by_dest.pop(key, None)
-        if ids is None:
-            return []
-        self._keys.pop(key, None)
-        for qid in ids:
-            rest = tuple(k for k in self.of[qid] if k != key)
-            if rest:
-                self.of[qid] = rest
-            else:
-                del self.of[qid]
-        return list(ids)
-
-    def count(self, key: Key) -> int:
-        ids = self.by_dest.get(key)
-        return len(ids) if ids is not None else 0
 
 
 @dataclass(eq=False)

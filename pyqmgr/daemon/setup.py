@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyqmgr.daemon.classes import Classifier
 from pyqmgr.daemon.delegation import DelegationSetup
 from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.metrics import MetricsSettings
@@ -18,6 +17,8 @@ from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.daemon.sites import SiteSetup
 from pyqmgr.daemon.suspensions import StateFile
 from pyqmgr.fleet.settings import FleetSettings
+from pyqmgr.scheduler.tenant_cap import TenantLimitTable
+from pyqmgr.settings.classes import Classifier
 
 
 @dataclass(frozen=True)
@@ -39,3 +40,5 @@ class DaemonSetup:
     sites: SiteSetup | None = None
     #: message_classes and tenant_key, their tables read (None: one class, as stock).
     classes: Classifier | None = None
+    #: Each tenant's limits per transport, for the core (None: none set).
+    tenant_limits: TenantLimitTable | None = None

@@ -36,7 +36,6 @@ from pyqmgr.daemon import (
     metrics,
     sites,
     suspensions,
-    tenant_limits,
 )
 from pyqmgr.daemon.host import Fatal
 from pyqmgr.daemon.memory import MemoryGuard
@@ -59,6 +58,8 @@ from pyqmgr.postfix.master import (
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.pyqmgr_cf import load as load_pyqmgr_cf
 from pyqmgr.pyqmgr_cf_names import unknown_parameters
+from pyqmgr.settings.sites import on as sites_on
+from pyqmgr.settings.tenants import tenant_limits
 
 
 class QueueManager(Protocol):
@@ -226,8 +227,9 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
     fleet_cf = fleet_settings(pyqmgr_cf, cfg.myhostname)
     if fleet_cf is not None:
         import_redis(pyqmgr_cf, fleet_cf)
-    tenant_limits.check(pyqmgr_cf, (pyqmgr_cf.get("tenant_key") or "none").strip(),
-                        sites.on(pyqmgr_cf), log.warning)
+    # Parsed once: the core makes each transport's tenant caps from this table.
+    tenants = tenant_limits(pyqmgr_cf, (pyqmgr_cf.get("tenant_key") or "none").strip(),
+                            sites_on(pyqmgr_cf), log.warning)
     return DaemonSetup(
         policies, None, metrics_cf,
         # Delivery policy delegation: every form of its settings checked now.
@@ -236,7 +238,7 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
         MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf)),
         sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "", bool(fleet_cf)),
         # Classes' and tenants' tables are read now (hash: ones through postmap).
-        classes.setup(pyqmgr_cf, policies, log.warning, config_dir))
+        classes.setup(pyqmgr_cf, policies, log.warning, config_dir), tenants)
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:

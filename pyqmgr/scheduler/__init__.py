@@ -1,9 +1,12 @@
 """The I/O-free scheduling core.
 
 Plain Python objects named after the structures of Postfix's scheduler (transport,
-queue, entry, job, peer, message). Time is always passed in; no module here may import
-``socket``, ``os``, ``time`` or ``asyncio``, so the daemon, the simulator and the unit
-tests can all drive the same code.
+queue, entry, job, peer, message). Time is always passed in and nothing here does I/O:
+no module imports ``os``, ``socket``, ``time``, ``asyncio`` or any other standard
+module that is not pure computation, calls ``open`` or reads a file through a helper
+(tests/unit/test_architecture.py holds the rule), so the daemon, the simulator and the
+unit tests can all drive the same code. pyqmgr.cf reaches the core parsed, as typed
+tables (:mod:`pyqmgr.settings`).
 
 What lives where, as ``qmgr.h`` says it for stock's ``src/qmgr/``:
 
@@ -21,12 +24,10 @@ What lives where, as ``qmgr.h`` says it for stock's ``src/qmgr/``:
   (a policy service's answers), ``throttling`` (what another server of a fleet found
   dead or throttled);
 - the policies: ``policy`` (the ``Policy`` base, the table of which transport runs
-  which, ``module:`` loading), ``nqmgr`` (stock's, the default), ``oqmgr``, ``finch``,
-  ``zmailer``; the core names none of them;
+  which; an admin's ``module:`` file is loaded by :mod:`pyqmgr.settings.policies`),
+  ``nqmgr`` (stock's, the default), ``oqmgr``, ``finch``, ``zmailer``; the core names
+  none of them;
 - their helpers: ``feedback`` (concurrency feedback), ``shaping`` (rates and response
   rules), ``suspension`` (operators' suspensions), ``qlist`` (stock's O(1) lists),
-  ``explain`` (why mail waits, for ``pyqmgr explain``);
-- ``settings``: pyqmgr.cf's scheduling parameters turned into the parsed setup
-  (policies, shaping, retry) by one function, for the daemon, the simulator and
-  ``pyqmgr check`` alike.
+  ``explain`` (why mail waits, for ``pyqmgr explain``).
 """

@@ -80,6 +80,7 @@ from pyqmgr.scheduler.structures import (
     TransportParams,
 )
 from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
+from pyqmgr.scheduler.tenant_cap import TenantLimitTable
 from pyqmgr.scheduler.transport import transport_select
 
 __all__ = ["ERROR", "MAX_READ", "POLICY_DSN", "RECOVERY_WATCH_LIMIT", "RETRY",
@@ -139,7 +140,7 @@ class Scheduler:
         fudge_factor: int = 100,
         process_limit_for: Callable[[str], int] | None = None,
         shaping_for: Callable[[str], Shaping | None] | None = None,
-        sites: SiteTable | None = None,
+        sites: SiteTable | None = None, tenant_limits: TenantLimitTable | None = None,
     ) -> None:
         self.params_for = params_for
         #: pyqmgr.cf's shaping per transport (:mod:`.shaping`); None: stock everywhere.
@@ -198,15 +199,16 @@ class Scheduler:
         self.fleet_heard: dict[tuple[str, str], tuple[Throttling, str, float]] = {}
         #: Provider sites (pyqmgr.cf ``site_grouping``, :mod:`.site`); None: off.
         self.sites = sites
+        self.tenant_limits = tenant_limits  #: per transport (:mod:`.tenant_cap`); None: none
 
     @classmethod
     def from_settings(cls, cfg: Settings, refill: Refill | None = None,
-                      feedback_rounding: str = "stock",
-                      policies: PolicyTable | None = None,
+                      feedback_rounding: str = "stock", policies: PolicyTable | None = None,
                       process_limit_for: Callable[[str], int] | None = None,
                       fudge_factor: int = 100,
                       shaping_for: Callable[[str], Shaping | None] | None = None,
-                      sites: SiteTable | None = None) -> Scheduler:
+                      sites: SiteTable | None = None,
+                      tenant_limits: TenantLimitTable | None = None) -> Scheduler:
         """The scheduler as main.cf configures it: the daemon's and the simulator's."""
         return cls(
             cfg.transport,
@@ -225,7 +227,7 @@ class Scheduler:
             process_limit_for=process_limit_for,
             fudge_factor=fudge_factor,
             shaping_for=shaping_for,
-            sites=sites,
+            sites=sites, tenant_limits=tenant_limits,
         )
 
     @property
@@ -261,7 +263,7 @@ class Scheduler:
                 t.suspension = self.suspensions.for_transport(name)
             if self.shaping_for is not None and name not in (RETRY, ERROR):
                 t.shaping = self.shaping_for(name)
-            t.tenant_caps = tenant_cap.caps_for(self.setting, name)  # issue #34
+            t.tenant_caps = tenant_cap.caps_for(self.tenant_limits, name)  # issue #34
         return t
 
     def _attach_policy(self, t: Transport) -> None:
@@ -276,10 +278,9 @@ class Scheduler:
             self.policy_classes.append(cls)
 
     def setting(self, name: str, transport: str, default: str) -> str:
-        """A pyqmgr.cf parameter for a policy (``<transport>_<name>``, then ``<name>``)."""
-        if self.policies.setting is None:
-            return default
-        return self.policies.setting(name, transport, default)
+        """A policy's own pyqmgr.cf parameter (``<transport>_<name>``, then ``<name>``)."""
+        found = self.policies.setting
+        return default if found is None else found(name, transport, default)
 
     def process_limit(self, transport: str) -> int:
         """master.cf's maxproc for the transport (0: no limit); 100 when unknown."""

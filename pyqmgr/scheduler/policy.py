@@ -27,16 +27,13 @@ in through the context.
 Built-in policies, one module or package each, named after them: :mod:`.nqmgr`
 (stock's, the default), :mod:`.oqmgr`, :mod:`.finch`, :mod:`.zmailer`. A user's own
 policy is a Python file with a ``Policy`` subclass (``scheduler_policy =
-module:PATH``); :func:`load` finds either.
+module:PATH``), which :mod:`pyqmgr.settings.policies` loads: reading and running a file
+is I/O, and no module here does any (tests/unit/test_architecture.py).
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
-import os
-import sys
-import types
 from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -68,7 +65,8 @@ class Context(Protocol):
         """Read the message's next recipient batch now (it lands through ``add``)."""
 
     def setting(self, name: str, transport: str, default: str) -> str:
-        """A pyqmgr.cf parameter, transport-specific form first (``<transport>_<name>``)."""
+        """One of the policy's own pyqmgr.cf parameters (its knobs, its declared
+        ``parameters``), transport-specific form first (``<transport>_<name>``)."""
 
     def process_limit(self, transport: str) -> int:
         """The transport's master.cf process limit (maxproc): its workers."""
@@ -259,76 +257,22 @@ BUILTIN = {
     "zmailer": "pyqmgr.scheduler.zmailer:Zmailer",
 }
 
-MODULE_PREFIX = "module:"
 #: Stock's scheduler: the default, and always the retry and error transports' policy.
 STOCK = "nqmgr"
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
-class PolicyError(Exception):
-    """``scheduler_policy`` names nothing usable; the text says why."""
-
-
 PolicyClass = type[Policy]
-Resolver = Callable[[str], PolicyClass]
 
 
-def load(spec: str) -> PolicyClass:
-    """The policy class ``scheduler_policy`` names: a built-in or ``module:PATH``.
-
-    A module file must define exactly one :class:`Policy` subclass of its own
-    (imported ones, such as a built-in it extends, do not count); its ``name`` is
-    what the logs show. Errors are :class:`PolicyError` with the reason, for a fatal
-    log line.
-    """
-    spec = spec.strip()
-    if spec in BUILTIN:
-        modname, _, clsname = BUILTIN[spec].partition(":")
-        cls = getattr(importlib.import_module(modname), clsname)
-        assert issubclass(cls, Policy)
-        return cls
-    if not spec.startswith(MODULE_PREFIX):
-        known = ", ".join(BUILTIN)
-        raise PolicyError(f'unknown scheduler policy "{spec}" (known: {known}, '
-                          f"or {MODULE_PREFIX}PATH)")
-    path = spec[len(MODULE_PREFIX):]
-    if not os.path.isabs(path):
-        raise PolicyError(f'policy module "{path}": the path must be absolute')
-    modname = "pyqmgr_policy_" + "".join(c if c.isalnum() else "_" for c in path)
-    if not path.endswith(".py"):
-        raise PolicyError(f'policy module "{path}": not a Python file')
-    try:
-        # From the source the trust check judged, compiled here: never from a
-        # __pycache__ beside it, where a .pyc with a matching header would run as
-        # root instead of the source (issue #31).
-        with open(path, "rb") as f:
-            source = f.read()
-        module = types.ModuleType(modname)
-        module.__file__ = path
-        sys.modules[modname] = module  # dataclasses and typing look modules up there
-        try:
-            exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
-        except BaseException:
-            del sys.modules[modname]
-            raise
-    except FileNotFoundError:
-        raise PolicyError(f'policy module "{path}": no such file') from None
-    except Exception as exc:  # noqa: BLE001 - any error in user code is a load failure
-        raise PolicyError(f'policy module "{path}" does not load: '
-                          f"{type(exc).__name__}: {exc}") from None
-    found = [obj for obj in vars(module).values()
-             if inspect.isclass(obj) and issubclass(obj, Policy) and obj is not Policy
-             and getattr(obj, "__module__", None) == module.__name__]
-    if len(found) != 1:
-        raise PolicyError(f'policy module "{path}" must define one Policy subclass, '
-                          f"found {len(found)}")
-    cls = found[0]
-    if not cls.name:
-        cls.name = f"module:{os.path.basename(path)}"
+def builtin(name: str) -> PolicyClass:
+    """The built-in policy ``name`` (a key of :data:`BUILTIN`), imported by its dotted
+    name from pyqmgr's own package as an import statement would be: by name, not from
+    a path, so the core stays free of file I/O. (Not a plain import: each built-in
+    imports this module.)"""
+    modname, _, clsname = BUILTIN[name].partition(":")
+    cls = getattr(importlib.import_module(modname), clsname)
+    assert issubclass(cls, Policy)
     return cls
-
-
-POLICY_PARAM = "scheduler_policy"
 
 
 def parse_knob(value: str, kind: str, lo: float, hi: float | None = None) -> float:
@@ -355,9 +299,13 @@ def parse_knob(value: str, kind: str, lo: float, hi: float | None = None) -> flo
 class PolicyTable:
     """Which policy each transport runs: ``scheduler_policy`` and its transport forms.
 
-    Built once at start-up, before the privilege drop and chroot, because loading a
-    ``module:PATH`` policy reads and runs a file; a bad name or a module that does
-    not load is reported then, naming the parameter, and never during deliveries.
+    Built once at start-up (:func:`pyqmgr.settings.policies.policy_table`), before
+    the privilege drop and chroot, because loading a ``module:PATH`` policy reads and
+    runs a file; a bad name or a module that does not load is reported then, naming
+    the parameter, and never during deliveries. ``setting`` answers a policy's own
+    parameters (its :attr:`Policy.knobs` and :attr:`Policy.parameters`, through
+    ``Context.setting``) and nothing else: every other pyqmgr.cf setting reaches the
+    core parsed, as a typed table (sites, tenant limits, shaping).
     """
 
     def __init__(self, default: PolicyClass | None = None,
@@ -367,7 +315,7 @@ class PolicyTable:
         #: before the privilege drop, like every other policy. Loaded at their first
         #: message, the import came after it and failed from a checkout mail_owner
         #: cannot read (issue #43: a fatal with scheduler_policy = oqmgr).
-        self.stock_policy: PolicyClass = load(STOCK)
+        self.stock_policy: PolicyClass = builtin(STOCK)
         #: ``scheduler_policy``; stock's nqmgr when pyqmgr.cf names none.
         self.default: PolicyClass = default or self.stock_policy
         self.by_transport = dict(by_transport or {})
@@ -389,37 +337,3 @@ class PolicyTable:
         if transport in (RETRY, ERROR):
             return self.stock_policy
         return self.by_transport.get(transport, self.default)
-
-    @classmethod
-    def build(cls, values: dict[str, str], setting: Callable[[str, str, str], str],
-              fail: Callable[[str, str], Exception]) -> PolicyTable:
-        """From pyqmgr.cf's parameters (all of them, by name, values expanded).
-
-        ``fail(parameter, text)`` makes the exception to raise for a bad value. Each
-        policy's own knobs (:attr:`Policy.knobs`) are checked here as well, in every
-        form the file gives them, so that a bad number is a start-up error.
-        """
-        default: PolicyClass | None = None
-        by_transport: dict[str, PolicyClass] = {}
-        for name, value in values.items():
-            if name != POLICY_PARAM and not name.endswith("_" + POLICY_PARAM):
-                continue
-            try:
-                policy = load(value)
-            except PolicyError as exc:
-                raise fail(name, str(exc)) from None
-            if name == POLICY_PARAM:
-                default = policy
-            else:
-                by_transport[name[:-len(POLICY_PARAM) - 1]] = policy
-        table = cls(default, by_transport, setting)
-        in_use = {table.default, *by_transport.values()}
-        for policy in in_use:
-            for knob, (_, kind, lo, hi) in policy.knobs.items():
-                for name, value in values.items():
-                    if name == knob or name.endswith("_" + knob):
-                        try:
-                            parse_knob(value, kind, lo, hi)
-                        except ValueError as bad:  # not "exc": mypyc types a name once
-                            raise fail(name, str(bad)) from None
-        return table

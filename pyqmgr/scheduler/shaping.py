@@ -33,8 +33,8 @@ connections from 192.0.2.9``. Patterns are case-insensitive unless the flags say
     failure                   # stock behaviour: negative feedback and cohorts
 
 The first matching rule wins. Everything here is data and arithmetic on values the
-core passes in (``now``); nothing reads a clock or a file but :func:`load_rules`,
-which the daemon calls at start-up.
+core passes in (``now``); nothing reads a clock or a file: a rules file is read by
+:func:`pyqmgr.settings.scheduling.load_rules`, at start-up, and handed in parsed.
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from pyqmgr.bounded import TooLarge, read_bounded
 
 #: Time units of durations and rate periods, as Postfix writes them (plus ms).
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -251,21 +249,6 @@ def parse_rules(text: str, path: str) -> list[Rule]:
     return rules
 
 
-def load_rules(path: str, max_bytes: int = 1 << 20) -> list[Rule]:
-    """Read and parse a rules file (start-up, before the chroot)."""
-    try:
-        data = read_bounded(path, max_bytes)
-    except OSError as exc:
-        raise ShapingError(f"{path}: {exc.strerror}") from None
-    except TooLarge as big:
-        raise ShapingError(str(big)) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ShapingError(f"{path}: not UTF-8") from None
-    return parse_rules(text, path)
-
-
 # -- one transport's shaping, and one destination's state -------------------------------
 
 
@@ -442,14 +425,14 @@ Setting = Callable[[str, str, str], str]
 class ShapingTable:
     """Each transport's :class:`Shaping` from pyqmgr.cf, checked and read up front.
 
-    Rules files are read when the table is built (the daemon builds it at start-up,
-    before the chroot), one read per distinct path, and every parameter in any of its
-    forms is parsed then, so a mistake is a start-up error naming the parameter, not
-    a surprise when mail for that transport first comes.
+    Rules files are read when the table is built (``read_rules``: the daemon builds
+    it at start-up, before the chroot), one read per distinct path, and every
+    parameter in any of its forms is parsed then, so a mistake is a start-up error
+    naming the parameter, not a surprise when mail for that transport first comes.
     """
 
     def __init__(self, values: dict[str, str], setting: Setting,
-                 read_rules: Callable[[str], list[Rule]] = load_rules) -> None:
+                 read_rules: Callable[[str], list[Rule]]) -> None:
         self.setting = setting
         self.rules: dict[str, tuple[Rule, ...]] = {}
         self.names = sorted(k for k in values if k.endswith(NAMES))

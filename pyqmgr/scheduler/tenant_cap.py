@@ -38,12 +38,11 @@ again. The moves themselves are :mod:`.entry`'s (this module cannot import it).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.held import HELD, STAGED, held_queue_for, holding
 from pyqmgr.scheduler.queue import queue_obtain
-from pyqmgr.scheduler.shaping import ShapingError, parse_rate
 from pyqmgr.scheduler.structures import ERROR, RETRY, TenantCaps
 
 if TYPE_CHECKING:
@@ -62,27 +61,40 @@ SITE = "@"
 NEXT_KEPT = 10_000
 
 
-def caps_for(setting: Callable[[str, str, str], str], transport: str) -> TenantCaps | None:
-    """The transport's limits from pyqmgr.cf (``setting``: the scheduler's; a bad value
-    is a start-up error, daemon/classes.py, and never gets here)."""
-    if transport in (RETRY, ERROR, HELD):
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """One transport's limits on each tenant, as pyqmgr.cf sets them (0: none):
+    entries at a destination and at a site, and the seconds between a tenant's
+    entries there (its rate's interval)."""
+
+    limit: int = 0
+    site_limit: int = 0
+    spacing: float = 0.0
+    site_spacing: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimitTable:
+    """Every transport's :class:`TenantLimits`, read and checked once from pyqmgr.cf
+    (:func:`pyqmgr.settings.tenants.tenant_limits`): the global values, and those of
+    each transport a ``<transport>_`` form names."""
+
+    default: TenantLimits
+    by_transport: dict[str, TenantLimits] = field(default_factory=dict)
+
+    def for_transport(self, transport: str) -> TenantLimits:
+        return self.by_transport.get(transport, self.default)
+
+
+def caps_for(table: TenantLimitTable | None, transport: str) -> TenantCaps | None:
+    """The transport's tenant caps, from the parsed limits; None when it has none
+    (the retry, error and held transports never have any)."""
+    if table is None or transport in (RETRY, ERROR, HELD):
         return None
-
-    def count(name: str) -> int:
-        text = setting(name, transport, "0").strip()
-        return int(text) if text.isdigit() else 0
-
-    def spacing(name: str) -> float:
-        try:
-            rate = parse_rate(setting(name, transport, "0"), name)
-        except ShapingError:
-            return 0.0
-        return rate.interval if rate is not None else 0.0
-
-    caps = TenantCaps(count(PARAM), count(SITE_PARAM), spacing(RATE_PARAM),
-                      spacing(SITE_RATE_PARAM))
-    return caps if caps.limit or caps.site_limit or caps.spacing or caps.site_spacing \
-        else None
+    limits = table.for_transport(transport)
+    if not (limits.limit or limits.site_limit or limits.spacing or limits.site_spacing):
+        return None
+    return TenantCaps(limits.limit, limits.site_limit, limits.spacing, limits.site_spacing)
 
 
 def site_scope(caps: TenantCaps, queue: Queue) -> str | None:

@@ -1,7 +1,7 @@
 """Message classes and tenants in a scenario (issue #34), as pyqmgr.cf gives them.
 
 ``[pyqmgr_cf] message_classes``, ``message_class_maps``, ``tenant_key`` and the rest
-are read by the daemon's own :func:`pyqmgr.daemon.classes.classifier`; each arriving
+are read by the daemon's own :func:`pyqmgr.settings.classes.classifier`; each arriving
 message is classified by its spec's ``sender`` (``[[messages]] sender = ...``), the
 only envelope field a scenario has (so ``message_class_key`` and ``tenant_key`` can
 only be sender-based here). A table the daemon would leave out with a warning is a
@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 
-from pyqmgr.daemon.classes import TENANT_KEY, Classifier, Envelope, classifier
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.message import Message
+from pyqmgr.scheduler.tenant_cap import TenantLimitTable
+from pyqmgr.settings.classes import TENANT_KEY, Classifier, Envelope, classifier
+from pyqmgr.settings.sites import on as sites_on
+from pyqmgr.settings.tenants import tenant_limits
 from pyqmgr.simulator.scenario import Scenario, ScenarioError
 
 SENDER_KEYS = ("sender", "sender_domain", "none")
@@ -42,6 +45,19 @@ def scenario_classifier(sc: Scenario, section: str) -> Classifier | None:
         raise ScenarioError(f"{section}.message_class_key: a scenario's messages have a "
                             "sender and nothing else")
     return found
+
+
+def scenario_tenant_limits(sc: Scenario, section: str) -> TenantLimitTable | None:
+    """The scenario's tenant limits (``tenant_concurrency_limit`` and the rest), read
+    as the daemon reads them; None when it sets none. Bad ones: ScenarioError."""
+    settings = PyqmgrCf(section, True, dict(sc.pyqmgr_cf))
+    try:
+        # The daemon's one warning (a site limit with sites off holds per destination)
+        # says how the limit applies, which the simulation shows as it is.
+        return tenant_limits(settings, (settings.get(TENANT_KEY) or "none").strip(),
+                             sites_on(settings), lambda text: None)
+    except PyqmgrCfError as exc:
+        raise ScenarioError(str(exc).replace(": parameter ", ".", 1)) from None
 
 
 def _absolute(spec: str, base: str) -> str:

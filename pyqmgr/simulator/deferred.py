@@ -15,9 +15,8 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from pyqmgr.daemon.retry import Registry
 from pyqmgr.scheduler.message import Message
-from pyqmgr.scheduler.settings import RetrySettings
+from pyqmgr.settings.retry import Registry, RetrySettings
 from pyqmgr.simulator.message import SimMessage
 
 if TYPE_CHECKING:

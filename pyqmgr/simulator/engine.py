@@ -21,8 +21,8 @@ scenario and a seed give one result:
   as a new attempt at the first deferred-queue scan (every ``queue_run_delay``, on
   whole seconds, run when the queue manager next wakes as stock's timers are) after
   that time, or earlier, paced, through ``deferred_recovery_rate`` when the destination
-  it waited for delivers again (the daemon's :mod:`pyqmgr.daemon.retry`, whose
-  registry it shares).
+  it waited for delivers again (as the daemon's :mod:`pyqmgr.daemon.retry`, with the
+  same registry, :class:`pyqmgr.settings.retry.Registry`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from pyqmgr.scheduler.decisions import NOTHING, Decisions
 from pyqmgr.scheduler.entry import Entry
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.queue import Dsn, Queue
-from pyqmgr.scheduler.settings import SchedulingSettings, scheduling_settings
 from pyqmgr.scheduler.shaping import RULES
+from pyqmgr.settings.scheduling import SchedulingSettings, scheduling_settings
 from pyqmgr.simulator.arrivals import Arrivals
-from pyqmgr.simulator.classes import classify, scenario_classifier
+from pyqmgr.simulator.classes import classify, scenario_classifier, scenario_tenant_limits
 from pyqmgr.simulator.deferred import DeferredQueue
 from pyqmgr.simulator.delegation import PolicyService
 from pyqmgr.simulator.fleet import FleetRun
@@ -112,7 +112,8 @@ class Engine:
                 name, self.cfg.default_process_limit),
             fudge_factor=oqmgr_fudge_factor(self.cfg),
             shaping_for=self.shaping.shaping_for if self.shaping is not None else None,
-            sites=self.sites.table() if self.sites is not None else None)
+            sites=self.sites.table() if self.sites is not None else None,
+            tenant_limits=scenario_tenant_limits(scenario, PYQMGR_CF_SECTION))
         self.now = 0.0
         self._seq = itertools.count()
         self._events: list[tuple[float, int, Callable[[], None]]] = []

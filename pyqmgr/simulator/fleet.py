@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from pyqmgr.daemon.fleet import GATE_KIND, SPARE_TIME, session_retry
+from pyqmgr.fleet.sessions import GATE_KIND, SPARE_TIME, session_retry
 from pyqmgr.fleet.settings import FleetSettings, Limits, fleet_settings
 from pyqmgr.fleet.shared import SITE_UNIT
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from pyqmgr.daemon.sites import SiteSettings, site_settings
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
+from pyqmgr.settings.sites import SiteSettings, site_settings
 from pyqmgr.simulator.scenario import ScenarioError
 from pyqmgr.site_names import site_name
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyqmgr.daemon.classes import NO_TENANT, Envelope, classifier
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
+from pyqmgr.settings.classes import NO_TENANT, Envelope, classifier
 
 
 def make(text: str, warned: list[str] | None = None):

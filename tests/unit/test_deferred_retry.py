@@ -23,17 +23,18 @@ import pytest
 from pyqmgr.control.render import status_lines
 from pyqmgr.daemon import active as active_module
 from pyqmgr.daemon.active import ActiveQueue
-from pyqmgr.daemon.retry import WAITS, Registry, RetryControl
+from pyqmgr.daemon.retry import WAITS, RetryControl
 from pyqmgr.postfix import mail_queue
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
 from pyqmgr.scheduler.core import RETRY, Route, Scheduler
 from pyqmgr.scheduler.decisions import Decisions
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
-from pyqmgr.scheduler.settings import RetrySettings, parse_jitter, retry_settings
 from pyqmgr.scheduler.shaping import Rate, Shaping, parse_rules
+from pyqmgr.settings.policies import load
+from pyqmgr.settings.retry import Registry, RetrySettings, parse_jitter, retry_settings
 from tests.unit.params import Params
 
 PATH = "/etc/postfix/pyqmgr.cf"

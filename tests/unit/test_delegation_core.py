@@ -16,9 +16,10 @@ import pytest
 from pyqmgr.scheduler.core import ERROR, Route, Scheduler
 from pyqmgr.scheduler.explain import explain, status
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.shaping import Rate, Shaping
+from pyqmgr.settings.policies import load
 from tests.unit.params import Params
 
 POLICIES = ["nqmgr", "oqmgr", "finch", "zmailer"]

@@ -36,7 +36,7 @@ import pytest
 
 from pyqmgr.pyqmgr_cf import MODULE_PREFIX, from_text
 from pyqmgr.pyqmgr_cf_names import unknown_parameters
-from pyqmgr.scheduler.policy import load
+from pyqmgr.settings.policies import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SETTING = re.compile(r"[a-z][a-z0-9_]*\s*=")

@@ -13,9 +13,10 @@ import pytest
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.shaping import Shaping, parse_rules
+from pyqmgr.settings.policies import load
 from tests.unit.params import Params
 
 TOO_MANY = Dsn("4.7.0", "host mx[192.0.2.1] said: 421 4.7.0 too many connections")

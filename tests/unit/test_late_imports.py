@@ -70,7 +70,8 @@ def test_a_table_of_other_policies_loads_stock_for_the_retry_and_error_transport
     its module is loaded with the table, at start-up. Loaded at their first message,
     it came after the privilege drop, and from /root the daemon died on it (CI, with
     scheduler_policy = oqmgr)."""
-    script = ("import sys\nfrom pyqmgr.scheduler.policy import PolicyTable, load\n"
+    script = ("import sys\nfrom pyqmgr.scheduler.policy import PolicyTable\n"
+              "from pyqmgr.settings.policies import load\n"
               "table = PolicyTable(load('oqmgr'))\n"
               "print('pyqmgr.scheduler.nqmgr' in sys.modules, table.policy_for('retry').name,"
               " table.policy_for('error').name, table.policy_for('smtp').name)")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pyqmgr.daemon.classes import classifier, read_headers
+from pyqmgr.daemon.classes import read_headers
 from pyqmgr.postfix.message_headers import (
     HEADER_BYTES,
     MAX_POINTERS,
@@ -24,6 +24,7 @@ from pyqmgr.postfix.message_headers import (
 from pyqmgr.postfix.queue_file import Message, read_message
 from pyqmgr.postfix.record import encode_record, rec_get_buf
 from pyqmgr.pyqmgr_cf import from_text
+from pyqmgr.settings.classes import classifier
 
 DATA = Path(__file__).parent.parent / "data"
 NAMES = frozenset({"x-tenant", "x-priority"})

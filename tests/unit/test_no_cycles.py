@@ -18,8 +18,9 @@ import pytest
 
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import Policy, PolicyTable, load
+from pyqmgr.scheduler.policy import Policy, PolicyTable
 from pyqmgr.scheduler.queue import Dsn
+from pyqmgr.settings.policies import load
 from tests.unit.params import Params
 
 #: Scheduler objects that must die by reference count: whatever a message makes.

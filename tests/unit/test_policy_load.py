@@ -1,7 +1,7 @@
 """scheduler_policy's loader and the start-up policy table: every error says why.
 
 ``load`` turns a ``scheduler_policy`` value into a class (a built-in name or
-``module:PATH``); ``PolicyTable.build`` does that for every ``[<transport>_]
+``module:PATH``); ``policy_table`` does that for every ``[<transport>_]
 scheduler_policy`` in pyqmgr.cf and checks the knobs of the policies in use. Their
 texts end up after ``fatal: <pyqmgr.cf>: parameter <name>: `` in the maillog, so they
 are pinned here word for word. No Postfix needed.
@@ -17,8 +17,9 @@ from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError, from_text
 from pyqmgr.scheduler.finch import Finch
 from pyqmgr.scheduler.nqmgr import Nqmgr
 from pyqmgr.scheduler.oqmgr import Oqmgr
-from pyqmgr.scheduler.policy import BUILTIN, Policy, PolicyError, PolicyTable, load, parse_knob
+from pyqmgr.scheduler.policy import BUILTIN, Policy, PolicyTable, parse_knob
 from pyqmgr.scheduler.zmailer import Zmailer
+from pyqmgr.settings.policies import PolicyError, load, policy_table
 
 CF = "/etc/postfix/pyqmgr.cf"
 
@@ -48,7 +49,7 @@ def build(text: str) -> PolicyTable:
         value = cf.get(name, transport)
         return default if value is None else value
 
-    return PolicyTable.build(values, setting, cf.error)
+    return policy_table(values, setting, cf.error)
 
 
 def build_error(text: str) -> str:
@@ -160,7 +161,7 @@ def test_the_contrib_example_loads():
                               "sender_classes_large_weight"}
 
 
-# -- PolicyTable.build: which parameter is to blame ---------------------------------------
+# -- policy_table: which parameter is to blame --------------------------------------------
 
 
 def test_no_settings_is_stock():

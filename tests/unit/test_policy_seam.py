@@ -12,8 +12,9 @@ from pyqmgr.scheduler.entry import Entry, entry_select
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.nqmgr import Nqmgr
 from pyqmgr.scheduler.oqmgr import Oqmgr
-from pyqmgr.scheduler.policy import Policy, PolicyTable, load
+from pyqmgr.scheduler.policy import Policy, PolicyTable
 from pyqmgr.scheduler.zmailer import Zmailer
+from pyqmgr.settings.policies import load
 from tests.unit.params import Params
 
 

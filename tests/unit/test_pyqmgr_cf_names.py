@@ -17,7 +17,8 @@ import pytest
 
 from pyqmgr.pyqmgr_cf import from_text
 from pyqmgr.pyqmgr_cf_names import GLOBAL, KNOWN, PER_TRANSPORT, Names, unknown_parameters
-from pyqmgr.scheduler.policy import BUILTIN, load
+from pyqmgr.scheduler.policy import BUILTIN
+from pyqmgr.settings.policies import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "pyqmgr")

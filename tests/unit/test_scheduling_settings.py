@@ -1,7 +1,7 @@
 """One route for pyqmgr.cf's scheduling settings: the daemon, check and the simulator.
 
 Issue #22: the settings took three hand-written routes, so a value could pass one and
-fail another. Now :func:`pyqmgr.scheduler.settings.scheduling_settings` is the only
+fail another. Now :func:`pyqmgr.settings.scheduling.scheduling_settings` is the only
 parser; these tests give each route the same bad values and the same good ones and
 compare what comes out, so a route that parses on its own again shows as a difference.
 """
@@ -16,7 +16,7 @@ from pyqmgr.daemon.policies import policy_setup
 from pyqmgr.install import _settings_problems
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
-from pyqmgr.scheduler.settings import scheduling_settings
+from pyqmgr.settings.scheduling import scheduling_settings
 from pyqmgr.simulator import simulate
 from pyqmgr.simulator.engine import scenario_settings
 from pyqmgr.simulator.scenario import ScenarioError, parse

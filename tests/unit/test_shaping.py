@@ -14,7 +14,7 @@ import pytest
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.explain import explain, status
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.shaping import (
     Rate,
@@ -26,6 +26,7 @@ from pyqmgr.scheduler.shaping import (
     parse_rule,
     parse_rules,
 )
+from pyqmgr.settings.policies import load
 from tests.unit.params import Params
 
 TOO_MANY = Dsn("4.7.0", "host mx[192.0.2.1] refused to talk to me: 421 4.7.0 Error: too "
@@ -391,7 +392,7 @@ def test_bad_tolerate(value):
 
 
 def test_a_rules_file_too_large_not_utf8_or_missing_is_refused(tmp_path):
-    from pyqmgr.scheduler.shaping import load_rules
+    from pyqmgr.settings.scheduling import load_rules
 
     big = tmp_path / "big"
     big.write_bytes(b"# padding\n" * 200)

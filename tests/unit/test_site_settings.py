@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyqmgr.daemon.sites import site_settings
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
+from pyqmgr.settings.sites import site_settings
 
 COMMANDS = {"smtp": "smtp", "relay": "smtp", "lmtp": "lmtp", "local": "local",
             "retry": "error"}

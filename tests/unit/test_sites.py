@@ -17,12 +17,13 @@ from pyqmgr.control.render import status_lines
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.explain import explain, status
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.shaping import Rate, Shaping, parse_rules
 from pyqmgr.scheduler.site import QUIT_GRACE
 from pyqmgr.scheduler.structures import MAX_KNOWN, SiteLimits, SiteTable, site_domain
 from pyqmgr.scheduler.suspension import Suspension, Target, TargetError, parse_target
+from pyqmgr.settings.policies import load
 from tests.unit.params import Params
 
 POLICIES = ["nqmgr", "oqmgr", "finch", "zmailer"]

@@ -13,9 +13,10 @@ import pytest
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.explain import explain, status
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.suspension import Suspension, Target, TargetError, parse_target
+from pyqmgr.settings.policies import load
 from tests.unit.params import Params
 
 POLICIES = ["nqmgr", "oqmgr", "finch", "zmailer"]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.held import HELD
 from pyqmgr.scheduler.message import Message, Recipient
-from pyqmgr.scheduler.policy import PolicyTable, load
+from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.structures import SiteLimits, SiteTable
 from pyqmgr.scheduler.suspension import Suspension, parse_target
+from pyqmgr.scheduler.tenant_cap import TenantLimitTable
+from pyqmgr.settings.policies import load
+from pyqmgr.settings.tenants import tenant_limits
 from tests.unit.params import Params
 
 
@@ -17,16 +21,19 @@ def scheduler(cap: str = "2", sites: dict[str, str] | None = None,
     p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 20,
          "destination_concurrency_limit": 20, **params}
     settings = {"tenant_concurrency_limit": cap, **(more or {})}
-
-    def setting(name: str, transport: str, default: str) -> str:
-        return settings.get(f"{transport}_{name}", settings.get(name, default))
-
     table = None
     if sites is not None:
         limits = SiteLimits(0, "smtp_site_concurrency_limit")
         table = SiteTable(lambda t: limits if t == "smtp" else None, pinned=sites)
     return Scheduler(lambda n: Params(**p),  # type: ignore[arg-type]
-                     policies=PolicyTable(load("nqmgr"), setting=setting), sites=table)
+                     policies=PolicyTable(load("nqmgr")), sites=table,
+                     tenant_limits=tenant_table(settings))
+
+
+def tenant_table(settings: dict[str, str]) -> TenantLimitTable | None:
+    """The core's table, read from pyqmgr.cf's values as start-up reads it."""
+    return tenant_limits(PyqmgrCf("pyqmgr.cf", True, settings), "sender", True,
+                         lambda text: None)
 
 
 def add(s: Scheduler, name: str, tenant: str, dest: str = "d.example",
@@ -48,6 +55,23 @@ def selected(s: Scheduler, now: float = 0.0) -> list:
 def staged(s: Scheduler) -> int:
     held = s.transports.get(HELD)
     return sum(len(q.todo) for q in held.queues.values()) if held is not None else 0
+
+
+def test_the_limits_come_from_the_typed_table_alone():
+    """The policies' setting answers a policy's own knobs only: a tenant limit there is
+    no limit (issue #44: the core once read tenant limits as strings through it)."""
+    p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 20,
+         "destination_concurrency_limit": 20}
+    s = Scheduler(lambda n: Params(**p),  # type: ignore[arg-type]
+                  policies=PolicyTable(load("nqmgr"), setting=lambda n, t, d: (
+                      "1" if n == "tenant_concurrency_limit" else d)))
+    for i in range(3):
+        add(s, f"a{i}", "acme")
+    assert s.transports["smtp"].tenant_caps is None and len(selected(s)) == 3
+    s = scheduler("1")
+    for i in range(3):
+        add(s, f"a{i}", "acme")
+    assert len(selected(s)) == 1 and staged(s) == 2
 
 
 def test_a_tenant_has_at_most_its_cap_at_a_destination_and_the_rest_follow():
@@ -218,13 +242,11 @@ def test_mail_made_while_the_mx_lookup_ran_moves_to_the_site_found():
     end."""
     p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 20,
          "destination_concurrency_limit": 20}
-    settings = {"tenant_site_concurrency_limit": "2"}
     limits = SiteLimits(0, "smtp_site_concurrency_limit")
     table = SiteTable(lambda t: limits if t == "smtp" else None)
     s = Scheduler(lambda n: Params(**p),  # type: ignore[arg-type]
-                  policies=PolicyTable(load("nqmgr"),
-                                       setting=lambda n, t, d: settings.get(n, d)),
-                  sites=table)
+                  policies=PolicyTable(load("nqmgr")), sites=table,
+                  tenant_limits=tenant_table({"tenant_site_concurrency_limit": "2"}))
     for i, dest in enumerate(["a.example", "a.example", "b.example", "b.example"]):
         add(s, f"a{i}", "acme", dest)
     caps = s.transports["smtp"].tenant_caps

@@ -125,9 +125,10 @@ def test_a_tenant_suspension_never_gates_the_destination():
 def test_a_response_rule_holds_the_tenant_at_the_destination_only():
     """Yahoo's TSS04 to one tenant's mail: ``suspend_tenant=1h`` holds that tenant
     there, not the destination: another tenant's mail to it still goes."""
-    from pyqmgr.scheduler.policy import PolicyTable, load
+    from pyqmgr.scheduler.policy import PolicyTable
     from pyqmgr.scheduler.queue import Dsn
     from pyqmgr.scheduler.shaping import Shaping, parse_rules
+    from pyqmgr.settings.policies import load
 
     rules = tuple(parse_rules("/TSS04/  throttle suspend_tenant=1h\n", "rules"))
     s = Scheduler(lambda n: Params(destination_recipient_limit=1,  # type: ignore[arg-type]
@@ -155,8 +156,9 @@ def test_a_response_rule_holds_the_tenant_at_the_destination_only():
 def test_a_site_target_holds_the_tenant_at_every_destination_of_the_site_only():
     """tenant:acme@site:google: acme's mail to both of google's domains waits, its
     mail to another domain and beta's to google go."""
-    from pyqmgr.scheduler.policy import PolicyTable, load
+    from pyqmgr.scheduler.policy import PolicyTable
     from pyqmgr.scheduler.structures import SiteLimits, SiteTable
+    from pyqmgr.settings.policies import load
 
     limits = SiteLimits(20, "smtp_site_concurrency_limit")
     table = SiteTable(lambda t: limits if t == "smtp" else None,

@@ -1,17 +1,20 @@
-"""pyqmgr.cf's tenant limits checked at start-up (issue #34): a limit the core could
-not read would quietly be no limit."""
+"""pyqmgr.cf's tenant limits read once at start-up (issues #34, #44): every form
+checked, a bad one a start-up error, and the typed table what the core makes each
+transport's caps from (it once read the strings again, and took what it could not
+read as no limit)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pyqmgr.daemon.tenant_limits import check
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
+from pyqmgr.scheduler.tenant_cap import TenantLimits, caps_for
+from pyqmgr.settings.tenants import tenant_limits
 
 
 def run(text: str, tenant_key: str = "sender_domain", sites: bool = True) -> list[str]:
     said: list[str] = []
-    check(from_text(text), tenant_key, sites, said.append)
+    tenant_limits(from_text(text), tenant_key, sites, said.append)
     return said
 
 
@@ -50,3 +53,29 @@ def test_a_site_limit_without_sites_is_a_warning():
 
 def test_other_parameters_are_not_taken_for_limits():
     assert run("site_rate = junk\nsmtp_destination_rate_delay = 1s") == []
+
+
+def test_the_table_holds_each_transport_s_limits_global_values_beneath():
+    """A transport form wins for its parameter only; the others stay the global ones,
+    as Postfix's naming rule reads each parameter on its own."""
+    table = tenant_limits(from_text("tenant_concurrency_limit = 5\ntenant_rate = 10/1s\n"
+                                    "smtp_tenant_rate = 600/h\n"
+                                    "relay_tenant_site_concurrency_limit = +3\n"),
+                          "sender_domain", True, lambda text: None)
+    assert table is not None
+    assert table.for_transport("local") == TenantLimits(5, 0, 0.1, 0.0)
+    assert table.for_transport("smtp") == TenantLimits(5, 0, 6.0, 0.0)
+    # "+3" is a number as Postfix reads one (strtol): the limit, not "no limit".
+    assert table.for_transport("relay") == TenantLimits(5, 3, 0.1, 0.0)
+
+
+def test_no_limit_set_is_no_table_and_no_caps():
+    assert tenant_limits(from_text("tenant_key = sender"), "sender", True,
+                         lambda text: None) is None
+    table = tenant_limits(from_text("smtp_tenant_concurrency_limit = 2"), "sender", True,
+                          lambda text: None)
+    assert caps_for(table, "relay") is None and caps_for(None, "smtp") is None
+    caps = caps_for(table, "smtp")
+    assert caps is not None and caps.limit == 2
+    # The retry, error and held transports never have caps.
+    assert all(caps_for(table, t) is None for t in ("retry", "error", "pyqmgr-held"))
