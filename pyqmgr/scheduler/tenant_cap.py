@@ -50,16 +50,6 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
     from pyqmgr.scheduler.structures import Entry, Queue, Transport
 
-PARAM = "tenant_concurrency_limit"
-SITE_PARAM = "tenant_site_concurrency_limit"
-RATE_PARAM = "tenant_rate"
-SITE_RATE_PARAM = "tenant_site_rate"
-#: A site scope's name starts with this.
-SITE = "@"
-#: Past rate slots kept before a sweep drops the stale ones (bounded memory: a tenant
-#: that sent to 100,000 destinations once must not keep 100,000 slots).
-NEXT_KEPT = 10_000
-
 
 @dataclass(frozen=True, slots=True)
 class TenantLimits:
@@ -84,6 +74,17 @@ class TenantLimitTable:
 
     def for_transport(self, transport: str) -> TenantLimits:
         return self.by_transport.get(transport, self.default)
+
+
+PARAM = "tenant_concurrency_limit"
+SITE_PARAM = "tenant_site_concurrency_limit"
+RATE_PARAM = "tenant_rate"
+SITE_RATE_PARAM = "tenant_site_rate"
+#: A site scope's name starts with this.
+SITE = "@"
+#: Past rate slots kept before a sweep drops the stale ones (bounded memory: a tenant
+#: that sent to 100,000 destinations once must not keep 100,000 slots).
+NEXT_KEPT = 10_000
 
 
 def caps_for(table: TenantLimitTable | None, transport: str) -> TenantCaps | None:
