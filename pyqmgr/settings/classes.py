@@ -28,6 +28,7 @@ read.
                            messages a round when tenants share a class's deliveries
 ``tenant_concurrency_``    each tenant's most deliveries (under way or waiting for an
 ``limit``                  agent) at one destination; transport forms too; 0: none
+                           (read with the other tenant limits: :mod:`.tenants`)
 ``message_class_active_``  percent of ``qmgr_message_active_limit`` each class below
 ``reserve``                the highest leaves to those above it (default 10): with
                            two classes bulk stops at 90% of the active queue, and
@@ -67,9 +68,6 @@ DEFAULT_CLASS = "default_message_class"
 TENANT_KEY = "tenant_key"
 TENANT_MAPS = "tenant_maps"
 RESERVE = "message_class_active_reserve"
-#: Each tenant's most entries at one destination (scheduler/tenant_cap.py); 0: none.
-TENANT_CAP = "tenant_concurrency_limit"
-MAX_TENANT_CAP = 10_000
 WEIGHT_MAPS = "tenant_weight_maps"
 #: A tenant's weight at most (jobs a round).
 MAX_WEIGHT = 1000
@@ -246,11 +244,6 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
         if settings.get(name) is not None and tenant_key == "none":
             raise settings.error(name, f"has no effect without {TENANT_KEY}")
     reserve = settings.get_int(RESERVE, None, DEFAULT_RESERVE, 0, 50)
-    for name in settings.names():
-        if name == TENANT_CAP or name.endswith("_" + TENANT_CAP):
-            settings.get_int(name, None, 0, 0, MAX_TENANT_CAP)
-            if tenant_key == "none":
-                raise settings.error(name, f"has no effect without {TENANT_KEY}")
     if not names and tenant_key == "none":
         if settings.get(RESERVE) is not None:
             raise settings.error(RESERVE, f"has no effect without {CLASSES}")

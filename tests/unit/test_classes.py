@@ -7,6 +7,7 @@ import pytest
 
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
 from pyqmgr.settings.classes import NO_TENANT, Envelope, classifier
+from pyqmgr.settings.tenants import tenant_limits
 
 
 def make(text: str, warned: list[str] | None = None):
@@ -170,12 +171,18 @@ def test_no_tenant_key_no_tenant():
     ("message_classes = a b\ntenant_concurrency_limit = 5\n", "tenant_concurrency_limit"),
 ])
 def test_a_bad_tenant_cap_is_a_start_up_error(text, name):
+    """Read once, with the other tenant limits (settings/tenants.py), not again here."""
+    cf = from_text(text, "pyqmgr.cf")
     with pytest.raises(PyqmgrCfError, match=name):
-        make(text)
+        tenant_limits(cf, (cf.get("tenant_key") or "none").strip(), True, print)
 
 
 def test_a_tenant_cap_is_read():
     assert make("tenant_key = sender_domain\nsmtp_tenant_concurrency_limit = 4\n")
+    table = tenant_limits(from_text("tenant_key = sender_domain\n"
+                                    "smtp_tenant_concurrency_limit = 4\n"),
+                          "sender_domain", True, print)
+    assert table is not None and table.for_transport("smtp").limit == 4
 
 
 def test_a_header_names_the_class_and_the_tenant():
