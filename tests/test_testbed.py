@@ -105,8 +105,10 @@ def test_reload_restarts_qmgr_and_mail_still_flows(postfix_instance):
 
 def test_stop_leaves_no_process_even_one_that_ignores_sigterm(postfix_instance):
     pf = postfix_instance(transports={"discard.example": "discard:"})
-    assert {"master", "qmgr", "pickup", "postlogd"} <= {
-        os.path.basename(argv[0]) for argv in pf.processes().values()}
+    # master starts qmgr and pickup a moment after postfix start returns.
+    pf.wait_until(lambda: {"master", "qmgr", "pickup", "postlogd"} <= {
+        os.path.basename(argv[0]) for argv in pf.processes().values()}, 10,
+        "master, qmgr, pickup and postlogd running")
     # A stray child that ignores SIGTERM, as a wedged daemon would.
     stray = subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
                              env={"MAIL_CONFIG": pf.config_dir, "PATH": os.environ["PATH"]})
