@@ -34,16 +34,13 @@ if TYPE_CHECKING:
 
 
 def gate_for(core: Core, queue: Queue) -> Suspension | Gate | None:
-    """The gate a queue should have now: an operator's suspension, else its full
-    site's (:mod:`.site`), else shaping's."""
+    """The gate a queue should have of its own now: an operator's suspension, else
+    shaping's. Its site's gate stays the site's (``Queue.gate`` joins the two)."""
     if core.suspensions:
         s = core.suspensions.for_queue(queue.transport.name, queue.name, queue.nexthop,
                                        queue.site.name if queue.site is not None else None)
         if s is not None:
             return s
-    site = queue.site
-    if site is not None and site.gate is not None:
-        return site.gate
     shape = queue.shape
     return shape.gate if shape is not None else None
 
@@ -51,10 +48,10 @@ def gate_for(core: Core, queue: Queue) -> Suspension | Gate | None:
 def regate(core: Core, queue: Queue) -> None:
     """Bring a queue's gate in line; an opened queue delivers (or goes, if idle)."""
     t = queue.transport
-    was = queue.gate
-    queue.gate = gate_for(core, queue)
+    was = queue.own_gate
+    queue.own_gate = gate_for(core, queue)
     t.sync(queue)
-    if was is not None and queue.gate is None and not t.broken:
+    if was is not None and queue.own_gate is None and not t.broken:
         if queue.ready and queue.idle:
             core.queue_done(queue)
         else:

@@ -45,6 +45,7 @@ from pyqmgr.scheduler.structures import ERROR, RETRY
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message, Recipient
     from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.structures import Site
     from pyqmgr.scheduler.transport import Transport
 
 
@@ -185,6 +186,17 @@ class Policy:
 
     def resumed(self, queue: Queue) -> None:
         """A rate-delayed destination of this transport may deliver again."""
+
+    def site_opened(self, site: Site) -> None:
+        """A provider site of this transport (:mod:`.site`) may take deliveries again.
+
+        Told once, not per member: a policy that keeps state per destination says so
+        here. This one tells each member as :meth:`resumed` (O(members)); nqmgr clears
+        its blocker tags at once instead.
+        """
+        for member in list(site.members):
+            if member.site is site and member.gate is None:
+                self.resumed(member)
 
     def queue_done(self, queue: Queue) -> None:
         """An idle destination queue is discarded (``qmgr_queue_done``); forget it."""

@@ -43,7 +43,7 @@ def queue_obtain(core: Core, t: Transport, name: str, nexthop: str) -> Queue:
         if core.sites is not None:
             site_attach(core, queue)
         if core.suspensions or (queue.shape is not None and queue.shape.gate is not None):
-            queue.gate = gate_for(core, queue)
+            queue.own_gate = gate_for(core, queue)
     return queue
 
 

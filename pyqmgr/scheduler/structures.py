@@ -129,17 +129,34 @@ class Queue:
     paused_until: float | None = None
     #: Earliest time for the next "is using up N of M active queue entries" warning.
     clog_time_to_warn: float = 0.0
-    #: Why no delivery starts now though the destination is alive: an operator's
-    #: suspension (``pyqmgr suspend``), a rate's spacing, a backoff rule, a policy
-    #: service's DEFER (:mod:`.shaping`). None: open. The one attribute every policy
-    #: tests, so that each new reason to wait costs the delivery path nothing more.
-    gate: Suspension | Gate | None = None
+    #: Why no delivery starts now though the destination is alive, for reasons of its
+    #: own: an operator's suspension (``pyqmgr suspend``), a rate's spacing, a backoff
+    #: rule, a policy service's DEFER (:mod:`.shaping`). None: open. Its site's gate is
+    #: the site's alone (:attr:`gate` joins the two), so that a site closes and opens
+    #: without visiting its members (issue #44).
+    own_gate: Suspension | Gate | None = None
     #: A response rule's cap on the window (0: none), below the concurrency limit.
     cap: int = 0
     #: Shaping state (:class:`.shaping.Shape`) when the transport has shaping.
     shape: Shape | None = None
     #: The provider site it belongs to while sites are on (:mod:`.site`); None: none.
     site: Site | None = None
+
+    @property
+    def gate(self) -> Suspension | Gate | None:
+        """Why no delivery starts now (None: open): the attribute every policy tests.
+
+        Its own gate, or its site's while the site is closed; an operator's suspension
+        of the destination is named before the site's gate, as it outlasts it.
+        """
+        own = self.own_gate
+        site = self.site
+        if site is None:
+            return own
+        held = site.gate
+        if held is None or (own is not None and own.kind == "suspended"):
+            return own
+        return held
 
     @property
     def ready(self) -> bool:
@@ -270,7 +287,7 @@ class Site:
     """
 
     __slots__ = ("name", "transport", "limit", "setting", "busy", "members", "gate",
-                 "bound", "shape", "limits", "quitting")
+                 "bound", "shape", "limits", "quitting", "ready", "blocker_tag")
 
     def __init__(self, name: str, transport: str, limit: int, setting: str) -> None:
         self.name = name
@@ -283,6 +300,13 @@ class Site:
         self.busy = 0
         #: Its destination queues in core.
         self.members: dict[Queue, None] = {}
+        #: Its members that could take a delivery now but for the site: the site's
+        #: part of :attr:`Transport.ready_queues`, kept by :meth:`Transport.sync`, so
+        #: that the site opens and closes in O(1) whatever its size (issue #44).
+        self.ready: dict[Queue, None] = {}
+        #: nqmgr's blocker tag: equal to the transport's while some job found its
+        #: deliveries blocked by this site (nqmgr.job.site_opened clears it).
+        self.blocker_tag = 0
         #: Deliveries that ended while the site was full, counted until these times
         #: (site.QUIT_GRACE): the remote server may not have seen their QUIT yet.
         self.quitting: deque[float] = deque()
@@ -512,7 +536,10 @@ class Transport:
         self.node: Node[Transport] = Node(self)
         self.queues: dict[str, Queue] = {}
         #: Queues that could take a delivery now (ready, room, todo): allocation test.
+        #: A site's members are indexed at their site instead (:attr:`Site.ready`), and
+        #: the open sites with such members here.
         self.ready_queues: dict[Queue, None] = {}
+        self.ready_sites: dict[Site, None] = {}
         #: Live queues with more deliveries out than their window (negative feedback
         #: came while they were busy): they count against the allocation test.
         self.over_busy: dict[Queue, None] = {}
@@ -614,12 +641,22 @@ class Transport:
         Called after every change to a queue, the hottest function of the core: the
         todo list's size is read as an attribute, not through ``QList.__bool__``.
         """
+        site = queue.site
         if queue.window > queue.busy_count and queue.todo.size and queue.window > 0 and (
                 not self.dest_cap or queue.busy_count < self.dest_cap) and (
-                queue.gate is None):
-            self.ready_queues[queue] = None
-        else:
+                queue.own_gate is None):
+            if site is None:
+                self.ready_queues[queue] = None
+            else:
+                site.ready[queue] = None
+                if site.gate is None:
+                    self.ready_sites[site] = None
+        elif site is None:
             self.ready_queues.pop(queue, None)
+        else:
+            site.ready.pop(queue, None)
+            if not site.ready:
+                self.ready_sites.pop(site, None)
         if queue.busy_count > queue.window > 0:
             self.over_busy[queue] = None
         elif self.over_busy:
@@ -648,7 +685,26 @@ class Transport:
             need -= min(self.room(queue), len(queue.todo))
             if need <= 0:
                 return not self.gated or self.policy.has_work()
+        for site in self.ready_sites:
+            # An open site's ready members, together no more than the site has left.
+            left = site.bound - site.busy if site.bound else need
+            for queue in site.ready:
+                got = min(self.room(queue), len(queue.todo), left)
+                need -= got
+                left -= got
+                if need <= 0:
+                    return not self.gated or self.policy.has_work()
+                if left <= 0:
+                    break
         return False
+
+    def is_ready(self, queue: Queue) -> bool:
+        """Could ``queue`` take a delivery now (:attr:`ready_queues`, or its open site's
+        :attr:`Site.ready`)?"""
+        site = queue.site
+        if site is None:
+            return queue in self.ready_queues
+        return site.gate is None and queue in site.ready
 
     def _wants_agent_in_list_order(self, need: int) -> bool:
         ordered = getattr(self.policy, "queue_list", None)
@@ -657,7 +713,7 @@ class Transport:
                 continue
             if queue.busy_count > queue.window:
                 need -= min(queue.window - queue.busy_count, len(queue.todo))
-            elif queue in self.ready_queues:
+            elif self.is_ready(queue):
                 need -= min(self.room(queue), len(queue.todo))
             else:
                 continue
@@ -685,6 +741,7 @@ class Backend(Protocol):
     def requeued(self, entry: Entry) -> None: ...
     def done(self, entry: Entry, busy: bool) -> None: ...
     def resumed(self, queue: Queue) -> None: ...
+    def site_opened(self, site: Site) -> None: ...
     def queue_done(self, queue: Queue) -> None: ...
     def todo_entries(self, message: Message) -> list[Entry]: ...
     def has_work(self) -> bool: ...

@@ -22,6 +22,7 @@ from pyqmgr.scheduler.nqmgr.job import (
     job_free,
     job_obtain,
     move_limits,
+    site_unblock,
 )
 from pyqmgr.scheduler.nqmgr.peer import peer_free, peer_obtain
 from pyqmgr.scheduler.nqmgr.structures import NqEntry, NqState, Peer
@@ -30,6 +31,7 @@ from pyqmgr.scheduler.policy import Context, Reason, reason
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message, Recipient
     from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.structures import Site
     from pyqmgr.scheduler.transport import Transport
 
 
@@ -157,6 +159,9 @@ class Nqmgr(NqState):
 
     def resumed(self, queue: Queue) -> None:
         blocker_update(self, queue)
+
+    def site_opened(self, site: Site) -> None:
+        site_unblock(self, site)
 
     def describe(self) -> dict[str, object]:
         current = self.job_current

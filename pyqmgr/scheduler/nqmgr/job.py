@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
     from pyqmgr.scheduler.policy import Context as Refiller
     from pyqmgr.scheduler.queue import Queue
+    from pyqmgr.scheduler.structures import Site
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -409,7 +410,11 @@ def job_entry_select(t: Transport, ctx: Refiller) -> Entry | None:
             job.blocker_tag = t.blocker_tag
             for peer in job.peers:
                 if peer.entries:
-                    peer.queue.blocker_tag = t.blocker_tag
+                    queue = peer.queue
+                    queue.blocker_tag = t.blocker_tag
+                    site = queue.site
+                    if site is not None and site.gate is not None:
+                        site.blocker_tag = t.blocker_tag
         else:
             job_retire(job)
         job = nxt
@@ -424,6 +429,16 @@ def peer_entry_select(peer: Peer, now: int) -> Entry:
     peer.entries.unlink(entry.peer_node)
     peer.job.selected_entries += 1
     return entry_select(entry, now)
+
+
+def site_unblock(t: Transport, site: Site) -> None:
+    """A site that blocked some job opened: unblock all blockers at once (as
+    :func:`blocker_update` does for a queue), without visiting the site's members."""
+    if site.blocker_tag == t.blocker_tag:
+        t.blocker_tag += 2
+        t.job_current = t.job_list.first()
+        t.candidate_cache_current = None
+    site.blocker_tag = 0
 
 
 def blocker_update(t: Transport, queue: Queue) -> None:
