@@ -321,16 +321,15 @@ class Delegation:
 
     def attempt(self, am: ActiveMessage) -> int:
         """This activation's attempt number (see the module docstring)."""
-        known = am.extra.get("attempt")
-        if isinstance(known, int):
-            return known
+        if am.policy_attempt is not None:
+            return am.policy_attempt
         n = self._attempts.pop(am.queue_id, 0) + 1
         if am.source == "deferred":
             n = max(n, 2)
         self._attempts[am.queue_id] = n
         while len(self._attempts) > ATTEMPT_MEMORY:
             self._attempts.popitem(last=False)
-        am.extra["attempt"] = n
+        am.policy_attempt = n
         return n
 
     def request(self, entry: Entry, svc: Service) -> DeliveryRequest:
@@ -378,7 +377,7 @@ class Delegation:
         transport = queue.transport.name
         now = time.monotonic()
         where = f"{queue.nexthop} ({transport})"
-        if "hold" in am.extra:
+        if am.hold is not None:
             # An earlier answer put the message on hold: this entry waits no more.
             qmgr.apply(qmgr.scheduler.drop_message(entry, now))
             qmgr.agent_next(call, transport)
@@ -452,7 +451,7 @@ class Delegation:
             self._hold_back(entry, svc, svc.settings.defer_delay, where, f"replied {reply}",
                             now)
             return
-        am.extra["hold"] = f"{svc.name} replied {reply}"
+        am.hold = f"{svc.name} replied {reply}"
         rcpt = entry.recipients[0].address if entry.recipients else ""
         from pyqmgr.daemon.active import log_address
 

@@ -205,30 +205,30 @@ class Qmgr:
                               count_check=not self.scheduler.bounded_reading)
         except OSError as exc:
             self.log.warning(f"{am.queue_id}: open {am.path}: {exc.strerror}")
-            am.extra["read_failed"] = "open"
+            am.read_failed = "open"
             return None
         for text in batch.warnings:
             self.log.warning(text)
         if not batch.ok:
-            am.extra["read_failed"] = "corrupt"
+            am.read_failed = "corrupt"
             return None
         am.sched.more = am.qf.rcpt_offset > 0
         am.sched.rcpt_unread = am.qf.rcpt_unread
         routes = self.active.route(am, batch.recipients)
         if routes is None:
-            am.extra["read_failed"] = "resolve"
+            am.read_failed = "resolve"
         return routes
 
     def _refill(self, message: Message, limit: int) -> list[Route] | None:
         """The core wants more recipients of a message while choosing (realloc)."""
         am: ActiveMessage = message.owner
-        if am is None or "read_failed" in am.extra:
+        if am is None or am.read_failed is not None:
             return None
         return self._read_more(am, limit)
 
     def next_batch(self, am: ActiveMessage) -> None:
         """All in-core recipients are done and the file has more: read the next batch."""
-        failed = am.extra.pop("read_failed", None)
+        failed, am.read_failed = am.read_failed, None
         if failed == "corrupt" or failed == "open":
             self.active.messages.pop(am.queue_id, None)
             self.message_left()
@@ -236,7 +236,7 @@ class Qmgr:
             return
         limit = self.scheduler.read_limit(am.sched)
         routes = self._read_more(am, max(limit, 1))
-        failed = am.extra.pop("read_failed", None)
+        failed, am.read_failed = am.read_failed, None
         if failed in ("corrupt", "open"):
             self.active.messages.pop(am.queue_id, None)
             self.message_left()
@@ -260,7 +260,7 @@ class Qmgr:
         self.feeder.wakeup.set()
 
     def message_done(self, am: ActiveMessage) -> None:
-        if "hold" in am.extra:
+        if am.hold is not None:
             # A delivery policy service said HOLD: to hold/, nothing else done.
             self.active.hold(am)
             return

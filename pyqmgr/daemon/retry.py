@@ -74,9 +74,6 @@ class RetryHost(QmgrCore, Protocol):
 
     def feed_deferred(self, qid: str) -> bool: ...
 
-#: Where a message's destination keys wait in ActiveMessage.extra until it is deferred.
-WAITS = "waits"
-
 
 @dataclass(eq=False)
 class Run:
@@ -150,10 +147,8 @@ class RetryControl:
 
     def deferred(self, am: ActiveMessage) -> None:
         """``am`` is now in deferred/: remember what it waits for."""
-        waits = am.extra.get(WAITS)
-        if waits:
-            assert isinstance(waits, set)
-            self.registry.remember(am.queue_id, sorted(waits))
+        if am.waits:
+            self.registry.remember(am.queue_id, sorted(am.waits))
 
     def fed(self, qid: str) -> None:
         """A file left its queue for active/: it waits for nothing remembered."""
@@ -168,7 +163,9 @@ class RetryControl:
         for message, transport, name in waits:
             am = message.owner
             if am is not None:
-                am.extra.setdefault(WAITS, set()).add((transport, name))
+                if am.waits is None:
+                    am.waits = set()
+                am.waits.add((transport, name))
         for transport, name, nexthop, why in recovered:
             self.recover(transport, name, nexthop, why)
 

@@ -23,7 +23,7 @@ import pytest
 from pyqmgr.control.render import status_lines
 from pyqmgr.daemon import active as active_module
 from pyqmgr.daemon.active import ActiveQueue
-from pyqmgr.daemon.retry import WAITS, RetryControl
+from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.postfix import mail_queue
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.pyqmgr_cf import PyqmgrCfError, from_text
@@ -106,7 +106,7 @@ def defer_many(tmp_path, monkeypatch, settings: RetrySettings | None, n: int,
         m.setattr(active_module.time, "time", lambda: T0)
         for q in ids:
             (tmp_path / "active" / q).write_bytes(b"x")
-            am = SimpleNamespace(queue_id=q, path=f"active/{q}", extra={},
+            am = SimpleNamespace(queue_id=q, path=f"active/{q}", waits=None,
                                  qf=SimpleNamespace(create_time=T0 - age))
             aq.defer(am)  # type: ignore[arg-type]
     mtimes = [os.stat(mail_queue.queue_path("deferred", q, cfg.hash_queue_names,
@@ -160,7 +160,7 @@ def test_deferral_remembers_what_the_message_waited_for(tmp_path, monkeypatch):
     aq = ActiveQueue(qmgr)  # type: ignore[arg-type]
     (tmp_path / "active" / qid(1)).write_bytes(b"x")
     am = SimpleNamespace(queue_id=qid(1), path=f"active/{qid(1)}",
-                         extra={WAITS: {("smtp", "a.example"), ("smtp", "b.example")}},
+                         waits={("smtp", "a.example"), ("smtp", "b.example")},
                          qf=SimpleNamespace(create_time=time.time()))
     aq.defer(am)  # type: ignore[arg-type]
     assert qmgr.retry is not None

@@ -87,7 +87,7 @@ def test_the_attempt_counts_activations_per_queue_id():
     d = Delegation(SimpleNamespace(), setup)  # type: ignore[arg-type]
 
     def am(qid: str, queue: str):
-        return SimpleNamespace(queue_id=qid, source=queue, extra={})
+        return SimpleNamespace(queue_id=qid, source=queue, policy_attempt=None)
 
     first = am("A1", "incoming")
     assert d.attempt(first) == 1 and d.attempt(first) == 1, "once per activation"
