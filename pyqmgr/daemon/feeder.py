@@ -119,12 +119,14 @@ def scan_requests(data: bytes) -> tuple[int, int]:
 class FeederHost(QmgrCore, Protocol):
     """What the feeder needs of the daemon that holds it (daemon/qmgr.py's Qmgr)."""
 
-    message_count: int
+    @property
+    def message_count(self) -> int: ...
 
     @property
     def active(self) -> ActiveQueue: ...
 
-    def load(self, am: ActiveMessage) -> None: ...
+    def load(self, am: ActiveMessage) -> None:
+        """Take a message the feeder brought into active/ (counted from here on)."""
 
 
 class Feeder:
@@ -270,7 +272,6 @@ class Feeder:
         am = self.host.active.feed("incoming", qid, 0)
         if am is None:
             return False
-        self.host.message_count += 1
         self.host.load(am)
         self._flow_tokens(True, True)
         return True
@@ -296,7 +297,6 @@ class Feeder:
             if am is not None:
                 if last == DEFERRED and self.classes is not None:
                     self.classes.retries.forget(qid)
-                host.message_count += 1
                 host.load(am)
                 loaded = True
                 break
@@ -322,7 +322,6 @@ class Feeder:
             return False
         if self.classes is not None:
             self.classes.retries.forget(qid)
-        self.host.message_count += 1
         self.host.load(am)
         return True
 

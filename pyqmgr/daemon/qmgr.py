@@ -72,7 +72,6 @@ class Qmgr:
         if setup.classes is not None:
             self.scheduler.class_names = list(setup.classes.classes)
         self.scheduler.suspensions.wall_offset = time.time() - time.monotonic()
-        self.message_count = 0
         #: The scans and the active queue's room (stock's qmgr_loop half).
         self.feeder = Feeder(self, flow, setup.classes)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -166,8 +165,19 @@ class Qmgr:
         """One deferred file into the active queue now (:meth:`Feeder.feed_deferred`)."""
         return self.feeder.feed_deferred(qid)
 
+    @property
+    def message_count(self) -> int:
+        """Messages in the active queue (stock's qmgr_message_count).
+
+        Counted once, in the core, which reads it for clog warnings and status; this
+        daemon changes it only as a message is loaded (:meth:`load`) and as it leaves
+        (:meth:`message_left`), and the feeder, the metrics and the controls read it.
+        """
+        return self.scheduler.message_count
+
     def load(self, am: ActiveMessage) -> None:
         """A message the feeder read: route its first batch and hand it to the core."""
+        self.scheduler.message_count += 1
         if (classes := self.classifier) is not None:
             sched = am.sched
             heads = (read_headers(classes, am.qf, am.path, warn=self.log.warning)
@@ -185,7 +195,6 @@ class Qmgr:
             self.log.warning(f"{am.queue_id}: address resolver failure -- deferring message")
             self.active.abandon(am)
             return
-        self.scheduler.message_count = self.message_count
         self.apply(self.scheduler.assign(am.sched, routes,
                                          flush_each=bool(am.scan_flags & FLUSH_EACH),
                                          now=time.monotonic()))
@@ -253,10 +262,8 @@ class Qmgr:
             classes.retries.deferred(am.queue_id, when, am.sched.rank)
 
     def message_left(self) -> None:
-        self.message_count -= 1
-        # The core's copy too: pyqmgr status reads it, and kept saying "1 messages"
-        # after the queue had drained when it was set at assignment only (issue #31).
-        self.scheduler.message_count = self.message_count
+        """A message left the active queue: one fewer counted, room for the feeder."""
+        self.scheduler.message_count -= 1
         self.feeder.wakeup.set()
 
     def message_done(self, am: ActiveMessage) -> None:

@@ -172,7 +172,7 @@ class Scheduler:
         #: "stock" (the daemon) or "pseudocode" (the seed's rules): feedback.ROUNDINGS.
         rounding_rules(feedback_rounding)  # refuse an unknown rule now, not at first use
         self.feedback_rounding = feedback_rounding
-        #: Messages in the active queue; the driver keeps it current (clog warnings).
+        #: Messages in the active queue, counted here only (by Qmgr.load, message_left).
         self.message_count = 0
         #: Recipients in core, all messages (stock's qmgr_recipient_count).
         self.rcpt_count = 0

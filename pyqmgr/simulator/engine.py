@@ -120,7 +120,6 @@ class Engine:
         #: Decisions of the engine event under way, acted on after it (:meth:`_decisions`).
         self._decided: list[Decisions] = []
         self.incoming: deque[SimMessage] = deque()
-        self.active = 0
         #: Per transport: processes delivering or announced, and agents waiting for one.
         self.busy_procs: dict[str, int] = {}
         self.waiting: dict[str, int] = {}
@@ -264,12 +263,12 @@ class Engine:
             self._feed()
 
     def _feed(self) -> None:
-        while (self.incoming and self.active < self.cfg.qmgr_message_active_limit
-               and self.sched.may_feed()):
+        sched = self.sched
+        # The core's message_count is the active queue's one count, as the daemon's.
+        while (self.incoming and sched.message_count < self.cfg.qmgr_message_active_limit
+               and sched.may_feed()):
             msg = self.incoming.popleft()
-            self.active += 1
-            sched = self.sched
-            sched.message_count = self.active
+            sched.message_count += 1
             msg.sched.enqueue_time = self.now
             routes = self._read(msg, sched.read_limit(msg.sched))
             self.apply(sched.assign(msg.sched, routes, now=self.now))
@@ -336,7 +335,7 @@ class Engine:
                     self.apply(sched.assign(message, self._read(msg, sched.read_limit(message)),
                                             now=self.now))
                 else:
-                    self.active -= 1
+                    sched.message_count -= 1
                     if msg.retry:
                         self.deferred_queue.defer(msg)
                     elif msg.children:
