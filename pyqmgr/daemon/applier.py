@@ -13,40 +13,37 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.postfix import bounce
 from pyqmgr.postfix.log_adhoc import log_adhoc_line
 from pyqmgr.scheduler.decisions import NOTHING, Decisions, DeferRecipient
 from pyqmgr.scheduler.entry import Entry
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
 
     from pyqmgr.daemon.active import ActiveMessage
     from pyqmgr.daemon.fleet import Fleet
     from pyqmgr.daemon.retry import RetryControl
     from pyqmgr.daemon.sites import SiteResolver
     from pyqmgr.daemon.suspensions import Suspensions
-    from pyqmgr.postfix.config import QmgrConfig
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
 
 
-class ApplierHost(Protocol):
-    """What the applier acts through (:class:`~pyqmgr.daemon.qmgr.Qmgr`)."""
+class ApplierHost(QmgrCore, Protocol):
+    """What the applier acts through (:class:`~pyqmgr.daemon.qmgr.Qmgr`) beyond the core:
+    the event loop's timers, and each part a decision may be for."""
 
-    cfg: QmgrConfig
-    log: MailLog
-    loop: asyncio.AbstractEventLoop
-    scheduler: Scheduler
-    suspensions: Suspensions
-    retry: RetryControl | None
-    fleet: Fleet | None
-    sites: SiteResolver | None
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
-    def dispatch(self) -> None: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def suspensions(self) -> Suspensions: ...
+    @property
+    def retry(self) -> RetryControl | None: ...
+    @property
+    def fleet(self) -> Fleet | None: ...
+    @property
+    def sites(self) -> SiteResolver | None: ...
     def message_done(self, am: ActiveMessage) -> None: ...
 
 

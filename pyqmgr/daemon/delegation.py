@@ -40,10 +40,11 @@ import asyncio
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
+from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.durations import duration
 from pyqmgr.postfix.policy_delegation import (
     MAX_DELAY,
@@ -65,30 +66,17 @@ from pyqmgr.scheduler.shaping import ShapingError, parse_duration
 if TYPE_CHECKING:
     from pyqmgr.daemon.active import ActiveMessage
     from pyqmgr.daemon.delivery import AgentCall
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
-    from pyqmgr.scheduler.decisions import Decisions
     from pyqmgr.scheduler.entry import Entry
 
 
-class DelegationHost(Protocol):
-    """What delegation needs of the daemon (daemon/qmgr.py's Qmgr): its log and
-    scheduler, a task runner, and the two ways an asked-about delivery goes on. Declared
-    here so that this module does not import the daemon that imports it."""
-
-    @property
-    def log(self) -> MailLog: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+class DelegationHost(QmgrCore, Protocol):
+    """What delegation needs of the daemon (daemon/qmgr.py's Qmgr) beyond the core: the
+    two ways an asked-about delivery goes on. Declared here so that this module does not
+    import the daemon that imports it."""
 
     def agent_deliver(self, call: AgentCall, entry: Entry) -> None: ...
 
     def agent_next(self, call: AgentCall, name: str) -> None: ...
-
-    def apply(self, decisions: Decisions) -> Entry | None: ...
 
 SERVICE = "delivery_policy_service"
 TIMEOUT = "delivery_policy_timeout"

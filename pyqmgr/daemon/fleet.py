@@ -39,13 +39,13 @@ import contextlib
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.daemon.fleet_news import FleetNews
 from pyqmgr.daemon.fleet_roster import FleetRoster
 from pyqmgr.daemon.fleet_stats import FleetStats
-from pyqmgr.daemon.fleet_suspensions import FleetSuspensions
+from pyqmgr.daemon.fleet_suspensions import FleetSuspensions, SuspensionsHost
 from pyqmgr.daemon.fleet_units import FleetUnits
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.sessions import GATE_KIND, SPARE_TIME, session_retry
@@ -64,10 +64,7 @@ from pyqmgr.postfix.policy_delegation import WarnGate
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.delivery import AgentCall
-    from pyqmgr.daemon.suspensions import Suspensions
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
-    from pyqmgr.scheduler.decisions import Decisions, Throttling
+    from pyqmgr.scheduler.decisions import Throttling
     from pyqmgr.scheduler.entry import Entry
 
 #: How long after a delivery's end its session is given back. smtp(8) does not wait
@@ -87,26 +84,12 @@ HOLD_RETRY = 1.0
 SEEN_MEMORY = 1000
 
 
-class FleetHost(Protocol):
-    """What the fleet needs of the daemon (daemon/qmgr.py's Qmgr), declared here so
-    that this module does not import the daemon that imports it."""
-
-    @property
-    def log(self) -> MailLog: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
-
-    def apply(self, decisions: Decisions) -> Entry | None: ...
-
-    def after_control(self, decisions: Decisions) -> None: ...
+class FleetHost(SuspensionsHost, Protocol):
+    """What the fleet needs of the daemon (daemon/qmgr.py's Qmgr) beyond the core and
+    its suspensions, declared here so that this module does not import the daemon that
+    imports it."""
 
     def fleet_admitted(self, call: AgentCall, entry: Entry) -> None: ...
-
-    @property
-    def suspensions(self) -> Suspensions: ...
 
     def agent_next(self, call: AgentCall, name: str) -> None: ...
 

@@ -10,8 +10,8 @@ news at all: the channel is anyone's who can reach Redis.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pyqmgr.fleet.client import RedisUnavailable
 from pyqmgr.fleet.shared import NoticeSeal
@@ -19,29 +19,14 @@ from pyqmgr.postfix.policy_delegation import WarnGate
 from pyqmgr.scheduler.decisions import DEAD
 
 if TYPE_CHECKING:
+    from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.fleet.settings import FleetSettings
     from pyqmgr.fleet.shared import Shared
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
-    from pyqmgr.scheduler.decisions import Decisions, Throttling
-
-
-class NewsHost(Protocol):
-    """What the news needs of the daemon (daemon/qmgr.py's Qmgr)."""
-
-    @property
-    def log(self) -> MailLog: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
-
-    def after_control(self, decisions: Decisions) -> None: ...
+    from pyqmgr.scheduler.decisions import Throttling
 
 
 class FleetNews:
-    def __init__(self, host: NewsHost, shared: Shared, settings: FleetSettings,
+    def __init__(self, host: QmgrCore, shared: Shared, settings: FleetSettings,
                  counters: dict[str, int], clock: Callable[[], float]) -> None:
         self.host, self.shared, self.settings = host, shared, settings
         self.counters, self.clock = counters, clock

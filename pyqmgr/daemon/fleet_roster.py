@@ -53,7 +53,8 @@ from pyqmgr.postfix.policy_delegation import WarnGate
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.fleet_stats import FleetStats
-    from pyqmgr.daemon.fleet_units import FleetUnits, UnitsHost
+    from pyqmgr.daemon.fleet_units import FleetUnits
+    from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.fleet.settings import FleetSettings, Limits
     from pyqmgr.fleet.shared import Shared
 
@@ -70,7 +71,7 @@ class RosterSource(Protocol):
     """What the roster needs of the fleet (daemon/fleet.py's Fleet)."""
 
     @property
-    def host(self) -> UnitsHost: ...
+    def host(self) -> QmgrCore: ...
     @property
     def settings(self) -> FleetSettings: ...
     @property

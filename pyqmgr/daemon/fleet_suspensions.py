@@ -16,35 +16,24 @@ import math
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.fleet.client import RedisUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
-    from typing import Any
-
     from pyqmgr.daemon.suspensions import Suspensions
     from pyqmgr.fleet.settings import FleetSettings
     from pyqmgr.fleet.shared import Shared
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
 
 #: How a suspension made by the fleet's table says so in its "by" (and the maillog).
 FLEET_MARK = " (fleet)"
 
 
-class SuspensionsHost(Protocol):
-    """What the fleet's suspensions need of the daemon (daemon/qmgr.py's Qmgr)."""
-
-    @property
-    def log(self) -> MailLog: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
+class SuspensionsHost(QmgrCore, Protocol):
+    """What the fleet's suspensions need of the daemon (daemon/qmgr.py's Qmgr) beyond
+    the core: its operator controls."""
 
     @property
     def suspensions(self) -> Suspensions: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
 
 class FleetSuspensions:

@@ -10,34 +10,23 @@ its limits are, and which of this node's queues wait for a unit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pyqmgr.fleet.roster import ANY_TRANSPORT, DESTINATION, SITE
 from pyqmgr.fleet.shared import SITE_UNIT
 from pyqmgr.scheduler.structures import ERROR, RETRY
 
 if TYPE_CHECKING:
+    from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.fleet.settings import FleetSettings, Limits
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
     from pyqmgr.scheduler.entry import Entry
     from pyqmgr.scheduler.structures import Queue
-
-
-class UnitsHost(Protocol):
-    """What this needs of the daemon: its log and its scheduler core."""
-
-    @property
-    def log(self) -> MailLog: ...
-
-    @property
-    def scheduler(self) -> Scheduler: ...
 
 
 class FleetUnits:
     """Each transport's fleet limits, per destination and per site, read once."""
 
-    def __init__(self, host: UnitsHost, settings: FleetSettings) -> None:
+    def __init__(self, host: QmgrCore, settings: FleetSettings) -> None:
         self.host, self.settings = host, settings
         self._limits: dict[str, Limits | None] = {}
         self._site_limits: dict[str, Limits | None] = {}

@@ -44,6 +44,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from pyqmgr.daemon.fleet_metrics import FleetCollector
+from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.daemon.metrics import OUTCOMES, DeliveryStats, MetricsSettings, TransportStats
 from pyqmgr.daemon.metrics_http import MetricsHttpServer
 from pyqmgr.postfix.maillog_client import MailLog
@@ -91,11 +92,10 @@ DESTINATION_GAUGES = (
 )
 
 
-class Source(Protocol):
-    """What the collector reads: the daemon's :class:`~pyqmgr.daemon.qmgr.Qmgr`."""
+class Source(QmgrCore, Protocol):
+    """What the collector reads of the daemon (:class:`~pyqmgr.daemon.qmgr.Qmgr`)
+    beyond the core: the active queue's message count."""
 
-    @property
-    def scheduler(self) -> Scheduler: ...
     @property
     def message_count(self) -> int: ...
 

@@ -50,9 +50,9 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.durations import duration
@@ -65,10 +65,8 @@ if TYPE_CHECKING:
 
 
 class RetryHost(QmgrCore, Protocol):
-    """What the retry controls need of the daemon (daemon/qmgr.py's Qmgr), declared
-    here so that this module does not import the daemon that imports it."""
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+    """What the retry controls need of the daemon (daemon/qmgr.py's Qmgr) beyond the
+    core, declared here so that this module does not import the daemon that imports it."""
 
     def may_feed(self) -> bool: ...
 

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pyqmgr.extras import install_command
 from pyqmgr.fleet.settings import check_site_limits
@@ -40,10 +40,7 @@ from pyqmgr.settings.sites import GROUPING, SiteSettings, site_settings
 from pyqmgr.site_names import site_name
 
 if TYPE_CHECKING:
-    from pyqmgr.postfix.maillog_client import MailLog
-    from pyqmgr.scheduler.core import Scheduler
-    from pyqmgr.scheduler.decisions import Decisions
-    from pyqmgr.scheduler.structures import Entry
+    from pyqmgr.daemon.host import QmgrCore
 
 #: Lookups waiting their turn at most; beyond, a domain stays its own site until the
 #: core asks again (a flood of new domains cannot grow memory).
@@ -78,18 +75,6 @@ def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str,
     return SiteSetup(checked, lookup.found)
 
 
-class SiteHost(Protocol):
-    """What the resolver needs of the daemon (:class:`~pyqmgr.daemon.qmgr.Qmgr`)."""
-
-    @property
-    def log(self) -> MailLog: ...
-    @property
-    def scheduler(self) -> Scheduler: ...
-    def spawn(self, coro: Any) -> None: ...  # noqa: ANN401 - a coroutine
-    def apply(self, decisions: Decisions) -> Entry | None: ...
-    def dispatch(self) -> None: ...
-
-
 #: What one lookup found: the site (None: the domain is its own), how long the answer
 #: holds, and why it failed (None: it did not).
 Found = tuple[str | None, float, str | None]
@@ -98,7 +83,7 @@ Found = tuple[str | None, float, str | None]
 class SiteResolver:
     """The daemon's MX lookups for the core, bounded and off the event loop's path."""
 
-    def __init__(self, host: SiteHost, settings: SiteSettings,
+    def __init__(self, host: QmgrCore, settings: SiteSettings,
                  lookup: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.host = host

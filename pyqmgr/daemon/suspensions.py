@@ -29,14 +29,12 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 from pyqmgr.control.protocol import ProtocolError
+from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.daemon.owned_dir import owned_directory
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
-from pyqmgr.scheduler.core import Scheduler
-from pyqmgr.scheduler.decisions import Decisions
 from pyqmgr.scheduler.suspension import (
     MAX_TARGET,
     Suspension,
@@ -44,15 +42,6 @@ from pyqmgr.scheduler.suspension import (
     TargetError,
     parse_target,
 )
-
-
-class QmgrLike(Protocol):
-    """What the controls need of the daemon (:class:`pyqmgr.daemon.qmgr.Qmgr`)."""
-
-    scheduler: Scheduler
-    log: MailLog
-
-    def after_control(self, decisions: Decisions) -> None: ...
 
 STATE_DIR = "pyqmgr"
 STATE_FILE = "suspensions.json"
@@ -289,7 +278,7 @@ class Suspensions:
     the daemon replaces its scheduler once at start-up when pyqmgr.cf names policies.
     """
 
-    def __init__(self, qmgr: QmgrLike, state: StateFile | None,
+    def __init__(self, qmgr: QmgrCore, state: StateFile | None,
                  transports: Iterable[str] = (), tenants: bool = False) -> None:
         self.qmgr = qmgr
         self.state = state
