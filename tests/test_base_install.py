@@ -35,7 +35,7 @@ MODULE_OF = {"dnspython": "dns"}
 #: command that checks for its extra first (demo, and the daemon with metrics_listen),
 #: or is the test bed's (its Redis servers are driven with redis-py, the fleet extra).
 NEEDS_AN_EXTRA = {"pyqmgr.demo", "pyqmgr.testbed.sink", "pyqmgr.testbed.content_filter",
-                  "pyqmgr.daemon.metrics_exporter", "pyqmgr.daemon.fleet_metrics",
+                  "pyqmgr.daemon.metrics_exporter", "pyqmgr.daemon.fleet.metrics",
                   "pyqmgr.testbed.redis", "pyqmgr.testbed.redis_common",
                   "pyqmgr.testbed.redis_cluster", "pyqmgr.testbed.redis_sentinel",
                   "pyqmgr.testbed.redis_tls", "pyqmgr.testbed.valkey"}

@@ -11,9 +11,9 @@ as a Protocol, what it needs of the daemon):
 - ``active``: the active queue (a message in, its recipients routed, its file finished);
   ``delivery``: one delivery agent connection; ``request``: the delivery request;
 - ``retry``: deferred mail's retry jitter and recovery; ``delegation``: asking a delivery
-  policy service; ``fleet``: asking the fleet's shared state in Redis (leases, rates)
-  before a delivery, and its shared throttling; ``fleet_suspensions``: the fleet's
-  operator suspensions; ``suspensions``: the operators' controls and their state file;
+  policy service; ``fleet``, a package: asking the fleet's shared state in Redis
+  (leases, rates) before a delivery, its shared throttling, operator suspensions,
+  roster and metrics; ``suspensions``: the operators' controls and their state file;
   ``control``: the control socket;
 - ``metrics``, ``metrics_exporter``, ``metrics_http``: counts and the Prometheus
   exporter (imported only when on).

@@ -20,7 +20,7 @@ Why it looks the way it does:
   in between, so the scheduler never waits on a client and no half-changed state is
   ever shown.
 * **Waiting on nothing but the request**, with one exception: ``status --fleet`` reads
-  the fleet's roster from Redis (:meth:`pyqmgr.daemon.fleet_roster.FleetRoster.report`,
+  the fleet's roster from Redis (:meth:`pyqmgr.daemon.fleet.roster.FleetRoster.report`,
   bounded by ``shared_state_timeout``); its reply is built when Redis has answered, in
   one turn as every other, and the connection stays counted and timed meanwhile.
 * **Optional for mail**: failing to make the directory or the socket is a warning, not

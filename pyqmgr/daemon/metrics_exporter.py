@@ -43,7 +43,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from pyqmgr.daemon.fleet_metrics import FleetCollector
+from pyqmgr.daemon.fleet.metrics import FleetCollector
 from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.daemon.metrics import OUTCOMES, DeliveryStats, MetricsSettings, TransportStats
 from pyqmgr.daemon.metrics_http import MetricsHttpServer

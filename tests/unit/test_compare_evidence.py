@@ -116,7 +116,7 @@ def test_what_comes_after_postfix_stop_is_not_the_runs():
 
 
 def test_the_fleets_the_policy_services_and_the_classes_warnings():
-    # The daemon's own texts (pyqmgr/daemon/fleet.py, delegation.py, classes.py,
+    # The daemon's own texts (pyqmgr/daemon/fleet/, delegation.py, classes.py,
     # pyqmgr_cf_names.py), as its maillog has them.
     head = "Nov 29 05:24:25 pfx postfix/qmgr[26977]: warning: "
     text = (head + "shared state redis://127.0.0.1:6390/0: Redis is unreachable: "

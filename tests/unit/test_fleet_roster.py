@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pyqmgr.daemon.fleet_roster import FleetRoster
-from pyqmgr.daemon.fleet_stats import FleetStats
-from pyqmgr.daemon.fleet_units import FleetUnits
+from pyqmgr.daemon.fleet.roster import FleetRoster
+from pyqmgr.daemon.fleet.stats import FleetStats
+from pyqmgr.daemon.fleet.units import FleetUnits
 from pyqmgr.fleet.agreement import (
     WAIT_MARGIN,
     differences,
@@ -375,7 +375,7 @@ def test_stats_time_answers_and_count_failures():
 
 def test_status_fleet_text_lists_servers_destinations_and_differences():
     from pyqmgr.control.render import reply_lines
-    from pyqmgr.daemon.fleet_roster import server_reply
+    from pyqmgr.daemon.fleet.roster import server_reply
 
     now = 1_800_000_010.0
     this = server_reply(record("relay1", "aaaa0001", units=(

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pyqmgr.daemon.fleet_suspensions import MAX_RECORD, _record
+from pyqmgr.daemon.fleet.suspensions import MAX_RECORD, _record
 
 GOOD = {"target": "x.example", "reason": "r", "by": "root", "node": "n1",
         "until": 1_800_000_000.5}

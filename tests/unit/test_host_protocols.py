@@ -28,7 +28,7 @@ HOSTS = {
     "pyqmgr.daemon.delegation": "DelegationHost",
     "pyqmgr.daemon.applier": "ApplierHost",
     "pyqmgr.daemon.fleet": "FleetHost",
-    "pyqmgr.daemon.fleet_suspensions": "SuspensionsHost",
+    "pyqmgr.daemon.fleet.suspensions": "SuspensionsHost",
     "pyqmgr.daemon.metrics_exporter": "Source",
 }
 

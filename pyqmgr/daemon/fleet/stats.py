@@ -1,7 +1,7 @@
 """What the fleet counts of its Redis: round trips, errors, the last good answer (#35).
 
-Read by the metrics exporter (:mod:`.fleet_metrics`) and published in the roster
-(:mod:`.fleet_roster`). Timed around the fleet's own calls (:mod:`.fleet`), not inside
+Read by the metrics exporter (:mod:`.metrics`) and published in the roster
+(:mod:`.roster`). Timed around the fleet's own calls (:mod:`.node`), not inside
 the client: what an operator wants to see is what a delivery waits for, script and
 all, whichever client library carries it. Plain numbers on the delivery path: a
 round trip costs two clock reads and a bisect.

@@ -4,7 +4,7 @@ A fleet's limits are per destination (``fleet_destination_*``) or, with sites on
 per provider site (``fleet_site_*``): a destination at a site then counts at the
 site's keys, named ``site NAME`` where a destination is named by its queue name (no
 queue name has a space; :data:`pyqmgr.fleet.shared.SITE_UNIT`). The fleet
-(:mod:`.fleet`) asks this which unit an entry's delivery takes a session of, what
+(:mod:`.node`) asks this which unit an entry's delivery takes a session of, what
 its limits are, and which of this node's queues wait for a unit.
 """
 
@@ -35,7 +35,7 @@ class FleetUnits:
         #: Whether each transport's throttling is the fleet's (``fleet_throttling``).
         self._shares: dict[str, bool] = {}
         #: The limits obeyed in place of this server's own while another server of
-        #: the fleet runs with stricter ones (:mod:`.fleet_roster`): (transport or
+        #: the fleet runs with stricter ones (:mod:`.roster`): (transport or
         #: ``*``, kind) -> limits (None: no fleet limit), kind ``destination`` or
         #: ``site``; a transport not named takes ``*``'s. Empty while the fleet
         #: agrees. pyqmgr.cf's settings are not touched: when the other server is

@@ -7,7 +7,7 @@ destination, its last good answer from Redis, its version and key layout) and re
 everyone's. Where another server's limits, lease time or rate differ from this one's,
 it logs a warning once per difference (again when it changes) and obeys the stricter
 (:mod:`pyqmgr.fleet.agreement`), through :attr:`FleetUnits.overrides
-<pyqmgr.daemon.fleet_units.FleetUnits.overrides>` and the lease time in force here:
+<pyqmgr.daemon.fleet.units.FleetUnits.overrides>` and the lease time in force here:
 pyqmgr.cf's settings are left as they are, and apply again once the other server
 agrees or leaves the roster.
 
@@ -52,8 +52,8 @@ from pyqmgr.fleet.shared import KEY_LAYOUT, RECOUNT_MS
 from pyqmgr.postfix.policy_delegation import WarnGate
 
 if TYPE_CHECKING:
-    from pyqmgr.daemon.fleet_stats import FleetStats
-    from pyqmgr.daemon.fleet_units import FleetUnits
+    from pyqmgr.daemon.fleet.stats import FleetStats
+    from pyqmgr.daemon.fleet.units import FleetUnits
     from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.fleet.settings import FleetSettings, Limits
     from pyqmgr.fleet.shared import Shared
@@ -68,7 +68,7 @@ LAYOUT = "key layout"
 
 
 class RosterSource(Protocol):
-    """What the roster needs of the fleet (daemon/fleet.py's Fleet)."""
+    """What the roster needs of the fleet (daemon/fleet/node.py's Fleet)."""
 
     @property
     def host(self) -> QmgrCore: ...

@@ -42,11 +42,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from pyqmgr.daemon.fleet_news import FleetNews
-from pyqmgr.daemon.fleet_roster import FleetRoster
-from pyqmgr.daemon.fleet_stats import FleetStats
-from pyqmgr.daemon.fleet_suspensions import FleetSuspensions, SuspensionsHost
-from pyqmgr.daemon.fleet_units import FleetUnits
+from pyqmgr.daemon.fleet.news import FleetNews
+from pyqmgr.daemon.fleet.roster import FleetRoster
+from pyqmgr.daemon.fleet.stats import FleetStats
+from pyqmgr.daemon.fleet.suspensions import FleetSuspensions, SuspensionsHost
+from pyqmgr.daemon.fleet.units import FleetUnits
 from pyqmgr.fleet.client import RedisClient, RedisUnavailable, Subscriber
 from pyqmgr.fleet.sessions import GATE_KIND, SPARE_TIME, session_retry
 from pyqmgr.fleet.settings import (
@@ -114,7 +114,7 @@ class Fleet:
         self.shared = Shared(self.client, settings.prefix, settings.node,
                              settings.lease_time)
         #: Each transport's limits per destination and per site, and what a delivery
-        #: counts at (:mod:`.fleet_units`).
+        #: counts at (:mod:`.units`).
         self.units = FleetUnits(host, settings)
         #: Round trips, errors and the last good answer (metrics, the roster).
         self.stats = FleetStats(clock)
@@ -481,7 +481,7 @@ class Fleet:
         if self.listener is not None:
             self.host.spawn(self.listener.close())
 
-    # -- throttling (dead sites, response rules): pyqmgr/daemon/fleet_news.py -------------
+    # -- throttling (dead sites, response rules): pyqmgr/daemon/fleet/news.py -------------
 
     def tell(self, found: tuple[Throttling, ...]) -> None:
         """Destinations this server just found dead or throttled: news for the others."""

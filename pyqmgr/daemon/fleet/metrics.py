@@ -1,7 +1,7 @@
 """The fleet's Prometheus metrics (issue #35): only with ``shared_state`` and metrics on.
 
 Read when scraped from what the fleet keeps anyway (:class:`pyqmgr.daemon.fleet.Fleet`'s
-leases and counters, :class:`.fleet_stats.FleetStats`, the roster's last read), so a
+leases and counters, :class:`.stats.FleetStats`, the roster's last read), so a
 scrape adds nothing to a delivery. Labels are bounded: ``transport`` by master.cf,
 ``reason`` and ``mode`` by the lists below.
 """
