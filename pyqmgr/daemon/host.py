@@ -6,8 +6,8 @@ Protocol what they need of ``Qmgr``, so that none imports the module that import
 What all of them use is declared here once, :class:`QmgrCore`, and their Protocols
 extend it: a part states only what it needs beyond the core (``ActiveHost`` the
 resolver, ``FleetHost`` the agent hand-offs...), and one that needs nothing more takes
-a ``QmgrCore``. ``tests/unit/test_architecture.py`` checks that each such Protocol
-extends it.
+a ``QmgrCore``. ``tests/unit/test_host_protocols.py`` checks that each such Protocol
+extends it and that none declares the core's members again.
 """
 
 from __future__ import annotations
