@@ -77,7 +77,8 @@ GLOBAL: frozenset[str] = frozenset({
     "default_message_class", "message_class_active_reserve", "tenant_key",
     "tenant_maps", "tenant_weight_maps",
     # daemon/metrics.py
-    "metrics_listen", "metrics_destination_limit", "metrics_allow_remote",
+    "metrics_listen", "metrics_destination_limit", "metrics_site_limit",
+    "metrics_tenant_limit", "metrics_allow_remote",
     # daemon/memory.py
     "memory_warning_limit",
 })

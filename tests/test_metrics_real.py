@@ -364,3 +364,50 @@ def test_per_recipient_queues_export_no_address(postfix_instance, sink):
         ln for ln in text.splitlines() if "secret" in ln]
     assert 'pyqmgr_transport_destinations{transport="smtp"} 1.0' in text
     srv.wait_delivered(6, 60)
+
+
+def test_tenants_beyond_the_limit_sum_into_other_in_prometheus(
+        postfix_instance, sink, prometheus_server):
+    """Issue #44: with metrics_tenant_limit = 1 the most active tenant keeps its series
+    and the others are summed as tenant="_other"; what Debian's Prometheus stores adds
+    up to the maillog's deliveries, with two tenant series whatever the tenants."""
+    import smtplib  # noqa: PLC0415
+
+    srv: SinkServer = sink()
+    port = free_port()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        pyqmgr_cf={"tenant_key": "header:X-Tenant", "metrics_listen": f"127.0.0.1:{port}",
+                   "metrics_tenant_limit": "1"})
+    wait_for_exporter(pf, port)
+    server = PrometheusServer([f"127.0.0.1:{port}"], interval=1.0).start()
+    prometheus_server.append(server)
+    server.wait(server.targets_up, 30, "the first successful scrape of pyqmgr")
+
+    def send(tenants: list[str], first: int) -> None:
+        with smtplib.SMTP("127.0.0.1", pf.smtpd_port, timeout=60) as smtp:
+            for i, tenant in enumerate(tenants, first):
+                raw = (f"From: news@one.example\r\nTo: r{i}@dest.example\r\n"
+                       f"X-Tenant: {tenant}\r\n\r\nhi\r\n")
+                smtp.sendmail("news@one.example", [f"r{i}@dest.example"], raw.encode())
+
+    # "big" first, alone: it takes the one place, and stays the most active.
+    send(["big"] * 6, 0)
+    pf.wait_until(lambda: srv.delivered_count() >= 6, 60, "big's 6 messages delivered")
+    send(["a", "a", "b", "c"], 6)
+    pf.wait_until(lambda: srv.delivered_count() >= 10, 60, "all 10 messages delivered")
+    stored: dict[str, float] = {}
+
+    def prometheus_agrees() -> bool:
+        stored.clear()
+        for item in server.query('sum by (tenant) '
+                                 '(pyqmgr_tenant_deliveries_total{outcome="final"})'):
+            stored[item["metric"]["tenant"]] = float(item["value"][1])
+        return stored == {"big": 6.0, "_other": 4.0}
+
+    server.wait(prometheus_agrees, 30, "Prometheus to store big's 6 and _other's 4",
+                detail=lambda: f"Prometheus has {stored}")
+    sent = len([ln for ln in agent_status_lines(pf) if ln.status == "sent"])
+    assert sent == 10
+    print(f"tenants in Prometheus with metrics_tenant_limit = 1: {stored}")
+    assert not [ln.raw for ln in pf.maillog.lines("qmgr") if ln.severity != "info"]

@@ -37,32 +37,48 @@ crashed    no usable reply: qmgr's ``warning: ... malformed response`` (the agen
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import ipaddress
 import os
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.host_port import HostPortError, host_port
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
+from pyqmgr.scheduler.explain import site_name
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.entry import Entry
+    from pyqmgr.scheduler.structures import Queue
 
 LISTEN = "metrics_listen"
 DESTINATION_LIMIT = "metrics_destination_limit"
+SITE_LIMIT = "metrics_site_limit"
+TENANT_LIMIT = "metrics_tenant_limit"
 ALLOW_REMOTE = "metrics_allow_remote"
 
 #: Per-destination series at most (the rest are summed into ``destination="_other"``).
 DEFAULT_DESTINATION_LIMIT = 100
+#: Per-site series at most (issue #44; the rest are summed into ``site="_other"``).
+DEFAULT_SITE_LIMIT = 100
 #: Per-tenant series at most (issue #34; the rest are summed into ``tenant="_other"``).
 DEFAULT_TENANT_LIMIT = 100
 OTHER = "_other"
+#: The most series of one kind a setting may ask for: each costs a few lines of every
+#: scrape, and 10,000 of them are 1 MB (issue #44's bound on a scrape).
 MAX_DESTINATION_LIMIT = 10_000
+
+#: What "activity" counts (issue #44): delivery requests answered over the last
+#: ACTIVITY_SPAN seconds, kept in ACTIVITY_PARTS slices so that the oldest slice can
+#: be let go whole (:class:`Activity`).
+ACTIVITY_SPAN = 60.0
+ACTIVITY_PARTS = 6
 #: Where a bare port number listens: metrics name the destinations a server mails to,
 #: which is nobody else's business unless the admin says so.
 DEFAULT_HOST = "127.0.0.1"
@@ -96,6 +112,8 @@ class MetricsSettings:
     destination_limit: int = DEFAULT_DESTINATION_LIMIT
     #: master.cf's delivery services, whose delivery counters exist from the start.
     transports: tuple[str, ...] = ()
+    site_limit: int = DEFAULT_SITE_LIMIT
+    tenant_limit: int = DEFAULT_TENANT_LIMIT
 
     @property
     def address(self) -> str:
@@ -156,9 +174,12 @@ def metrics_settings(settings: PyqmgrCf) -> MetricsSettings | None:
         raise settings.error(LISTEN, f'"{text}" is not a loopback address; set '
                                      f"{ALLOW_REMOTE} = yes to publish metrics beyond "
                                      "this host")
-    limit = settings.get_int(DESTINATION_LIMIT, None, DEFAULT_DESTINATION_LIMIT, 0,
-                             MAX_DESTINATION_LIMIT)
-    return MetricsSettings(host, port, limit)
+    limit, sites, tenants = (
+        settings.get_int(name, None, default, 0, MAX_DESTINATION_LIMIT)
+        for name, default in ((DESTINATION_LIMIT, DEFAULT_DESTINATION_LIMIT),
+                              (SITE_LIMIT, DEFAULT_SITE_LIMIT),
+                              (TENANT_LIMIT, DEFAULT_TENANT_LIMIT)))
+    return MetricsSettings(host, port, limit, site_limit=sites, tenant_limit=tenants)
 
 
 def delivery_transports(config_dir: str) -> tuple[str, ...]:
@@ -263,6 +284,64 @@ class TransportStats:
         self.age = Histogram(AGE_BUCKETS)
 
 
+Key = TypeVar("Key", bound=Hashable)
+
+
+class Activity(Generic[Key]):
+    """Delivery requests answered per scope over the last :data:`ACTIVITY_SPAN` seconds.
+
+    What ranks destinations, sites and tenants for a series of their own (issue #44):
+    a reply costs two dict increments; the span is kept in :data:`ACTIVITY_PARTS`
+    slices, and when the oldest slice goes its counts are taken off the running
+    totals, so the work is paid once per count, never by walking every scope. Memory
+    is the scopes answered within the span, whatever number of them are in core.
+    """
+
+    __slots__ = ("counts", "parts", "size", "step", "edge")
+
+    def __init__(self, span: float = ACTIVITY_SPAN, parts: int = ACTIVITY_PARTS) -> None:
+        #: Replies within the span, by scope: the activity.
+        self.counts: dict[Key, int] = {}
+        #: The slices, newest last, each the replies it counted by scope.
+        self.parts: deque[dict[Key, int]] = deque([{}])
+        self.size = parts
+        self.step = span / parts
+        #: When the newest slice ends (monotonic clock; 0: not started).
+        self.edge = 0.0
+
+    def add(self, key: Key) -> None:
+        part = self.parts[-1]
+        part[key] = part.get(key, 0) + 1
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def get(self, key: Key) -> int:
+        return self.counts.get(key, 0)
+
+    def advance(self, now: float) -> bool:
+        """Let the slices older than the span go; whether one did."""
+        if now < self.edge:
+            return False
+        size = self.size
+        if now - self.edge >= self.step * size:
+            self.counts.clear()  # quiet for the whole span: start over
+            self.parts = deque([{}])
+            self.edge = now + self.step
+            return True
+        while now >= self.edge:
+            self.parts.append({})
+            if len(self.parts) > size:
+                counts = self.counts
+                for key, n in self.parts.popleft().items():
+                    left = counts[key] - n
+                    if left:
+                        counts[key] = left
+                    else:
+                        del counts[key]
+            self.edge += self.step
+        return True
+
+
 class DeliveryStats:
     """What the daemon counts per agent reply, by transport (see the module's table).
 
@@ -270,24 +349,36 @@ class DeliveryStats:
     replies. Latency runs from the entry's selection to the reply (every outcome);
     message age from the queue file's arrival time to the reply, for final replies
     only: the age at which mail left.
+
+    Beside them, each reply counts for the :class:`Activity` of its destination, its
+    site and its tenant: the exporter gives series to the most active of each kind
+    (issue #44).
     """
 
     def __init__(self, wall_clock: Callable[[], float] = time.time,
                  transports: tuple[str, ...] = (), class_names: tuple[str, ...] = (),
-                 tenant_limit: int = DEFAULT_TENANT_LIMIT) -> None:
+                 tenant_limit: int = DEFAULT_TENANT_LIMIT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.transports: dict[str, TransportStats] = {
             name: TransportStats() for name in transports}
         self.wall_clock = wall_clock
+        self.clock = clock
         #: Replies that could not be counted (a bug here must not touch deliveries).
         self.errors = 0
         #: With message classes or tenants (issue #34): the same counts and the age
-        #: at delivery by class, and by tenant for the first ``tenant_limit`` tenants
-        #: seen (the rest summed as ``_other``: a label per sender domain would be
-        #: unbounded).
+        #: at delivery by class, and by tenant for the ``tenant_limit`` most active
+        #: tenants (the rest summed as ``_other``: a label per sender domain would be
+        #: unbounded; :meth:`rank_tenants`).
         self.class_names = class_names
         self.classes: dict[str, TransportStats] = {}
         self.tenants: dict[str, TransportStats] = {}
+        self.tenant_other: TransportStats | None = None
         self.tenant_limit = tenant_limit
+        #: Replies by (transport, destination label), by (transport, site) and by
+        #: tenant over the last minute.
+        self.destination_activity: Activity[tuple[str, str]] = Activity()
+        self.site_activity: Activity[tuple[str, str]] = Activity()
+        self.tenant_activity: Activity[str] = Activity()
 
     def transport(self, name: str) -> TransportStats:
         stats = self.transports.get(name)
@@ -298,9 +389,14 @@ class DeliveryStats:
     def delivery_done(self, entry: Entry, status: int | None, latency: float) -> None:
         """An agent replied (``status``; None: no usable reply) ``latency`` s after selection."""
         try:
-            stats = self.transports.get(entry.queue.transport.name)
+            if self.destination_activity.edge <= (now := self.clock()):
+                self._advance(now)
+            queue = entry.queue
+            t = queue.transport
+            name = t.name
+            stats = self.transports.get(name)
             if stats is None:
-                stats = self.transport(entry.queue.transport.name)
+                stats = self.transport(name)
             outcome = CRASHED if status is None else FINAL if status == 0 else DEFERRED
             stats.deliveries[outcome] += 1
             stats.recipients[outcome] += len(entry.recipients)
@@ -308,10 +404,10 @@ class DeliveryStats:
             kinds = [stats]
             message = entry.message
             if self.class_names:
-                name = self.class_names[min(message.rank, len(self.class_names) - 1)]
-                kinds.append(self._of(self.classes, name, len(self.class_names)))
+                cls = self.class_names[min(message.rank, len(self.class_names) - 1)]
+                kinds.append(self._of(self.classes, cls, len(self.class_names)))
             if message.tenant:
-                kinds.append(self._of(self.tenants, message.tenant, self.tenant_limit))
+                kinds.append(self._tenant(message.tenant))
             for more in kinds[1:]:
                 more.deliveries[outcome] += 1
                 more.recipients[outcome] += len(entry.recipients)
@@ -324,8 +420,71 @@ class DeliveryStats:
                         age = max(0.0, self.wall_clock() - sec - usec * 1e-6)
                         for counted in kinds:
                             counted.age.observe(age)
+            self._active(queue, name)
         except Exception:  # noqa: BLE001 - counting must never disturb a delivery
             self.errors += 1
+
+    def _active(self, queue: Queue, transport: str) -> None:
+        """The reply counts for its destination's and its site's activity."""
+        per_nexthop = queue.transport.cfg.destination_recipient_limit == 1
+        self.destination_activity.add(
+            (transport, queue.nexthop if per_nexthop else queue.name))
+        site = site_name(queue)
+        if site is not None:
+            self.site_activity.add((transport, site))
+
+    def advance(self) -> None:
+        """Time passed without replies (a scrape): let old activity go."""
+        self._advance(self.clock())
+
+    def _advance(self, now: float) -> None:
+        self.destination_activity.advance(now)
+        self.site_activity.advance(now)
+        if self.tenant_activity.advance(now) and self.tenants:
+            self.rank_tenants()
+
+    def _tenant(self, tenant: str) -> TransportStats:
+        """The tenant's counts: its own while it is among the most active (a new one
+        gets its own at once while there is room), else ``_other``'s."""
+        self.tenant_activity.add(tenant)
+        stats = self.tenants.get(tenant)
+        if stats is not None:
+            return stats
+        if len(self.tenants) < self.tenant_limit:
+            stats = self.tenants[tenant] = TransportStats()
+            return stats
+        if self.tenant_other is None:
+            self.tenant_other = TransportStats()
+        return self.tenant_other
+
+    def rank_tenants(self) -> None:
+        """The ``tenant_limit`` most active tenants of the last minute keep or get
+        series of their own; a tenant with a series makes way only for a more active
+        one (among equals the series stay where they are: no churn), the least
+        active first.
+
+        A tenant that makes way loses its series (its counts so far stay in what
+        Prometheus stored; its later ones go to ``_other``, so every series only
+        grows); one that comes back starts a new series at 0, which rate() reads as
+        a counter reset. Costs O(T log N) for the T tenants of the last minute, once
+        a slice (10 s), never per reply.
+        """
+        limit, shown = self.tenant_limit, self.tenants
+        active = self.tenant_activity.counts
+        if all(tenant in shown for tenant in active):
+            return
+        best = heapq.nlargest(limit, active.items(),
+                              key=lambda item: (item[1], item[0] in shown))
+        keep = {tenant for tenant, _count in best}
+        newcomers = [tenant for tenant, _count in best if tenant not in shown]
+        need = len(newcomers) - (limit - len(shown))
+        if need > 0:
+            leaving = sorted((t for t in shown if t not in keep),
+                             key=lambda t: active.get(t, 0))
+            for tenant in leaving[:need]:
+                del shown[tenant]
+        for tenant in newcomers[:max(0, limit - len(shown))]:
+            shown[tenant] = TransportStats()
 
     @staticmethod
     def _of(table: dict[str, TransportStats], name: str, limit: int) -> TransportStats:

@@ -1,4 +1,4 @@
-"""The Prometheus exporter: the scheduler's own numbers, read when scraped.
+"""The Prometheus exporter: the scheduler's own numbers, paced so that no scraper costs mail.
 
 Imported only when pyqmgr.cf sets ``metrics_listen`` (start-up imports it before the
 chroot, after :func:`pyqmgr.daemon.metrics.import_exporter`); with metrics off,
@@ -7,29 +7,36 @@ neither this module nor prometheus_client is ever loaded.
 Nothing here runs on the delivery path. Counters come from plain ints that the core
 (:class:`~pyqmgr.scheduler.transport.Transport`: feedback steps, deaths, preemptions)
 and the daemon (:class:`~pyqmgr.daemon.metrics.DeliveryStats`) raise in O(1); gauges
-are computed from the scheduler's structures at scrape time, by a custom collector,
-so no gauge is kept up to date on every event. Each scrape is one event-loop turn
-(:mod:`.metrics_http`), so what it reports is one consistent instant.
+come from a census of the core (:mod:`.metrics_census`), taken by a walk in slices of
+at most :data:`SLICE` seconds of the event loop, so that no gauge is kept up to date on
+every event and no scrape holds deliveries up, however large the core.
+
+**Paced** (issue #44). The exposition is rendered at most once every
+:data:`RENDER_INTERVAL` seconds, and every scrape in between gets those bytes again;
+a census is taken at most that often, and, when the last one took longer,
+:data:`WALK_SPACING` times its CPU after it (:class:`Pacer`). With the accept pacing
+of :mod:`.metrics_http`, what scrapers can cost the loop is bounded whatever they do.
 
 **Label cardinality is bounded.** ``transport`` takes master.cf's services (and only
-those that were used). ``destination`` is given only to in-core destinations (the core
-discards idle ones, so a destination with nothing queued or in flight has no series
-at all), and only to the ``metrics_destination_limit`` of them (default 100) with the
-most queued recipients plus deliveries in flight (dead ones first among equals);
-every other destination of a transport is summed into one series with
-``destination="_other"``. So a server with 100,000 destinations in core exports at
-most limit + one per transport destination series, and a scrape costs a walk over the
-in-core destinations and entries (about 0.05 s for 100,000 destinations, see
-tests/unit/test_metrics.py), never more text.
+those that were used). ``destination`` and ``site`` are given only to in-core ones (the
+core discards idle ones, so a destination with nothing queued or in flight has no
+series at all), and only to the ``metrics_destination_limit`` and
+``metrics_site_limit`` most active of them (100 each; the census's docstring defines
+activity); every other one of a transport is summed into one series labelled
+``_other``. ``tenant`` goes to the ``metrics_tenant_limit`` most active tenants
+(:meth:`.metrics.DeliveryStats.rank_tenants`). So a server with 100,000 destinations
+and as many sites in core exports a few hundred lines, and a scrape costs the same as
+with a few hundred (benchmarks/metrics_scale.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import heapq
+import math
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import (
@@ -45,7 +52,15 @@ from prometheus_client.utils import floatToGoString
 
 from pyqmgr.daemon.fleet.metrics import FleetCollector
 from pyqmgr.daemon.host import QmgrCore
-from pyqmgr.daemon.metrics import OUTCOMES, DeliveryStats, MetricsSettings, TransportStats
+from pyqmgr.daemon.metrics import (
+    DEFAULT_SITE_LIMIT,
+    OTHER,
+    OUTCOMES,
+    DeliveryStats,
+    MetricsSettings,
+    TransportStats,
+)
+from pyqmgr.daemon.metrics_census import Census, take, walk
 from pyqmgr.daemon.metrics_http import MetricsHttpServer
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.scheduler.core import Scheduler
@@ -53,17 +68,24 @@ from pyqmgr.scheduler.core import Scheduler
 if TYPE_CHECKING:
     from pyqmgr.daemon.fleet import Fleet
 
-#: The label value of the series that sums the destinations beyond the limit.
-OTHER = "_other"
+__all__ = ["OTHER", "Exporter", "Exposition", "Pacer", "SchedulerCollector", "registry_for",
+           "start"]
+
+#: Seconds a rendering is served again before a new one is made.
+RENDER_INTERVAL = 1.0
+#: Seconds of the loop a census's walk takes at most in one turn, and the pause
+#: between two of its turns (so that a long walk takes at most a fifth of the loop).
+SLICE = 0.002
+PAUSE = 0.008
+#: A new census waits at least this many times the last one's CPU after it ended:
+#: the walks take at most 1% of a core, however many scopes are in core.
+WALK_SPACING = 100.0
 
 #: Quiet retries of a bind that failed (a reloaded qmgr's predecessor may still hold
 #: the port for a moment), then one warning and a retry every BIND_RETRY_INTERVAL.
 BIND_QUIET_FOR = 5.0
 BIND_QUIET_STEP = 0.25
 BIND_RETRY_INTERVAL = 10.0
-
-#: (rank, transport, destination, window, in flight, queued recipients, dead).
-Row = tuple[int, str, str, int, int, int, int]
 
 #: The per-transport gauges (name, help), in the order their values are computed.
 TRANSPORT_GAUGES = (
@@ -104,22 +126,40 @@ class SchedulerCollector:
     """A prometheus_client collector over the scheduler and the delivery counts.
 
     ``source.scheduler`` is read on every scrape, not kept: the daemon may replace its
-    scheduler at start-up (pyqmgr.cf's policies).
+    scheduler at start-up (pyqmgr.cf's policies). The gauges are those of
+    :attr:`census` when the exporter set one (:class:`Pacer`), else of a census taken
+    at once.
     """
 
     def __init__(self, source: Source, stats: DeliveryStats,
-                 destination_limit: int) -> None:
+                 destination_limit: int, site_limit: int = DEFAULT_SITE_LIMIT) -> None:
         self.source = source
         self.stats = stats
         self.destination_limit = destination_limit
+        self.site_limit = site_limit
+        self.census: Census | None = None
+
+    def walk(self) -> Generator[None, None, Census]:
+        """A census's walk, to be run in slices."""
+        stats = self.stats
+        return walk(self.source.scheduler, self.destination_limit, self.site_limit,
+                    stats.destination_activity.get, stats.site_activity.get)
 
     def collect(self) -> Iterator[Metric]:
         sched = self.source.scheduler
+        census = self.census
+        if census is None:
+            stats = self.stats
+            census = take(sched, self.destination_limit, self.site_limit,
+                          stats.destination_activity.get, stats.site_activity.get)
         yield from self._deliveries(sched)
         yield from self._core_counters(sched)
         yield from self._histograms()
-        yield from self._gauges(sched)
-        for label, table in (("class", self.stats.classes), ("tenant", self.stats.tenants)):
+        yield from self._gauges(sched, census)
+        tenants = dict(self.stats.tenants)
+        if self.stats.tenant_other is not None:
+            tenants[OTHER] = self.stats.tenant_other
+        for label, table in (("class", self.stats.classes), ("tenant", tenants)):
             if table:
                 yield from self._kind(label, table)
 
@@ -208,88 +248,60 @@ class SchedulerCollector:
         yield latency
         yield age
 
-    def _gauges(self, sched: Scheduler) -> Iterator[Metric]:
-        rows, totals = self._destination_rows(sched)
-        yield from self._transport_gauges(sched, totals)
-        yield from self._destination_gauges(rows, totals)
+    def _gauges(self, sched: Scheduler, census: Census) -> Iterator[Metric]:
+        yield from self._transport_gauges(sched, census.transports)
+        yield from self._destination_gauges(census)
         if sched.sites is not None:
-            yield from self._site_gauges(sched)
+            yield from self._site_gauges(census)
         yield GaugeMetricFamily("pyqmgr_active_messages", "Messages in the active queue.",
                                 value=self.source.message_count)
         yield GaugeMetricFamily("pyqmgr_active_recipients", "Recipients in core, all "
                                 "messages.", value=sched.rcpt_count)
 
     @staticmethod
-    def _site_gauges(sched: Scheduler) -> Iterator[Metric]:
+    def _site_gauges(census: Census) -> Iterator[Metric]:
         """Per provider site (site_grouping; only while sites are on): deliveries in
         flight, the limit in force (0: none), its destinations in core, and whether
-        it is held (full, backing off, spaced by its rate, waiting for a lookup).
-        Sites are few (providers) next to destinations, so every one gets a series."""
+        it is held (full, backing off, spaced by its rate, waiting for a lookup); for
+        the ``metrics_site_limit`` most active, the rest of each transport summed as
+        ``site="_other"`` (every MX host set is a site: 100,000 of them are no
+        rarity at a provider)."""
         labels = ["transport", "site"]
         in_flight = GaugeMetricFamily("pyqmgr_site_in_flight", "Deliveries under way to "
                                       "the site, all its destinations.", labels=labels)
         limit = GaugeMetricFamily("pyqmgr_site_limit", "The site's limit in force "
                                   "(site_concurrency_limit or a response rule's cap; 0: "
-                                  "none).", labels=labels)
+                                  "none); no _other series.", labels=labels)
         members = GaugeMetricFamily("pyqmgr_site_destinations", "The site's destinations "
                                     "in core.", labels=labels)
         held = GaugeMetricFamily("pyqmgr_site_held", "1 while the site takes no delivery "
                                  "(full, backing off, rate-spaced or waiting for its "
-                                 "lookup).", labels=labels)
-        assert sched.sites is not None
-        for (transport, name), site in sorted(sched.sites.sites.items()):
+                                 "lookup); _other: how many are.", labels=labels)
+        folded = GaugeMetricFamily("pyqmgr_site_series_folded", "Sites summed into the "
+                                   "_other series (metrics_site_limit).",
+                                   labels=["transport"])
+        rest = {transport: [busy, count, stop, n]
+                for transport, (busy, count, stop, n) in census.sites.items()}
+        for _rank, _order, transport, name, busy, bound, count, stop in sorted(
+                census.site_rows, key=lambda row: row[2:4]):
             key = [transport, name]
-            in_flight.add_metric(key, site.busy)
-            limit.add_metric(key, site.bound)
-            members.add_metric(key, len(site.members))
-            held.add_metric(key, 1 if site.gate is not None else 0)
-        yield from (in_flight, limit, members, held)
-
-    @staticmethod
-    def _destination_rows(sched: Scheduler) -> tuple[list[Row], dict[str, list[int]]]:
-        """One walk over every in-core destination: a row per destination, and per
-        transport the totals [window, in flight, queued recipients, dead, destinations].
-
-        A row is (rank, transport, destination, window, in flight, queued recipients,
-        dead), rank = (queued recipients + in flight) * 2, +1 when dead, so that among
-        equals dead destinations get a series first.
-        """
-        rows: list[Row] = []
-        totals: dict[str, list[int]] = {}
-        for name, t in sched.transports.items():
-            window = busy = rcpts = dead = 0
-            # With a recipient limit of 1 Postfix names each recipient's queue
-            # user@nexthop: the endpoint is readable by every local user, whatever
-            # authorized_mailq_users says, so such queues are one series per nexthop
-            # and no address is exported (issue #31).
-            by_nexthop: dict[str, list[int]] | None = (
-                {} if t.cfg.destination_recipient_limit == 1 else None)
-            for q in t.queues.values():
-                w = q.window if q.window > 0 else 0
-                b = q.busy_count
-                r = 0
-                if q.todo:
-                    for e in q.todo:
-                        r += len(e.recipients)
-                d = 1 if q.window == 0 else 0
-                window += w
-                busy += b
-                rcpts += r
-                dead += d
-                if by_nexthop is None:
-                    rows.append(((r + b) * 2 + d, name, q.name, w, b, r, d))
-                    continue
-                sums = by_nexthop.setdefault(q.nexthop, [0, 0, 0, 0])
-                sums[0] += w
-                sums[1] += b
-                sums[2] += r
-                sums[3] += d
-            if by_nexthop is not None:
-                rows += [((r + b) * 2 + min(d, 1), name, nexthop, w, b, r, d)
-                         for nexthop, (w, b, r, d) in by_nexthop.items()]
-            totals[name] = [window, busy, rcpts, dead, len(t.queues)
-                            if by_nexthop is None else len(by_nexthop)]
-        return rows, totals
+            in_flight.add_metric(key, busy)
+            limit.add_metric(key, bound)
+            members.add_metric(key, count)
+            held.add_metric(key, stop)
+            left = rest[transport]
+            left[0] -= busy
+            left[1] -= count
+            left[2] -= stop
+            left[3] -= 1
+        for transport in sorted(rest):
+            busy, count, stop, n = rest[transport]
+            folded.add_metric([transport], n)
+            if n > 0:
+                in_flight.add_metric([transport, OTHER], busy)
+                members.add_metric([transport, OTHER], count)
+                held.add_metric([transport, OTHER], stop)
+        yield from (in_flight, limit, members, held, folded)
 
     @staticmethod
     def _transport_gauges(sched: Scheduler,
@@ -298,46 +310,45 @@ class SchedulerCollector:
                     for name, doc in TRANSPORT_GAUGES]
         for name in sorted(sched.transports):
             t = sched.transports[name]
-            window, busy, rcpts, _dead, count = totals[name]
+            window, busy, rcpts, _dead, count = totals.get(name, (0, 0, 0, 0, 0))
             values = (window, busy, t.pending, rcpts, count, 1 if t.throttled else 0,
                       sched.process_limit(name), t.cfg.destination_concurrency_limit)
             for family, value in zip(families, values, strict=True):
                 family.add_metric([name], value)
         return families
 
-    def _destination_gauges(self, rows: list[Row],
-                            totals: dict[str, list[int]]) -> list[GaugeMetricFamily]:
-        """A series for each of the ``destination_limit`` highest-ranked destinations;
-        the rest of a transport's summed into its ``_other`` series."""
+    @staticmethod
+    def _destination_gauges(census: Census) -> list[GaugeMetricFamily]:
+        """A series for each of the census's highest-ranked destinations; the rest of
+        a transport's summed into its ``_other`` series."""
         families = [GaugeMetricFamily(name, doc, labels=["transport", "destination"])
                     for name, doc in DESTINATION_GAUGES]
         d_count = GaugeMetricFamily("pyqmgr_destination_series_folded", "Destinations "
                                     "summed into the _other series "
                                     "(metrics_destination_limit).", labels=["transport"])
-        limit = self.destination_limit
-        shown = rows if len(rows) <= limit else heapq.nlargest(limit, rows)
-        folded: dict[str, list[int]] = {}
-        if shown is not rows:
-            folded = {name: list(tot) for name, tot in totals.items()}
-        for _rank, tname, qname, *values in sorted(shown, key=lambda row: row[1:3]):
+        rest = {name: [window, busy, rcpts, dead, n]
+                for name, (window, busy, rcpts, dead, n) in census.transports.items()}
+        for _rank, _order, tname, label, *values in sorted(census.destinations,
+                                                           key=lambda row: row[2:4]):
             for family, value in zip(families, values, strict=True):
-                family.add_metric([tname, qname], value)
-            rest = folded.get(tname)
-            if rest is not None:
-                for i, value in enumerate(values):
-                    rest[i] -= value
-                rest[4] -= 1
-        for tname in sorted(folded):
-            *values, n = folded[tname]
-            d_count.add_metric([tname], n)
-            if n > 0:
-                for family, value in zip(families, values, strict=True):
-                    family.add_metric([tname, OTHER], value)
+                family.add_metric([tname, label], value)
+            left = rest[tname]
+            for i, value in enumerate(values):
+                left[i] -= value
+            left[4] -= 1
+        if any(n for *_values, n in rest.values()):
+            for tname in sorted(rest):
+                *values, n = rest[tname]
+                d_count.add_metric([tname], n)
+                if n > 0:
+                    for family, value in zip(families, values, strict=True):
+                        family.add_metric([tname, OTHER], value)
         return [*families, d_count]
 
 
 def registry_for(source: Source, stats: DeliveryStats, destination_limit: int,
-                 process: bool = True, fleet: Fleet | None = None) -> CollectorRegistry:
+                 process: bool = True, fleet: Fleet | None = None,
+                 site_limit: int = DEFAULT_SITE_LIMIT) -> CollectorRegistry:
     """A registry of our own: the scheduler's collector, the fleet's (with
     ``shared_state``) and, optionally, the process's.
 
@@ -346,13 +357,156 @@ def registry_for(source: Source, stats: DeliveryStats, destination_limit: int,
     The process collector reads /proc/self; chrooted it finds nothing and exports
     nothing.
     """
+    return _registry(SchedulerCollector(source, stats, destination_limit, site_limit),
+                     process, fleet)
+
+
+def _registry(collector: SchedulerCollector, process: bool,
+              fleet: Fleet | None) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(SchedulerCollector(source, stats, destination_limit))
+    registry.register(collector)
     if fleet is not None:
         registry.register(FleetCollector(fleet))
     if process:
         ProcessCollector(registry=registry)
     return registry
+
+
+class Exposition:
+    """The registry and the scheduler's collector in it: what renders a census."""
+
+    def __init__(self, source: Source, stats: DeliveryStats, destination_limit: int,
+                 site_limit: int = DEFAULT_SITE_LIMIT, process: bool = True,
+                 fleet: Fleet | None = None) -> None:
+        self.collector = SchedulerCollector(source, stats, destination_limit, site_limit)
+        self.registry = _registry(self.collector, process, fleet)
+
+    def walk(self) -> Generator[None, None, Census]:
+        return self.collector.walk()
+
+    def render(self, census: Census) -> bytes:
+        """The text exposition, with ``census``'s gauges and the counters as they
+        are now; old activity let go first."""
+        self.collector.stats.advance()
+        self.collector.census = census
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self.collector.census = None
+
+
+def _call_later(delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+    return asyncio.get_running_loop().call_later(delay, callback)
+
+
+class Pacer:
+    """What a scrape gets: the last rendering while it is younger than
+    :data:`RENDER_INTERVAL`, else a new one from the last census, whose walk runs in
+    slices of :data:`SLICE` seconds :data:`PAUSE` apart (:mod:`.metrics_census`).
+
+    A census is taken when a rendering is due and the last one is at least
+    RENDER_INTERVAL old, or its CPU :data:`WALK_SPACING` times over when that is
+    longer; until it is done the renderings use the one before. Only the first
+    census, while there is none yet, keeps scrapers waiting (:meth:`when_ready`).
+    While the last census took one turn (up to some ten thousand scopes) the walk
+    runs in the scrape's turn and the rendering is of the core at the scrape, as
+    before issue #44; after one of many turns the scrape renders the last census
+    and the new walk starts in a turn of its own, so that at any size a scrape's
+    turn is one rendering and a census's turns are at most a slice each.
+    """
+
+    def __init__(self, walk_: Callable[[], Generator[None, None, Census]],
+                 render: Callable[[Census], bytes], *,
+                 clock: Callable[[], float] = time.perf_counter,
+                 later: Callable[[float, Callable[[], None]], object] = _call_later,
+                 slice_: float = SLICE, pause: float = PAUSE) -> None:
+        self.walk, self.render, self.clock, self.later = walk_, render, clock, later
+        self.slice, self.pause = slice_, pause
+        self.cached: bytes | None = None
+        self.rendered_at = -math.inf
+        self.census: Census | None = None
+        self.next_walk = -math.inf
+        self.steps: Generator[None, None, Census] | None = None
+        self.timer: object = None
+        self.waiting: list[Callable[[], None]] = []
+        self.error: Exception | None = None
+        #: The walk under way: its CPU so far, its turns, the longest.
+        self.spent, self.turns, self.longest = 0.0, 0, 0.0
+        #: Renderings made and scrapes answered with one made before (figures).
+        self.renders = self.reused = 0
+
+    def body(self) -> bytes | None:
+        now = self.clock()
+        if self.cached is not None and now - self.rendered_at < RENDER_INTERVAL:
+            self.reused += 1
+            return self.cached
+        if self.steps is None and now >= self.next_walk:
+            self.steps = self.walk()
+            self.spent, self.turns, self.longest = 0.0, 0, 0.0
+            last = self.census
+            if last is None or last.turns <= 1:
+                self._step()  # likely done at once: this scrape shows the core now
+            else:
+                # A walk of many turns: this scrape renders the last census and the
+                # walk starts in a turn of its own, so that a scrape's turn is one
+                # rendering, whatever the core holds.
+                self.timer = self.later(0.0, self._step)
+        if self.census is None:
+            error, self.error = self.error, None
+            if error is not None:
+                raise error
+            return None
+        self.cached = self.render(self.census)
+        self.rendered_at = now
+        self.renders += 1
+        return self.cached
+
+    def when_ready(self, callback: Callable[[], None]) -> None:
+        self.waiting.append(callback)
+
+    def _step(self) -> None:
+        """One slice of the walk; the next one is timed, or the census is done."""
+        steps = self.steps
+        self.timer = None
+        if steps is None:
+            return
+        started = self.clock()
+        census = None
+        try:
+            while self.clock() - started < self.slice:
+                next(steps)
+        except StopIteration as done:
+            census = done.value
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500, mail flows
+            self.steps, self.error = None, exc
+            self.next_walk = started + RENDER_INTERVAL
+            self._wake()
+            return
+        ended = self.clock()
+        self.spent += ended - started
+        self.turns += 1
+        self.longest = max(self.longest, ended - started)
+        if census is None:
+            self.timer = self.later(self.pause, self._step)
+            return
+        self.steps = None
+        census.cpu, census.turns, census.longest = self.spent, self.turns, self.longest
+        census.finished = ended
+        self.census = census
+        self.cached = None
+        self.next_walk = ended + max(RENDER_INTERVAL, census.cpu * WALK_SPACING)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for callback in waiting:
+            callback()
+
+    def close(self) -> None:
+        self.steps = None
+        cancel = getattr(self.timer, "cancel", None)
+        if cancel is not None:
+            cancel()
 
 
 class Exporter:
@@ -364,11 +518,13 @@ class Exporter:
     retry every :data:`BIND_RETRY_INTERVAL` seconds, with an info line once it works.
     """
 
-    def __init__(self, settings: MetricsSettings, registry: CollectorRegistry,
+    def __init__(self, settings: MetricsSettings, exposition: Exposition,
                  log: MailLog) -> None:
         self.settings = settings
         self.log = log
-        self.http = MetricsHttpServer(lambda: generate_latest(registry), log)
+        self.exposition = exposition
+        self.pacer = Pacer(exposition.walk, exposition.render)
+        self.http = MetricsHttpServer(self.pacer, log)
         self.warned = False
         self.closed = False
         self.retry: asyncio.TimerHandle | None = None
@@ -396,7 +552,7 @@ class Exporter:
             sock.bind((s.host, s.port))
             sock.listen(self.http.max_clients)
             sock.setblocking(False)
-            self.http.server = await loop.create_server(self.http.protocol, sock=sock)
+            self.http.serve(sock)
         except OSError as exc:
             sock.close()
             quiet = loop.time() - self.started < BIND_QUIET_FOR
@@ -416,13 +572,16 @@ class Exporter:
         self.closed = True
         if self.retry is not None:
             self.retry.cancel()
+        self.pacer.close()
         self.http.close()
 
 
 def start(qmgr: Source, stats: DeliveryStats, settings: MetricsSettings,
           log: MailLog) -> Exporter:
     """Serve the metrics of ``qmgr`` (whose replies ``stats`` counts)."""
-    exporter = Exporter(settings, registry_for(qmgr, stats, settings.destination_limit,
-                                               fleet=getattr(qmgr, "fleet", None)), log)
+    stats.tenant_limit = settings.tenant_limit
+    exporter = Exporter(settings, Exposition(
+        qmgr, stats, settings.destination_limit, settings.site_limit,
+        fleet=getattr(qmgr, "fleet", None)), log)
     exporter.start()
     return exporter

@@ -433,3 +433,28 @@ def jobs(sched: Scheduler, transport: str, now: float,
     else:
         report = t.policy.jobs_report(now, limit)
     return {"transport": t.name, **report, "policy": t.policy.name, "broken": t.broken}
+
+
+# -- what the metrics read of sites ----------------------------------------------------
+# The Prometheus exporter (pyqmgr/daemon/metrics*.py) reads sites through these three,
+# so that it names nothing of a site's structure: a reply's site for its activity, the
+# sites to walk, and each one's numbers (issue #44).
+
+
+def site_name(queue: Queue) -> str | None:
+    """The provider site a destination is counted at; None: none (sites off, an
+    address, a transport without sites)."""
+    site = queue.site
+    return None if site is None else site.name
+
+
+def sites_in_core(sched: Scheduler) -> list[Site]:
+    """The sites in core now, as a list the caller may walk while the core changes."""
+    return [] if sched.sites is None else list(sched.sites.sites.values())
+
+
+def site_load(site: Site) -> tuple[str, str, int, int, int, int]:
+    """(transport, name, deliveries in flight, the limit in force (0: none),
+    destinations in core, 1 while it takes no delivery else 0) of a site."""
+    return (site.transport, site.name, site.busy, site.bound, len(site.members),
+            0 if site.gate is None else 1)
