@@ -56,12 +56,14 @@ def test_goals_are_one_list_each_used_and_each_says_why() -> None:
         drain,
         fidelity,
         memory,
+        metrics_scale,
         replay,
         smtp,
     )
     from benchmarks.target import GOALS
 
-    modules = (decisions, drain, fidelity, memory, replay, big_messages, dead_site, smtp)
+    modules = (decisions, drain, fidelity, memory, replay, big_messages, dead_site, smtp,
+               metrics_scale)
     targets = [v for m in modules for v in vars(m).values() if isinstance(v, Target)]
     # Targets kept per shape or per latency, in a dict.
     targets += [*fidelity.SHAPE_TARGETS.values(), *smtp.TIME.values()]
