@@ -28,7 +28,7 @@ from pyqmgr.scheduler.tenant_cap import (
     ended,
     made,
     next_release,
-    site_stagings,
+    site_release,
 )
 
 if TYPE_CHECKING:
@@ -166,10 +166,13 @@ def _cap_ended(core: Core, entry: Entry) -> None:
         elif tenant_release(core, staging, queue):
             return
     if scope is not None:
-        for other in site_stagings(caps, tenant, scope):
-            dest = destination(core, other)
-            if dest is not None and tenant_release(core, other, dest):
-                return
+        site_release(caps, tenant, scope, lambda other: _released(core, other))
+
+
+def _released(core: Core, staging: Queue) -> bool:
+    """Did the staging queue's destination take some of its mail?"""
+    dest = destination(core, staging)
+    return dest is not None and tenant_release(core, staging, dest) > 0
 
 
 def tenant_release(core: Core, staging: Queue, dest: Queue) -> int:

@@ -38,6 +38,7 @@ again. The moves themselves are :mod:`.entry`'s (this module cannot import it).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -253,21 +254,39 @@ def next_release(core: Core, staging: Queue, dest: Queue) -> Entry | None:
     return None
 
 
-def site_stagings(caps: TenantCaps, tenant: str, scope: str) -> list[Queue]:
-    """The tenant's staging queues with mail for the site's destinations, in turn:
-    the first is moved to the end, so that a site's destinations share its slots."""
-    index = caps.staged_at.get((tenant, scope))
+def site_release(caps: TenantCaps, tenant: str, scope: str,
+                 release: Callable[[Queue], bool]) -> bool:
+    """Offer the tenant's staging queues with mail for the site's destinations to
+    ``release`` in turn until one releases mail; whether one did. The first in turn
+    goes to the end first, so that a site's destinations share its slots.
+
+    A delivery's end costs the stagings tried, not the site's (#44: a site of 30,000
+    domains made it 1.7 ms): the turn stops at the first that releases, and a drained
+    staging leaves the index the first time it is met (paid for by its entry). The
+    moves are :mod:`.entry`'s, hence ``release``; it changes the index only when it
+    releases, which ends the walk."""
+    key = (tenant, scope)
+    index = caps.staged_at.get(key)
+    while index and not next(iter(index.values())).todo:
+        del index[next(iter(index))]
     if not index:
-        caps.staged_at.pop((tenant, scope), None)
-        return []
-    for name in [n for n, q in index.items() if not q.todo]:
-        del index[name]
-    if not index:
-        del caps.staged_at[(tenant, scope)]
-        return []
+        caps.staged_at.pop(key, None)
+        return False
     first = next(iter(index))
     index[first] = index.pop(first)
-    return list(index.values())
+    drained: list[str] = []
+    try:
+        for name, staging in index.items():
+            if not staging.todo:
+                drained.append(name)
+            elif release(staging):
+                return True
+        return False
+    finally:
+        for name in drained:
+            index.pop(name, None)
+        if not index:
+            caps.staged_at.pop(key, None)
 
 
 def due(core: Core, t: Transport, now: float) -> list[Queue]:
