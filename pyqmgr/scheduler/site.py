@@ -35,6 +35,7 @@ are declared in :mod:`.structures`; the verbs that change them are here.
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import TYPE_CHECKING
 
@@ -142,6 +143,12 @@ def _due(core: Core, site: Site, when: float) -> None:
     assert table is not None
     if when < table.due.get(site, math.inf):
         table.due[site] = when
+        table.due_order += 1
+        heapq.heappush(table.due_heap, (when, table.due_order, site))
+        if len(table.due_heap) > 2 * len(table.due) + 64:
+            # Times dropped or moved earlier leave entries behind: compact.
+            table.due_heap = [(at, k, s) for k, (s, at) in enumerate(table.due.items())]
+            heapq.heapify(table.due_heap)
         core.out.timers.append(when)
 
 
@@ -170,10 +177,14 @@ def site_due(core: Core, now: float) -> None:
     table = core.sites
     if table is None or not table.due:
         return
-    for site, when in list(table.due.items()):
-        if when > now:
-            continue
-        del table.due[site]
+    heap = table.due_heap
+    came: list[Site] = []
+    while heap and heap[0][0] <= now:
+        when, _, site = heapq.heappop(heap)
+        if table.due.get(site) == when:
+            del table.due[site]
+            came.append(site)
+    for site in came:
         quit_ended = False
         while site.quitting and site.quitting[0] <= now:
             site.quitting.popleft()

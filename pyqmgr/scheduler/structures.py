@@ -405,6 +405,11 @@ class SiteTable:
         #: Sites with something timed (a lookup's wait, a backoff, a recovery step),
         #: with its time; ``tick`` runs them.
         self.due: dict[Site, float] = {}
+        #: The same times in a heap, (time, order, site), so that a tick visits only
+        #: the sites whose time came (thousands of new domains each wait for their
+        #: lookup); an entry whose time is no longer ``due``'s is skipped.
+        self.due_heap: list[tuple[float, int, Site]] = []
+        self.due_order = 0
 
     def limits(self, transport: str) -> SiteLimits | None:
         if transport not in self._limits:
