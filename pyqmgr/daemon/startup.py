@@ -22,6 +22,7 @@ import os
 import pwd
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Protocol
@@ -337,7 +338,9 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         # import_environment; stats are written when master lets us go.
         import cProfile
 
-        profiler = cProfile.Profile()
+        # CPU time, not wall time: a qmgr waits in epoll most of its life, and what
+        # costs is what it does between waits (system calls included).
+        profiler = cProfile.Profile(time.process_time)
         profiler.enable()
     qmgr = daemon(cfg, log, flow, setup)
     metrics_cf = setup.metrics
@@ -349,7 +352,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
         server.start()
     qmgr.start()
-    if isinstance(qmgr, Qmgr) and qmgr.fleet is not None:
+    if profiler is not None or isinstance(qmgr, Qmgr) and qmgr.fleet is not None:
+        # A profile is written on the way out, which SIGTERM's default would skip.
         # ``postfix stop`` ends every process with SIGTERM, which ends stock's at once;
         # a fleet's node first gives back the sessions it keeps for next deliveries
         # (Fleet.give_back, at most half a second), or the other nodes would go short
