@@ -20,6 +20,7 @@ from pyqmgr.daemon.active import (
     MAX_BATCH,
     ActiveMessage,
     ActiveQueue,
+    ReadFailure,
     read_more,
 )
 from pyqmgr.daemon.applier import Applier
@@ -237,21 +238,26 @@ class Qmgr:
 
     def next_batch(self, am: ActiveMessage) -> None:
         """All in-core recipients are done and the file has more: read the next batch."""
-        failed, am.read_failed = am.read_failed, None
-        if failed == "corrupt" or failed == "open":
-            self.active.messages.pop(am.queue_id, None)
-            self.message_left()
-            self.active.corrupt(am.queue_id)
+        if self._read_failed(am):
             return
         limit = self.scheduler.read_limit(am.sched)
         routes = self._read_more(am, max(limit, 1))
-        failed, am.read_failed = am.read_failed, None
-        if failed in ("corrupt", "open"):
-            self.active.messages.pop(am.queue_id, None)
-            self.message_left()
-            self.active.corrupt(am.queue_id)
+        if self._read_failed(am):
             return
         self._assign(am, routes)
+
+    def _read_failed(self, am: ActiveMessage) -> bool:
+        """Whether the last read found the file unreadable or corrupt: the message then
+        ends here, to corrupt/. The read's mark is cleared either way (a resolver
+        failure's routes are None, which :meth:`_assign` defers)."""
+        failed: ReadFailure | None = am.read_failed
+        am.read_failed = None
+        if failed != "corrupt" and failed != "open":
+            return False
+        self.active.messages.pop(am.queue_id, None)
+        self.message_left()
+        self.active.corrupt(am.queue_id)
+        return True
 
     def deferred(self, am: ActiveMessage, when: float) -> None:
         """``am`` went to deferred/, due at ``when``: recovery remembers what it waits
