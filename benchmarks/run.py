@@ -14,7 +14,10 @@ bigqueue (200,000 messages in deferred/: the scans' time and the RSS; by hand), 
 sites), priority (password resets at 5 a second beside a 50,000-message newsletter:
 stock, and pyqmgr with message classes), fleetrt (the fleet's Redis round trips per
 delivery, this checkout's client against another's), metrics (the exporter with
-100,000 sites and 100,000 destinations in core: a scrape's size and event-loop time).
+100,000 sites and 100,000 destinations in core: a scrape's size and event-loop time),
+scopes (the scheduler alone: a site at its limit with 30 to 100,000 member domains,
+3 and 10,000 tenants on one transport), sitescale (one 10-session MX behind 30 and
+3,000 domains, 1,000 and 10,000 queued, with sites and without: qmgr CPU a message).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from benchmarks import (
     metrics_scale,
     priority,
     replay,
+    scopes,
+    site_scale,
     sites,
     smtp,
     soak,
@@ -42,7 +47,8 @@ BENCHMARKS = {"drain": drain.main, "decisions": decisions.main, "memory": memory
               "replay": replay.main, "fidelity": fidelity.main, "smtp": smtp.main,
               "big": big_messages.main, "deadsite": dead_site.main,
               "bigqueue": big_queue.main, "soak": soak.main, "sites": sites.main,
-              "fleetrt": fleet_roundtrip.main,
+              "fleetrt": fleet_roundtrip.main, "scopes": scopes.main,
+              "sitescale": site_scale.main,
               "priority": priority.main, "metrics": metrics_scale.main}
 
 if __name__ == "__main__":

@@ -58,18 +58,22 @@ def test_goals_are_one_list_each_used_and_each_says_why() -> None:
         memory,
         metrics_scale,
         replay,
+        scopes,
+        site_scale,
         smtp,
     )
     from benchmarks.target import GOALS
 
     modules = (decisions, drain, fidelity, memory, replay, big_messages, dead_site, smtp,
-               metrics_scale)
+               metrics_scale, scopes, site_scale)
     targets = [v for m in modules for v in vars(m).values() if isinstance(v, Target)]
     # Targets kept per shape or per latency, in a dict.
     targets += [*fidelity.SHAPE_TARGETS.values(), *smtp.TIME.values()]
     used = {t.goal for t in targets if t.goal}
     assert used == set(GOALS), (used ^ set(GOALS))
-    assert len(GOALS) <= 12
+    # 12 until #44, which added two at a provider's size (metrics-census,
+    # sitescale-cpu), each with what would settle it.
+    assert len(GOALS) <= 13
     assert all(len(why) > 80 for why in GOALS.values()), "each goal says why"
     enforced = [t for t in targets if not t.goal]
     assert len(enforced) >= 8, [t.text for t in enforced]
@@ -82,3 +86,42 @@ def test_drain_rounds_run_every_contender_once_and_rotate() -> None:
     for order in orders:
         assert sorted(order) == sorted(CONTENDERS)
     assert len({order[0] for order in orders}) == len(CONTENDERS)
+
+
+def test_scopes_targets() -> None:
+    """The scheduler alone (#44): the largest size against the smallest, each kind."""
+    from benchmarks import scopes
+
+    us = 1e-6
+    flat_sites = {30: 13.6 * us, 10_000: 13.7 * us, 100_000: 10.4 * us}
+    tenants = {False: {3: 13.1 * us, 10_000: 11.5 * us},
+               True: {3: 26.1 * us, 10_000: 14.3 * us}}
+    assert scopes.check(flat_sites, tenants) == [True, True, True]
+    # Before #44: a site walked its members at every delivery.
+    walked = {30: 35 * us, 10_000: 10_800 * us, 100_000: 100_000 * us}
+    assert scopes.check(walked, tenants) == [False, True, True]
+    staged = {False: tenants[False], True: {3: 26.1 * us, 10_000: 40.0 * us}}
+    assert scopes.check(flat_sites, staged) == [True, True, False]
+
+
+def test_sitescale_targets() -> None:
+    """A 10-session MX (#44): deferrals and refusals in any cell fail; the CPU bars
+    (from 1,000 to 10,000 queued, across domains, against sites off) are a goal,
+    printed with their figures and never failing."""
+    from benchmarks.site_scale import Cell, check
+
+    def cells(cpu: dict[tuple[int, int], float], deferred: int = 0,
+              refused: int = 0) -> dict[tuple[int, int], Cell]:
+        return {k: Cell(k[1] - deferred, deferred, refused, 10, v, 1.0)
+                for k, v in cpu.items()}
+
+    ms = 1e-3
+    now = {(30, 1000): 0.578 * ms, (30, 10000): 0.620 * ms,
+           (3000, 1000): 0.845 * ms, (3000, 10000): 0.898 * ms}
+    off = {k: 0.42 * ms for k in now}
+    assert check(cells(now), cells(off)) == [True, True, True, True, True]
+    before = {**now, (30, 10000): 1.7 * ms}
+    assert check(cells(before), cells(off)) == [True] * 5, "a goal, printed"
+    assert check(cells(now, deferred=9), cells(off))[0] is True, "9 of 1,000: 0.9%"
+    assert check(cells(now, deferred=10), cells(off))[0] is False, "10 of 1,000: 1%"
+    assert check(cells(now, refused=1), cells(off))[1] is False
