@@ -17,22 +17,13 @@ is the same server run from Debian 13's Valkey, with this class's interface.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 
 import redis
 
+from pyqmgr.testbed import redis_common as common
 from pyqmgr.testbed.instance_base import free_port
-from pyqmgr.testbed.redis_common import (
-    Managed,
-    Reply,
-    ServerProcess,
-    answers,
-    command,
-    fleet_key_file,
-    sync_client,
-)
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -41,7 +32,7 @@ def available() -> bool:
     return os.access(REDIS_SERVER, os.X_OK)
 
 
-class RedisServer(Managed):
+class RedisServer(common.OneServer):
     """``redis-server`` on 127.0.0.1 and a unix socket; ``password`` sets requirepass."""
 
     __test__ = False
@@ -55,8 +46,8 @@ class RedisServer(Managed):
         os.chmod(self.dir, 0o755)
         self.socket_path = os.path.join(self.dir, "redis.sock")
         self.log_path = os.path.join(self.dir, "redis.log")
-        self.process = ServerProcess(self.argv(), self.dir, self.log_path,
-                                     f"{self.name} on port {self.port}")
+        self.process = common.ServerProcess(self.argv(), self.dir, self.log_path,
+                                            f"{self.name} on port {self.port}")
         self._client: redis.Redis | None = None
 
     @property
@@ -75,7 +66,7 @@ class RedisServer(Managed):
     def key_file(self) -> str:
         """A fleet key for the servers that share this Redis (root's, mode 0600, made on
         first use)."""
-        return fleet_key_file(self.dir)
+        return common.fleet_key_file(self.dir)
 
     def fleet_cf(self, node: str) -> dict[str, str]:
         """pyqmgr.cf's fleet settings for the server called ``node`` in this fleet."""
@@ -94,18 +85,18 @@ class RedisServer(Managed):
         return args
 
     def start(self, timeout: float = 20) -> RedisServer:
-        self.process.start(lambda: answers(self.client()), timeout)
+        self.process.start(lambda: common.answers(self.client()), timeout)
         return self
 
     def client(self) -> redis.Redis:
         """The test bed's own client (AUTH first when there is a password)."""
         if self._client is None:
-            self._client = sync_client(port=self.port, password=self.password)
+            self._client = common.sync_client(port=self.port, password=self.password)
         return self._client
 
-    def command(self, *args: str) -> Reply:
+    def command(self, *args: str) -> common.Reply:
         """One command by hand; its reply."""
-        return command(self.client(), *args)
+        return common.command(self.client(), *args)
 
     def log_tail(self, n: int = 20) -> str:
         return self.process.log_tail(n)
@@ -116,14 +107,3 @@ class RedisServer(Managed):
 
     def thaw(self) -> None:
         self.process.thaw()
-
-    def stop(self, remove: bool = True) -> None:
-        """Stop the server (the directory stays unless ``remove``, for a restart)."""
-        self.process.stop()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        if remove:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-

@@ -27,20 +27,9 @@ from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as ClusterClient
 
 from pyqmgr.fleet.acl import acl_rules
+from pyqmgr.testbed import redis_common as common
 from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
 from pyqmgr.testbed.redis import REDIS_SERVER
-from pyqmgr.testbed.redis_common import (
-    COMMAND_TIMEOUT,
-    Managed,
-    Reply,
-    ServerProcess,
-    answers,
-    command,
-    fleet_key_file,
-    info,
-    sync_client,
-    write_secret,
-)
 
 REDIS_CLI = "/usr/bin/redis-cli"
 SLOTS = 16384
@@ -50,7 +39,7 @@ def available() -> bool:
     return os.access(REDIS_CLI, os.X_OK) and os.access(REDIS_SERVER, os.X_OK)
 
 
-class RedisCluster(Managed):
+class RedisCluster(common.Managed):
     """``nodes`` cluster primaries on 127.0.0.1; ``acl``: the fleet's ACL user."""
 
     __test__ = False
@@ -66,16 +55,16 @@ class RedisCluster(Managed):
         self.bus_ports = [free_port() for _ in range(nodes)]
         self.password = secrets.token_hex(16)
         self.admin_password = secrets.token_hex(16)
-        self.password_file = write_secret(os.path.join(self.dir, "fleet.pw"), self.password)
-        self.processes: list[ServerProcess] = []
+        self.password_file = common.write_secret(os.path.join(self.dir, "fleet.pw"), self.password)
+        self.processes: list[common.ServerProcess] = []
         self.clients: list[redis.Redis] = []
         for port in self.ports:
             node_dir = os.path.join(self.dir, str(port))
             os.mkdir(node_dir)
-            self.processes.append(ServerProcess(
+            self.processes.append(common.ServerProcess(
                 [REDIS_SERVER, os.path.join(node_dir, "redis.conf")], node_dir,
                 os.path.join(node_dir, "redis.log"), f"cluster node on port {port}"))
-            self.clients.append(sync_client(port=port, **self._admin()))
+            self.clients.append(common.sync_client(port=port, **self._admin()))
         self._cluster: ClusterClient | None = None
 
     def _admin(self) -> dict[str, str]:
@@ -87,7 +76,7 @@ class RedisCluster(Managed):
 
     @property
     def key_file(self) -> str:
-        return fleet_key_file(self.dir)
+        return common.fleet_key_file(self.dir)
 
     def fleet_cf(self, node: str) -> dict[str, str]:
         cf = {"shared_state": self.url, "shared_state_node": node,
@@ -97,7 +86,7 @@ class RedisCluster(Managed):
                       shared_state_password_file=self.password_file)
         return cf
 
-    def _write_config(self, port: int, bus: int, proc: ServerProcess) -> None:
+    def _write_config(self, port: int, bus: int, proc: common.ServerProcess) -> None:
         lines = ["bind 127.0.0.1", f"port {port}", "cluster-enabled yes",
                  f"cluster-port {bus}", "cluster-config-file nodes.conf",
                  "cluster-node-timeout 2000", 'save ""', "appendonly no",
@@ -116,7 +105,7 @@ class RedisCluster(Managed):
             for port, bus, proc, client in zip(self.ports, self.bus_ports, self.processes,
                                                self.clients, strict=True):
                 self._write_config(port, bus, proc)
-                proc.start(lambda client=client: answers(client),  # type: ignore[misc]
+                proc.start(lambda client=client: common.answers(client),  # type: ignore[misc]
                            deadline - time.monotonic())
             self._create(deadline - time.monotonic())
             wait_until(self._ok, max(deadline - time.monotonic(), 1),
@@ -145,7 +134,7 @@ class RedisCluster(Managed):
 
     def _ok(self) -> bool:
         for client in self.clients:
-            state = info(client, "cluster-info")
+            state = common.info(client, "cluster-info")
             if (state.get("cluster_state") != "ok"
                     or state.get("cluster_slots_ok") != str(SLOTS)
                     or state.get("cluster_known_nodes") != str(len(self.ports))):
@@ -156,7 +145,7 @@ class RedisCluster(Managed):
         out = []
         for port, client in zip(self.ports, self.clients, strict=True):
             try:
-                state = info(client, "cluster-info")
+                state = common.info(client, "cluster-info")
                 out.append(f"{port}: {state.get('cluster_state')}, slots "
                            f"{state.get('cluster_slots_ok')}, nodes "
                            f"{state.get('cluster_known_nodes')}")
@@ -170,21 +159,22 @@ class RedisCluster(Managed):
         if self._cluster is None:
             self._cluster = ClusterClient(
                 startup_nodes=[ClusterNode("127.0.0.1", p) for p in self.ports],
-                socket_timeout=COMMAND_TIMEOUT, socket_connect_timeout=COMMAND_TIMEOUT,
+                socket_timeout=common.COMMAND_TIMEOUT,
+                socket_connect_timeout=common.COMMAND_TIMEOUT,
                 username="admin" if self.acl else None,
                 password=self.admin_password if self.acl else None)
         return self._cluster
 
-    def node_command(self, index: int, *args: str) -> Reply:
+    def node_command(self, index: int, *args: str) -> common.Reply:
         """One command by hand on one node (a keyed one answers MOVED if the key's slot
         is another node's)."""
-        return command(self.clients[index], *args)
+        return common.command(self.clients[index], *args)
 
     def keys(self, pattern: str) -> list[bytes]:
         """``KEYS pattern`` on every node, together."""
         found: list[bytes] = []
         for client in self.clients:
-            reply = command(client, "KEYS", pattern)
+            reply = common.command(client, "KEYS", pattern)
             found += [k for k in reply if isinstance(k, bytes)] if isinstance(reply, list) \
                 else []
         return found

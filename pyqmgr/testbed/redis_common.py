@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
@@ -100,6 +101,25 @@ class Managed:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()  # type: ignore[attr-defined]
+
+
+class OneServer(Managed):
+    """A test bed's single redis-server (plain or TLS): its process, the test bed's
+    own client, its directory; how it stops, written once."""
+
+    process: ServerProcess
+    _client: redis.Redis | None
+    dir: str
+
+    def stop(self, remove: bool = True) -> None:
+        """Stop the server (the directory stays unless ``remove``, for a restart)."""
+        self.process.stop()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if remove:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
 
 class ServerProcess:
     """One server process: its command line, the directory it runs in, its log."""

@@ -25,18 +25,9 @@ import time
 
 import redis
 
+from pyqmgr.testbed import redis_common as common
 from pyqmgr.testbed.instance_base import TestbedError, free_port, wait_until
 from pyqmgr.testbed.redis import REDIS_SERVER
-from pyqmgr.testbed.redis_common import (
-    Managed,
-    Reply,
-    ServerProcess,
-    answers,
-    command,
-    fleet_key_file,
-    info,
-    sync_client,
-)
 
 REDIS_SENTINEL = "/usr/bin/redis-sentinel"
 #: A primary that has not answered for this long is down, in a sentinel's view.
@@ -58,10 +49,10 @@ class _Node:
         self.dir = os.path.join(directory, name)
         os.mkdir(self.dir)
         self.conf = os.path.join(self.dir, f"{name}.conf")
-        self.process = ServerProcess([*argv, self.conf], self.dir,
-                                     os.path.join(self.dir, f"{name}.log"),
-                                     f"{name} on port {port}")
-        self.client = sync_client(port=port)
+        self.process = common.ServerProcess([*argv, self.conf], self.dir,
+                                            os.path.join(self.dir, f"{name}.log"),
+                                            f"{name} on port {port}")
+        self.client = common.sync_client(port=port)
 
     def write(self, lines: list[str]) -> None:
         with open(self.conf, "w") as f:
@@ -70,14 +61,14 @@ class _Node:
                 f"dir {self.dir}", f"logfile {self.process.log_path}", *lines]) + "\n")
 
     def start(self, timeout: float) -> None:
-        self.process.start(lambda: answers(self.client), timeout)
+        self.process.start(lambda: common.answers(self.client), timeout)
 
     def stop(self) -> None:
         self.process.stop()
         self.client.close()
 
 
-class SentinelSet(Managed):
+class SentinelSet(common.Managed):
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels, ``service`` the
     name the sentinels monitor it by."""
 
@@ -103,7 +94,7 @@ class SentinelSet(Managed):
 
     @property
     def key_file(self) -> str:
-        return fleet_key_file(self.dir)
+        return common.fleet_key_file(self.dir)
 
     def fleet_cf(self, node: str) -> dict[str, str]:
         return {"shared_state": self.url, "shared_state_node": node,
@@ -136,13 +127,13 @@ class SentinelSet(Managed):
 
     def _settled(self) -> bool:
         """Replicas in sync with the primary, and each sentinel knowing them all."""
-        links = [info(n.client, "replication").get("master_link_status")
+        links = [common.info(n.client, "replication").get("master_link_status")
                  for n in self.data[1:]]
         if links != ["up"] * (len(self.data) - 1):
             return False
         for s in self.sentinels:
-            replicas = command(s.client, "SENTINEL", "REPLICAS", self.service)
-            others = command(s.client, "SENTINEL", "SENTINELS", self.service)
+            replicas = common.command(s.client, "SENTINEL", "REPLICAS", self.service)
+            others = common.command(s.client, "SENTINEL", "SENTINELS", self.service)
             if not (isinstance(replicas, list) and len(replicas) == len(self.data) - 1
                     and isinstance(others, list) and len(others) == len(self.sentinels) - 1):
                 return False
@@ -158,8 +149,8 @@ class SentinelSet(Managed):
         return "; " + "; ".join(lines) + "\n" + self.sentinels[0].process.log_tail(10)
 
     def _asked(self, sentinel: _Node) -> int | None:
-        reply = command(sentinel.client, "SENTINEL", "GET-MASTER-ADDR-BY-NAME",
-                        self.service)
+        reply = common.command(sentinel.client, "SENTINEL", "GET-MASTER-ADDR-BY-NAME",
+                               self.service)
         if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], bytes):
             return int(reply[1])
         return None
@@ -183,9 +174,9 @@ class SentinelSet(Managed):
                 return n
         raise TestbedError(f"no data node on port {port}")
 
-    def command(self, *args: str) -> Reply:
+    def command(self, *args: str) -> common.Reply:
         """One command by hand on the primary the sentinels name now."""
-        return command(self.node(self.primary()[1]).client, *args)
+        return common.command(self.node(self.primary()[1]).client, *args)
 
     def kill_primary(self) -> int:
         """SIGKILL the primary; its port."""
@@ -208,7 +199,7 @@ class SentinelSet(Managed):
             (port,) = ports
             if port is None or port == old:
                 return False
-            return info(self.node(port).client, "replication").get("role") == "master"
+            return common.info(self.node(port).client, "replication").get("role") == "master"
 
         wait_until(done, timeout, f"a failover from the primary on port {old}",
                    interval=0.05, detail=self._state)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -24,18 +23,9 @@ from typing import Any
 import redis
 
 from pyqmgr.fleet.acl import acl_rules
+from pyqmgr.testbed import redis_common as common
 from pyqmgr.testbed.instance_base import TestbedError, free_port
 from pyqmgr.testbed.redis import REDIS_SERVER
-from pyqmgr.testbed.redis_common import (
-    Managed,
-    Reply,
-    ServerProcess,
-    answers,
-    command,
-    fleet_key_file,
-    sync_client,
-    write_secret,
-)
 
 #: The extensions of each certificate: a CA that may sign only certificates, and leaf
 #: certificates for their one use. Strict verifiers (Python 3.13's default
@@ -109,7 +99,7 @@ def make_certificates(directory: str) -> Certificates:
         "ca.crt", "server.crt", "server.key", "client.crt", "client.key")))
 
 
-class TlsRedisServer(Managed):
+class TlsRedisServer(common.OneServer):
     """redis-server on a TLS port of 127.0.0.1, ``default`` off, the fleet's ACL user."""
 
     __test__ = False
@@ -125,11 +115,11 @@ class TlsRedisServer(Managed):
         self.log_path = os.path.join(self.dir, "redis.log")
         self.password = secrets.token_hex(16)
         self.admin_password = secrets.token_hex(16)
-        self.password_file = write_secret(os.path.join(self.dir, "fleet.pw"), self.password)
+        self.password_file = common.write_secret(os.path.join(self.dir, "fleet.pw"), self.password)
         self.certs: Certificates | None = None
-        self.process = ServerProcess([REDIS_SERVER, os.path.join(self.dir, "redis.conf")],
-                                     self.dir, self.log_path,
-                                     f"redis-server on TLS port {self.port}")
+        self.process = common.ServerProcess([REDIS_SERVER, os.path.join(self.dir, "redis.conf")],
+                                            self.dir, self.log_path,
+                                            f"redis-server on TLS port {self.port}")
         self._client: redis.Redis | None = None
 
     @property
@@ -138,7 +128,7 @@ class TlsRedisServer(Managed):
 
     @property
     def key_file(self) -> str:
-        return fleet_key_file(self.dir)
+        return common.fleet_key_file(self.dir)
 
     def fleet_cf(self, node: str, client_cert: bool = True) -> dict[str, str]:
         """pyqmgr.cf's fleet settings for ``node``: the ACL user, the CA, and (unless
@@ -177,7 +167,7 @@ class TlsRedisServer(Managed):
 
     def start(self, timeout: float = 20) -> TlsRedisServer:
         self._write_config()
-        self.process.start(lambda: answers(self.client()), timeout)
+        self.process.start(lambda: common.answers(self.client()), timeout)
         return self
 
     def client(self, user: str | None = None, password: str | None = None,
@@ -189,15 +179,15 @@ class TlsRedisServer(Managed):
         if client_cert:
             tls.update(ssl_certfile=certs.client_cert, ssl_keyfile=certs.client_key)
         if user is not None:
-            return sync_client(port=self.port, username=user, password=password, **tls)
+            return common.sync_client(port=self.port, username=user, password=password, **tls)
         if self._client is None:
-            self._client = sync_client(port=self.port, username="admin",
-                                       password=self.admin_password, **tls)
+            self._client = common.sync_client(port=self.port, username="admin",
+                                              password=self.admin_password, **tls)
         return self._client
 
-    def command(self, *args: str) -> Reply:
+    def command(self, *args: str) -> common.Reply:
         """One command by hand, as the administrator."""
-        return command(self.client(), *args)
+        return common.command(self.client(), *args)
 
     def acl_log(self) -> list[dict[str, str]]:
         """``ACL LOG``: what was refused to whom (reason, object, username, command)."""
@@ -212,13 +202,6 @@ class TlsRedisServer(Managed):
     def log_tail(self, n: int = 20) -> str:
         return self.process.log_tail(n)
 
-    def stop(self, remove: bool = True) -> None:
-        self.process.stop()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        if remove:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 
