@@ -533,14 +533,9 @@ def _remove_unused_launcher(config_dir: str, daemon_dir: str, word: str,
                         f"{directory}/master.cf runs it")
             return
     path = os.path.join(daemon_dir, word)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
+    if not os.path.lexists(path) or not rollback.remove_noted(os.unlink, path,
+                                                             f"launcher {path}", done):
         return
-    except OSError as exc:
-        done.append(f"could not remove launcher {path}: {exc}")
-        return
-    done.append(f"removed launcher {path}")
     for directory in (os.path.dirname(path), os.path.join(daemon_dir, LAUNCHER_DIR)):
         if directory != daemon_dir:
             with contextlib.suppress(OSError):
@@ -665,10 +660,5 @@ def remove_man_pages(man_dir: str, config_dir: str) -> list[str]:
         if not ours:
             done.append(f"kept manual page {path}: not the one this pyqmgr installs")
             continue
-        try:
-            os.unlink(path)
-        except OSError as exc:
-            done.append(f"could not remove manual page {path}: {exc}")
-            continue
-        done.append(f"removed manual page {path}")
+        rollback.remove_noted(os.unlink, path, f"manual page {path}", done)
     return done

@@ -241,12 +241,7 @@ def restore(master_cf: str, current: str, word: str) -> list[str] | None:
         done = [f"qmgr service command: {word}",
                 f"restored {master_cf} from {backup} (saved {when}), byte for byte: "
                 "nothing else in it had changed since install"]
-        try:
-            os.unlink(backup)
-        except OSError as exc:
-            done.append(f"could not remove {backup}: {exc.strerror}")
-        else:
-            done.append(f"removed {backup}: master.cf is the same file again")
+        remove_noted(os.unlink, backup, backup, done, ": master.cf is the same file again")
         return done
     write_file(master_cf, edited)
     changed = _changed_lines(_decode(old), _decode(edited))
@@ -317,18 +312,28 @@ def _state_in(directory: str) -> str:
             "qmgr does not know")
 
 
+def remove_noted(remove: Callable[[str], object], path: str, label: str,
+                 done: list[str], removed: str = "") -> bool:
+    """Remove ``path`` with ``remove`` (os.unlink, shutil.rmtree) and say so in
+    ``done``: 'removed LABEL' (and ``removed``'s words) or 'could not remove LABEL:
+    why'; whether it went. Uninstall says each thing it removes, or why it could
+    not, the same way wherever it removes it."""
+    try:
+        remove(path)
+    except OSError as exc:
+        done.append(f"could not remove {label}: {exc.strerror or exc}")
+        return False
+    done.append(f"removed {label}{removed}")
+    return True
+
+
 def _remove_tree(path: str, what: str, done: list[str]) -> None:
     if not os.path.lexists(path):
         return
     if os.path.islink(path) or not os.path.isdir(path):
         done.append(f"left {path}: not a directory (pyqmgr made a directory there)")
         return
-    try:
-        shutil.rmtree(path)
-    except OSError as exc:
-        done.append(f"could not remove {path} ({what}): {exc.strerror}")
-        return
-    done.append(f"removed {path} ({what})")
+    remove_noted(shutil.rmtree, path, f"{path} ({what})", done)
 
 
 def remove_state(queue_dir: str, data_dir: str, pids: list[int],

@@ -610,10 +610,6 @@ class Transport:
         """Recipients per delivery request (``<transport>_destination_recipient_limit``)."""
         return self.cfg.destination_recipient_limit
 
-    @property
-    def todo_count(self) -> int:
-        return sum(len(q.todo) for q in self.queues.values())
-
     def queue(self, name: str, nexthop: str) -> Queue:
         queue = self.queues.get(name)
         if queue is None:

@@ -98,6 +98,16 @@ def scenario_fleet(sc: Scenario) -> FleetSettings:
     return settings
 
 
+def _active(cache: dict[str, Limits | None], transport: str,
+            limits_for: Callable[[str], Limits]) -> Limits | None:
+    """A transport's fleet limits when they limit anything (never the retry and error
+    transports'), read once into ``cache``."""
+    if transport not in cache:
+        limits = limits_for(transport) if transport not in (RETRY, ERROR) else None
+        cache[transport] = limits if limits is not None and limits.active else None
+    return cache[transport]
+
+
 class SharedState:
     """Each destination's fleet-wide sessions, rate and line of waiting servers."""
 
@@ -115,22 +125,10 @@ class SharedState:
         self.handed = 0
 
     def limits(self, transport: str) -> Limits | None:
-        if transport not in self._limits:
-            found = None
-            if transport not in (RETRY, ERROR):
-                limits = self.settings.limits_for(transport)
-                found = limits if limits.active else None
-            self._limits[transport] = found
-        return self._limits[transport]
+        return _active(self._limits, transport, self.settings.limits_for)
 
     def site_limits(self, transport: str) -> Limits | None:
-        if transport not in self._site_limits:
-            found = None
-            if transport not in (RETRY, ERROR):
-                limits = self.settings.site_limits_for(transport)
-                found = limits if limits.active else None
-            self._site_limits[transport] = found
-        return self._site_limits[transport]
+        return _active(self._site_limits, transport, self.settings.site_limits_for)
 
     def unit(self, entry: Entry) -> tuple[tuple[str, str], Limits] | None:
         """What the entry's delivery counts at across the fleet (daemon's Fleet.unit)."""

@@ -1,4 +1,4 @@
-"""Repeated code in pyqmgr/: fewer than 10 pairs of files share a run of six lines.
+"""Repeated code in pyqmgr/: at most 6 pairs of files share a run of six lines.
 
 Issue #22 counts "pairs of places in pyqmgr/ that share six or more lines of the same
 shape": the same lines, or lines alike but for their names, strings and numbers. The
@@ -11,7 +11,9 @@ stands again elsewhere makes its two files a pair. Two kinds of run are idioms, 
 repetitions one could write once, and are left out: a run found in more than eight
 places, and a run of mostly thin lines (shapes found 50 times or more in pyqmgr/, such
 as a dataclass's ``N: N`` fields or a table of constants). The machine's own
-``duplicates`` tool counted 8 pairs on 2026-11-27; this count gives 6.
+``duplicates`` tool counted 8 pairs on 2026-11-27 and this count 6; 28-31 and 9
+during issue #44, which brought the tool's count to 10 (its bar) and this one to 6,
+the limit since.
 
 A new pair fails the test with the two places, so the author sees what repeats.
 """
@@ -35,7 +37,7 @@ TOO_COMMON = 8
 #: run of mostly thin lines is how Python is written, not code one could share.
 THIN = 50
 #: Issue #22's bar: fewer than 10 pairs.
-MOST_PAIRS = 9
+MOST_PAIRS = 6
 
 Place = tuple[str, int]  # file, first line of the run
 
@@ -126,7 +128,7 @@ def pairs(root: str = ROOT) -> dict[frozenset[str], tuple[Place, Place]]:
     return found
 
 
-def test_fewer_than_ten_pairs_of_files_repeat_six_lines():
+def test_at_most_six_pairs_of_files_repeat_six_lines():
     found = pairs()
     listing = "\n".join(f"  {a[0]}:{a[1]} ~ {b[0]}:{b[1]}" for a, b in sorted(found.values()))
     print(f"{len(found)} pairs of files share a run of {RUN} same-shape lines:\n{listing}")
