@@ -41,6 +41,13 @@ when ``--compiled PYTHON`` names its interpreter (``.ci/run`` gives .venv-compil
 the same source installed from that venv, whose launcher the instance's qmgr service
 runs. Its drain and CPU are reported beside stock's and the pure build's (issue #30).
 
+A seventh, *before*, when ``--before PYTHON`` names another installation
+(``./dev before REV`` makes .venv-before with pyqmgr as of commit REV): this checkout's
+pyqmgr drains side by side with that one, ``BEFORE_PAIRS_PER_ROUND`` a round, and its
+target (``BEFORE``) is
+within 5% of it in qmgr CPU (issue #44: the drain within 5% of the commit before the
+change, side by side in one run; .ci/run gives the commit before #44).
+
 Every drain also reports its start-up: the time from the release (master spawns the
 qmgr) to its first ``removed`` line and the qmgr's CPU by then, stock's and pyqmgr's
 (issue #24's time to the first delivery).
@@ -74,7 +81,7 @@ from pyqmgr.testbed.redis import available as redis_available
 
 #: Each round runs every contender once; the order rotates so none always goes first.
 CONTENDERS = ("stock", "pyqmgr", "metrics", "delegation", "floor", "fleet", "sites",
-              "compiled")
+              "compiled", "before")
 #: The fleet contender's sessions to the discard destination, fleet-wide: one server,
 #: so every delivery takes a session and passes it on, at the node's own
 #: destination_concurrency_limit (20).
@@ -98,6 +105,15 @@ SITES_COST = 0.05
 SITES = Target(f"pyqmgr with sites on (a warm cache: the domain pinned to its site) "
                f"within {SITES_COST:.0%} of sites off in qmgr CPU after the first message "
                "removed, median of the pairs drained side by side, two a round")
+
+
+#: Side-by-side pairs of this checkout's pyqmgr and another commit's in each round.
+BEFORE_PAIRS_PER_ROUND = 2
+#: What this checkout may cost against the other commit's (issue #44).
+BEFORE_COST = 0.05
+BEFORE = Target(f"this checkout's pyqmgr within {BEFORE_COST:.0%} of --before's in qmgr CPU "
+                "after the first message removed, median of the pairs drained side by "
+                f"side, {BEFORE_PAIRS_PER_ROUND} a round")
 
 
 def schedstat(pid: int) -> tuple[float, float]:
@@ -172,8 +188,8 @@ def drain_once(qmgr: str, n: int, compiled: str | None = None) -> Drain:
             service.stop()
 
 
-def drain_pair(n: int, other: str = "metrics",
-               redis: RedisServer | None = None) -> tuple[Drain, Drain]:
+def drain_pair(n: int, other: str = "metrics", redis: RedisServer | None = None,
+               before: str | None = None) -> tuple[Drain, Drain]:
     """Plain pyqmgr and pyqmgr with ``other`` on (metrics scraped, or a fleet of one
     on ``redis``), draining at the same time on two instances: (plain, other).
 
@@ -193,9 +209,12 @@ def drain_pair(n: int, other: str = "metrics",
                     "discard_fleet_destination_concurrency_limit": str(FLEET_SESSIONS)}
     elif other == "sites":
         other_cf = sites_cf()
+    elif other == "before":
+        other_cf = None
     else:
         other_cf = {"metrics_listen": f"127.0.0.1:{port}"}
-    with _loaded("pyqmgr", n, None) as plain, _loaded(other, n, other_cf) as second:
+    with _loaded("pyqmgr", n, None) as plain, \
+            _loaded(other, n, other_cf, before if other == "before" else None) as second:
         both = threading.Barrier(2)
         out: dict[str, Drain] = {}
         errors: list[BaseException] = []
@@ -251,8 +270,10 @@ def _loaded(qmgr: str, n: int, pyqmgr_cf: dict[str, str] | None,
         build = subprocess.run([qmgr_python, "-I", "-c", "import pyqmgr.build as b; "
                                 "print(b.name())"], capture_output=True, text=True,
                                check=True, timeout=60).stdout.strip()
-        if not build.startswith("compiled"):
+        if qmgr == "compiled" and not build.startswith("compiled"):
             raise RuntimeError(f"{qmgr_python} runs pyqmgr's {build} build, not the compiled")
+        if qmgr == "before" and not build:
+            raise RuntimeError(f"{qmgr_python} runs no pyqmgr")
     with PostfixInstance(qmgr="stock" if qmgr == "stock" else "pyqmgr",
                          transports={"discard.example": "discard:"},
                          pyqmgr_cf=pyqmgr_cf, qmgr_python=qmgr_python) as pf:
@@ -360,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compiled", metavar="PYTHON",
                         help="add the compiled build, installed in PYTHON's venv "
                              "(./dev compiled: .venv-compiled/bin/python)")
+    parser.add_argument("--before", metavar="PYTHON",
+                        help="add pyqmgr as another commit has it, in PYTHON's venv "
+                             "(./dev before REV: .venv-before/bin/python), drained side "
+                             "by side with this checkout's")
     args = parser.parse_args(argv)
     if not args.no_fleet and not redis_available():
         parser.error("the fleet contender needs Debian's redis-server (./dev installs it); "
@@ -369,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                        and not (c == "delegation" and args.no_delegation)
                        and not (c == "fleet" and args.no_fleet)
                        and not (c == "sites" and args.no_sites)
-                       and not (c == "compiled" and not args.compiled))
+                       and not (c == "compiled" and not args.compiled)
+                       and not (c == "before" and not args.before))
     with contextlib.ExitStack() as stack:
         redis = (stack.enter_context(RedisServer()) if "fleet" in contenders
                  else None)
@@ -387,6 +413,8 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
     fleet_pairs: list[tuple[Drain, Drain, float]] = []
     #: (plain pyqmgr, pyqmgr with sites on) side by side.
     site_pairs: list[tuple[Drain, Drain]] = []
+    #: (this checkout's pyqmgr, --before's) side by side.
+    before_pairs: list[tuple[Drain, Drain]] = []
     for r in range(args.rounds):
         for qmgr in round_order(contenders, r):
             if qmgr == "fleet":
@@ -416,6 +444,18 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
                           f"{sited.drain_cpu:.2f} s, ratio "
                           f"{sited.drain_cpu / plain.drain_cpu:.3f} (walls {plain.wall:.2f} "
                           f"and {sited.wall:.2f} s)", flush=True)
+                continue
+            if qmgr == "before":
+                for k in range(BEFORE_PAIRS_PER_ROUND):
+                    mine, theirs = drain_pair(args.messages, "before", before=args.before)
+                    before_pairs.append((mine, theirs))
+                    drains["before"].append(theirs)
+                    print(f"round {r + 1} before pair {k + 1}: side by side, "
+                          f"{args.messages} messages each; qmgr CPU after the first "
+                          f"removal: this checkout {mine.drain_cpu:.2f} s, before "
+                          f"{theirs.drain_cpu:.2f} s, ratio "
+                          f"{mine.drain_cpu / theirs.drain_cpu:.3f} (walls {mine.wall:.2f} "
+                          f"and {theirs.wall:.2f} s)", flush=True)
                 continue
             if qmgr == "metrics":
                 for k in range(PAIRS_PER_ROUND):
@@ -482,6 +522,16 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
         print(f"sites on (the domain pinned), side by side with plain pyqmgr: median qmgr "
               f"CPU ratio {cost:.3f}, {1e6 * extra / args.messages:+.0f} us a message")
         checks.append(SITES.check(cost <= 1 + SITES_COST, "pairs' ratios " + ", ".join(
+            f"{x:.3f}" for x in paired) + f"; median {cost:.3f}"))
+    if before_pairs:
+        paired = [o.drain_cpu / b.drain_cpu for o, b in before_pairs]
+        cost = statistics.median(paired)
+        extra = statistics.median(o.drain_cpu - b.drain_cpu for o, b in before_pairs)
+        wall_ratio = statistics.median(o.wall / b.wall for o, b in before_pairs)
+        print(f"this checkout against --before, side by side: median qmgr CPU ratio "
+              f"{cost:.3f}, {1e6 * extra / args.messages:+.0f} us a message; drain time "
+              f"ratio {wall_ratio:.3f}")
+        checks.append(BEFORE.check(cost <= 1 + BEFORE_COST, "pairs' ratios " + ", ".join(
             f"{x:.3f}" for x in paired) + f"; median {cost:.3f}"))
     if fleet_pairs:
         ratio = statistics.median(f.drain_cpu / p.drain_cpu for p, f, _ in fleet_pairs)
