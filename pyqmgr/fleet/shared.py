@@ -51,11 +51,12 @@ from dataclasses import dataclass
 
 from pyqmgr.fleet.client import CLUSTER, Arg, RedisClient, RedisError, RedisUnavailable, Reply
 from pyqmgr.scheduler.decisions import DEAD, RULE, Throttling
+from pyqmgr.scheduler.structures import SITE_SCOPE
 
-#: How the fleet names a site where it would name a destination (issue #33): a queue
-#: name has no space (Postfix's tables split on whitespace), so neither can be taken
-#: for the other, in a key or in a message on a channel.
-SITE_UNIT = "site "
+#: How the fleet names a site where it would name a destination (issue #33), in a key
+#: or in a message on a channel: the core's one site scope name (issue #44), which no
+#: queue name can be taken for.
+SITE_UNIT = SITE_SCOPE
 
 #: Hash-tag buckets: enough to spread a fleet's destinations over a Cluster's shards,
 #: few enough that a fresh Cluster's recount pauses (one per bucket) stay few.

@@ -172,17 +172,16 @@ def _capped(sched: Scheduler, staging: Queue, now: float) -> Reason:
              tenant_cap.SITE_RATE_PARAM)):
         if where is None:
             continue
-        what = f"site {where[1:]}" if where.startswith(tenant_cap.SITE) else where
         count = caps.counts.get((tenant, where), 0)
         if limit and count >= limit:
             return reason("tenant's share", f"{transport}_{param}",
-                          f"tenant {tenant} has {count} deliveries for {what} under way "
+                          f"tenant {tenant} has {count} deliveries for {where} under way "
                           f"or waiting, its cap of {limit}: this one follows as one of "
                           "them ends", tenant=tenant, in_use=count, limit=limit)
         at = caps.next_at.get((tenant, where), 0.0)
         if spacing and at > now:
             return reason("tenant's rate", f"{transport}_{rate_param}",
-                          f"tenant {tenant} sends to {what} one delivery every "
+                          f"tenant {tenant} sends to {where} one delivery every "
                           f"{duration(spacing)}: the next {until(at - now)}",
                           tenant=tenant, until=at)
     return reason("tenant's share", f"{transport}_{tenant_cap.PARAM}",

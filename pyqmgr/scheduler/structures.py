@@ -335,6 +335,11 @@ class Site:
 #: The parameter of the sites' own limits, as explain names it.
 SITE_LIMIT_MAPS = "site_concurrency_limit_maps"
 SITE_GATE = "site"
+#: A site's name where a site is counted beside destinations (a tenant's site limits,
+#: the fleet's units in Redis and on its channels, issue #44): "site " and its name.
+#: No queue name has a space (Postfix's tables split on whitespace), so neither can be
+#: taken for the other; and it reads as it is shown.
+SITE_SCOPE = "site "
 LOOKUP_GATE = "site lookup"
 BACKOFF_GATE = "site backoff"
 RATE_GATE = "site rate"

@@ -24,8 +24,9 @@ share is its own limit, not a slice of the window. A rate counts entries as they
 enter the destination's queue, which is when they become deliveries the window may
 start: the tenant's mail there starts at most that often.
 
-The counts are kept by scope: a destination queue's name, or ``@`` and a site's name
-(no nexthop starts with ``@``). An entry counted at a site remembers which
+The counts are kept by scope: a destination queue's name, or a site's scope name
+(:data:`~pyqmgr.scheduler.structures.SITE_SCOPE`, "site " and its name, as the
+fleet's units; no queue name has a space). An entry counted at a site remembers which
 (:attr:`TenantCaps.site_of`): a destination's site may be learnt or change while the
 entry is out, and the count it ends must be the one it started.
 
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.held import HELD, STAGED, held_queue_for, holding
 from pyqmgr.scheduler.queue import queue_obtain
-from pyqmgr.scheduler.structures import ERROR, RETRY, TenantCaps
+from pyqmgr.scheduler.structures import ERROR, RETRY, SITE_SCOPE, TenantCaps
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
@@ -81,8 +82,6 @@ PARAM = "tenant_concurrency_limit"
 SITE_PARAM = "tenant_site_concurrency_limit"
 RATE_PARAM = "tenant_rate"
 SITE_RATE_PARAM = "tenant_site_rate"
-#: A site scope's name starts with this.
-SITE = "@"
 #: Past rate slots kept before a sweep drops the stale ones (bounded memory: a tenant
 #: that sent to 100,000 destinations once must not keep 100,000 slots).
 NEXT_KEPT = 10_000
@@ -103,7 +102,7 @@ def site_scope(caps: TenantCaps, queue: Queue) -> str | None:
     """The site scope a queue's entries count in, or None (no site, or no site limit)."""
     if queue.site is None or not (caps.site_limit or caps.site_spacing):
         return None
-    return SITE + queue.site.name
+    return SITE_SCOPE + queue.site.name
 
 
 def blocked(caps: TenantCaps, tenant: str, queue: Queue, now: float) -> float | None:

@@ -166,9 +166,9 @@ def test_a_site_cap_counts_the_tenant_at_every_destination_of_the_site():
     assert sorted(e.message.queue_id for e in first) == ["a0", "a1", "b0", "x0"]
     assert staged(s) == 4
     caps = s.transports["smtp"].tenant_caps
-    assert caps is not None and caps.counts[("acme", "@google")] == 2
+    assert caps is not None and caps.counts[("acme", "site google")] == 2
     # A domain no site table knows is a site of its own (sites' fallback).
-    assert caps.counts[("acme", "@off.example")] == 1
+    assert caps.counts[("acme", "site off.example")] == 1
     # Each of acme's that ends at the site lets one more go, from the other domains
     # in turn (not a.example's own queue first: it has none staged).
     went = []
@@ -182,7 +182,7 @@ def test_a_site_cap_counts_the_tenant_at_every_destination_of_the_site():
         pending += more
     assert went == ["c.example", "b.example", "c.example", "b.example"], "in turn"
 
-    assert staged(s) == 0 and ("acme", "@google") not in caps.counts
+    assert staged(s) == 0 and ("acme", "site google") not in caps.counts
 
 
 def test_a_rate_spaces_the_tenants_mail_at_a_destination():
@@ -251,10 +251,10 @@ def test_mail_made_while_the_mx_lookup_ran_moves_to_the_site_found():
         add(s, f"a{i}", "acme", dest)
     caps = s.transports["smtp"].tenant_caps
     assert caps is not None and staged(s) == 0
-    assert caps.counts == {("acme", "@a.example"): 2, ("acme", "@b.example"): 2}
+    assert caps.counts == {("acme", "site a.example"): 2, ("acme", "site b.example"): 2}
     s.site_learnt("a.example", "google", 3600.0, 0.1)
     s.site_learnt("b.example", "google", 3600.0, 0.1)
-    assert caps.counts == {("acme", "@google"): 2}
+    assert caps.counts == {("acme", "site google"): 2}
     assert staged(s) == 2
     first = selected(s, 0.2)
     assert len(first) == 2
