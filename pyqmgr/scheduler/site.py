@@ -156,7 +156,7 @@ def _due(core: Core, site: Site, when: float) -> None:
 #: the reply to its QUIT (``smtp_skip_quit_response = yes``), so the agent reports
 #: while the remote server may not have read the QUIT yet, and a delivery started at
 #: once can reach it first and be one session too many (1 of 101 sessions refused in
-#: one real run at 200 ms a message). The fleet waits as long (daemon.fleet.QUIT_GRACE).
+#: one real run at 200 ms a message). The fleet waits as long (daemon.fleet.node.QUIT_GRACE).
 QUIT_GRACE = 0.005
 
 
