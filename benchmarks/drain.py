@@ -108,7 +108,7 @@ SITES = Target(f"pyqmgr with sites on (a warm cache: the domain pinned to its si
 
 
 #: Side-by-side pairs of this checkout's pyqmgr and another commit's in each round.
-BEFORE_PAIRS_PER_ROUND = 2
+BEFORE_PAIRS_PER_ROUND = 1
 #: What this checkout may cost against the other commit's (issue #44).
 BEFORE_COST = 0.05
 BEFORE = Target(f"this checkout's pyqmgr within {BEFORE_COST:.0%} of --before's in qmgr CPU "
