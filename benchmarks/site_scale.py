@@ -132,9 +132,11 @@ def _sink(limit: int) -> Iterator[SinkServer]:
 
 
 def cell(server: dns.DnsServer, domains: list[str], files: list[bytes], n: int,
-         sites: bool, profile: str = "") -> Cell:
-    """One run: ``n`` messages over ``domains``, sites on (a limited sink) or off."""
-    with _sink(SESSIONS if sites else 0) as sink:
+         sites: bool, profile: str = "", paced: bool = False) -> Cell:
+    """One run: ``n`` messages over ``domains``, sites on (a limited sink) or off; off
+    and ``paced``, the limited sink and every service at 10 processes (stock's way to
+    hold one MX at 10 sessions), so that only the site's bookkeeping differs."""
+    with _sink(SESSIONS if sites or paced else 0) as sink:
         cf = {"site_grouping": "mx", "site_concurrency_limit": str(SESSIONS)} if sites \
             else None
         with PostfixInstance(
@@ -152,6 +154,7 @@ def cell(server: dns.DnsServer, domains: list[str], files: list[bytes], n: int,
                          # keeps such a race small (site.QUIT_GRACE); this run holds
                          # the limit itself, the sink's timing apart.
                          "smtp_skip_quit_response": "no",
+                         **({"default_process_limit": str(SESSIONS)} if paced else {}),
                          **_profiled(profile)}) as pf:
             pf.start(prefix=server.start_prefix())
             pf.disable_qmgr()
@@ -198,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", metavar="DIR", default="",
                     help="write each sites-on run's cProfile stats of qmgr into DIR "
                          "(DOMAINS-QUEUED.prof), for finding where the time goes")
+    ap.add_argument("--paced", action="store_true",
+                    help="also run each cell with sites off, the same 10-session sink and "
+                         "default_process_limit = 10 (printed, no target): what the site's "
+                         "own bookkeeping costs against the same pacing")
     args = ap.parse_args(argv)
     if not dns.available():
         print("./dev bench sitescale: unbound is not installed (./dev installs it)")
@@ -212,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         for count in args.domains:
             files = templates(every[:count], 25)
             for n in args.queued:
+                if args.paced:
+                    p = min((cell(server, every[:count], files, n, False, paced=True)
+                             for _ in range(REPEATS if n <= 1000 else 1)),
+                            key=lambda r: r.cpu)
+                    print(f"{count:>5,} domains, {n:>6,} queued, sites off, paced at "
+                          f"{SESSIONS}: {p.cpu * 1e3:.3f} ms qmgr CPU a message, "
+                          f"{p.deferred} deferred, {p.refused} sessions refused", flush=True)
                 for sites, into in ((True, on), (False, off)):
                     runs = [cell(server, every[:count], files, n, sites,
                                  f"{args.profile}/{count}-{n}.prof"
