@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
+from benchmarks.decisions import _Params
 from benchmarks.target import Target, status
 from pyqmgr.daemon.metrics import DeliveryStats
 from pyqmgr.daemon.metrics_exporter import Exposition, Pacer
@@ -62,27 +63,13 @@ CENSUS = Target(f"the whole census with 100,000 sites and 100,000 destinations u
                 f"{CENSUS_GOAL * 1000:.0f} ms of CPU", goal="metrics-census")
 
 
-class Params:
+class Params(_Params):
     """smtp's stock parameters (destination_recipient_limit 50: a queue a domain)."""
 
     destination_concurrency_limit = 20
     destination_recipient_limit = 50
-    initial_destination_concurrency = 5
-    failed_cohort_limit = 1
-    destination_rate_delay = 0
-    transport_rate_delay = 0
-    delivery_slot_cost = 5
-    delivery_slot_loan = 3
-    delivery_slot_discount = 50
-    minimum_delivery_slots = 3
-    recipient_limit = 20000
-    extra_recipient_limit = 1000
-    recipient_refill_limit = 100
-    recipient_refill_delay = 5
     positive_feedback = "1"
-    positive_feedback_name = "default_destination_concurrency_positive_feedback"
     negative_feedback = "1"
-    negative_feedback_name = "default_destination_concurrency_negative_feedback"
 
 
 def build(n: int) -> tuple[Scheduler, DeliveryStats]:
