@@ -68,9 +68,10 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
+import pyqmgr
 from benchmarks import floor_qmgr
 from benchmarks.scrapers import Hammer
 from benchmarks.target import Target, status
@@ -267,13 +268,15 @@ def _loaded(qmgr: str, n: int, pyqmgr_cf: dict[str, str] | None,
             qmgr_python: str | None = None) -> Iterator[PostfixInstance]:
     """A started instance with ``n`` messages preloaded and no qmgr yet; stopped after."""
     if qmgr_python is not None:
-        build = subprocess.run([qmgr_python, "-I", "-c", "import pyqmgr.build as b; "
-                                "print(b.name())"], capture_output=True, text=True,
-                               check=True, timeout=60).stdout.strip()
+        build, where = subprocess.run(
+            [qmgr_python, "-I", "-c", "import os, pyqmgr, pyqmgr.build as b; "
+             "print(b.name()); print(os.path.realpath(os.path.dirname(pyqmgr.__file__)))"],
+            capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
         if qmgr == "compiled" and not build.startswith("compiled"):
             raise RuntimeError(f"{qmgr_python} runs pyqmgr's {build} build, not the compiled")
-        if qmgr == "before" and not build:
-            raise RuntimeError(f"{qmgr_python} runs no pyqmgr")
+        if qmgr == "before" and where == os.path.realpath(os.path.dirname(pyqmgr.__file__)):
+            raise RuntimeError(f"{qmgr_python} runs this checkout's pyqmgr ({where}), not "
+                               "another commit's")
     with PostfixInstance(qmgr="stock" if qmgr == "stock" else "pyqmgr",
                          transports={"discard.example": "discard:"},
                          pyqmgr_cf=pyqmgr_cf, qmgr_python=qmgr_python) as pf:
@@ -357,6 +360,22 @@ def _run(pf: PostfixInstance, qmgr: str, n: int, scrape: int | None = None) -> D
     return Drain(elapsed, on_cpu, runnable, up[0], up[1])
 
 
+def _pairs(r: int, label: str, count: int, n: int,
+           make: Callable[[], tuple[Drain, Drain]],
+           names: tuple[str, str]) -> list[tuple[Drain, Drain]]:
+    """``count`` side-by-side drains (the baseline, the one measured against it), each
+    printed with the measured one's qmgr CPU over the baseline's."""
+    out: list[tuple[Drain, Drain]] = []
+    for k in range(count):
+        base, other = make()
+        out.append((base, other))
+        print(f"round {r + 1} {label} pair {k + 1}: side by side, {n} messages each; qmgr "
+              f"CPU after the first removal: {names[0]} {base.drain_cpu:.2f} s, {names[1]} "
+              f"{other.drain_cpu:.2f} s, ratio {other.drain_cpu / base.drain_cpu:.3f} "
+              f"(walls {base.wall:.2f} and {other.wall:.2f} s)", flush=True)
+    return out
+
+
 def round_order(contenders: tuple[str, ...], r: int) -> list[str]:
     """Round ``r``'s order: every contender once, rotated so none always goes first."""
     k = r % len(contenders)
@@ -413,7 +432,7 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
     fleet_pairs: list[tuple[Drain, Drain, float]] = []
     #: (plain pyqmgr, pyqmgr with sites on) side by side.
     site_pairs: list[tuple[Drain, Drain]] = []
-    #: (this checkout's pyqmgr, --before's) side by side.
+    #: (--before's pyqmgr, this checkout's) side by side.
     before_pairs: list[tuple[Drain, Drain]] = []
     for r in range(args.rounds):
         for qmgr in round_order(contenders, r):
@@ -434,28 +453,20 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
                           flush=True)
                 continue
             if qmgr == "sites":
-                for k in range(SITE_PAIRS_PER_ROUND):
-                    plain, sited = drain_pair(args.messages, "sites")
-                    site_pairs.append((plain, sited))
-                    drains["sites"].append(sited)
-                    print(f"round {r + 1} sites pair {k + 1}: side by side, "
-                          f"{args.messages} messages each; qmgr CPU after the first "
-                          f"removal: pyqmgr {plain.drain_cpu:.2f} s, with sites "
-                          f"{sited.drain_cpu:.2f} s, ratio "
-                          f"{sited.drain_cpu / plain.drain_cpu:.3f} (walls {plain.wall:.2f} "
-                          f"and {sited.wall:.2f} s)", flush=True)
+                new = _pairs(r, "sites", SITE_PAIRS_PER_ROUND, args.messages,
+                             lambda: drain_pair(args.messages, "sites"),
+                             ("pyqmgr", "with sites"))
+                site_pairs += new
+                drains["sites"] += [sited for _, sited in new]
                 continue
             if qmgr == "before":
-                for k in range(BEFORE_PAIRS_PER_ROUND):
-                    mine, theirs = drain_pair(args.messages, "before", before=args.before)
-                    before_pairs.append((mine, theirs))
-                    drains["before"].append(theirs)
-                    print(f"round {r + 1} before pair {k + 1}: side by side, "
-                          f"{args.messages} messages each; qmgr CPU after the first "
-                          f"removal: this checkout {mine.drain_cpu:.2f} s, before "
-                          f"{theirs.drain_cpu:.2f} s, ratio "
-                          f"{mine.drain_cpu / theirs.drain_cpu:.3f} (walls {mine.wall:.2f} "
-                          f"and {theirs.wall:.2f} s)", flush=True)
+                # (--before's, this checkout's): the ratio is this checkout's cost.
+                new = _pairs(r, "before", BEFORE_PAIRS_PER_ROUND, args.messages,
+                             lambda: drain_pair(args.messages, "before",
+                                                before=args.before)[::-1],
+                             ("before", "this checkout"))
+                before_pairs += new
+                drains["before"] += [theirs for theirs, _ in new]
                 continue
             if qmgr == "metrics":
                 for k in range(PAIRS_PER_ROUND):
@@ -524,10 +535,10 @@ def _rounds(args: argparse.Namespace, contenders: tuple[str, ...],
         checks.append(SITES.check(cost <= 1 + SITES_COST, "pairs' ratios " + ", ".join(
             f"{x:.3f}" for x in paired) + f"; median {cost:.3f}"))
     if before_pairs:
-        paired = [o.drain_cpu / b.drain_cpu for o, b in before_pairs]
+        paired = [o.drain_cpu / b.drain_cpu for b, o in before_pairs]
         cost = statistics.median(paired)
-        extra = statistics.median(o.drain_cpu - b.drain_cpu for o, b in before_pairs)
-        wall_ratio = statistics.median(o.wall / b.wall for o, b in before_pairs)
+        extra = statistics.median(o.drain_cpu - b.drain_cpu for b, o in before_pairs)
+        wall_ratio = statistics.median(o.wall / b.wall for b, o in before_pairs)
         print(f"this checkout against --before, side by side: median qmgr CPU ratio "
               f"{cost:.3f}, {1e6 * extra / args.messages:+.0f} us a message; drain time "
               f"ratio {wall_ratio:.3f}")
