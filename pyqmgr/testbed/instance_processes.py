@@ -71,6 +71,15 @@ class InstanceProcesses(InstanceBase):
                 found.append(pid)
         return sorted(found)
 
+    def master_pid(self) -> int:
+        """The master's pid, from ``$queue_directory/pid/master.pid``.
+
+        Counting processes named ``master`` is not enough: for an instant after each
+        fork, the child that will become pickup or qmgr still runs master's image.
+        """
+        with open(os.path.join(self.queue_dir, "pid", "master.pid")) as f:
+            return int(f.read().split()[0])
+
     def qmgr_pid(self, timeout: float = 10) -> int:
         """The pid of the running qmgr process, waiting for master to start one."""
         pids: list[int] = []
