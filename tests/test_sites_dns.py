@@ -333,6 +333,50 @@ def test_a_silent_server_ends_in_the_lookup_timeout_not_later():
     assert 0.9 <= took < 1.6, took
 
 
+def test_a_lookup_waiting_its_turn_holds_its_domain_until_its_query_goes():
+    """site_dns_wait counts from when a lookup's query goes, not from when the core
+    first saw the domain. One lookup at a time against a server that takes 150 ms a
+    query: six new domains of one 2-session site. At 350 ms two lookups answered and
+    four still wait their turn; before the fix their 200 ms waits had run out and
+    each delivered at a site of its own (6 deliveries at once, not 2: the overrun
+    that refused 57 of 10,000 sessions on a busy machine). Now they stay held, and
+    every domain ends at the one site, 2 deliveries in flight."""
+    def replies(query) -> list[bytes]:
+        time.sleep(0.15)
+        return [_mx_reply(query, "mx.site.test")]
+
+    async def run() -> None:
+        host = Host("site_grouping = mx\nsite_concurrency_limit = 2\n"
+                    "site_dns_lookups = 1\nsite_dns_timeout = 3s\n")
+        with Hostile(replies) as server:
+            assert host.settings is not None
+            lookup = DnsLookup(host.settings)
+            lookup.resolver.nameservers = [server.address]
+            lookup.resolver.port = server.port
+            host.resolver = SiteResolver(host, host.settings, lookup.found)
+            began = time.monotonic()
+            for i in range(6):
+                host.mail(f"h{i}.test")
+            assert host.resolver.running == 1 and len(host.resolver.waiting) == 5
+            await asyncio.sleep(max(0.0, began + 0.35 - time.monotonic()))
+            answered = host.resolver.answered
+            delivered = 0
+            while host.scheduler.select("smtp", time.monotonic()).deliver is not None:
+                delivered += 1
+            assert 1 <= answered <= 3, answered
+            assert delivered <= 2, (f"{delivered} deliveries at 350 ms with {answered} "
+                                    f"lookups answered: a waiting lookup's domain went "
+                                    f"at a site of its own")
+            await host.settle(timeout=10)
+            assert server.queries == 6
+        while host.scheduler.select("smtp", time.monotonic()).deliver is not None:
+            delivered += 1
+        assert delivered == 2, "the site's limit holds once every domain is there"
+        assert {host.site(f"h{i}.test") for i in range(6)} == {"mx.site.test"}
+        assert host.lines == []
+    asyncio.run(run())
+
+
 def test_a_truncated_or_cnamed_answer_is_asked_again_by_the_resolver():
     """What the quick query does not read itself goes to dnspython's resolver: a
     truncated answer (TC: it retries over TCP, which this server does not serve,

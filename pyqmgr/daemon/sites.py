@@ -101,15 +101,25 @@ class SiteResolver:
         self.failed: dict[str, int] = {}
 
     def resolve(self, domains: tuple[str, ...]) -> None:
-        """The core asked for these domains' sites (``Decisions.resolve``)."""
+        """The core asked for these domains' sites (``Decisions.resolve``).
+
+        A lookup that must wait its turn tells the core so: the domain's first queue,
+        held for ``site_dns_wait`` from now, is held up to the lookup's timeout
+        instead, and given its wait again when the query goes (``_one``)."""
+        queued: list[str] = []
         for domain in domains:
             if self.running < self.settings.lookups:
                 self.running += 1
                 self.host.spawn(self._one(domain))
             elif len(self.waiting) < MAX_WAITING:
                 self.waiting.append(domain)
+                queued.append(domain)
             else:
                 self._learnt(domain, None, self.settings.negative_ttl, "too many lookups")
+        if queued and self.settings.wait > 0:
+            now = self.clock()
+            self.host.apply(self.host.scheduler.site_lookup_waits(
+                tuple(queued), now + self.settings.timeout, now))
 
     async def _one(self, domain: str) -> None:
         try:
@@ -122,6 +132,10 @@ class SiteResolver:
                 if not self.waiting:
                     return
                 domain = self.waiting.popleft()
+                if self.settings.wait > 0:
+                    now = self.clock()
+                    self.host.apply(self.host.scheduler.site_lookup_waits(
+                        (domain,), now + self.settings.wait, now))
         finally:
             self.running -= 1
 

@@ -52,6 +52,7 @@ from pyqmgr.scheduler import (
     enable,
     gates,
     reading,
+    site,
     tenant_cap,
     tenant_hold,
     throttling,
@@ -127,8 +128,7 @@ class Scheduler:
         *,
         min_backoff_time: float = 300.0,
         transport_retry_time: float = 60.0,
-        initial_concurrency: int = 5,
-        feedback_debug: bool = False,
+        initial_concurrency: int = 5, feedback_debug: bool = False,
         active_limit: int = 20000,
         clog_warn_time: float = 300.0,
         helpful_warnings: bool = True,
@@ -211,24 +211,17 @@ class Scheduler:
                       tenant_limits: TenantLimitTable | None = None) -> Scheduler:
         """The scheduler as main.cf configures it: the daemon's and the simulator's."""
         return cls(
-            cfg.transport,
-            min_backoff_time=cfg.minimal_backoff_time,
+            cfg.transport, min_backoff_time=cfg.minimal_backoff_time,
             transport_retry_time=cfg.transport_retry_time,
             initial_concurrency=cfg.initial_destination_concurrency,
             feedback_debug=cfg.destination_concurrency_feedback_debug,
             active_limit=cfg.qmgr_message_active_limit,
-            clog_warn_time=cfg.qmgr_clog_warn_time,
-            helpful_warnings=cfg.helpful_warnings,
+            clog_warn_time=cfg.qmgr_clog_warn_time, helpful_warnings=cfg.helpful_warnings,
             rcpt_limit=cfg.qmgr_message_recipient_limit,
-            msg_rcpt_limit=cfg.qmgr_message_recipient_minimum,
-            refill=refill,
-            feedback_rounding=feedback_rounding,
-            policies=policies,
-            process_limit_for=process_limit_for,
-            fudge_factor=fudge_factor,
-            shaping_for=shaping_for,
-            sites=sites, tenant_limits=tenant_limits,
-        )
+            msg_rcpt_limit=cfg.qmgr_message_recipient_minimum, refill=refill,
+            feedback_rounding=feedback_rounding, policies=policies,
+            process_limit_for=process_limit_for, fudge_factor=fudge_factor,
+            shaping_for=shaping_for, sites=sites, tenant_limits=tenant_limits)
 
     @property
     def clock(self) -> int:
@@ -496,6 +489,14 @@ class Scheduler:
         return self.out.take()
 
     # -- provider sites (pyqmgr.cf site_grouping; see site.py) -------------------------
+
+    def site_lookup_waits(self, domains: tuple[str, ...], until: float,
+                          now: float) -> Decisions:
+        """These domains' first queues wait for their lookups until ``until``: the
+        driver's line of lookups is no part of ``site_dns_wait`` (site.py)."""
+        self.now = now
+        site.site_lookup_waits(self, domains, until)
+        return self.out.take()
 
     def site_learnt(self, domain: str, name: str, until: float, now: float) -> Decisions:
         """A lookup the core asked for (``Decisions.resolve``) found the domain's site,

@@ -280,6 +280,35 @@ def test_a_slow_lookup_lets_the_mail_go_at_the_domains_own_site():
     assert q.site is not None and q.site.name == "google" and q.site.busy == 2
 
 
+def test_a_lookup_waiting_its_turn_holds_its_domain_then_waits_from_its_query():
+    s = waiting_sched()
+    mail(s, "a.example", 3)
+    q = s.transport("smtp").queues["a.example"]
+    s.site_lookup_waits(("a.example",), 5.0, 0.01)  # queued: up to its timeout
+    d = s.tick(0.3)
+    assert q.gate is not None and q.gate.until == 5.0, "held past site_dns_wait"
+    assert d.timers == (5.0,), "the tick at 0.2 found it held on: due again then"
+    d = s.site_lookup_waits(("A.example",), 1.3, 1.1)  # its query goes at 1.1
+    assert d.timers == (1.3,) and q.gate is not None and q.gate.until == 1.3
+    s.tick(1.2)
+    assert q.gate is not None
+    s.tick(1.3)
+    assert q.gate is None and len(drain(s, 1.3)) == 2, "its wait from the query ran out"
+
+
+def test_a_lapsed_or_answered_wait_is_not_held_again():
+    s = waiting_sched()
+    mail(s, "a.example", 3)
+    mail(s, "b.example", 1, qid="Q2")
+    s.tick(0.2)
+    q = s.transport("smtp").queues["a.example"]
+    assert q.gate is None
+    assert s.site_lookup_waits(("a.example",), 5.0, 0.3).timers == ()
+    assert q.gate is None, "its mail already went at its own site"
+    s.site_learnt("b.example", "google", 3600.0, 0.3)
+    assert s.site_lookup_waits(("b.example", "c.example"), 5.0, 0.3).timers == ()
+
+
 def test_a_failed_lookup_ends_the_wait_at_once():
     s = waiting_sched()
     mail(s, "a.example", 3)
