@@ -109,13 +109,26 @@ def load_providers(paths: Sequence[str]) -> Providers:
 
 
 def site_name(mx: Sequence[tuple[int, str]], providers: Providers) -> str | None:
-    """A domain's site from its MX records (preference, host): the provider of its
-    most preferred host that has one, else the factored host set (the MAX_MX most
-    preferred); None when there is no host (the domain is its own site)."""
+    """A domain's site from its MX records (preference, host): the provider's name
+    when every one of its hosts is that provider's, else the factored host set (the
+    MAX_MX most preferred, and how many more); None when there is no host (the domain
+    is its own site).
+
+    Every host, not the most preferred with a provider (issue #45): anyone can give
+    a domain of their own ``MX 0 tarpit.example`` and ``MX 99 aspmx.l.google.com``.
+    smtp(8) talks to the tarpit first, and with the provider's name the domain's
+    deliveries held Google's sessions (0 of 300 Workspace messages delivered in 60 s
+    on real Postfix). A domain that mixes its own hosts with a provider's is a site
+    of its own making, on purpose. Beyond MAX_MX hosts the name says how many more,
+    so that a set padded past the cut with a stranger's host is not the set it pads.
+    """
     ranked = sorted((pref, normal_host(host)) for pref, host in mx)
-    hosts = [host for _, host in ranked if host][:MAX_MX]
-    for host in hosts:
-        name = providers.provider(host)
-        if name is not None:
-            return name
-    return mx_site_name(hosts)
+    hosts = list(dict.fromkeys(host for _, host in ranked if host))  # each host once
+    if not hosts:
+        return None
+    provider = providers.provider(hosts[0])
+    if provider is not None and all(providers.provider(h) == provider for h in hosts[1:]):
+        return provider
+    name = mx_site_name(hosts[:MAX_MX])
+    more = len(hosts) - MAX_MX
+    return f"{name}+{more}" if name is not None and more > 0 else name

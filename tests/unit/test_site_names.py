@@ -49,10 +49,32 @@ def test_the_shipped_table_names_the_big_providers():
     assert table.provider("notgoogle.com") is None, "a suffix matches whole labels"
 
 
-def test_the_most_preferred_host_with_a_provider_decides():
-    table = Providers({"pphosted.com": "proofpoint", "google.com": "google"})
+def test_a_provider_names_a_site_only_when_every_host_is_its():
+    """Issue #45: a stranger's domain with its own tarpit first and Google's host
+    after it was in site ``google`` and held Google's sessions while smtp(8) waited
+    on the tarpit. Now a domain that mixes hosts is a site of its own making."""
+    table = load_providers(["builtin"])
+    assert site_name(GMAIL, table) == "google"
+    tarpit = [(0, "tarpit.attacker.example"), (99, "aspmx.l.google.com")]
+    assert site_name(tarpit, table) == "(aspmx.l.google.com|tarpit.attacker.example)"
+    assert site_name([(10, "aspmx.l.google.com"), (10, "mx.attacker.example")],
+                     table) != "google", "equal preferences: smtp(8) picks either"
+    assert site_name([(0, "aspmx.l.google.com"), (99, "tarpit.attacker.example")],
+                     table) != "google", "a worse preference reaches it all the same"
+    two = Providers({"pphosted.com": "proofpoint", "google.com": "google"})
     mx = [(20, "aspmx.l.google.com"), (10, "mx0a-001.pphosted.com")]
-    assert site_name(mx, table) == "proofpoint"
+    assert site_name(mx, two) == "(aspmx.l.google|mx0a-001.pphosted).com"
+
+
+def test_a_host_set_padded_past_the_cut_is_not_the_set_it_pads():
+    """Without a provider table Google's customers are the site of Google's host set;
+    32 of Google's hosts and a tarpit after them must not be that site."""
+    google = [(i, f"alt{i}.aspmx.l.google.com") for i in range(MAX_MX)]
+    plain = site_name(google, Providers())
+    padded = site_name([*google, (99, "tarpit.attacker.example")], Providers())
+    assert plain is not None and "+" not in plain
+    assert padded == plain + "+1"
+    assert site_name([*google, *google], Providers()) == plain, "a host twice is one host"
 
 
 def test_an_admins_table_overrides_and_the_longest_suffix_wins(tmp_path):
@@ -82,6 +104,7 @@ def test_five_hundred_mx_records_name_a_site_of_the_most_preferred():
     mx = [(i, f"mx{i}.example.net") for i in range(500)]
     name = site_name(mx, Providers())
     assert name is not None and name.count("|") == MAX_MX - 1 and "mx0|" in name
+    assert name.endswith(f"+{500 - MAX_MX}")
     assert len(name) < 2048
 
 
