@@ -17,6 +17,7 @@ with the ``relay=`` hosts of a log, the simulator with its scenario's.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 #: MX hosts a site's name is made of at most, by preference: a domain with 500 MX
@@ -60,30 +61,41 @@ def mx_site_name(hosts: Iterable[str]) -> str | None:
 class Providers:
     """MX host suffix -> provider name; the longest matching suffix wins."""
 
-    def __init__(self, entries: dict[str, str] | None = None) -> None:
+    def __init__(self, entries: dict[str, str] | None = None,
+                 gateways: frozenset[str] = frozenset()) -> None:
         self.by_suffix: dict[str, str] = dict(entries or {})
         self._longest = max((s.count(".") + 1 for s in self.by_suffix), default=0)
+        #: Providers marked ``gateway``: a filtering service in front of its
+        #: customers' own servers, whose replies may be the customer's (its server
+        #: down, its own limits passed through), so no reply speaks for the site.
+        self.gateways = gateways
 
     @classmethod
     def parse(cls, text: str, where: str, base: Providers | None = None) -> Providers:
-        """A table's text: ``SUFFIX NAME`` per line, ``#`` comments; later lines win."""
+        """A table's text: ``SUFFIX NAME [gateway]`` per line, ``#`` comments; later
+        lines win."""
         entries = dict(base.by_suffix) if base is not None else {}
+        gateways = set(base.gateways) if base is not None else set()
         for number, raw in enumerate(text.splitlines(), 1):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
             fields = line.split()
-            if len(fields) != 2:
+            if len(fields) not in (2, 3) or fields[2:] not in ([], ["gateway"]):
                 raise ProviderTableError(
-                    f"{where}, line {number}: expected an MX host suffix and a site name, "
-                    f"got {raw.strip()!r}")
+                    f"{where}, line {number}: expected an MX host suffix, a site name "
+                    f"and perhaps 'gateway', got {raw.strip()!r}")
             suffix, name = normal_host(fields[0]), fields[1]
             suffix = suffix[1:] if suffix.startswith(".") else suffix
             if not suffix or any(not label for label in suffix.split(".")):
                 raise ProviderTableError(f"{where}, line {number}: {fields[0]!r} is no "
                                          "host name suffix")
             entries[suffix] = name
-        return cls(entries)
+            if len(fields) == 3:
+                gateways.add(name)
+            else:
+                gateways.discard(name)
+        return cls(entries, frozenset(gateways))
 
     def provider(self, host: str) -> str | None:
         """The provider of one MX host, by its longest listed suffix."""
@@ -132,3 +144,46 @@ def site_name(mx: Sequence[tuple[int, str]], providers: Providers) -> str | None
     name = mx_site_name(hosts[:MAX_MX])
     more = len(hosts) - MAX_MX
     return f"{name}+{more}" if name is not None and more > 0 else name
+
+
+#: The host in smtp(8)'s text of a reply or failure: ``host NAME[ADDR] said: ...``,
+#: ``host NAME[ADDR] refused to talk to me``, ``connect to NAME[ADDR]:25: ...``,
+#: ``lost connection with NAME[ADDR]``, ``conversation with NAME[ADDR] timed out``.
+_REPLY_HOST = re.compile(r"(?:^|\s)(?:host|to|with) ([^\s\[\]]+)\[[^\]\s]*\]")
+_MORE = re.compile(r"(.*)\+\d+")
+
+
+def reply_host(reason: str) -> str | None:
+    """The host that gave a reply, from smtp(8)'s text of it; None: not said."""
+    m = _REPLY_HOST.search(reason)
+    return normal_host(m.group(1)) if m else None
+
+
+def site_hosts(name: str) -> frozenset[str]:
+    """The hosts a host-set site's name lists (:func:`mx_site_name` read backwards);
+    a provider's name or a domain's own gives itself."""
+    m = _MORE.fullmatch(name)
+    base = m.group(1) if m else name
+    close = base.find(")")
+    if not base.startswith("(") or close < 0:
+        return frozenset({base})
+    alternatives, rest = base[1:close].split("|"), base[close + 1:]
+    if not rest:
+        return frozenset(alternatives)
+    optional = rest.startswith("?")
+    suffix = rest[2:] if optional else rest[1:]
+    hosts = {f"{a}.{suffix}" for a in alternatives}
+    return frozenset(hosts | {suffix} if optional else hosts)
+
+
+def replied_from_site(site: str, reason: str, providers: Providers) -> bool:
+    """Did this reply come from one of the site's own hosts (issue #45)?
+
+    A site's members share its hosts when qmgr looked them up, but a domain's owner
+    can change its MX records after that (an answer holds up to site_dns_max_ttl),
+    and smtp(8) delivers to what DNS says then: a reply from a host that is not the
+    site's is that domain's own business, and moves only its destination."""
+    host = reply_host(reason)
+    if host is None or site in providers.gateways:
+        return False  # a gateway's reply may be its customer's: see Providers.gateways
+    return providers.provider(host) == site or host in site_hosts(site)

@@ -159,3 +159,62 @@ def test_a_strangers_domain_with_googles_mx_cannot_stall_throttle_or_kill_google
     assert members and max(members) == len(WORKSPACE), members
     assert seen.max_concurrent == LIMIT, "the Workspace mail at the site's full concurrency"
     assert seen.rejected_421 == 0
+
+
+def test_a_reply_from_a_host_that_is_not_the_sites_moves_only_its_destination(
+        postfix_instance, sink, tmp_path):
+    """A domain's owner can change its MX records after qmgr looked them up (an answer
+    holds for its TTL): ``turn.test`` names Google's hosts when qmgr asks, so it is in
+    site ``google``, then names a host of its own, which answers ``421 [TS01]`` under
+    a ``suspend`` rule. The reply is not from one of the site's hosts: only
+    ``turn.test`` is held back, and 100 Workspace messages after it are all delivered
+    at the site's full 10 sessions. Before, the reply suspended site google for 15
+    minutes."""
+    rules = tmp_path / "rules"
+    rules.write_text(RULES)
+    rules.chmod(0o644)
+    google = sink(latency=0.2, client_limit=LIMIT)
+    # turn.test's own host: another loopback address, the next hop's port.
+    own = sink(port=google.port, host="127.0.0.2")
+    own.greeting_refusal = "421 4.7.0 [TS01] Messages from 127.0.0.1 temporarily deferred"
+    google_records = [
+        *[f"{d}. 300 IN MX {pref} {host}." for d in [*WORKSPACE, "turn.test"]
+          for pref, host in GOOGLE_MX],
+        *[f"{host}. 300 IN A 127.0.0.1" for _, host in GOOGLE_MX]]
+    turned = [line for line in google_records if not line.startswith("turn.test.")] + [
+        "turn.test. 300 IN MX 0 mx.turn.test.", "mx.turn.test. 300 IN A 127.0.0.2"]
+    with dns.DnsServer(["test", "google.com"], google_records) as server:
+        pf = postfix_instance(
+            start=False, qmgr="pyqmgr", pyqmgr_cf={
+                "site_grouping": "mx", "site_concurrency_limit": str(LIMIT),
+                "site_dead_scope": "site", "smtp_response_rules": str(rules)},
+            transports={d: f"smtp:{d}:{google.port}" for d in [*WORKSPACE, "turn.test"]},
+            main_cf={"smtp_host_lookup": "dns", "smtp_connection_cache_on_demand": "no",
+                     "minimal_backoff_time": "3600s", "maximal_backoff_time": "3600s"})
+        pf.start(prefix=server.start_prefix())
+        pf.smtp_send([("s@relay.example", ["first@turn.test"])])
+        pf.wait_until(lambda: google.delivered_count() == 1, 30,
+                      "turn.test's first message delivered by Google's host")
+        server.serve(turned)
+        pf.smtp_send([("s@relay.example", [f"t{i}@turn.test"]) for i in range(LIMIT)])
+        pf.wait_until(lambda: own.snapshot().rejected_421 >= 1, 30,
+                      "turn.test's own host answering [TS01]")
+        began = time.monotonic()
+        n = 100
+        pf.smtp_send([("s@relay.example", [f"w{i}@{WORKSPACE[i % len(WORKSPACE)]}"])
+                      for i in range(n)])
+        pf.wait_until(lambda: google.delivered_count() >= n + 1, 60,
+                      f"the {n} Workspace messages delivered")
+        took = time.monotonic() - began
+        proc = cli(pf, "status", "--json")
+        assert proc.returncode == 0, proc.stderr
+        status = json.loads(proc.stdout)
+        seen = google.snapshot()
+    turn = [d for d in status["destinations"] if d["name"].startswith("turn.test")]
+    sites = {s["name"]: s for s in status["sites"]}
+    print(f"\n{n} Workspace messages delivered in {took:.1f} s after turn.test's own host "
+          f"answered [TS01]: peak {seen.max_concurrent} at the Google sink; turn.test "
+          f"{turn}; site google {sites.get('google')}")
+    assert seen.max_concurrent == LIMIT and seen.rejected_421 == 0
+    assert turn and turn[0]["state"] != "ready", turn
+    assert "google" not in sites or sites["google"]["state"] == "open", sites["google"]

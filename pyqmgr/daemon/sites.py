@@ -28,7 +28,7 @@ before the chroot.
 from __future__ import annotations
 
 import asyncio
-import secrets
+import os
 import socket
 import time
 from collections import deque
@@ -304,7 +304,7 @@ def _mx_query(domain: str) -> tuple[bytes, bytes] | None:
             0 < len(label) < 64 for label in labels):
         return None
     question = b"".join(bytes((len(label),)) + label for label in labels) + b"\x00" + _MX_IN
-    return secrets.token_bytes(2) + _QUERY_FLAGS + question, question
+    return os.urandom(2) + _QUERY_FLAGS + question, question
 
 
 def _answer_to(data: bytes, wire: bytes, question: bytes) -> Any:

@@ -20,7 +20,7 @@ from pyqmgr.scheduler.entry import entry_done
 from pyqmgr.scheduler.gates import started, throttled
 from pyqmgr.scheduler.queue import queue_unthrottle
 from pyqmgr.scheduler.recovery import SITE_SUSPENDED
-from pyqmgr.scheduler.site import site_started, site_throttled
+from pyqmgr.scheduler.site import site_speaks, site_started, site_throttled
 from pyqmgr.scheduler.structures import THROTTLED, Dsn
 
 if TYPE_CHECKING:
@@ -104,10 +104,13 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
             # Throttling, not failure: the rule's action instead of negative
             # feedback, and never a failed cohort (the site is alive).
             throttled(core, queue, rule, hop, now, entry.started)
-            if queue.site is not None:
+            # The whole site slows only for a reply from one of its own hosts.
+            site_wide = site_speaks(core, queue, hop.reason)
+            if queue.site is not None and site_wide:
                 site_throttled(core, queue.site, rule, now, entry.started)
             if rule.suspend_tenant is not None and message.tenant:
-                tenant_hold.rule_holds(core, message.tenant, queue, rule, hop, now)
+                tenant_hold.rule_holds(core, message.tenant, queue, rule, hop, now,
+                                       site_wide)
             if core.recovery_watch is not None:
                 recovery.wait(core, message, t.name, queue.name, recovery.why(hop, rule.where))
         elif hop is not None and hop.status:
@@ -125,7 +128,8 @@ def deliver_update(core: Core, entry: Entry, status: int, hop: Dsn | None, crash
                     defer_todo(core, queue, dsn)
                     site = queue.site
                     if site is not None and site.limits is not None and \
-                            site.limits.dead_takes_site:
+                            site.limits.dead_takes_site and \
+                            site_speaks(core, queue, hop.reason):
                         _site_dies(core, queue, dsn, now)
                     if core.share_throttling:
                         core.out.throttled.append(Throttling(

@@ -88,6 +88,21 @@ def site_attach(core: Core, queue: Queue) -> None:
     _join(core, queue, site)
 
 
+def site_speaks(core: Core, queue: Queue, reason: str | None) -> bool:
+    """Does a member's reply speak for its whole site: may it throttle, suspend, kill
+    the site or hold a tenant there (issue #45)? Only when it came from one of the
+    site's own hosts (``SiteTable.replied_from``), or the domain is the admin's
+    (pinned) or its own site. Otherwise it moves only the member's destination: a
+    domain's owner may point its MX records elsewhere after qmgr looked them up."""
+    site, table = queue.site, core.sites
+    if site is None or table is None or table.replied_from is None:
+        return site is not None
+    domain = site_domain(queue.nexthop)
+    if domain is not None and (domain in table.pinned or domain == site.name.lower()):
+        return True
+    return table.replied_from(site.name, reason or "")
+
+
 def site_lookup_waits(core: Core, domains: tuple[str, ...], until: float) -> None:
     """The driver's lookups of these domains are answered, or their wait ends, by
     ``until``: each one's own site, still held for its first lookup, is held until

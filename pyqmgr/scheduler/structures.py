@@ -388,7 +388,8 @@ class SiteTable:
     def __init__(self, limits_for: Callable[[str], SiteLimits | None],
                  pinned: dict[str, str] | None = None,
                  skip: frozenset[str] = frozenset(), wait: float = 0.0,
-                 own_limits: dict[str, int] | None = None) -> None:
+                 own_limits: dict[str, int] | None = None,
+                 replied_from: Callable[[str, str], bool] | None = None) -> None:
         #: A transport's site limits; None: its destinations are not grouped.
         self.limits_for = limits_for
         self._limits: dict[str, SiteLimits | None] = {}
@@ -415,6 +416,9 @@ class SiteTable:
         #: lookup); an entry whose time is no longer ``due``'s is skipped.
         self.due_heap: list[tuple[float, int, Site]] = []
         self.due_order = 0
+        #: Did a reply (smtp(8)'s text) come from one of the named site's own hosts
+        #: (:func:`pyqmgr.site_names.replied_from_site`)? None: every reply does.
+        self.replied_from = replied_from
 
     def limits(self, transport: str) -> SiteLimits | None:
         if transport not in self._limits:

@@ -57,13 +57,15 @@ def _held(core: Core, tenant: str, queue: Queue) -> Queue:
 
 
 def rule_holds(core: Core, tenant: str, queue: Queue, rule: Rule, hop: Dsn,
-               now: float) -> None:
+               now: float, site_wide: bool = True) -> None:
     """A reply to the tenant's mail matched a rule with ``suspend_tenant``: hold the
-    tenant at the destination's site (or the destination), unless that is so now."""
+    tenant at the destination's site (or the destination, and so when the reply
+    came from a host that is not the site's own: ``site_wide`` False), unless that
+    is so now."""
     assert rule.suspend_tenant is not None
     if holding(core, tenant, queue) is not None:
         return
-    site = queue.site
+    site = queue.site if site_wide else None
     target = (Target(None, None, site.name, tenant=tenant) if site is not None
               else Target(queue.transport.name, queue.name.lower(), tenant=tenant))
     until = now + rule.suspend_tenant

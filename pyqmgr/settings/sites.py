@@ -22,7 +22,13 @@ from pyqmgr.postfix.lookup_table import LookupTableError, open_table, table_spec
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Shaping, ShapingError, parse_duration, parse_rate
 from pyqmgr.scheduler.structures import SITE_LIMIT_MAPS, SiteLimits, SiteTable
-from pyqmgr.site_names import MAX_TABLE, Providers, ProviderTableError, load_providers
+from pyqmgr.site_names import (
+    MAX_TABLE,
+    Providers,
+    ProviderTableError,
+    load_providers,
+    replied_from_site,
+)
 
 GROUPING = "site_grouping"
 TRANSPORTS = "site_transports"
@@ -58,7 +64,9 @@ class SiteSettings:
     own_limits: dict[str, int] = field(default_factory=dict)
 
     def table(self) -> SiteTable:
-        return SiteTable(self.limits.get, self.pins, self.skip, self.wait, self.own_limits)
+        providers = self.providers
+        return SiteTable(self.limits.get, self.pins, self.skip, self.wait, self.own_limits,
+                         lambda site, reason: replied_from_site(site, reason, providers))
 
 
 def _duration(settings: PyqmgrCf, name: str, default: float) -> float:

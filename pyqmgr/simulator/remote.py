@@ -63,10 +63,10 @@ class Remote:
             return
         if dest.is_dead(self.host.now):
             if dest.dead and dest.dead_mode == "timeout":
-                hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
+                hop = Dsn("4.4.1", f"connect to {dest.host}[192.0.2.1]:25: Connection timed out")
                 self._end(dest.timeout, entry, start, window, dest.name, "deferred", hop, False)
                 return
-            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection refused")
+            hop = Dsn("4.4.1", f"connect to {dest.host}[192.0.2.1]:25: Connection refused")
             self._end(0.0, entry, start, window, dest.name, "deferred", hop, False)
             return
         server = self.servers.setdefault(server_of(dest), SimServer())
@@ -79,7 +79,7 @@ class Remote:
             if len(starts) >= dest.rate_limit:
                 text = dest.rate_reply
                 status = text.split()[1] if len(text.split()) > 1 else "4.7.0"
-                hop = Dsn(status, f"host {dest.name}[192.0.2.1] said: {text}")
+                hop = Dsn(status, f"host {dest.host}[192.0.2.1] said: {text}")
                 self._end(dest.reject_time, entry, start, window, dest.name, "deferred", hop, False)
                 return
             starts.append(self.host.now)
@@ -87,7 +87,7 @@ class Remote:
             self.serve(entry, start, window, dest)
             return
         if dest.overload == "421":
-            hop = Dsn("4.7.0", f"host {dest.name}[192.0.2.1] refused to talk to me: "
+            hop = Dsn("4.7.0", f"host {dest.host}[192.0.2.1] refused to talk to me: "
                                "421 4.7.0 too many connections")
             self._end(dest.reject_time, entry, start, window, dest.name, "deferred", hop, False)
             return
@@ -100,9 +100,9 @@ class Remote:
             self.host.at(self.host.now + dest.timeout, self.greeting_timeout(waiter, dest))
             return
         if dest.overload == "connect-timeout":
-            hop = Dsn("4.4.1", f"connect to {dest.name}[192.0.2.1]:25: Connection timed out")
+            hop = Dsn("4.4.1", f"connect to {dest.host}[192.0.2.1]:25: Connection timed out")
         else:
-            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
+            hop = Dsn("4.4.2", f"conversation with {dest.host}[192.0.2.1] timed out "
                                "while receiving the initial server greeting")
         self._end(dest.timeout, entry, start, window, dest.name, "deferred", hop, False)
 
@@ -115,7 +115,7 @@ class Remote:
         code, secs = failure
         took = secs if secs is not None else 0.0
         if code == "D":
-            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] failed "
+            hop = Dsn("4.4.2", f"conversation with {dest.host}[192.0.2.1] failed "
                                "(replayed from the log)")
             self._end(took, entry, start, window, dest.name, "deferred", hop, False)
         else:
@@ -175,7 +175,7 @@ class Remote:
             if waiter.served:
                 return
             self.servers[server_of(dest)].queue.remove(waiter)
-            hop = Dsn("4.4.2", f"conversation with {dest.name}[192.0.2.1] timed out "
+            hop = Dsn("4.4.2", f"conversation with {dest.host}[192.0.2.1] timed out "
                                "while receiving the initial server greeting")
             self.host._finish(waiter.entry, waiter.start, waiter.window, dest.name, "deferred",
                          hop, False)()

@@ -322,6 +322,11 @@ class Destination:
     #: server of its own.
     mx: str = ""
 
+    @property
+    def host(self) -> str:
+        """The host smtp(8) names in a reply's text: its MX host, else itself."""
+        return self.mx or self.name
+
     def drawn(self, rng: random.Random) -> Destination:
         """This destination with its coming-up time drawn (see dead_until_low)."""
         if 0 < self.dead_until_low < self.dead_until:

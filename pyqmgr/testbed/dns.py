@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Sequence
+from typing import Self
 
 from pyqmgr.testbed.instance_base import TestbedError, file_tail, wait_until
 
@@ -66,6 +67,18 @@ class _Resolvable:
                 f.write(f"nameserver {self.address}\noptions timeout:2 attempts:1\n")
             os.chmod(path, 0o644)
         return path
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def start_prefix(self) -> str:
         """Shell words to put before ``postfix start``: its daemons resolve here."""
@@ -108,7 +121,7 @@ class DnsServer(_Resolvable):
         lines += ["remote-control:", "  control-enable: no"]
         return "\n".join(lines) + "\n"
 
-    def start(self, timeout: float = 20) -> DnsServer:
+    def start(self, timeout: float = 20) -> Self:
         if self.proc is not None and self.proc.poll() is None:
             raise TestbedError(f"unbound on {self.address} runs already")
         conf = os.path.join(self.dir, "unbound.conf")
@@ -131,6 +144,13 @@ class DnsServer(_Resolvable):
                    detail=lambda: f"; its log:\n{file_tail(self.log_path)}")
         return self
 
+    def serve(self, records: Sequence[str]) -> None:
+        """Serve these records from now on, at the same address: a domain's owner
+        changing its MX records (unbound restarted: nothing cached survives)."""
+        self._end_unbound()
+        self.records = list(records)
+        self.start()  # its directory, and the resolv.conf mounted from it, stay
+
     def query_ok(self) -> bool:
         """Does the server answer (anything) on UDP now?"""
         query = bytes.fromhex("abcd01000001000000000000") + b"\x04test\x00\x00\x06\x00\x01"
@@ -142,7 +162,7 @@ class DnsServer(_Resolvable):
             except OSError:
                 return False
 
-    def stop(self) -> None:
+    def _end_unbound(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -153,13 +173,11 @@ class DnsServer(_Resolvable):
                 proc.wait(10)
         if proc is not None and proc.stderr is not None:
             proc.stderr.close()
+
+    def stop(self) -> None:
+        self._end_unbound()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> DnsServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class BlackHole(_Resolvable):
@@ -178,7 +196,7 @@ class BlackHole(_Resolvable):
         self.queries = 0
         self._thread: threading.Thread | None = None
 
-    def start(self) -> BlackHole:
+    def start(self) -> Self:
         self.udp.bind((self.address, 53))
         self.tcp.bind((self.address, 53))
         self.tcp.listen(16)
@@ -209,8 +227,3 @@ class BlackHole(_Resolvable):
             s.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> BlackHole:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

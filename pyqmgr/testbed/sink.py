@@ -238,8 +238,12 @@ class SinkServer(LoopThreadServer):
                  data_replies: ReplyRule | None = None, latency_at: str = "rcpt",
                  rate_limit: float = 0, rate_reply: str = RATE_LIMITED,
                  reject_delay: float = 0,
-                 forward: Callable[[str, list[str], bytes], str] | None = None) -> None:
+                 forward: Callable[[str, list[str], bytes], str] | None = None,
+                 host: str = HOST) -> None:
         self.lock = threading.Lock()
+        #: The loopback address it listens on (another than 127.0.0.1 shares a port
+        #: number with a sink there: two MX hosts behind one next hop's port).
+        self.host = host
         self.forward = forward
         self.stats = SinkStats()
         #: Envelope sender of every accepted message, in arrival order.
@@ -391,7 +395,7 @@ class SinkServer(LoopThreadServer):
     # -- life cycle -----------------------------------------------------------------
 
     def _bind(self) -> socket.socket:
-        return bound_socket((HOST, self.port))
+        return bound_socket((self.host, self.port))
 
     def _thread_name(self) -> str:
         return f"sink:{self.port}"

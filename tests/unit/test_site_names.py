@@ -11,6 +11,10 @@ from pyqmgr.site_names import (
     ProviderTableError,
     load_providers,
     mx_site_name,
+    normal_host,
+    replied_from_site,
+    reply_host,
+    site_hosts,
     site_name,
 )
 
@@ -113,3 +117,49 @@ def test_the_shipped_table_parses_and_is_documented():
         text = f.read()
     assert text.startswith("# pyqmgr's provider table")
     assert len(Providers.parse(text, SHIPPED).by_suffix) >= 20
+
+
+@pytest.mark.parametrize("reason, host", [
+    ("host alt1.aspmx.l.google.com[192.0.2.1] said: 421 4.7.28 unusual rate",
+     "alt1.aspmx.l.google.com"),
+    ("host MX.Example.NET[2001:db8::1] refused to talk to me: 421 too many", "mx.example.net"),
+    ("connect to mx.example.net[192.0.2.1]:25: Connection refused", "mx.example.net"),
+    ("lost connection with mx.example.net[192.0.2.1] while receiving the initial server "
+     "greeting", "mx.example.net"),
+    ("conversation with mx.example.net[192.0.2.1] timed out while sending end of data",
+     "mx.example.net"),
+    ("Host or domain name not found. Name service error for name=x.example type=MX", None),
+    ("", None),
+])
+def test_the_replying_host_is_read_from_smtps_text(reason, host):
+    assert reply_host(reason) == host
+
+
+def test_a_host_set_name_reads_back_into_its_hosts():
+    for mx in (GMAIL, [(0, "mx1.example.net"), (0, "mx2.example.net")],
+               [(0, "a.example"), (1, "b.other")], [(0, "mx.example.net")]):
+        hosts = {normal_host(h) for _, h in mx}
+        name = mx_site_name(hosts)
+        assert name is not None and site_hosts(name) == hosts, name
+    assert site_hosts("(a.example|b.other)+3") == {"a.example", "b.other"}
+
+
+def test_a_reply_speaks_for_a_site_only_from_its_own_hosts():
+    table = load_providers(["builtin"])
+    said = "host {}[192.0.2.1] said: 421 4.7.0 [TS01] temporarily deferred"
+    assert replied_from_site("google", said.format("alt2.gmail-smtp-in.l.google.com"), table)
+    assert not replied_from_site("google", said.format("tarpit.attacker.example"), table)
+    assert not replied_from_site("google", "Name service error for name=x", table)
+    sset = "(mx1|mx2).example.net"
+    assert replied_from_site(sset, said.format("mx2.example.net"), Providers())
+    assert not replied_from_site(sset, said.format("mx3.example.net"), Providers())
+    # A gateway's reply may be its customer's own: it never speaks for the site.
+    assert "proofpoint" in table.gateways and "google" not in table.gateways
+    assert not replied_from_site("proofpoint", said.format("mx0a-001.pphosted.com"), table)
+
+
+def test_an_admins_line_without_gateway_makes_a_gateway_a_provider_again(tmp_path):
+    mine = tmp_path / "providers"
+    mine.write_text("pphosted.com  proofpoint\nexample.net  hosting  gateway\n")
+    table = load_providers(["builtin", str(mine)])
+    assert "proofpoint" not in table.gateways and "hosting" in table.gateways

@@ -24,6 +24,7 @@ from pyqmgr.scheduler.site import QUIT_GRACE
 from pyqmgr.scheduler.structures import MAX_KNOWN, SiteLimits, SiteTable, site_domain
 from pyqmgr.scheduler.suspension import Suspension, Target, TargetError, parse_target
 from pyqmgr.settings.policies import load
+from pyqmgr.site_names import load_providers, replied_from_site
 from tests.unit.params import Params
 
 POLICIES = ["nqmgr", "oqmgr", "finch", "zmailer"]
@@ -568,3 +569,48 @@ def test_top_shows_the_sites_with_their_change():
     assert "2/2" in row and "+2" in row and " site " in f" {row} "
     assert not any(ln.startswith("SITE") for ln, _ in frame(
         status(Scheduler(lambda n: Params()), 0.0), None, "name"))
+
+
+def _learnt_sched() -> Scheduler:
+    """Domains learnt (not pinned) at site google, with the check the daemon's
+    settings give the core: a reply counts for the site only from one of its hosts."""
+    providers = load_providers(["builtin"])
+    rules = parse_rules(SITE_RULES, "rules")
+    table = SiteTable(lambda t: SiteLimits(8, "site_concurrency_limit in pyqmgr.cf",
+                                           Shaping()) if t == "smtp" else None,
+                      replied_from=lambda site, reason: replied_from_site(site, reason,
+                                                                          providers))
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1,
+                                   initial_destination_concurrency=5),
+                  sites=table, shaping_for=lambda name: Shaping(rules=rules))
+    for i in range(2):
+        mail(s, f"d{i}.example", 5)
+        s.site_learnt(f"d{i}.example", "google", 3600.0, 0.0)
+    return s
+
+
+def test_a_reply_from_a_host_not_the_sites_own_holds_only_its_destination():
+    """Issue #45: d0's owner pointed its MX elsewhere after the lookup; that host's
+    [TS01] suspends d0 alone, and d1 keeps delivering."""
+    s = _learnt_sched()
+    out = drain(s, 0.0)
+    hit = next(e for e in out if e.queue.name == "d0.example")
+    reply = Dsn("4.7.0", "host tarpit.attacker.example[192.0.2.66] said: 421 [TS01] "
+                         "Messages from 192.0.2.9 temporarily deferred")
+    done(s, hit, 1, reply, False, 1.0)
+    t = s.transport("smtp")
+    d0, d1 = t.queues["d0.example"], t.queues["d1.example"]
+    assert d0.gate is not None and d0.gate.kind == "backoff", d0.gate
+    assert d1.gate is None and d1.site is not None and d1.site.gate is None
+    assert d1.site.shape is None or d1.site.shape.rule is None
+
+
+def test_a_reply_from_one_of_the_sites_hosts_holds_the_whole_site():
+    s = _learnt_sched()
+    out = drain(s, 0.0)
+    reply = Dsn("4.7.0", "host alt1.gmail-smtp-in.l.google.com[192.0.2.1] said: 421 "
+                         "[TS01] Messages from 192.0.2.9 temporarily deferred")
+    done(s, out[0], 1, reply, False, 1.0)
+    t = s.transport("smtp")
+    assert all(q.gate is not None and q.gate.kind == "site backoff"
+               for q in t.queues.values())
