@@ -7,7 +7,9 @@ domain's site when it first sees the domain (``Decisions.resolve``); this module
 looks up its MX records with dnspython's asyncio resolver, names the site
 (:mod:`pyqmgr.site_names`) and answers the core with ``site_learnt``. Until then,
 and for ``site_dns_negative_ttl`` after a lookup failed, the domain is a site of its
-own, and a failure logs one line (the domain and the cause), not one per message.
+own, and a failure logs one line (the domain and the cause), not one per message,
+and at most one a minute for each cause, saying how many more failed so (the rest
+are counted in ``pyqmgr status``).
 A domain's very first queue waits ``site_dns_wait`` (200 ms) for its lookup: a local
 resolver answers in milliseconds, and without the wait the first deliveries of fifty
 new domains at one provider would each count at a site of their own and together
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyqmgr.extras import install_command
 from pyqmgr.fleet.settings import check_site_limits
+from pyqmgr.postfix.policy_delegation import WarnGate
 from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.settings.sites import GROUPING, SiteSettings, site_settings
 from pyqmgr.site_names import site_name
@@ -45,6 +48,9 @@ from pyqmgr.site_names import site_name
 if TYPE_CHECKING:
     from pyqmgr.daemon.host import QmgrCore
 
+#: A failed lookup's warning, at most one this often for each cause; the rest are
+#: counted (``pyqmgr status``) and the next warning says how many.
+WARN_INTERVAL = 60.0
 #: Lookups waiting their turn at most; beyond, a domain stays its own site until the
 #: core asks again (a flood of new domains cannot grow memory).
 MAX_WAITING = 10_000
@@ -100,6 +106,8 @@ class SiteResolver:
         #: Counters for status: lookups answered, failed by cause.
         self.answered = 0
         self.failed: dict[str, int] = {}
+        #: One warning a WARN_INTERVAL for each cause of failure.
+        self.warn_gates: dict[str, WarnGate] = {}
 
     def resolve(self, domains: tuple[str, ...]) -> None:
         """The core asked for these domains' sites (``Decisions.resolve``).
@@ -144,8 +152,15 @@ class SiteResolver:
         if why is not None:
             cause = why.split(":")[0]
             self.failed[cause] = self.failed.get(cause, 0) + 1
-            self.host.log.warning(f"sites: {domain}: MX lookup failed ({why}); its own "
-                                  f"site for {ttl:g}s")
+            # Paced per cause (issue #45): a flood of new domains in a zone that times
+            # out, or of typos, made a warning each.
+            gate = self.warn_gates.setdefault(cause, WarnGate(WARN_INTERVAL))
+            held = gate.allow(self.clock())
+            if held is not None:
+                more = (f" ({held} more lookups failed so in the last "
+                        f"{WARN_INTERVAL:g}s: pyqmgr status counts them)" if held else "")
+                self.host.log.warning(f"sites: {domain}: MX lookup failed ({why}); its "
+                                      f"own site for {ttl:g}s{more}")
         else:
             self.answered += 1
         now = self.clock()
