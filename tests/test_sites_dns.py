@@ -500,3 +500,41 @@ def test_failed_lookups_warn_once_a_minute_for_each_cause_and_say_how_many_more(
         assert "(4 more lookups failed so in the last 0.5s" in host.lines[2], host.lines[2]
         assert host.resolver.failed["NXDOMAIN"] == 6
     asyncio.run(run())
+
+
+def test_a_zone_that_never_answers_takes_a_quarter_of_the_lookups_not_all():
+    """Issue #45: anyone can mint new domains under a zone that answers slowly (a
+    wildcard), and 16 lookup slots of 5 s each then held every other new domain's
+    lookup back. 20 domains of such a zone (never answered, 1 s each), then five of
+    other zones: those five are answered at once, because the slow zone runs at most
+    4 lookups at a time; before, they waited a second behind it."""
+    def replies(query) -> list[bytes]:
+        name = query.question[0].name.to_text()
+        return [] if name.endswith(".slow.test.") else [_mx_reply(query, "mx.site.test")]
+
+    async def run() -> float:
+        host = Host()
+        with Hostile(replies) as server:
+            assert host.settings is not None
+            lookup = DnsLookup(host.settings)
+            lookup.resolver.nameservers = [server.address]
+            lookup.resolver.port = server.port
+            host.resolver = SiteResolver(host, host.settings, lookup.found)
+            for i in range(20):
+                host.mail(f"r{i}.slow.test")
+            began = time.monotonic()
+            fast = [f"q{i}.test" for i in range(5)]
+            for domain in fast:
+                host.mail(domain)
+            assert host.resolver.waiting.running.get("slow.test") == 4
+            while not all(host.site(d) == "mx.site.test" for d in fast):
+                assert time.monotonic() - began < 5, "the other zones' lookups waited"
+                await asyncio.sleep(0.005)
+            took = time.monotonic() - began
+            await host.settle(timeout=30)
+        assert host.resolver.failed == {"timeout after 1s": 20}
+        return took
+
+    took = asyncio.run(run())
+    print(f"\nfive lookups beside a zone that never answers: answered in {took * 1000:.0f} ms")
+    assert took < 0.5, took

@@ -101,7 +101,8 @@ class SiteResolver:
         #: The coroutine function that looks a domain up: dnspython's unless a test
         #: gives its own.
         self.lookup = lookup or DnsLookup(settings).found
-        self.waiting: deque[str] = deque()
+        #: Lookups waiting their turn, by zone (LookupLine).
+        self.waiting = LookupLine(max(1, settings.lookups // 4))
         self.running = 0
         #: Counters for status: lookups answered, failed by cause.
         self.answered = 0
@@ -116,12 +117,13 @@ class SiteResolver:
         held for ``site_dns_wait`` from now, is held up to the lookup's timeout
         instead, and given its wait again when the query goes (``_one``)."""
         queued: list[str] = []
+        line = self.waiting
         for domain in domains:
-            if self.running < self.settings.lookups:
-                self.running += 1
-                self.host.spawn(self._one(domain))
-            elif len(self.waiting) < MAX_WAITING:
-                self.waiting.append(domain)
+            zone = lookup_zone(domain)
+            if self.running < self.settings.lookups and line.has_room(zone):
+                self._start(zone, domain)
+            elif len(line) < MAX_WAITING:
+                line.add(zone, domain)
                 queued.append(domain)
             else:
                 self._learnt(domain, None, self.settings.negative_ttl, "too many lookups")
@@ -130,21 +132,36 @@ class SiteResolver:
             self.host.apply(self.host.scheduler.site_lookup_waits(
                 tuple(queued), now + self.settings.timeout, now))
 
-    async def _one(self, domain: str) -> None:
+    def _start(self, zone: str, domain: str) -> None:
+        self.running += 1
+        self.waiting.started(zone)
+        self.host.spawn(self._one(zone, domain))
+
+    async def _one(self, zone: str, domain: str) -> None:
+        """Look domains up one after another: this one, then the line's next while
+        there is one (a task reused, not one a lookup)."""
+        line = self.waiting
         try:
             while True:
                 try:
                     name, ttl, why = await self.lookup(domain)
                 except Exception as exc:  # noqa: BLE001 - a resolver bug must not stop mail
                     name, ttl, why = None, self.settings.negative_ttl, f"error: {exc!r}"
+                line.ended(zone)
                 self._learnt(domain, name, ttl, why)
-                if not self.waiting:
+                following = line.take()
+                if following is None:
                     return
-                domain = self.waiting.popleft()
+                zone, domain = following
+                line.started(zone)
                 if self.settings.wait > 0:
                     now = self.clock()
                     self.host.apply(self.host.scheduler.site_lookup_waits(
                         (domain,), now + self.settings.wait, now))
+                # A zone that had no room may have some now: run its lookups beside.
+                while self.running < self.settings.lookups and (
+                        more := line.take()) is not None:
+                    self._start(*more)
         finally:
             self.running -= 1
 
@@ -172,6 +189,76 @@ class SiteResolver:
     def status(self) -> dict[str, object]:
         return {"lookups_running": self.running, "lookups_waiting": len(self.waiting),
                 "answered": self.answered, "failed": dict(self.failed)}
+
+
+def lookup_zone(domain: str) -> str:
+    """Which zone a domain's lookup counts in for fairness: its last two labels. A
+    zone that answers slowly (a wildcard behind which anyone mints new domains, each
+    lookup taking site_dns_timeout) takes at most a quarter of the lookups at once,
+    so other domains' lookups go on (issue #45). Two labels, not the registered
+    domain (no public suffix list here): all of co.uk shares a quarter, which at a
+    local resolver's pace is thousands of lookups a second."""
+    labels = domain.lower().rstrip(".").rsplit(".", 2)
+    return ".".join(labels[-2:])
+
+
+class LookupLine:
+    """Lookups waiting their turn, by zone (:func:`lookup_zone`): a zone runs at most
+    ``per_zone`` at once, and zones with room take turns, oldest first. O(1) a lookup."""
+
+    def __init__(self, per_zone: int) -> None:
+        self.per_zone = per_zone
+        self.by_zone: dict[str, deque[str]] = {}
+        self.running: dict[str, int] = {}
+        #: Zones with lookups waiting and room to run one, each once, in turn.
+        self.ready: dict[str, None] = {}
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def has_room(self, zone: str) -> bool:
+        return self.running.get(zone, 0) < self.per_zone
+
+    def add(self, zone: str, domain: str) -> None:
+        self.by_zone.setdefault(zone, deque()).append(domain)
+        self.count += 1
+        if self.has_room(zone):
+            self.ready[zone] = None
+
+    def started(self, zone: str) -> None:
+        self.running[zone] = self.running.get(zone, 0) + 1
+
+    def ended(self, zone: str) -> None:
+        left = self.running.get(zone, 0) - 1
+        if left > 0:
+            self.running[zone] = left
+        else:
+            self.running.pop(zone, None)
+        if zone in self.by_zone:
+            self.ready[zone] = None
+
+    def take(self) -> tuple[str, str] | None:
+        """The next lookup to run (its zone, its domain), or None."""
+        while self.ready:
+            zone = next(iter(self.ready))
+            del self.ready[zone]
+            waiting = self.by_zone.get(zone)
+            if not waiting or not self.has_room(zone):
+                continue
+            domain = waiting.popleft()
+            self.count -= 1
+            if not waiting:
+                del self.by_zone[zone]
+            elif self.running.get(zone, 0) + 1 < self.per_zone:
+                self.ready[zone] = None  # its turn again after the others'
+            return zone, domain
+        return None
+
+    def clear(self) -> None:
+        self.by_zone.clear()
+        self.ready.clear()
+        self.count = 0
 
 
 class DnsLookup:
