@@ -137,6 +137,13 @@ class SiteResolver:
         self.waiting.started(zone)
         self.host.spawn(self._one(zone, domain))
 
+    def _query_goes(self, domain: str) -> None:
+        """A lookup that waited its turn starts: its domain waits site_dns_wait from now."""
+        if self.settings.wait > 0:
+            now = self.clock()
+            self.host.apply(self.host.scheduler.site_lookup_waits(
+                (domain,), now + self.settings.wait, now))
+
     async def _one(self, zone: str, domain: str) -> None:
         """Look domains up one after another: this one, then the line's next while
         there is one (a task reused, not one a lookup)."""
@@ -154,14 +161,12 @@ class SiteResolver:
                     return
                 zone, domain = following
                 line.started(zone)
-                if self.settings.wait > 0:
-                    now = self.clock()
-                    self.host.apply(self.host.scheduler.site_lookup_waits(
-                        (domain,), now + self.settings.wait, now))
+                self._query_goes(domain)
                 # A zone that had no room may have some now: run its lookups beside.
                 while self.running < self.settings.lookups and (
                         more := line.take()) is not None:
                     self._start(*more)
+                    self._query_goes(more[1])
         finally:
             self.running -= 1
 
