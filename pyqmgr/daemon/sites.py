@@ -8,8 +8,8 @@ looks up its MX records with dnspython's asyncio resolver, names the site
 (:mod:`pyqmgr.site_names`) and answers the core with ``site_learnt``. Until then,
 and for ``site_dns_negative_ttl`` after a lookup failed, the domain is a site of its
 own, and a failure logs one line (the domain and the cause), not one per message,
-and at most one a minute for each cause, saying how many more failed so (the rest
-are counted in ``pyqmgr status``).
+and at most ten a minute for each cause, the next saying how many more failed so
+(the rest are counted in ``pyqmgr status``).
 A domain's very first queue waits ``site_dns_wait`` (200 ms) for its lookup: a local
 resolver answers in milliseconds, and without the wait the first deliveries of fifty
 new domains at one provider would each count at a site of their own and together
@@ -48,9 +48,11 @@ from pyqmgr.site_names import site_name
 if TYPE_CHECKING:
     from pyqmgr.daemon.host import QmgrCore
 
-#: A failed lookup's warning, at most one this often for each cause; the rest are
-#: counted (``pyqmgr status``) and the next warning says how many.
+#: Failed lookups' warnings: the first WARN_BURST of each cause in a WARN_INTERVAL,
+#: each naming its domain; the rest are counted (``pyqmgr status``) and the next
+#: warning says how many.
 WARN_INTERVAL = 60.0
+WARN_BURST = 10
 #: Lookups waiting their turn at most; beyond, a domain stays its own site until the
 #: core asks again (a flood of new domains cannot grow memory).
 MAX_WAITING = 10_000
@@ -176,7 +178,7 @@ class SiteResolver:
             self.failed[cause] = self.failed.get(cause, 0) + 1
             # Paced per cause (issue #45): a flood of new domains in a zone that times
             # out, or of typos, made a warning each.
-            gate = self.warn_gates.setdefault(cause, WarnGate(WARN_INTERVAL))
+            gate = self.warn_gates.setdefault(cause, WarnGate(WARN_INTERVAL, WARN_BURST))
             held = gate.allow(self.clock())
             if held is not None:
                 more = (f" ({held} more lookups failed so in the last "

@@ -550,20 +550,26 @@ class WarnGate:
     allowed, says how many warnings were held back since the last one.
     """
 
-    __slots__ = ("interval", "_last", "held")
+    __slots__ = ("interval", "burst", "_last", "_used", "held")
 
-    def __init__(self, interval: float = 60.0) -> None:
+    def __init__(self, interval: float = 60.0, burst: int = 1) -> None:
         self.interval = interval
+        #: Warnings let through in one interval (the first ``burst`` of it).
+        self.burst = burst
         self._last: float | None = None
+        self._used = 0
         #: Warnings held back since the last one let through.
         self.held = 0
 
     def allow(self, now: float) -> int | None:
         """None: stay quiet. An int: warn now; it is the count held back before this."""
         if self._last is not None and now - self._last < self.interval:
+            if self._used < self.burst:
+                self._used += 1
+                return 0
             self.held += 1
             return None
-        self._last = now
+        self._last, self._used = now, 1
         held, self.held = self.held, 0
         return held
 
