@@ -380,11 +380,18 @@ class DnsLookup:
             except OSError:
                 return None
             loop.add_reader(fd, readable)
-            timer = loop.call_later(min(s.timeout, self.resolver.timeout), got.cancel)
+            expired = False
+
+            def expire() -> None:
+                nonlocal expired
+                expired = True
+                got.cancel()
+
+            timer = loop.call_later(min(s.timeout, self.resolver.timeout), expire)
             try:
                 reply = await got
             except asyncio.CancelledError:
-                if timer.cancelled():  # cancelled from outside: not the timeout
+                if not expired:  # cancelled from outside (shutdown): not the timeout
                     raise
                 return None
             finally:
