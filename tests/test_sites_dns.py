@@ -86,10 +86,11 @@ class Host:
             await asyncio.sleep(0.01)
 
 
-def with_server(host: Host, address: str) -> None:
+def with_server(host: Host, address: str, port: int = 53) -> None:
     assert host.settings is not None
     lookup = DnsLookup(host.settings)
     lookup.resolver.nameservers = [address]
+    lookup.resolver.port = port
     host.resolver = SiteResolver(host, host.settings, lookup.found)
 
 
@@ -359,11 +360,7 @@ def test_a_lookup_waiting_its_turn_holds_its_domain_until_its_query_goes():
         host = Host("site_grouping = mx\nsite_concurrency_limit = 2\n"
                     "site_dns_lookups = 1\nsite_dns_timeout = 3s\n")
         with Hostile(replies) as server:
-            assert host.settings is not None
-            lookup = DnsLookup(host.settings)
-            lookup.resolver.nameservers = [server.address]
-            lookup.resolver.port = server.port
-            host.resolver = SiteResolver(host, host.settings, lookup.found)
+            with_server(host, server.address, server.port)
             began = time.monotonic()
             for i in range(6):
                 host.mail(f"h{i}.test")
@@ -516,11 +513,7 @@ def test_a_zone_that_never_answers_takes_a_quarter_of_the_lookups_not_all():
     async def run() -> float:
         host = Host()
         with Hostile(replies) as server:
-            assert host.settings is not None
-            lookup = DnsLookup(host.settings)
-            lookup.resolver.nameservers = [server.address]
-            lookup.resolver.port = server.port
-            host.resolver = SiteResolver(host, host.settings, lookup.found)
+            with_server(host, server.address, server.port)
             for i in range(20):
                 host.mail(f"r{i}.slow.test")
             began = time.monotonic()
