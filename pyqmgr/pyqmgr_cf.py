@@ -26,10 +26,11 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyqmgr.postfix.config import ConfigError, parse_main_cf
 from pyqmgr.postfix.expand import INT_MAX, INT_MIN, ConversionFatal, MacroError, expand, strtol
+from pyqmgr.trust import RootFiles
 
 #: The file's name inside config_directory.
 PYQMGR_CF = "pyqmgr.cf"
@@ -76,6 +77,16 @@ class PyqmgrCf:
     #: The file's names that another of its values uses as ``$name``: the admin's own
     #: parameters (postconf(1) calls them user-defined and does not warn of them).
     referenced: frozenset[str] = frozenset()
+    #: The daemon reads the files these settings name as root (``pyqmgr check`` reads
+    #: them as it would): each is judged as this file is (:class:`trust.RootFiles`).
+    #: Off for the simulator's and a replay's settings, whose files are the user's.
+    read_as_root: bool = field(default=False, compare=False)
+
+    def root_files(self) -> RootFiles | None:
+        """How the files these settings name are read: judged when :attr:`read_as_root`."""
+        if not self.read_as_root:
+            return None
+        return RootFiles(os.path.dirname(os.path.abspath(self.path)))
 
     def which(self, name: str, transport: str | None = None) -> str | None:
         """The concrete parameter name that answers for ``name``, or None.
@@ -235,9 +246,12 @@ def read_text(path: str) -> str | None:
 
 
 def load(config_dir: str, main_lookup: MainLookup = _no_main) -> PyqmgrCf:
-    """Read ``config_dir/pyqmgr.cf``; a missing file gives an empty, ``exists=False`` one."""
+    """Read ``config_dir/pyqmgr.cf``; a missing file gives an empty, ``exists=False`` one.
+
+    The daemon, ``pyqmgr check`` and ``install`` read it so: the files it names are
+    the daemon's, read as root, and judged (:attr:`PyqmgrCf.read_as_root`)."""
     path = os.path.join(config_dir, PYQMGR_CF)
     text = read_text(path)
     if text is None:
-        return PyqmgrCf(path=path, exists=False)
-    return from_text(text, path, main_lookup)
+        return PyqmgrCf(path=path, exists=False, read_as_root=True)
+    return replace(from_text(text, path, main_lookup), read_as_root=True)

@@ -20,6 +20,9 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
+from pyqmgr.bounded import TooLarge
+from pyqmgr.trust import RootFiles, file_reader
+
 #: MX hosts a site's name is made of at most, by preference: a domain with 500 MX
 #: records is named by its first 32 (and a name stays under about 2 KB).
 MAX_MX = 32
@@ -107,17 +110,30 @@ class Providers:
         return None
 
 
-def load_providers(paths: Sequence[str]) -> Providers:
-    """The shipped table (``builtin``) and the admin's files, in the order given."""
+def load_providers(paths: Sequence[str], files: RootFiles | None = None) -> Providers:
+    """The shipped table (``builtin``) and the admin's files, in the order given.
+    ``files``: the daemon's, as root: each admin's file judged first (the shipped one
+    is part of the package, which the start-up check judges)."""
     table = Providers()
     for path in paths:
         where = SHIPPED if path == "builtin" else path
-        with open(where, encoding="utf-8") as f:
-            text = f.read(MAX_TABLE + 1)
-        if len(text) > MAX_TABLE:
-            raise ProviderTableError(f"{where}: larger than {MAX_TABLE} bytes")
-        table = Providers.parse(text, where, table)
+        table = Providers.parse(read_table(where, None if path == "builtin" else files),
+                                where, table)
     return table
+
+
+def read_table(path: str, files: RootFiles | None) -> str:
+    """A provider or pin file's text, refused when larger than :data:`MAX_TABLE`: a
+    file cut at the limit would name a partial line, or drop entries without a word.
+    OSError, ProviderTableError; trust.UntrustedFile when ``files`` refuses it."""
+    try:
+        data = file_reader(files)(path, MAX_TABLE)
+    except TooLarge as big:
+        raise ProviderTableError(str(big)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProviderTableError(f"{path}: not UTF-8") from None
 
 
 def site_name(mx: Sequence[tuple[int, str]], providers: Providers) -> str | None:

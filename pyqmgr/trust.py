@@ -29,8 +29,11 @@ import pwd
 import stat
 import sys
 import sysconfig
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from types import ModuleType
+
+from pyqmgr.bounded import TooLarge, read_bounded
 
 #: The kernel's limit on symbolic links followed in one lookup (ELOOP after 40).
 MAX_SYMLINKS = 40
@@ -334,3 +337,109 @@ def package_dir() -> str:
     import pyqmgr
 
     return os.path.dirname(os.path.abspath(pyqmgr.__file__))
+
+
+# -- files the settings name, read as root ---------------------------------------------------
+
+
+#: What ``stat`` calls the file types a table, rules or pin file must not be.
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+class UntrustedFile(UntrustedError):
+    """A file a pyqmgr.cf setting names (a table, response rules, provider or pin
+    file) that the daemon will not read as root: ``str(err)`` names the path and why."""
+
+    def __init__(self, problems: Iterable[str], why: str) -> None:
+        problems = list(problems)
+        Exception.__init__(self, f"{problems[0]}; {why}")
+        self.problems = problems
+        self.warnings = [f"untrusted: {text}" for text in problems[1:]]
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+@dataclass(frozen=True)
+class RootFiles:
+    """The files pyqmgr.cf names, judged as pyqmgr.cf is before root reads them.
+
+    master(8) starts the daemon as root, and it reads its tables, response rules,
+    provider and pin files before it drops privileges: whoever can change one steers
+    every message's class, tenant, site or pace, and a FIFO put in a table's place
+    would hang start-up (and ``postfix reload``) at the ``open``. So each file is
+    opened without blocking and judged through its open descriptor: a regular file,
+    root's, writable by no group and by no one else, no larger than its ceiling,
+    with every directory on the way to it (and to a symbolic link's target) judged
+    as :func:`untrusted_paths` does. As for pyqmgr.cf, the directories *above*
+    ``config_dir`` are Postfix's to answer for when the file lies inside it.
+
+    Cost: one open, one fstat and one lstat per path component, at start-up only.
+    """
+
+    config_dir: str
+
+    def read(self, path: str, limit: int) -> bytes:
+        """The whole file; OSError when it cannot be opened or read (a missing table
+        is its caller's business), TooLarge beyond ``limit``, UntrustedFile when it
+        is not a file root alone can change."""
+        fd = self._open(path)
+        try:
+            st = self._judge(path, fd)
+            if st.st_size > limit:
+                raise TooLarge(f"{path}: larger than {limit} bytes")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read(limit + 1)
+        finally:
+            os.close(fd)
+        if len(data) > limit:  # it grew after the fstat
+            raise TooLarge(f"{path}: larger than {limit} bytes")
+        return data
+
+    def check(self, path: str) -> None:
+        """Judge a file another program reads for the daemon as root (an indexed
+        table's ``.db`` file, which ``postmap -s`` lists); OSError when it cannot be
+        opened (postmap then says why), UntrustedFile as :meth:`read`."""
+        fd = self._open(path)
+        try:
+            self._judge(path, fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _open(path: str) -> int:
+        # O_NONBLOCK: a FIFO opens at once instead of waiting for a writer; O_NOCTTY:
+        # a terminal device named here does not become the daemon's.
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+
+    def _judge(self, path: str, fd: int) -> os.stat_result:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedFile([f"{path}: is {_kind(st.st_mode)}"],
+                                "pyqmgr reads only regular files named in pyqmgr.cf")
+        # The walk names the offender (a link's target, a directory on the way); the
+        # open descriptor's own judgement is for a file swapped in after the walk.
+        inside = _inside(path, self.config_dir)
+        problems = untrusted_paths(
+            [path], assume_trusted=ancestors(self.config_dir)[1:] if inside else ())
+        problems = problems or judge(path, st)
+        try:
+            same = os.stat(path)
+        except OSError:
+            same = None
+        if same is None or (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):
+            problems.append(f"{path}: replaced while it was checked")
+        if problems:
+            raise UntrustedFile(list(dict.fromkeys(problems)),
+                                "pyqmgr starts as root and reads no file that anyone "
+                                "but root can change")
+        return st
+
+
+def file_reader(files: RootFiles | None) -> Callable[[str, int], bytes]:
+    """``files.read`` when the daemon (or ``pyqmgr check`` for it) reads as root, else
+    a plain bounded read (the simulator, a replay: the user's own files)."""
+    return files.read if files is not None else read_bounded

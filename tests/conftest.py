@@ -7,6 +7,7 @@ root); they are skipped with a clear reason elsewhere rather than failing obscur
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 from collections.abc import Callable, Iterator
 
@@ -18,6 +19,7 @@ from pyqmgr.testbed.redis import available as redis_available
 from pyqmgr.testbed.sink import SinkServer
 from tests.trust_helpers import PyqmgrForOthers
 from tests.trust_helpers import pyqmgr_for_others as _pyqmgr_for_others
+from tests.trust_helpers import trusted_dir as _trusted_dir
 
 #: Tests that may skip in CI (``CI=true``), each with why. Anything else that skips there
 #: fails: a suite must not pass by not running. Empty: every test runs in CI.
@@ -126,3 +128,13 @@ def pyqmgr_for_others() -> Iterator[PyqmgrForOthers]:
     under /opt (README section 6). Made once a session, removed at its end."""
     with _pyqmgr_for_others() as made:
         yield made
+
+
+@pytest.fixture
+def tables_dir() -> Iterator[pathlib.Path]:
+    """A directory (0755) for the tables and rules files a test's pyqmgr.cf names. The
+    daemon reads them as root and refuses any on a path others can change
+    (trust.RootFiles): pytest's tmp_path lies under /tmp, which anyone can write, so
+    such files go here, under a root-only parent (tests/trust_helpers.py)."""
+    with _trusted_dir("pyqmgr-tables-") as path:
+        yield pathlib.Path(path)

@@ -4,17 +4,15 @@ With ``message_classes`` set, pyqmgr reads each new file in incoming/ up to its
 envelope as the kernel reports it, before the scan does, and reads its class tables
 through ``postmap -s`` at start-up. A file that is cut short or is not a queue file
 at all must not change what happens to it (stock's lines, corrupt/) nor to the mail
-around it; a table whose file blocks must cost a bounded wait, not a qmgr that never
-starts.
+around it. (A table whose file is a FIFO is refused at start-up, by name, before
+postmap could block on it: tests/test_root_files_real.py.)
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 
-from pyqmgr.postfix.lookup_table import POSTMAP_TIMEOUT
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import SinkServer
 from tests.test_control import cli
@@ -107,33 +105,3 @@ def test_cut_short_and_garbage_files_in_incoming_with_classes_on(postfix_instanc
         assert stock[qid], f"stock said nothing of {qid}"
         assert ours[qid] == stock[qid], qid
     assert status["events_lost"] == 0, "the files came as events, not a listing"
-
-
-def test_a_class_table_that_blocks_delays_start_up_by_the_bound(postfix_instance, sink,
-                                                                tmp_path):
-    """hash:stuck whose stuck.db is a FIFO: Postfix's postmap blocks opening it. The
-    qmgr gives up on the table after postmap's bound (lookup_table.POSTMAP_TIMEOUT,
-    10 s), says so once, naming the table, and runs without it: shop.example's mail
-    takes the default class and is delivered."""
-    spec = f"hash:{tmp_path}/stuck"
-    srv: SinkServer = sink()
-    pf: PostfixInstance = postfix_instance(
-        start=False, transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
-        qmgr="pyqmgr")
-    # Both made after the install, whose check reads the tables too (it would wait as
-    # long, and refuse a table it cannot read).
-    pf.write_pyqmgr_cf({**CLASSES_CF, "message_class_maps": spec})
-    os.mkfifo(tmp_path / "stuck.db")
-    began = time.time()
-    pf.start()
-    pf.smtp_send([("resets@shop.example", ["reset@dest.example"])])
-    pf.wait_until(lambda: srv.delivered_count() >= 1, 25, "the reset delivered")
-    took = time.time() - began
-    said = [ln.text for ln in pf.maillog.lines("postfix/qmgr") if "stuck" in ln.text]
-    print(f"\ndelivered {took:.1f} s after start; {said}")
-    assert said == [f"warning: classes: message_class_maps: {spec}: postmap -s did not "
-                    f"finish in {POSTMAP_TIMEOUT:g} s (a table file that blocks?): left out, "
-                    "its mail takes the defaults"]
-    assert POSTMAP_TIMEOUT <= took < POSTMAP_TIMEOUT + 10
-    status = json.loads(cli(pf, "status", "--json").stdout)["classes"]
-    assert [c["name"] for c in status["classes"]] == ["transactional", "bulk"]

@@ -138,11 +138,11 @@ def test_notices_that_are_not_notices_are_refused_with_a_warning(postfix_instanc
 
 
 def test_a_response_rule_that_fires_on_one_server_holds_the_others_back(
-        postfix_instance, sink, redis_server, tmp_path):
+        postfix_instance, sink, redis_server, tables_dir):
     redis = redis_server()
-    rules = tmp_path / "rules"
+    rules = tables_dir / "rules"
     rules.write_text("/\\[TS01\\]/ throttle suspend=60s\n")
-    os.chmod(tmp_path, 0o755)
+    os.chmod(tables_dir, 0o755)
     # A provider's block at the greeting: one new session a second, beyond it
     # "421 [TS01]" (Yahoo's wording), all three servers being one client to it.
     srv: SinkServer = sink(rate_limit=1, rate_reply="421 4.7.0 [TS01] Messages from "

@@ -89,25 +89,25 @@ def test_password_resets_do_not_wait_behind_a_newsletter(postfix_instance, sink)
 
 
 def test_bad_tables_are_a_log_line_each_and_mail_flows_on_the_defaults(
-        postfix_instance, sink, tmp_path):
+        postfix_instance, sink, tables_dir):
     """A missing table, a table type pyqmgr cannot read, a class no one declared: one
     warning each, and every message delivered in the default class."""
     srv: SinkServer = sink()
     # A hash table whose .db is garbage: postmap's lookup of it fails.
-    (tmp_path / "broken.db").write_bytes(b"not a Berkeley DB file\n" * 100)
-    os.chmod(tmp_path, 0o755)
+    (tables_dir / "broken.db").write_bytes(b"not a Berkeley DB file\n" * 100)
+    os.chmod(tables_dir, 0o755)
     pf: PostfixInstance = postfix_instance(
         qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
         start=False)
     # Written after the install, whose check refuses tables that cannot be read
     # (tests/test_check_settings.py); the daemon runs without them.
     pf.write_pyqmgr_cf({"message_classes": "transactional bulk",
-                        "message_class_maps": f"texthash:{tmp_path}/no-such-table, "
+                        "message_class_maps": f"texthash:{tables_dir}/no-such-table, "
                                               "regexp:/etc/postfix/classes.re, "
-                                              f"hash:{tmp_path}/broken, "
+                                              f"hash:{tables_dir}/broken, "
                                               "inline:{ shop.example=urgent }",
                         "tenant_key": "sender_domain",
-                        "tenant_maps": f"texthash:{tmp_path}/no-tenants"})
+                        "tenant_maps": f"texthash:{tables_dir}/no-tenants"})
     pf.start()
     pf.smtp_send([("resets@shop.example", ["a@dest.example"]),
                   ("news@letters.example", ["b@dest.example"]),
@@ -116,10 +116,10 @@ def test_bad_tables_are_a_log_line_each_and_mail_flows_on_the_defaults(
     pf.wait_queue_empty(30)
     text = "\n".join(ln.text for ln in pf.maillog.lines() if ln.program_name == "qmgr")
     print("\n" + "\n".join(ln for ln in text.splitlines() if "classes:" in ln))
-    assert f"cannot read {tmp_path}/no-such-table: No such file or directory" in text
+    assert f"cannot read {tables_dir}/no-such-table: No such file or directory" in text
     assert "regexp tables are not supported" in text
-    assert f"hash:{tmp_path}/broken: postmap -s: " in text
-    assert f"cannot read {tmp_path}/no-tenants" in text
+    assert f"hash:{tables_dir}/broken: postmap -s: " in text
+    assert f"cannot read {tables_dir}/no-tenants" in text
     assert "a table answered class 'urgent', which message_classes does not list" in text
     assert text.count("'urgent'") == 1, "that warning once, not a message"
 

@@ -412,7 +412,7 @@ def test_arrivals_are_placed_by_the_queue_ids_microseconds(tmp_path):
     assert [r[0] for r in rows] == ["0.500", "3.595"], rows
 
 
-def test_a_replay_with_message_classes_sends_the_resets_first(tmp_path):
+def test_a_replay_with_message_classes_sends_the_resets_first(tmp_path, tables_dir):
     """Issue #34: a log of a newsletter and password resets at ten agents, replayed
     as stock and as pyqmgr with classes (the resets' sender transactional): the
     resets' destination's delay drops from the newsletter's wait to its own."""
@@ -426,7 +426,7 @@ def test_a_replay_with_message_classes_sends_the_resets_first(tmp_path):
                          [(f"Nov 24 10:00:0{i + 3}", f"r{i}@yahoo.example", "sent")],
                          sender="resets@shop.example")
     log = write(str(tmp_path / "mail.log"), lines)
-    table = tmp_path / "classes"
+    table = tables_dir / "classes"  # read as root by the replay's qmgr: judged
     table.write_text("shop.example transactional\n")
     classes = (f"pyqmgr:nqmgr,message_classes=transactional bulk,"
                f"message_class_maps=texthash:{table}")

@@ -89,8 +89,8 @@ class Tarpit:
 
 
 def test_a_strangers_domain_with_googles_mx_cannot_stall_throttle_or_kill_googles_site(
-        postfix_instance, sink, tmp_path):
-    rules = tmp_path / "rules"
+        postfix_instance, sink, tables_dir):
+    rules = tables_dir / "rules"
     rules.write_text(RULES)
     rules.chmod(0o644)
     google = sink(latency=0.2, client_limit=LIMIT)
@@ -162,7 +162,7 @@ def test_a_strangers_domain_with_googles_mx_cannot_stall_throttle_or_kill_google
 
 
 def test_a_reply_from_a_host_that_is_not_the_sites_moves_only_its_destination(
-        postfix_instance, sink, tmp_path):
+        postfix_instance, sink, tables_dir):
     """A domain's owner can change its MX records after qmgr looked them up (an answer
     holds for its TTL): ``turn.test`` names Google's hosts when qmgr asks, so it is in
     site ``google``, then names a host of its own, which answers ``421 [TS01]`` under
@@ -170,7 +170,7 @@ def test_a_reply_from_a_host_that_is_not_the_sites_moves_only_its_destination(
     ``turn.test`` is held back, and 100 Workspace messages after it are all delivered
     at the site's full 10 sessions. Before, the reply suspended site google for 15
     minutes."""
-    rules = tmp_path / "rules"
+    rules = tables_dir / "rules"
     rules.write_text(RULES)
     rules.chmod(0o644)
     google = sink(latency=0.2, client_limit=LIMIT)

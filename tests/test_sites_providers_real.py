@@ -58,11 +58,11 @@ SESSIONS = {"google": 5, "microsoft": 3, OWN: 5}
 SITES_CF = {"site_grouping": "mx", "site_concurrency_limit": "5"}
 
 
-def site_limits(tmp_path) -> str:
-    (tmp_path / "main.cf").write_text("")
-    table = tmp_path / "site-limits"
+def site_limits(tables_dir) -> str:
+    (tables_dir / "main.cf").write_text("")
+    table = tables_dir / "site-limits"
     table.write_text("microsoft  3\n")
-    subprocess.run(["postmap", "-c", str(tmp_path), f"hash:{table}"], check=True,
+    subprocess.run(["postmap", "-c", str(tables_dir), f"hash:{table}"], check=True,
                    capture_output=True, timeout=30)
     return f"hash:{table}"
 LATENCY = 0.2
@@ -97,7 +97,7 @@ def _tried(pf: PostfixInstance) -> tuple[int, int]:
 
 
 def test_workspace_domains_and_microsoft_tenants_are_two_sites(postfix_instance, sink,
-                                                               tmp_path):
+                                                               tables_dir):
     with dns.DnsServer(["test", "google.com", "outlook.com"], RECORDS) as server:
         pf, stock_sinks, n = _run(postfix_instance, sink, server, "stock", None)
         pf.wait_until(lambda: sum(_tried(pf)) >= n, 120, f"{n} messages tried once")
@@ -106,7 +106,7 @@ def test_workspace_domains_and_microsoft_tenants_are_two_sites(postfix_instance,
         pf.stop()
 
         pf, sinks, n = _run(postfix_instance, sink, server, "pyqmgr", {
-            **SITES_CF, "site_concurrency_limit_maps": site_limits(tmp_path)})
+            **SITES_CF, "site_concurrency_limit_maps": site_limits(tables_dir)})
         status: dict = {}
         explained = ""
         deadline = time.monotonic() + 60

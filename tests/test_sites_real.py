@@ -113,7 +113,7 @@ def _rate_run(postfix_instance, sink, server: dns.DnsServer, rules: str,
     return srv, pf, n, took
 
 
-def test_a_rate_reply_to_one_domain_slows_the_whole_site(postfix_instance, sink, tmp_path):
+def test_a_rate_reply_to_one_domain_slows_the_whole_site(postfix_instance, sink, tables_dir):
     """A provider's 421 4.7.28 (more than 8 sessions a second, 0.5 s a message) behind
     ten domains, with a rule that halves the window on it, 30 s of it with retries.
     Per destination, each domain learns on its own replies and the ten windows
@@ -121,7 +121,7 @@ def test_a_rate_reply_to_one_domain_slows_the_whole_site(postfix_instance, sink,
     refused in 103-197 s, against 192-245 in 50-68 s per site); with sites, the
     first reply cuts the whole site, and within one delivery (0.5 s) the server sees
     no more sessions at once than the cut allows, whatever domain they are for."""
-    rules = tmp_path / "rules"
+    rules = tables_dir / "rules"
     rules.write_text(RATE_RULES)
     with dns.DnsServer(["test"], RECORDS) as server:
         alone, _, n, alone_took = _rate_run(postfix_instance, sink, server, str(rules),

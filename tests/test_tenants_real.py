@@ -89,15 +89,15 @@ def _sent(srv: SinkServer, rcpt: str) -> bool:
 
 
 def test_a_tenant_suspended_by_command_and_by_a_response_rule(
-        postfix_instance, sink, tmp_path):
+        postfix_instance, sink, tables_dir):
     """``pyqmgr suspend tenant:a.example@DEST``, then a Yahoo-style TSS04 reply to
     a.example's mail with ``suspend_tenant=1h``: each time only a.example's mail to
     that destination waits; b.example's mail there and a.example's elsewhere go."""
     yahoo: SinkServer = sink()
     gmail: SinkServer = sink()
-    rules = tmp_path / "rules"
+    rules = tables_dir / "rules"
     rules.write_text("/\\[TSS04\\]/  throttle suspend_tenant=1h\n")
-    os.chmod(tmp_path, 0o755)
+    os.chmod(tables_dir, 0o755)
     pf: PostfixInstance = postfix_instance(
         qmgr="pyqmgr", transports={"yahoo.example": f"smtp:[127.0.0.1]:{yahoo.port}",
                                    "gmail.example": f"smtp:[127.0.0.1]:{gmail.port}"},

@@ -36,10 +36,11 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyqmgr.bounded import TooLarge, read_bounded
+from pyqmgr.bounded import TooLarge
 from pyqmgr.postfix.attr import AttrError
 from pyqmgr.postfix.config import logical_lines
 from pyqmgr.postfix.proxymap import ProxymapClient, ProxymapError, ProxyTable
+from pyqmgr.trust import RootFiles, file_reader
 
 #: The largest table file read (and the largest dump taken from postmap).
 MAX_TABLE_BYTES = 64 << 20
@@ -103,9 +104,12 @@ class Table:
 def open_table(spec: str, config_dir: str | None = None,
                postmap: str = "postmap", timeout: float = POSTMAP_TIMEOUT,
                warn: Callable[[str], None] | None = None,
-               proxymap: str = "private/proxymap") -> Table:
+               proxymap: str = "private/proxymap", files: RootFiles | None = None) -> Table:
     """Read the table ``spec`` (``type:name``); LookupTableError says what is wrong.
-    ``warn`` takes a ``proxy:`` table's later failures; ``proxymap``: its socket."""
+    ``warn`` takes a ``proxy:`` table's later failures; ``proxymap``: its socket.
+    ``files``: the daemon's (as root): a table's file is judged before it is read,
+    trust.UntrustedFile (not a LookupTableError: start-up stops) for a FIFO, a device
+    or a file others can change."""
     kind, sep, name = spec.partition(":")
     if not sep or not kind or not name:
         raise LookupTableError(f"{spec!r}: expected type:name (texthash:/etc/postfix/x)")
@@ -116,9 +120,11 @@ def open_table(spec: str, config_dir: str | None = None,
     if kind == "inline":
         return _inline(spec, name)
     if kind in ("texthash", "cidr"):
-        text = _read(spec, name)
+        text = _read(spec, name, files)
         return _texthash(spec, text) if kind == "texthash" else _cidr(spec, text)
     if kind in INDEXED:
+        if files is not None:
+            _judge_indexed(kind, name, files)
         return _dumped(spec, config_dir, postmap, timeout)
     raise LookupTableError(
         f"{spec}: {kind} tables are not supported as such (pyqmgr reads "
@@ -142,11 +148,11 @@ def _proxied(spec: str, name: str, warn: Callable[[str], None], path: str) -> Ta
     return Table(spec, fixed=proxy.fixed, proxy=proxy)
 
 
-def _read(spec: str, path: str) -> str:
+def _read(spec: str, path: str, files: RootFiles | None) -> str:
     if not os.path.isabs(path):
         raise LookupTableError(f"{spec}: the table's path must be absolute")
     try:
-        data = read_bounded(path, MAX_TABLE_BYTES)
+        data = file_reader(files)(path, MAX_TABLE_BYTES)
     except OSError as exc:
         raise LookupTableError(f"{spec}: cannot read {path}: {exc.strerror}") from None
     except TooLarge as big:
@@ -244,6 +250,22 @@ def _inline_items(spec: str, text: str) -> list[str]:
             items.append(text[i:j])
             i = j
     return items
+
+
+#: The files ``postmap -s`` opens for each indexed type (Postfix's dict_*.c suffixes).
+INDEX_SUFFIXES = {"hash": (".db",), "btree": (".db",), "lmdb": (".lmdb",),
+                  "cdb": (".cdb",), "dbm": (".dir", ".pag"), "sdbm": (".dir", ".pag")}
+
+
+def _judge_indexed(kind: str, name: str, files: RootFiles) -> None:
+    """postmap lists the table as root: its file is judged as a text table's is (a
+    FIFO there held start-up for postmap's whole timeout). One that is missing or
+    unreadable is left to postmap, whose error names it."""
+    for suffix in INDEX_SUFFIXES.get(kind, ()):
+        try:
+            files.check(name + suffix)
+        except OSError:
+            continue
 
 
 def _postmap(name: str) -> str:

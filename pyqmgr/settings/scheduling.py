@@ -16,19 +16,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
-from pyqmgr.bounded import TooLarge, read_bounded
+from pyqmgr.bounded import TooLarge
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.scheduler.policy import PolicyTable
 from pyqmgr.scheduler.shaping import Rule, ShapingError, ShapingTable, parse_rules
 from pyqmgr.settings.policies import policy_table
 from pyqmgr.settings.retry import RetrySettings, retry_settings
+from pyqmgr.trust import RootFiles, file_reader
 
 
-def load_rules(path: str, max_bytes: int = 1 << 20) -> list[Rule]:
-    """Read and parse a rules file (start-up, before the chroot)."""
+def load_rules(path: str, max_bytes: int = 1 << 20, files: RootFiles | None = None
+               ) -> list[Rule]:
+    """Read and parse a rules file (start-up, before the chroot); with ``files`` (the
+    daemon's, as root) judged first: trust.UntrustedFile for a FIFO or a file others
+    can change."""
     try:
-        data = read_bounded(path, max_bytes)
+        data = file_reader(files)(path, max_bytes)
     except OSError as exc:
         raise ShapingError(f"{path}: {exc.strerror}") from None
     except TooLarge as big:
@@ -50,7 +55,7 @@ class SchedulingSettings:
 
 
 def scheduling_settings(settings: PyqmgrCf,
-                        read_rules: Callable[[str], list[Rule]] = load_rules
+                        read_rules: Callable[[str], list[Rule]] | None = None
                         ) -> SchedulingSettings:
     """pyqmgr.cf's policies, shaping and retry settings; PyqmgrCfError if one is bad.
 
@@ -58,6 +63,8 @@ def scheduling_settings(settings: PyqmgrCf,
     :meth:`PyqmgrCf.error`, whichever part refused it.
     """
     values = dict(settings.values)
+    if read_rules is None:
+        read_rules = partial(load_rules, files=settings.root_files())
 
     def setting(name: str, transport: str, default: str) -> str:
         value = settings.get(name, transport)

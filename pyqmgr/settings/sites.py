@@ -23,10 +23,10 @@ from pyqmgr.pyqmgr_cf import PyqmgrCf
 from pyqmgr.scheduler.shaping import Shaping, ShapingError, parse_duration, parse_rate
 from pyqmgr.scheduler.structures import SITE_LIMIT_MAPS, SiteLimits, SiteTable
 from pyqmgr.site_names import (
-    MAX_TABLE,
     Providers,
     ProviderTableError,
     load_providers,
+    read_table,
     replied_from_site,
 )
 
@@ -117,14 +117,15 @@ def site_settings(settings: PyqmgrCf, commands: dict[str, str],
                                dead_takes_site=scope == "site")
     try:
         providers = load_providers((settings.get(PROVIDERS) or "builtin").replace(
-            ",", " ").split())
+            ",", " ").split(), settings.root_files())
     except (ProviderTableError, OSError) as exc:
         raise settings.error(PROVIDERS, str(exc)) from None
     pins: dict[str, str] = {}
     pin_file = (settings.get(PINS) or "").strip()
     if pin_file:
         try:
-            pins = Providers.parse(_read(pin_file), pin_file).by_suffix
+            pins = Providers.parse(read_table(pin_file, settings.root_files()),
+                                   pin_file).by_suffix
         except (ProviderTableError, OSError) as exc:
             raise settings.error(PINS, str(exc)) from None
     relay = relayhost.strip().lower()
@@ -148,7 +149,7 @@ def _own_limits(settings: PyqmgrCf) -> dict[str, int]:
     config_dir = os.path.dirname(settings.path) if settings.exists else None
     for spec in table_specs(settings.get(SITE_LIMIT_MAPS) or ""):
         try:
-            table = open_table(spec, config_dir)
+            table = open_table(spec, config_dir, files=settings.root_files())
         except LookupTableError as exc:
             raise settings.error(SITE_LIMIT_MAPS, str(exc)) from None
         if not table.fixed or not table.entries:
@@ -160,16 +161,6 @@ def _own_limits(settings: PyqmgrCf) -> dict[str, int]:
                                                       "a limit from 0 to 100000")
             own.setdefault(name, int(value))
     return own
-
-
-def _read(path: str) -> str:
-    """A pin file, refused when larger than a provider table may be: a file cut at
-    the limit would pin a partial line, or drop pins without a word."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read(MAX_TABLE + 1)
-    if len(text) > MAX_TABLE:
-        raise ProviderTableError(f"{path}: larger than {MAX_TABLE} bytes")
-    return text
 
 
 def on(settings: PyqmgrCf) -> bool:
