@@ -75,7 +75,7 @@ GLOBAL: frozenset[str] = frozenset({
     # settings/classes.py
     "message_classes", "message_class_maps", "message_class_key",
     "default_message_class", "message_class_active_reserve", "tenant_key",
-    "tenant_maps", "tenant_weight_maps",
+    "tenant_maps", "tenant_weight_maps", "sender_keys_trusted_clients",
     # daemon/metrics.py
     "metrics_listen", "metrics_destination_limit", "metrics_site_limit",
     "metrics_tenant_limit", "metrics_allow_remote",

@@ -149,10 +149,11 @@ def _checks(settings: PyqmgrCf, cfg: QmgrConfig, policies: list[PolicySetup],
         # check's working directory is not the queue directory, where the daemon finds
         # proxymap's socket as private/proxymap.
         if "classes" in lacking:
-            classifier(settings, lambda text: None, cfg.config_dir, unreadable, proxymap)
+            classifier(settings, lambda text: None, cfg.config_dir, unreadable, proxymap,
+                       cfg.mynetworks)
         elif policies:
             classes.setup(settings, policies[0], lambda text: None, cfg.config_dir,
-                          unreadable, proxymap)
+                          unreadable, proxymap, cfg.mynetworks)
         tenant_limits(settings, (settings.get("tenant_key") or "none").strip(),
                       sites_on(settings), lambda text: None)
 

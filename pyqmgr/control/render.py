@@ -105,6 +105,28 @@ def _memory_line(memory: dict[str, object]) -> str:
     return f"qmgr memory: {mib('resident_bytes')} resident, peak {mib('peak_bytes')}{limit}"
 
 
+def _classes_lines(reply: dict[str, object]) -> list[str]:
+    """Classes' room in the active queue, and whose sender-written keys count."""
+    lines: list[str] = []
+    keys = reply.get("sender_keys")
+    if isinstance(keys, dict):
+        lines.append(f"sender-written keys count for: {_fmt(keys.get('trusted_clients'))}; "
+                     f"{_fmt(keys.get('untrusted_messages'))} messages from other "
+                     "clients took the default class and tenant")
+        lines.append("")
+    classes = reply.get("classes")
+    if isinstance(classes, dict):
+        lines += _table(["CLASS", "ACTIVE", "ROOM"],
+                        [[_fmt(c.get("name")), _fmt(c.get("active")), _fmt(c.get("cap"))]
+                         for c in _dicts(classes.get("classes"))])
+        lines.append(f"incoming/ {_fmt(classes.get('incoming'))}: "
+                     f"{_fmt(classes.get('files_read'))} files read, "
+                     f"{_fmt(classes.get('fed_past_the_scan'))} fed past the scan, "
+                     f"{_fmt(classes.get('waiting_for_room'))} waiting for room")
+        lines.append("")
+    return lines
+
+
 def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     """Two tables: transports, then destinations in ``sort`` order."""
     transports = _dicts(reply.get("transports"))
@@ -151,16 +173,7 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     if isinstance(fleet, dict):
         lines += _fleet_lines(fleet)
         lines.append("")
-    classes = reply.get("classes")
-    if isinstance(classes, dict):
-        lines += _table(["CLASS", "ACTIVE", "ROOM"],
-                        [[_fmt(c.get("name")), _fmt(c.get("active")), _fmt(c.get("cap"))]
-                         for c in _dicts(classes.get("classes"))])
-        lines.append(f"incoming/ {_fmt(classes.get('incoming'))}: "
-                     f"{_fmt(classes.get('files_read'))} files read, "
-                     f"{_fmt(classes.get('fed_past_the_scan'))} fed past the scan, "
-                     f"{_fmt(classes.get('waiting_for_room'))} waiting for room")
-        lines.append("")
+    lines += _classes_lines(reply)
     sites = _dicts(reply.get("sites"))
     if sites:
         lines += _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "STATE", "RULE"],

@@ -263,7 +263,7 @@ class ClassFeed:
             os.close(fd)
         if not batch.ok:
             return self.lowest  # damaged: the scan finds it and says so
-        return self.classifier.classify(envelope(qf, heads))[0]
+        return self.classifier.classify(envelope(qf, heads), count=False)[0]
 
     def describe(self, ranks: Iterable[int]) -> dict[str, object]:
         """For status: each class's messages in the active queue (``ranks``: the

@@ -43,7 +43,9 @@ def read_headers(classes: Classifier, qf: Message, path: str, fd: int | None = N
     delivered as ever. A file that cannot be opened gives none: the scan reports it.
     """
     names = classes.header_names
-    if not names:
+    if not names or not classes.trusts(envelope(qf)):
+        # A client not trusted: its headers would not count (issue #45), so they
+        # are not read either.
         return {}
     if fd is not None:
         found = header_section(fd, qf.data_offset, names, path)
@@ -70,11 +72,12 @@ def _unread(queue_id: str, names: frozenset[str], found: HeaderSection) -> str:
 
 def setup(settings: PyqmgrCf, policies: PolicySetup, warn: Callable[[str], None],
           config_dir: str | None = None, unreadable: Unreadable | None = None,
-          proxymap: str | None = None) -> Classifier | None:
+          proxymap: str | None = None, mynetworks: str | None = None
+          ) -> Classifier | None:
     """:func:`classifier` at start-up: classes and tenants order deliveries in nqmgr's
     job list only, so another scheduler_policy with them is refused, not quietly
-    ignored."""
-    found = classifier(settings, warn, config_dir, unreadable, proxymap)
+    ignored. ``mynetworks``: main.cf's, whose clients the sender's keys count for."""
+    found = classifier(settings, warn, config_dir, unreadable, proxymap, mynetworks)
     if found is not None and not policies.table.stock:
         name = CLASSES if len(found.classes) > 1 else TENANT_KEY
         raise settings.error(name, "classes and tenants order deliveries in stock's "

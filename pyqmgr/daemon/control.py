@@ -522,6 +522,10 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 reply["fleet"] = qmgr.fleet.status()
             if qmgr.memory is not None:
                 reply["memory"] = qmgr.memory.status()
+            if qmgr.classifier is not None and qmgr.classifier.sender_keys:
+                reply["sender_keys"] = {
+                    "trusted_clients": qmgr.classifier.trust.words,
+                    "untrusted_messages": qmgr.classifier.untrusted}
             if qmgr.feeder.classes is not None:
                 reply["classes"] = qmgr.feeder.classes.describe(
                     m.sched.rank for m in qmgr.active.messages.values())

@@ -162,6 +162,14 @@ class SchedulerCollector:
         for label, table in (("class", self.stats.classes), ("tenant", tenants)):
             if table:
                 yield from self._kind(label, table)
+        # The daemon's classifier, when classes or tenants are on (issue #45).
+        classes = getattr(self.source, "classifier", None)
+        if classes is not None and classes.sender_keys:
+            yield CounterMetricFamily(
+                "pyqmgr_untrusted_sender_keys_messages", "Messages from clients that "
+                "sender_keys_trusted_clients does not trust, whose sender address or "
+                "headers were therefore not used for class or tenant.",
+                value=classes.untrusted)
 
     @staticmethod
     def _kind(label: str, table: dict[str, TransportStats]) -> Iterator[Metric]:

@@ -239,7 +239,8 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
         MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf)),
         sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "", bool(fleet_cf)),
         # Classes' and tenants' tables are read now (hash: ones through postmap).
-        classes.setup(pyqmgr_cf, policies, log.warning, config_dir), tenants)
+        classes.setup(pyqmgr_cf, policies, log.warning, config_dir,
+                      mynetworks=cfg.mynetworks), tenants)
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:

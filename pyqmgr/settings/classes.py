@@ -29,11 +29,25 @@ read.
 ``tenant_concurrency_``    each tenant's most deliveries (under way or waiting for an
 ``limit``                  agent) at one destination; transport forms too; 0: none
                            (read with the other tenant limits: :mod:`.tenants`)
+``sender_keys_trusted_``   whose mail the sender-written keys (``sender``,
+``clients``                ``sender_domain``, ``header:NAME``) count for: ``local``
+                           (submitted on this host: no client address),
+                           ``sasl_authenticated``, ``mynetworks`` (main.cf's), ``all``,
+                           and addresses, networks, ``/file`` or ``type:table`` as in
+                           mynetworks; default ``local, sasl_authenticated, mynetworks``.
+                           Other mail takes the default class and tenant for such a
+                           key, counted (status, metrics)
 ``message_class_active_``  percent of ``qmgr_message_active_limit`` each class below
 ``reserve``                the highest leaves to those above it (default 10): with
                            two classes bulk stops at 90% of the active queue, and
                            transactional mail always finds room
 =========================  ==============================================================
+
+Why the sender-written keys need a trusted client (issue #45): the sender address and
+the headers are whatever the sending client wrote. Read from anyone's mail they let a
+stranger make a newsletter "transactional", ahead of all bulk, or name a new tenant
+per message to escape fair shares and caps, or another tenant to spend its share. The
+SASL login, the client address and its verified name are the client's own.
 
 Bad tables must not stop mail (issue #34): a table that cannot be read at start-up, a
 class name a table answers that ``message_classes`` does not list, are a log line
@@ -52,6 +66,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 
+from pyqmgr.postfix.addr_match_list import AddrMatchList, addr_match_list
 from pyqmgr.postfix.lookup_table import (
     LookupTableError,
     Table,
@@ -69,6 +84,10 @@ TENANT_KEY = "tenant_key"
 TENANT_MAPS = "tenant_maps"
 RESERVE = "message_class_active_reserve"
 WEIGHT_MAPS = "tenant_weight_maps"
+TRUSTED = "sender_keys_trusted_clients"
+DEFAULT_TRUSTED = "local, sasl_authenticated, mynetworks"
+#: The words of sender_keys_trusted_clients that are not address patterns.
+TRUST_WORDS = ("local", "sasl_authenticated", "mynetworks", "all")
 #: A tenant's weight at most (jobs a round).
 MAX_WEIGHT = 1000
 #: Tenants' weights remembered at most (then looked up each time).
@@ -87,6 +106,34 @@ NO_TENANT = "-"
 MAX_WARNED = 100
 #: Tenant and class names are kept at most this long (metrics labels, status).
 MAX_NAME = 200
+
+
+def sender_written(key: str) -> bool:
+    """Whether the key is read from what the sending client wrote (issue #45)."""
+    return key in ("sender", "sender_domain") or key.startswith(HEADER)
+
+
+@dataclass
+class ClientTrust:
+    """sender_keys_trusted_clients: whose mail the sender-written keys count for."""
+
+    everyone: bool = False
+    local: bool = True
+    authenticated: bool = True
+    #: main.cf's mynetworks, and the admin's own addresses, as address match lists.
+    lists: list[AddrMatchList] = field(default_factory=list)
+    words: str = DEFAULT_TRUSTED
+
+    def trusts(self, env: Envelope) -> bool:
+        if self.everyone:
+            return True
+        if not env.client_address:
+            # Submitted on this host (sendmail, postdrop, Postfix's own bounces):
+            # local users, as Postfix's authorized_submit_users trusts them.
+            return self.local
+        if env.sasl_username and self.authenticated:
+            return True
+        return any(found.match(env.client_address) for found in self.lists)
 
 
 @dataclass(frozen=True)
@@ -118,6 +165,16 @@ class Classifier:
     weight_tables: list[Table] = field(default_factory=list)
     warned: set[str] = field(default_factory=set)
     weights: dict[str, int] = field(default_factory=dict)
+    #: sender_keys_trusted_clients (issue #45).
+    trust: ClientTrust = field(default_factory=ClientTrust)
+    #: Messages whose sender-written keys were set aside: their client is not trusted.
+    untrusted: int = 0
+
+    @cached_property
+    def sender_keys(self) -> bool:
+        """Whether a key is one the sender writes: only then is trust asked."""
+        return ((bool(self.class_tables) and sender_written(self.class_key))
+                or sender_written(self.tenant_key))
 
     @cached_property
     def header_names(self) -> frozenset[str]:
@@ -133,11 +190,22 @@ class Classifier:
         step = active_limit * self.reserve // 100
         return [max(1, active_limit - rank * step) for rank in range(len(self.classes))]
 
-    def classify(self, env: Envelope) -> tuple[int, str]:
-        return self._rank(env), self._tenant(env)
+    def trusts(self, env: Envelope) -> bool:
+        """Whether the sender-written keys count for this message (headers are read
+        only then)."""
+        return not self.sender_keys or self.trust.trusts(env)
 
-    def _rank(self, env: Envelope) -> int:
-        if not self.class_tables:
+    def classify(self, env: Envelope, count: bool = True) -> tuple[int, str]:
+        """The message's class rank and tenant. A key the sender writes, in mail from
+        a client not trusted, gives the default (``count``: the message is counted;
+        not when incoming/ is only looked into)."""
+        trusted = self.trusts(env)
+        if not trusted and count:
+            self.untrusted += 1
+        return self._rank(env, trusted), self._tenant(env, trusted)
+
+    def _rank(self, env: Envelope, trusted: bool = True) -> int:
+        if not self.class_tables or (not trusted and sender_written(self.class_key)):
             return self.default_rank
         name = _lookup(self.class_tables, _keys(self.class_key, env))
         if name is None:
@@ -172,9 +240,11 @@ class Classifier:
             self.weights[tenant] = weight
         return weight
 
-    def _tenant(self, env: Envelope) -> str:
+    def _tenant(self, env: Envelope, trusted: bool = True) -> str:
         if self.tenant_key == "none":
             return ""
+        if not trusted and sender_written(self.tenant_key):
+            return NO_TENANT
         keys = _keys(self.tenant_key, env)
         if not keys or not keys[0]:
             return NO_TENANT
@@ -214,13 +284,16 @@ Unreadable = Callable[[str, str], None]
 
 def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
                config_dir: str | None = None, unreadable: Unreadable | None = None,
-               proxymap: str | None = None) -> Classifier | None:
+               proxymap: str | None = None, mynetworks: str | None = None
+               ) -> Classifier | None:
     """pyqmgr.cf's classes and tenants; None when off (stock: one class, no tenant).
     PyqmgrCfError for a mistake in the parameters; a table that cannot be read is
     a warning and is left out (its mail takes the defaults). ``unreadable``, when
     given, is told of such a table instead of ``warn``: ``pyqmgr check`` counts it as
     a problem, since the daemon would not do what the file says. ``proxymap``: its
-    socket, where the working directory is not the queue directory (check's)."""
+    socket, where the working directory is not the queue directory (check's).
+    ``mynetworks``: main.cf's, as the daemon computes it (none: the word matches no
+    client)."""
     names = (settings.get(CLASSES) or "").replace(",", " ").split()
     tenant_key = (settings.get(TENANT_KEY) or "none").strip()
     if not _known(tenant_key, TENANT_KEYS):
@@ -250,10 +323,38 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
         return None
     opener = _Tables(settings, warn, config_dir,
                      unreadable or (lambda spec, text: warn(text)), proxymap)
+    if (settings.get(TRUSTED) is not None and not (names and sender_written(class_key))
+            and not sender_written(tenant_key)):
+        raise settings.error(TRUSTED, f"has no effect: neither {CLASS_KEY} nor "
+                                      f"{TENANT_KEY} is a key the sender writes")
     return Classifier(
         names or ["default"], opener.read(CLASS_MAPS), class_key,
         names.index(default) if names else 0, tenant_key, opener.read(TENANT_MAPS), warn,
-        reserve, opener.read(WEIGHT_MAPS))
+        reserve, opener.read(WEIGHT_MAPS),
+        trust=client_trust(settings, warn, config_dir, mynetworks))
+
+
+def client_trust(settings: PyqmgrCf, warn: Callable[[str], None],
+                 config_dir: str | None = None, mynetworks: str | None = None
+                 ) -> ClientTrust:
+    """sender_keys_trusted_clients, read: its words, then the rest as an address match
+    list. A pattern not understood is a warning and matches no client: a mistake
+    trusts less, never more."""
+    text = settings.get(TRUSTED)
+    words = table_specs(DEFAULT_TRUSTED if text is None else text)
+    flags = {word.lower() for word in words if word.lower() in TRUST_WORDS}
+    rest = " ".join(word for word in words if word.lower() not in TRUST_WORDS)
+    lists: list[AddrMatchList] = []
+    files = settings.root_files()
+    if "mynetworks" in flags and mynetworks is not None:
+        lists.append(addr_match_list(mynetworks, "mynetworks", config_dir, files))
+    if rest:
+        lists.append(addr_match_list(rest, TRUSTED, config_dir, files))
+    for found in lists:
+        for line in found.warnings[:10]:
+            warn(f"classes: {line}")
+    return ClientTrust("all" in flags, "local" in flags, "sasl_authenticated" in flags,
+                       lists, " ".join(words))
 
 
 def _known(key: str, keys: tuple[str, ...]) -> bool:
@@ -281,7 +382,7 @@ class _Tables:
         opener = partial(open_table, proxymap=self.proxymap) if self.proxymap else open_table
         for spec in table_specs(self.settings.get(name) or ""):
             try:
-                table = opener(spec, self.config_dir,
+                table = opener(spec, self.config_dir, files=self.settings.root_files(),
                                warn=_prefixed(self.warn, f"classes: {name}"))
             except LookupTableError as exc:
                 self.refused(spec, f"classes: {name}: {exc}: left out, its mail takes the "

@@ -157,7 +157,9 @@ def _parameters_section() -> str:
 #: library.
 NOT_PYQMGR_CF = {"qmgr_message_active_limit", "proxy_read_maps",  # main.cf
                  "sasl_username", "client_address", "client_name",  # key values
-                 "sender_domain", "suspend_tenant", "inotify_simple"}
+                 "sender_domain", "suspend_tenant", "inotify_simple",
+                 "sasl_authenticated",  # a value of sender_keys_trusted_clients
+                 "pyqmgr_untrusted_sender_keys_messages_total"}  # a metric
 
 
 def test_every_known_name_is_documented_in_pyqmgr_8():
