@@ -24,6 +24,7 @@ from pyqmgr.daemon.active import (
     read_more,
 )
 from pyqmgr.daemon.applier import Applier
+from pyqmgr.daemon.class_lookups import ClassLookups, proxied
 from pyqmgr.daemon.classes import envelope, read_headers
 from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
@@ -78,6 +79,10 @@ class Qmgr:
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: set[AgentCall] = set()
         self.loop = asyncio.get_running_loop()
+        #: proxy: class tables are asked in a worker thread, not on this loop (#45).
+        self.class_lookups = (ClassLookups(setup.classes, log.warning, self.loop)
+                              if setup.classes is not None and proxied(setup.classes)
+                              else None)
         #: Operator controls (suspend, resume, retry) and their state file.
         self.suspensions = Suspensions(
             self, setup.state, pol.process_limits,
@@ -121,6 +126,8 @@ class Qmgr:
     def close(self) -> None:
         """On the way out: let trivial-rewrite see the connection end."""
         self.resolver.close()
+        if self.class_lookups is not None:
+            self.class_lookups.close()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -183,9 +190,23 @@ class Qmgr:
             sched = am.sched
             heads = (read_headers(classes, am.qf, am.path, warn=self.log.warning)
                      if classes.header_names else None)
+            if self.class_lookups is not None:
+                self.class_lookups.submit(envelope(am.qf, heads),
+                                          lambda *found: self._classified(am, *found))
+                return
             sched.rank, sched.tenant = classes.classify(envelope(am.qf, heads))
             if sched.tenant:
                 sched.weight = classes.weight(sched.tenant)
+        self._route_first(am)
+
+    def _classified(self, am: ActiveMessage, rank: int, tenant: str, weight: int) -> None:
+        """A message's class and tenant, from the worker (:meth:`load`, proxy: tables)."""
+        am.sched.rank, am.sched.tenant = rank, tenant
+        if tenant:
+            am.sched.weight = weight
+        self._route_first(am)
+
+    def _route_first(self, am: ActiveMessage) -> None:
         recipients = am.take_pending()
         routes = self.active.route(am, recipients) if self.active.prepare(am) else []
         self._assign(am, routes)

@@ -14,10 +14,15 @@ properties: fixed keys or patterns), ``request=lookup, table, flags, key`` by
 ``status, value``. Status 0 is an answer, 1 no such key, 2 try again, 3 a bad
 request, 4 a table not in proxy_read_maps, 5 a table configuration error.
 
-Lookups are synchronous, as stock's clients' are, because the classifier runs while
-qmgr reads a message: each is bounded by :data:`TIMEOUT` (the kernel's receive
+Each lookup is a blocking exchange, bounded by :data:`TIMEOUT` (the kernel's receive
 timeout, no extra poll), and answers are cached (:data:`CACHE_TTL`,
 :data:`CACHE_MAX`), so a relay's steady stream of the same senders costs a dict hit.
+The daemon asks from one worker thread, never from its event loop
+(:mod:`pyqmgr.daemon.class_lookups`): once a table has an :attr:`ProxyTable.owner`,
+any other thread gets answers from the cache only. A message's asks are capped
+(:class:`Budget`: a number and a time), and a parent-domain key deeper than
+:data:`MAX_PARENT_LABELS` is not asked: a 120-label sender domain made 122 asks for
+one message (about 250 ms at 2 ms each), where it now makes at most 16.
 A failure (no server, a timeout, a malformed or oversized reply, status 2 or 5) makes
 the table answer nothing for :data:`BACKOFF` seconds, so that a stuck database costs
 one timeout per episode, not one per message; the caller logs one line per episode.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,6 +62,17 @@ MAX_REPLY = 64 << 10
 #: A key longer than this is not asked (proxymap's own limit is far above; the
 #: classifier's keys are addresses and header values).
 MAX_KEY = 4096
+#: access(5)'s parent-domain keys (``.example.com``) deeper than this many labels are
+#: not asked. Postfix's own walks (smtpd_check.c's check_domain_access, match_list's
+#: parent matching) ask every parent, but each of its asks is one message's own
+#: client; here anyone who sends mail chooses the depth. Ten labels covers any
+#: parent a table plausibly lists (``.mail.eu.corp.example.co.uk`` is seven).
+MAX_PARENT_LABELS = 10
+#: A message's asks of proxymap at most, and the time they may take together: beyond
+#: either the remaining keys are not asked (they take the defaults). Sixteen covers an
+#: address's keys with a ten-label parent walk and its extension.
+MESSAGE_ASKS = 16
+MESSAGE_SECONDS = 0.1
 
 
 class ProxymapError(Exception):
@@ -165,6 +182,32 @@ class ProxymapClient:
             self._sock = None
 
 
+class Budget:
+    """One message's asks of proxymap: at most ``asks``, until ``deadline``. ``cut``
+    says a key went unasked for it (the caller warns, paced)."""
+
+    __slots__ = ("asks", "cut", "deadline")
+
+    def __init__(self, now: float, asks: int = MESSAGE_ASKS,
+                 seconds: float = MESSAGE_SECONDS) -> None:
+        self.asks = asks
+        self.deadline = now + seconds
+        self.cut = False
+
+    def spend(self, now: float) -> bool:
+        """May one more ask go? (Counted when it may.)"""
+        if self.asks <= 0 or now >= self.deadline:
+            self.cut = True
+            return False
+        self.asks -= 1
+        return True
+
+
+def too_deep(key: str) -> bool:
+    """A parent-domain key past :data:`MAX_PARENT_LABELS` (not asked)."""
+    return key.startswith(".") and key.count(".") > MAX_PARENT_LABELS
+
+
 class ProxyTable:
     """A ``proxy:TYPE:NAME`` table's answers: cached, and silent after a failure for
     :data:`BACKOFF` seconds (``warn`` gets one line per failure episode)."""
@@ -180,6 +223,10 @@ class ProxyTable:
         #: Postfix asks a pattern table the whole key only (access(5)'s partial keys
         #: are for fixed-string tables); known after the first open.
         self.fixed = True
+        #: The one thread that may ask proxymap (None: any); others get the cache.
+        self.owner: threading.Thread | None = None
+        #: The message being classified's budget (None: no cap, as at start-up).
+        self.budget: Budget | None = None
 
     def opened(self) -> None:
         """Ask proxymap to open the table now (start-up): a table it refuses is said
@@ -192,7 +239,11 @@ class ProxyTable:
         hit = self.cache.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        if now < self.down_until or len(key) > MAX_KEY or "\0" in key:
+        if now < self.down_until or len(key) > MAX_KEY or "\0" in key or too_deep(key):
+            return None
+        if self.owner is not None and threading.current_thread() is not self.owner:
+            return None  # the event loop: a miss is not asked there
+        if self.budget is not None and not self.budget.spend(now):
             return None
         try:
             value = self.client.lookup(self.table, key)
