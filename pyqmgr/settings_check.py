@@ -27,6 +27,7 @@ from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.master_cf import load_master_cf
 from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.pyqmgr_cf_names import Unknown, unknown_parameters
+from pyqmgr.trust import UntrustedError
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.policies import PolicySetup
@@ -89,7 +90,8 @@ def settings_problems(settings: PyqmgrCf, cfg: QmgrConfig,
     for check in checks:
         try:
             check()
-        except (PyqmgrCfError, PolicyError, ConfigError) as exc:
+        except (PyqmgrCfError, PolicyError, ConfigError, UntrustedError) as exc:
+            # UntrustedError: a table or rules file the daemon would not read as root.
             problems.append(f"{REFUSE}{exc}")
         except Exception as exc:  # noqa: BLE001 - what nobody foresaw (an own policy's code)
             # The daemon would stop on it too, with its own fatal line: named here as
