@@ -34,8 +34,7 @@ def node(postfix_instance, srv: SinkServer, redis: RedisServer, name: str, limit
          **cf: str) -> PostfixInstance:
     return postfix_instance(
         qmgr="pyqmgr", pyqmgr_cf={
-            "shared_state": redis.url, "shared_state_node": name,
-            "shared_state_lease_time": LEASE,
+            **redis.fleet_cf(name), "shared_state_lease_time": LEASE,
             "fast_fleet_destination_concurrency_limit": str(limit), **cf},
         transports={"big.example": f"fast:[127.0.0.1]:{srv.port}"},
         master_cf_extra=["fast unix - - n - 20 smtp"], main_cf=SMTP)

@@ -85,8 +85,8 @@ def test_what_others_wrote_is_skipped_by_name_and_bounded(redis_server):
         took = time.monotonic() - started
         assert [r.node for r in read.records] == ["relay1"]
         why = dict(read.skipped)
-        assert why["junk/1"] == "not JSON"
-        assert why["big/1"] == f"{MAX_RECORD + 1} bytes, more than {MAX_RECORD}"
+        assert why["junk/1"] == "not a record: two lines of JSON expected"
+        assert why["big/1"] == f"more than {MAX_RECORD} bytes"
         assert why["liar/1"].startswith("the record names another server (someone-else/")
         assert why["hash/1"].startswith("Redis answered an error: WRONGTYPE")
         assert why["x" * 80 + "..."] == "not a server's name"

@@ -9,7 +9,9 @@ to obey the stricter of any difference (:mod:`.agreement`), and for ``pyqmgr sta
 Keys, under the fleet's prefix:
 
 ``{prefix}roster:{node}/{instance}``
-    One server's record: JSON, at most :data:`MAX_RECORD` bytes, written with ``SET ...
+    One server's record: two lines of JSON, at most :data:`MAX_RECORD` bytes in all
+    (its settings and state, then the destinations it holds: agreeing reads the first
+    line alone), signed with the fleet's key, written with ``SET ...
     PX`` three lease times long, so a server that stopped publishing leaves the roster
     by itself.
 ``{prefix}roster``
@@ -22,21 +24,33 @@ No command touches keys of two hash slots (a record key and the index are in dif
 slots on a Redis Cluster): a record is read with one ``GETRANGE`` each, pipelined, which
 also bounds what is read of it.
 
-A record is input from the network: anyone who can write to Redis can write one. So
-what is read is bounded (at most :data:`MAX_RECORDS` records, each at most
-:data:`MAX_RECORD` bytes) and every field is checked (:func:`parse_record`); a record
-that fails is skipped, never half-used.
+A record is input from the network: anyone who can write to Redis can write one
+(issue #45). So with a fleet key (``shared_state_key_file``) each record is signed as
+notices of throttling are (HMAC-SHA256 with the fleet's key over the prefix, a label and
+the JSON: :func:`seal_record`), and a record whose signature is missing or wrong is
+skipped before any of it is parsed (:func:`open_record`); without a key nothing can tell
+a server's record from anyone's, so the daemon shows the others' records and obeys
+none. What is read is bounded (at most :data:`MAX_RECORDS` records, each at most
+:data:`MAX_RECORD` bytes, read :data:`BATCH` at a time), every field is checked
+(:func:`parse_record`: a lease time only within what pyqmgr.cf allows, every limit
+within its parameter's range), a record published longer ago than its life or from the
+future is stale, and a record that fails is skipped, never half-used. The checking is
+pure (:func:`examine`) and runs in a thread, off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
-from collections.abc import Sequence
+import re
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pyqmgr.fleet.client import RedisClient, RedisError, RedisUnavailable, Reply
-from pyqmgr.fleet.settings import HOLD, LOCAL, MAX_FLEET_LIMIT, Limits
+from pyqmgr.fleet.settings import HOLD, LOCAL, MAX_FLEET_LIMIT, MAX_LEASE, MIN_LEASE, Limits
+from pyqmgr.fleet.shared import fleet_mac, unit_name
 from pyqmgr.scheduler.shaping import MAX_RATE_COUNT, MIN_PERIOD, Rate
 
 #: The largest record published or read: the top destinations only.
@@ -45,8 +59,10 @@ MAX_RECORD = 64 * 1024
 MAX_RECORDS = 1000
 #: The longest index member read (``node/instance``: a node name is at most 255).
 MAX_MEMBER = 320
-#: The most transports a record may name, and destinations or sites it may list.
-MAX_TRANSPORTS = 256
+#: The most transports a record may name (the default and those with fleet limits of
+#: their own: a server names more than a few only by mistake; past this many it
+#: publishes the first ones), and destinations or sites it may list.
+MAX_TRANSPORTS = 32
 MAX_UNITS = 1000
 #: The name of a record's default limits: the bare ``fleet_*`` parameters.
 ANY_TRANSPORT = "*"
@@ -61,6 +77,21 @@ MODES = (NORMAL, LOCAL, HOLD)
 INDEX_LIFE_MS = 86_400_000
 #: The longest period a rate may have in a record (pyqmgr.cf bounds none: only finite).
 MAX_PERIOD = 1e9
+#: A record lives this many of its lease times unless published again (three
+#: publications missed: a server that stopped leaves the roster by itself); one read
+#: that was published longer ago is a stale copy, skipped.
+RECORD_LIFE = 3
+#: How far a record's publication time may be from this server's clock (keep the
+#: servers on NTP) before it is stale, or from the future.
+CLOCK_SLACK = 60.0
+#: Records asked of Redis in one pipeline: a read of a thousand 64 KiB records comes
+#: in parts of at most 6.4 MiB, the event loop running between them.
+BATCH = 100
+#: A signed record: 64 hex digits of HMAC-SHA256, a space, the JSON.
+MAC_SIZE = 64
+#: What the MAC says a roster record is (a notice of throttling has no label).
+ROSTER_LABEL = b"roster\0"
+_SIGNED = re.compile(rb"[0-9a-f]{64} ")
 
 
 @dataclass(frozen=True)
@@ -132,8 +163,10 @@ def limits_json(limits: Limits) -> dict[str, object]:
 
 
 def encode_record(record: Record, limit: int = MAX_RECORD) -> bytes:
-    """The record as published: JSON of at most ``limit`` bytes, keeping as many of its
-    destinations (listed busiest first) as fit."""
+    """The record as published, at most ``limit`` bytes: a line of JSON (its settings
+    and state), a newline, and a JSON list of as many of its destinations (listed
+    busiest first) as fit. Compact JSON has no newline of its own, so a reader that
+    needs only the settings parses the first line alone."""
     body: dict[str, object] = {
         "node": record.node, "instance": record.instance, "pid": record.pid,
         "version": record.version, "layout": record.layout, "sent": round(record.sent, 3),
@@ -145,8 +178,9 @@ def encode_record(record: Record, limit: int = MAX_RECORD) -> bytes:
         "units_total": record.units_total}
     units = [[u.transport, u.unit, u.leases, u.waiting, u.in_use, u.limit]
              for u in record.units[:MAX_UNITS]]
+    head = json.dumps(body, separators=(",", ":")).encode() + b"\n"
     while True:
-        data = json.dumps({**body, "units": units}, separators=(",", ":")).encode()
+        data = head + json.dumps(units, separators=(",", ":")).encode()
         if len(data) <= limit:
             return data
         if not units:
@@ -210,15 +244,24 @@ def parse_limits(obj: object, what: str) -> Limits:
     return Limits(sessions, Rate(count, period), burst)
 
 
-def parse_record(raw: bytes) -> Record:
+def parse_record(raw: bytes, units: bool = True, memo: dict[object, object] | None = None
+                 ) -> Record:
     """A record's fields, each checked; ValueError says what is wrong with one that is
-    not a record (too large, not JSON, a field of the wrong type or range)."""
+    not a record (too large, not JSON, a field of the wrong type or range).
+
+    ``units``: False leaves the second line, the destinations it lists, unread:
+    agreeing needs the settings alone, and a thousand destinations are most of a
+    large record's size and cost.
+
+    ``memo``: limits already read at this read of the roster, shared by the records
+    that publish the same (a fleet publishes one configuration): a thousand records
+    then hold a few objects, not a hundred thousand for the collector to walk."""
     if len(raw) > MAX_RECORD:
         raise ValueError(f"{len(raw)} bytes, more than {MAX_RECORD}")
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ValueError("not JSON") from None
+    head, newline, tail = raw.partition(b"\n")
+    if not newline:
+        raise ValueError("not a record: two lines of JSON expected")
+    obj = _json(head)
     f = _Fields(obj, "")
     failure = f.obj.get("failure")
     if failure not in (LOCAL, HOLD):
@@ -234,28 +277,74 @@ def parse_record(raw: bytes) -> Record:
         name = _text(transport, "limits", 64)
         if not isinstance(kinds, dict) or not set(kinds) <= {DESTINATION, SITE}:
             raise ValueError(f"limits: {name}: {DESTINATION} and {SITE} expected")
-        limits[name] = {k: parse_limits(v, f"limits: {name}: {k}") for k, v in kinds.items()}
-    units_obj = f.obj.get("units")
-    if not isinstance(units_obj, list) or len(units_obj) > MAX_UNITS:
-        raise ValueError(f"units: a list of at most {MAX_UNITS} expected")
-    units = tuple(_unit(u) for u in units_obj)
+        found = {k: parse_limits(v, f"limits: {name}: {k}") for k, v in kinds.items()}
+        if memo is not None:
+            shared = tuple(sorted((k, memo.setdefault(v, v)) for k, v in found.items()))
+            found = memo.setdefault(shared, found)  # type: ignore[assignment]
+        limits[name] = found
+    shares: tuple[UnitShare, ...] = ()
+    if units:
+        units_obj = _json(tail)
+        if not isinstance(units_obj, list) or len(units_obj) > MAX_UNITS:
+            raise ValueError(f"units: a list of at most {MAX_UNITS} expected")
+        shares = tuple(_unit(u) for u in units_obj)
     last_sync = f.number("last_sync", 0.0, 1e11, none=True)
     return Record(
         f.text("node", 255), f.text("instance", 64), f.integer("pid", 0, 2**31),
         f.text("version", 64), f.integer("layout", 0, 1000),
-        f.number("sent", 0.0, 1e11) or 0.0, f.number("lease_time", 0.001, 86400.0) or 0.0,
-        str(failure), failing, f.integer("errors", 0, 2**62), last_sync, limits, units,
+        f.number("sent", 0.0, 1e11) or 0.0, f.number("lease_time", MIN_LEASE, MAX_LEASE) or 0.0,
+        str(failure), failing, f.integer("errors", 0, 2**62), last_sync, limits, shares,
         f.integer("units_total", 0, 2**62))
+
+
+def _json(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ValueError("not JSON") from None
 
 
 def _unit(value: object) -> UnitShare:
     if not isinstance(value, list) or len(value) != 6:
         raise ValueError("units: [transport, name, leases, waiting, in use, limit] expected")
     transport = _text(value[0], "units: transport", 64)
-    name = _text(value[1], "units: name", 1024, word=False)
+    # A name longer than the fleet's units (an older server's long site name) is
+    # bounded as every server bounds it, not a reason to drop the whole record.
+    name = unit_name(_text(value[1], "units: name", MAX_RECORD, word=False))
     leases, waiting, in_use, limit = (_integer(v, "units: count", 0, 2**62)
                                       for v in value[2:])
     return UnitShare(transport, name, leases, waiting, in_use, limit)
+
+
+# -- signatures ------------------------------------------------------------------------
+
+
+def seal_record(data: bytes, key: bytes, prefix: str) -> bytes:
+    """The record as published: signed with the fleet's key (its MAC, a space, the
+    JSON), or the JSON alone without a key."""
+    if not key:
+        return data
+    return fleet_mac(key, prefix, data, ROSTER_LABEL) + b" " + data
+
+
+def open_record(raw: bytes, key: bytes, prefix: str) -> bytes:
+    """The record's JSON, before any of it is parsed. With a key, only when signed
+    with it: ValueError otherwise. Without one, a signature is taken off unchecked:
+    such a server shows what the others publish and obeys none of it."""
+    if len(raw) > MAC_SIZE + 1 + MAX_RECORD:
+        raise ValueError(f"more than {MAX_RECORD} bytes")
+    signed = _SIGNED.match(raw) is not None
+    if not key:
+        return raw[MAC_SIZE + 1:] if signed else raw
+    if not signed:
+        raise ValueError("not signed (a server without shared_state_key_file, or a pyqmgr "
+                         "that signs no records)")
+    import hmac
+
+    body = raw[MAC_SIZE + 1:]
+    if not hmac.compare_digest(raw[:MAC_SIZE], fleet_mac(key, prefix, body, ROSTER_LABEL)):
+        raise ValueError("not signed with this fleet's key")
+    return body
 
 
 # -- Redis -----------------------------------------------------------------------------
@@ -273,11 +362,61 @@ class RosterRead:
     total: int
 
 
-class Roster:
-    """The roster's keys, over the fleet's :class:`RedisClient`."""
+@dataclass(frozen=True)
+class Fetched:
+    """The roster as Redis gave it, nothing of the records parsed yet."""
 
-    def __init__(self, client: RedisClient, prefix: str) -> None:
+    #: The members read, and what Redis answered for each (bytes, an error, None).
+    members: list[str]
+    replies: list[Reply]
+    #: Index members that are no server's name.
+    skipped: list[tuple[str, str]]
+    total: int
+
+
+def examine(fetched: Fetched, key: bytes, prefix: str, now: float, units: bool = True,
+            pause: Callable[[], None] | None = None) -> RosterRead:
+    """The records of a read, each checked (signature first, then every field, then
+    that it names its member and is fresh); pure, so a thread can run it. ``now``:
+    the wall clock. ``pause`` is called between records (a thread gives up the GIL
+    there, so the event loop never waits long for it)."""
+    skipped = list(fetched.skipped)
+    records: list[Record] = []
+    memo: dict[object, object] = {}
+    for member, raw in zip(fetched.members, fetched.replies, strict=True):
+        if pause is not None:
+            pause()
+        try:
+            record = _record(raw, key, prefix, units, memo)
+        except ValueError as exc:
+            skipped.append((member, str(exc)))
+            continue
+        if record is None:
+            continue  # expired between the two reads
+        age = now - record.sent
+        if record.member != member:
+            skipped.append((member, f"the record names another server "
+                                    f"({record.member[:80]})"))
+        elif age > RECORD_LIFE * record.lease_time + CLOCK_SLACK:
+            skipped.append((member, f"published {age:.0f} s ago, longer than its life: "
+                                    "a stale copy"))
+        elif age < -CLOCK_SLACK:
+            skipped.append((member, f"published {-age:.0f} s from now: check the servers' "
+                                    "clocks"))
+        else:
+            records.append(record)
+    return RosterRead(records, skipped, fetched.total)
+
+
+class Roster:
+    """The roster's keys, over the fleet's :class:`RedisClient`; ``key``: the fleet's
+    key, which signs what is published and must have signed what is read (none:
+    unsigned, see :func:`open_record`)."""
+
+    def __init__(self, client: RedisClient, prefix: str, key: bytes = b"") -> None:
         self.client = client
+        self.prefix = prefix
+        self.fleet_key = key
         self.index = f"{prefix}roster"
         self._key_prefix = f"{prefix}roster:"
 
@@ -289,8 +428,9 @@ class Roster:
         ``now`` is the wall clock (time.time())."""
         ttl_ms = max(1, int(ttl * 1000))
         now_ms = int(now * 1000)
+        data = seal_record(encode_record(record), self.fleet_key, self.prefix)
         _checked(await self.client.pipeline([
-            ("SET", self.key(record.member), encode_record(record), "PX", ttl_ms),
+            ("SET", self.key(record.member), data, "PX", ttl_ms),
             ("ZADD", self.index, now_ms + ttl_ms, record.member),
             ("ZREMRANGEBYSCORE", self.index, "-inf", now_ms),
             ("PEXPIRE", self.index, max(ttl_ms, INDEX_LIFE_MS))]))
@@ -300,8 +440,9 @@ class Roster:
         _checked(await self.client.pipeline([("DEL", self.key(member)),
                                              ("ZREM", self.index, member)]))
 
-    async def read(self, now: float, limit: int = MAX_RECORDS) -> RosterRead:
-        """The unexpired records, at most ``limit`` of them, each checked."""
+    async def fetch(self, now: float, limit: int = MAX_RECORDS) -> Fetched:
+        """The unexpired records as Redis has them, at most ``limit``, each cut at a
+        signed record's largest size; :data:`BATCH` records a round trip."""
         now_ms = int(now * 1000)
         listed, total = _checked(await self.client.pipeline([
             ("ZRANGEBYSCORE", self.index, now_ms, "+inf", "LIMIT", 0, limit),
@@ -310,38 +451,42 @@ class Roster:
             raise RedisUnavailable(f"unexpected reply reading the roster: {listed!r:.80}")
         skipped: list[tuple[str, str]] = []
         members: list[str] = []
-        for item in listed:
+        for item in listed[:limit]:
             if not isinstance(item, bytes) or len(item) > MAX_MEMBER:
                 skipped.append((_shown(item), "not a server's name"))
                 continue
             members.append(item.decode("utf-8", "replace"))
-        replies = await self.client.pipeline(
-            [("GETRANGE", self.key(m), 0, MAX_RECORD) for m in members]) if members else []
-        records: list[Record] = []
-        for member, raw in zip(members, replies, strict=True):
-            try:
-                record = _record(raw)
-            except ValueError as exc:
-                skipped.append((member, str(exc)))
-                continue
-            if record is None:
-                continue  # expired between the two reads
-            if record.member != member:
-                skipped.append((member, f"the record names another server "
-                                        f"({record.member[:80]})"))
-                continue
-            records.append(record)
-        return RosterRead(records, skipped, total)
+        replies: list[Reply] = []
+        for at in range(0, len(members), BATCH):
+            replies += await self.client.pipeline(
+                [("GETRANGE", self.key(m), 0, MAC_SIZE + 1 + MAX_RECORD)
+                 for m in members[at:at + BATCH]])
+        return Fetched(members, replies, skipped, total)
+
+    async def read(self, now: float, limit: int = MAX_RECORDS, units: bool = True
+                   ) -> RosterRead:
+        """The unexpired records, at most ``limit`` of them, each checked in a thread
+        (:func:`examine`), which gives way to the event loop after each."""
+        fetched = await self.fetch(now, limit)
+        return await asyncio.to_thread(examine, fetched, self.fleet_key, self.prefix, now,
+                                       units, give_way)
 
 
-def _record(raw: Reply) -> Record | None:
+def give_way() -> None:
+    """In a thread: let the event loop's thread have the GIL now if it waits for it
+    (sleep releases it), rather than after the interpreter's 5 ms switch interval."""
+    time.sleep(0)
+
+
+def _record(raw: Reply, key: bytes, prefix: str, units: bool,
+            memo: dict[object, object] | None = None) -> Record | None:
     if isinstance(raw, RedisError):
         raise ValueError(f"Redis answered an error: {raw.message[:200]}")
     if not isinstance(raw, bytes):
         raise ValueError(f"not a string ({type(raw).__name__})")
     if not raw:
         return None
-    return parse_record(raw)
+    return parse_record(open_record(raw, key, prefix), units, memo)
 
 
 def _shown(item: object) -> str:

@@ -125,6 +125,9 @@ PER_TRANSPORT = (FLEET_BURST, FLEET_LIMIT, FLEET_RATE, FLEET_THROTTLING, FLEET_S
 DESTINATION_PARAMS = (FLEET_LIMIT, FLEET_RATE, FLEET_BURST)
 SITE_PARAMS = (FLEET_SITE_LIMIT, FLEET_SITE_RATE, FLEET_SITE_BURST)
 MAX_FLEET_LIMIT = 100_000
+#: The lease times pyqmgr.cf allows (``shared_state_lease_time``), and so the only ones
+#: read from another server's roster record.
+MIN_LEASE, MAX_LEASE = 2.0, 3600.0
 
 #: What a node does while Redis is slow or gone.
 LOCAL, HOLD = "local", "hold"
@@ -354,7 +357,7 @@ def fleet_settings(settings: PyqmgrCf, myhostname: str,
     if failure not in (LOCAL, HOLD):
         raise settings.error(FAILURE, f"expected {LOCAL} or {HOLD}, not {failure!r}")
     timeout = _duration(settings, TIMEOUT, "500ms", 0.01, 10.0)
-    lease = _duration(settings, LEASE_TIME, "60s", 2.0, 3600.0)
+    lease = _duration(settings, LEASE_TIME, "60s", MIN_LEASE, MAX_LEASE)
     prefix = settings.get(PREFIX)
     prefix = "pyqmgr:" if prefix is None else prefix.strip()
     if not prefix or any(c.isspace() or c in "{}" for c in prefix) or len(prefix) > 64:

@@ -66,6 +66,41 @@ BUCKETS = 64
 KEY_LAYOUT = 2
 
 
+#: The longest unit name (a destination's queue name, or ``site NAME``) the fleet uses
+#: as it is: a site named by its MX hosts can pass 2,000 characters (issue #45), and
+#: every roster record listing it was refused. A longer one keeps its first characters
+#: and ends in ``~`` and a digest of the whole (:func:`unit_name`), the same on every
+#: server, in every key, channel message and record.
+MAX_UNIT_NAME = 256
+_UNIT_DIGEST = 16
+
+
+def unit_name(name: str) -> str:
+    """The unit's name as the fleet counts it: itself up to :data:`MAX_UNIT_NAME`
+    characters; longer, its head, ``~`` and 16 hex digits of SHA-256 of the whole, so
+    two long names that share a head stay two units."""
+    if len(name) <= MAX_UNIT_NAME:
+        return name
+    import hashlib  # only a long name loads libcrypto (tests/unit/test_daemon_imports.py)
+
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{name[:MAX_UNIT_NAME - _UNIT_DIGEST - 1]}~{digest[:_UNIT_DIGEST]}"
+
+
+def fleet_mac(key: bytes, prefix: str, body: bytes, label: bytes = b"") -> bytes:
+    """HMAC-SHA256, in hex, of what a server signs with the fleet's key: the fleet's
+    prefix (a key signs one fleet's data only), a label saying what the body is (none
+    for a notice of throttling; ``roster\\0`` for a roster record, so neither is ever
+    taken for the other) and the body."""
+    # Imported here: hashlib loads libcrypto, which a server without a fleet key never
+    # needs (tests/unit/test_daemon_imports.py).
+    import hashlib
+    import hmac
+
+    return hmac.new(key, prefix.encode() + b"\0" + label + body,
+                    hashlib.sha256).hexdigest().encode()
+
+
 def bucket(transport: str, unit: str) -> int:
     """A destination's (or ``site NAME``'s) hash-tag bucket: the same on every node."""
     return zlib.crc32(f"{transport}\n{unit}".encode()) % BUCKETS
@@ -594,18 +629,12 @@ class NoticeSeal:
         if not key:
             raise ValueError("a fleet's notices need its key")
         self._key = key
-        self._prefix = prefix.encode()
+        self._prefix = prefix
         #: Nonce -> when it may be forgotten (it is stale by then), oldest first.
         self._seen: dict[str, float] = {}
 
     def _mac(self, body: bytes) -> bytes:
-        # Imported here: hashlib loads libcrypto, which a server without a fleet key
-        # never needs (tests/unit/test_daemon_imports.py).
-        import hashlib
-        import hmac
-
-        return hmac.new(self._key, self._prefix + b"\0" + body,
-                        hashlib.sha256).hexdigest().encode()
+        return fleet_mac(self._key, self._prefix, body)
 
     def seal(self, news: Throttling, node: str, instance: str, now: float) -> str:
         """The signed notice to publish; ``now`` is the wall clock (time.time())."""

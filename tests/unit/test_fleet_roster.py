@@ -82,7 +82,14 @@ def test_a_large_record_keeps_the_busiest_destinations_within_64_kib():
 
 
 def good() -> dict[str, object]:
-    return json.loads(encode_record(record()))
+    """A record's two lines as one object (``units``: the second line's list)."""
+    head, _, tail = encode_record(record()).partition(b"\n")
+    return {**json.loads(head), "units": json.loads(tail)}
+
+
+def two_lines(obj: dict[str, object]) -> bytes:
+    head = {k: v for k, v in obj.items() if k != "units"}
+    return (json.dumps(head) + "\n" + json.dumps(obj.get("units"))).encode()
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -97,12 +104,15 @@ def good() -> dict[str, object]:
     ({"sent": "now"}, "sent: 'now' is not a number"),
     ({"lease_time": 0}, "lease_time: 0 is not a number"),
     ({"lease_time": 1e12}, "lease_time: 1000000000000.0 is not a number"),
+    # Only what pyqmgr.cf allows (2s to 1h): a day's lease time is no record's.
+    ({"lease_time": 86400}, "lease_time: 86400 is not a number from 2 to 3600"),
+    ({"lease_time": 1.5}, "lease_time: 1.5 is not a number from 2 to 3600"),
     ({"failure": "panic"}, "failure: 'panic' is neither local nor hold"),
     ({"failing": 1}, "failing: true or false expected"),
     ({"errors": -3}, "errors: -3 is not a whole number"),
     ({"last_sync": "yesterday"}, "last_sync: 'yesterday' is not a number"),
-    ({"limits": []}, "limits: an object of at most 256 transports expected"),
-    ({"limits": {f"t{i}": {} for i in range(300)}}, "limits: an object of at most 256"),
+    ({"limits": []}, "limits: an object of at most 32 transports expected"),
+    ({"limits": {f"t{i}": {} for i in range(33)}}, "limits: an object of at most 32"),
     ({"limits": {"a b": {}}}, "limits: 'a b' has spaces"),
     ({"limits": {"smtp": {"destination": {"sessions": -1, "burst": 1}}}},
      "limits: smtp: destination: sessions: -1 is not a whole number from 0 to 100000"),
@@ -120,21 +130,23 @@ def good() -> dict[str, object]:
     ({"units": [["smtp", "gmail.com", 1, 2, 3, 4]] * 1001}, "units: a list of at most"),
     ({"units": [["smtp", "gmail.com", 1, 2, 3]]}, "units: [transport, name, leases"),
     ({"units": [["smtp", "gmail.com", -1, 2, 3, 4]]}, "units: count: -1 is not a whole"),
-    ({"units": [["smtp", "", 1, 2, 3, 4]]}, "units: name: a text of 1 to 1024"),
+    ({"units": [["smtp", "", 1, 2, 3, 4]]}, "units: name: a text of 1 to 65536"),
     ({"units": [["smtp", "a\nb", 1, 2, 3, 4]]}, "units: name: 'a\\nb' has spaces or"),
     ({"units_total": 1.5}, "units_total: 1.5 is not a whole number"),
 ])
 def test_a_bad_field_is_refused_by_name(change, error):
     obj = {**good(), **change}
     with pytest.raises(ValueError) as exc:
-        parse_record(json.dumps(obj).encode())
+        parse_record(two_lines(obj))
     assert str(exc.value).startswith(error), str(exc.value)
 
 
 @pytest.mark.parametrize(("raw", "error"), [
-    (b"", "not JSON"), (b"{", "not JSON"), (b"\xff\xfe", "not JSON"),
-    (b"[1, 2]", ": not a JSON object"), (b'"node"', ": not a JSON object"),
-    (b"[" * 60_000, "not JSON"), (b"{}", "failure: None is neither"),
+    (b"", "not a record: two lines"), (b"{", "not a record: two lines"),
+    (b"{\n[]", "not JSON"), (b"\xff\xfe\n[]", "not JSON"),
+    (b"[1, 2]\n[]", ": not a JSON object"), (b'"node"\n[]', ": not a JSON object"),
+    (b"[" * 60_000 + b"\n[]", "not JSON"), (b"{}\n[]", "failure: None is neither"),
+    (two_lines({**good(), "units": None})[:-4] + b"[[", "not JSON"),
     (b"x" * (MAX_RECORD + 1), f"{MAX_RECORD + 1} bytes, more than {MAX_RECORD}"),
 ])
 def test_what_is_not_a_record_is_refused(raw, error):
@@ -210,9 +222,14 @@ class Log:
         self.lines.append(text)
 
 
-def roster(cf: str, now: list[float] | None = None) -> tuple[FleetRoster, Log]:
+KEY = b"k" * 32
+
+
+def roster(cf: str, now: list[float] | None = None, key: bool = True
+           ) -> tuple[FleetRoster, Log]:
     settings = fleet_settings(from_text("shared_state = redis://127.0.0.1:6379\n"
-                                        "shared_state_node = relay1\n" + cf), "relay1")
+                                        "shared_state_node = relay1\n" + cf), "relay1",
+                              key=KEY if key else b"")
     assert isinstance(settings, FleetSettings)
     log = Log()
     host = SimpleNamespace(log=log, scheduler=SimpleNamespace(sites=None, transports={}))
@@ -314,16 +331,31 @@ def test_differences_are_logged_in_bounded_number():
     assert fr.source.units.limits("smtp") == Limits(1)
 
 
-def test_skipped_records_warn_once_a_minute_naming_the_server():
+def test_skipped_records_warn_once_a_minute_per_server():
     now = [100.0]
     fr, log = roster("", now)
     fr.heard(RosterRead([], [("evil/1", "not JSON"), ("evil/2", "not JSON")], 2))
     fr.heard(RosterRead([], [("evil/1", "not JSON")], 1))
-    assert log.lines == ["warning: fleet: skipped the roster record of evil/1: not JSON "
-                         "(and 1 more); this warning at most once a minute"]
-    now[0] += 61
-    fr.heard(RosterRead([], [("evil/3", "1000000 bytes")], 1))
-    assert len(log.lines) == 2 and fr.skipped == 4
+    assert log.lines == [
+        f"warning: fleet: skipped the roster record of evil/{n}: not JSON; this warning "
+        "at most once a minute per server" for n in (1, 2)]
+    now[0] += 30
+    fr.heard(RosterRead([], [("evil/1", "not JSON"), ("evil/3", "not signed")], 2))
+    assert log.lines[-1].startswith("warning: fleet: skipped the roster record of evil/3: "
+                                    "not signed;") and len(log.lines) == 3
+    now[0] += 31
+    fr.heard(RosterRead([], [("evil/1", "more than 65536 bytes")], 1))
+    assert len(log.lines) == 4 and fr.skipped == 6
+
+
+def test_a_thousand_skipped_records_make_twenty_one_lines():
+    fr, log = roster("", [0.0])
+    fr.heard(RosterRead([], [(f"evil{i}/1", "not signed") for i in range(1000)], 1000))
+    fr.heard(RosterRead([], [(f"evil{i}/1", "not signed") for i in range(1000)], 1000))
+    assert len(log.lines) == 21 and log.lines[-1] == (
+        "warning: fleet: skipped the roster records of 980 more servers (pyqmgr status "
+        "--fleet lists them)")
+    assert fr.skipped == 2000
 
 
 def test_a_wait_read_from_redis_is_capped_and_counted():

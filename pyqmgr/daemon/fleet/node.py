@@ -352,7 +352,7 @@ class Fleet:
         """Open the fleet's gate of the unit's destination, or of every destination of
         its site that the fleet holds (``held_only``: only a gate that is the fleet's)."""
         names = ([q.name for q in self.units.queues(transport, unit)]
-                 if unit.startswith(SITE_UNIT) else [unit])
+                 if unit.startswith(SITE_UNIT) else [self.units.whole(unit)])
         t = self.host.scheduler.transports.get(transport)
         for name in names:
             shape = t.shapes.get(name) if t is not None else None
@@ -430,7 +430,9 @@ class Fleet:
     async def _renew(self) -> None:
         """Renew every lease held, a third of the lease time before it could expire."""
         while True:
-            await asyncio.sleep(self.roster.lease_time / 3)
+            # This server's own lease time, never a longer one in force from another
+            # record (issue #45): renewing sooner than needed keeps every lease.
+            await asyncio.sleep(self.settings.lease_time / 3)
             await self._renew_all()
 
     def _recount(self, payload: bytes) -> None:

@@ -16,6 +16,15 @@ with this server's own record as it is at that instant.
 
 A server learns the others' limits at its first read, right after start-up: a
 delivery that starts before that read ends goes by this server's own.
+
+What another server publishes is obeyed only when signed with the fleet's key (issue
+#45): without ``shared_state_key_file`` this server publishes and shows the roster,
+and obeys none of it (anyone who can write to Redis could write a record). A record
+not signed with the key is skipped, counted and warned of once a minute per server.
+The read's parsing and agreeing run in a thread, off the event loop, each bounded
+(:func:`pyqmgr.fleet.roster.examine`, :func:`pyqmgr.fleet.agreement.agree`); only
+applying the outcome is the loop's. Both loops, this roster's and the leases'
+renewal, keep to a third of this server's own lease time, whatever is in force.
 """
 
 from __future__ import annotations
@@ -29,25 +38,31 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pyqmgr import __version__
 from pyqmgr.fleet.agreement import (
+    LAYOUT,
+    MAX_COMPARED,
+    Agreement,
     Difference,
-    differences,
-    lease_difference,
-    setting_name,
-    stricter,
+    Ours,
+    agree,
     wait_bound,
 )
 from pyqmgr.fleet.client import RedisUnavailable
 from pyqmgr.fleet.roster import (
     ANY_TRANSPORT,
     DESTINATION,
+    MAX_RECORDS,
+    RECORD_LIFE,
     SITE,
+    Fetched,
     Record,
     Roster,
     RosterRead,
     UnitShare,
+    examine,
+    give_way,
     limits_json,
 )
-from pyqmgr.fleet.settings import DESTINATION_PARAMS, LEASE_TIME, PER_TRANSPORT, SITE_PARAMS
+from pyqmgr.fleet.settings import DESTINATION_PARAMS, PER_TRANSPORT, SITE_PARAMS
 from pyqmgr.fleet.shared import KEY_LAYOUT, RECOUNT_MS
 from pyqmgr.postfix.policy_delegation import WarnGate
 
@@ -58,13 +73,13 @@ if TYPE_CHECKING:
     from pyqmgr.fleet.settings import FleetSettings, Limits
     from pyqmgr.fleet.shared import Shared
 
-#: A record lives this many lease times unless published again (three publications
-#: missed: a server that stopped leaves the roster by itself).
-RECORD_LIFE = 3
-#: The most difference warnings logged at one read; the rest in one line.
+#: The most difference warnings logged at one read, and the most skipped records
+#: named; the rest in one line.
 MAX_LOGGED = 20
-#: The difference that is no setting: the keys' layout.
-LAYOUT = "key layout"
+#: A skipped record is warned of at most once in this many seconds per server.
+SKIP_WARN_INTERVAL = 60.0
+
+__all__ = ["LAYOUT", "RECORD_LIFE", "FleetRoster", "RosterSource", "server_reply"]
 
 
 class RosterSource(Protocol):
@@ -96,7 +111,7 @@ class FleetRoster:
     def __init__(self, source: RosterSource) -> None:
         self.source = source
         settings = source.settings
-        self.redis = Roster(source.shared.client, settings.prefix)
+        self.redis = Roster(source.shared.client, settings.prefix, settings.key)
         #: The lease time in force: the longest in the fleet.
         self.lease_time = settings.lease_time
         #: Differences with other servers in force now, each logged once: (node,
@@ -105,6 +120,14 @@ class FleetRoster:
         #: Servers in the roster at the last read, and records skipped in all.
         self.servers = 0
         self.skipped = 0
+        #: When each server's skipped record was last warned of (bounded: pruned of
+        #: those a minute old when it grows past twice the records a read takes).
+        self.skip_warned: dict[str, float] = {}
+        #: Differences beyond those kept at the last read, and transports only others
+        #: name that it left uncompared.
+        self.more_differences = 0
+        self.uncompared = 0
+        self.unsigned_said = False
         self.warn = WarnGate(60.0)
         self.cap_warn = WarnGate(60.0)
 
@@ -161,10 +184,12 @@ class FleetRoster:
     # -- publish, read, agree -----------------------------------------------------------
 
     async def run(self) -> None:
-        """Publish and read at start, then every third of the lease time in force."""
+        """Publish and read at start, then every third of this server's own lease
+        time (a longer one in force never slows the roster: it is what would notice
+        that the longer one went)."""
         while True:
             await self.sync()
-            await asyncio.sleep(self.lease_time / 3)
+            await asyncio.sleep(self.source.settings.lease_time / 3)
 
     async def sync(self) -> None:
         stats = self.source.stats
@@ -173,8 +198,10 @@ class FleetRoster:
                 await self.redis.publish(self.record(), RECORD_LIFE * self.lease_time,
                                          time.time())
             with stats.timed():
-                read = await self.redis.read(time.time())
-            self.heard(read)
+                fetched = await self.redis.fetch(time.time())
+            read, agreement = await asyncio.to_thread(self.weigh, fetched, self.ours(),
+                                                      time.time())
+            self.apply(read, agreement)
         except RedisUnavailable:
             pass  # the admissions' own failures warn; the next round tries again
         except Exception as exc:  # noqa: BLE001 - a bug here must not end the daemon
@@ -183,6 +210,27 @@ class FleetRoster:
                 self.source.host.log.warning(
                     f"fleet: the roster not published or read: {type(exc).__name__}: "
                     f"{exc}; this warning at most once a minute")
+
+    def ours(self) -> Ours:
+        """What agreeing needs of this server, taken now, on the event loop."""
+        src = self.source
+        return Ours(src.settings.node, src.settings.lease_time, KEY_LAYOUT, src.units.own,
+                    src.units.grouping(), frozenset(self._named()),
+                    frozenset(src.host.scheduler.transports))
+
+    def weigh(self, fetched: Fetched, ours: Ours, now: float
+              ) -> tuple[RosterRead, Agreement | None]:
+        """A read checked and agreed with (None: no key, nothing obeyed); pure, for a
+        thread, which gives way to the event loop between records and transports."""
+        read = examine(fetched, self.redis.fleet_key, self.redis.prefix, now, units=False,
+                       pause=give_way)
+        return read, self._agreed(read, ours, give_way)
+
+    def _agreed(self, read: RosterRead, ours: Ours,
+                pause: Callable[[], None] | None = None) -> Agreement | None:
+        if not self.redis.fleet_key:
+            return None
+        return agree(ours, [r for r in read.records if r.node != ours.node], pause)
 
     async def leave(self) -> None:
         """At exit: out of the roster now, not three lease times from now (a reload
@@ -193,76 +241,62 @@ class FleetRoster:
             pass  # it expires by itself
 
     def heard(self, read: RosterRead) -> None:
-        """A read of the roster: warn of records skipped, agree with the others."""
-        self.servers = len(read.records)
-        if read.skipped:
-            self.skipped += len(read.skipped)
-            held = self.warn.allow(self.source.clock())
-            if held is not None:
-                member, why = read.skipped[0]
-                more = f" (and {len(read.skipped) - 1} more)" if len(read.skipped) > 1 else ""
-                self.source.host.log.warning(
-                    f"fleet: skipped the roster record of {member}: {why}{more}; this "
-                    "warning at most once a minute")
-        node = self.source.settings.node
-        self.agree([r for r in read.records if r.node != node])
+        """A read of the roster, agreed with here (tests; the daemon agrees in a
+        thread, :meth:`sync`)."""
+        self.apply(read, self._agreed(read, self.ours()))
 
-    def agree(self, others: list[Record]) -> None:
-        """Compare the others' settings with this server's, log what differs (once per
-        difference), and obey the stricter: limits through the units' overrides, the
-        lease time through the shared state's leases."""
+    def apply(self, read: RosterRead, agreement: Agreement | None) -> None:
+        """A read's outcome, on the event loop: warn of records skipped, obey what the
+        others agree to (nothing without a key: this server's own settings)."""
         src = self.source
-        own_lease = src.settings.lease_time
-        found: dict[tuple[str, str], Difference] = {}
-        lease = own_lease
-        for record in others:
-            diff = lease_difference(own_lease, record.lease_time, LEASE_TIME)
-            if diff is not None:
-                found[(record.node, diff.setting)] = diff
-                lease = max(lease, record.lease_time)
-            if record.layout != KEY_LAYOUT:
-                found[(record.node, LAYOUT)] = Difference(
-                    LAYOUT, str(record.layout), str(KEY_LAYOUT), "", LAYOUT)
-        overrides = self._overrides(others, found)
-        self._log(found)
-        src.units.overrides = overrides
-        self.lease_time = lease
-        src.shared.lease_ms = max(1, int(lease * 1000))
+        self.servers = len(read.records)
+        self._skipped(read.skipped)
+        if agreement is None:
+            agreement = Agreement({}, src.settings.lease_time)
+            others = sum(1 for r in read.records if r.node != src.settings.node)
+            if others and not self.unsigned_said:
+                self.unsigned_said = True
+                src.host.log.warning(
+                    f"fleet: {others} other servers in the roster; without "
+                    "shared_state_key_file no record is signed, so this node compares "
+                    "and obeys none of their settings (set the same key on every server)")
+        self.more_differences = agreement.more
+        if agreement.uncompared > self.uncompared:
+            src.host.log.warning(
+                f"fleet: other servers name {agreement.uncompared + MAX_COMPARED} "
+                f"transports this node does not have; {agreement.uncompared} of them not "
+                "compared")
+        self.uncompared = agreement.uncompared
+        self._log(agreement.found)
+        src.units.overrides = agreement.overrides
+        self.lease_time = agreement.lease_time
+        src.shared.lease_ms = max(1, int(agreement.lease_time * 1000))
 
-    def _overrides(self, others: list[Record], found: dict[tuple[str, str], Difference]
-                   ) -> dict[tuple[str, str], Limits | None]:
-        """The limits obeyed per transport and kind (none: the fleet agrees), noting
-        each difference in ``found``."""
-        units = self.source.units
-        names = self._named() | {t for r in others for t in r.limits}
-        names.discard(ANY_TRANSPORT)
-        overrides: dict[tuple[str, str], Limits | None] = {}
-        differs = False
-        for kind, params in ((DESTINATION, DESTINATION_PARAMS), (SITE, SITE_PARAMS)):
-            default = units.own(ANY_TRANSPORT, kind)
-            for transport in [ANY_TRANSPORT, *sorted(names)]:
-                if kind == SITE and not units.grouped(transport):
-                    continue
-                own = units.own(transport, kind)
-                specific = transport == ANY_TRANSPORT or own != default
-                obeyed = own
-                for record in others:
-                    theirs = record.limits_for(transport, kind)
-                    if theirs is None:
-                        continue
-                    if specific or transport in record.limits:
-                        # A transport neither names is the default's: said there once.
-                        specific = True
-                        for diff in differences(own, theirs, (
-                                setting_name(transport, params[0], ANY_TRANSPORT),
-                                setting_name(transport, params[1], ANY_TRANSPORT),
-                                setting_name(transport, params[2], ANY_TRANSPORT))):
-                            found[(record.node, diff.setting)] = diff
-                    obeyed = stricter(obeyed, theirs)
-                differs = differs or obeyed != own
-                if specific:
-                    overrides[(transport, kind)] = obeyed if obeyed.active else None
-        return overrides if differs else {}
+    def _skipped(self, skipped: list[tuple[str, str]]) -> None:
+        """Records skipped: counted, and each server's warned of at most once a
+        minute (at most :data:`MAX_LOGGED` lines a read, the rest in one)."""
+        if not skipped:
+            return
+        self.skipped += len(skipped)
+        now = self.source.clock()
+        warned = self.skip_warned
+        if len(warned) > 2 * MAX_RECORDS:
+            for member, when in list(warned.items()):
+                if now - when >= SKIP_WARN_INTERVAL:
+                    del warned[member]
+            if len(warned) > 4 * MAX_RECORDS:
+                warned.clear()  # a flood of new names: warned of again, still paced
+        fresh = [(m, why) for m, why in skipped
+                 if now - warned.get(m, -SKIP_WARN_INTERVAL) >= SKIP_WARN_INTERVAL]
+        log = self.source.host.log
+        for member, why in fresh[:MAX_LOGGED]:
+            log.warning(f"fleet: skipped the roster record of {member}: {why}; this "
+                        "warning at most once a minute per server")
+        if len(fresh) > MAX_LOGGED:
+            log.warning(f"fleet: skipped the roster records of {len(fresh) - MAX_LOGGED} "
+                        "more servers (pyqmgr status --fleet lists them)")
+        for member, _ in fresh:
+            warned[member] = now
 
     def _log(self, found: dict[tuple[str, str], Difference]) -> None:
         log = self.source.host.log

@@ -6,6 +6,11 @@ site's keys, named ``site NAME`` where a destination is named by its queue name 
 queue name has a space; :data:`pyqmgr.fleet.shared.SITE_UNIT`). The fleet
 (:mod:`.node`) asks this which unit an entry's delivery takes a session of, what
 its limits are, and which of this node's queues wait for a unit.
+
+A unit's name is bounded (:func:`pyqmgr.fleet.shared.unit_name`, issue #45): a site
+named by its MX hosts can pass 2,000 characters, and every server bounds it the same
+way, in its keys, its messages and its roster record. This node remembers the whole
+name behind each bounded one it made, to find its queues again.
 """
 
 from __future__ import annotations
@@ -13,14 +18,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyqmgr.fleet.roster import ANY_TRANSPORT, DESTINATION, SITE
-from pyqmgr.fleet.shared import SITE_UNIT
+from pyqmgr.fleet.shared import SITE_UNIT, unit_name
 from pyqmgr.scheduler.structures import ERROR, RETRY
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.fleet.settings import FleetSettings, Limits
     from pyqmgr.scheduler.entry import Entry
     from pyqmgr.scheduler.structures import Queue
+
+
+#: Whole names remembered behind bounded ones: past this many, forgotten and made again
+#: as deliveries ask (a forgotten one only finds no queue until then).
+MAX_LONG_NAMES = 10_000
 
 
 class FleetUnits:
@@ -41,6 +53,8 @@ class FleetUnits:
         #: agrees. pyqmgr.cf's settings are not touched: when the other server is
         #: gone or agrees, this one's own apply again.
         self.overrides: dict[tuple[str, str], Limits | None] = {}
+        #: Bounded unit name -> the whole name, for units whose name was too long.
+        self._long: dict[str, str] = {}
 
     def limits(self, transport: str) -> Limits | None:
         """The transport's fleet limits, or None when its deliveries ask nobody."""
@@ -97,6 +111,20 @@ class FleetUnits:
             return self.settings.site_limits_for(name)
         return self.settings.limits_for(name)
 
+    def grouping(self) -> Callable[[str], bool]:
+        """:meth:`grouped` as a pure function of the settings, for a thread: whether
+        sites are on is read now, and each transport's grouping from the sites'
+        settings table, never from the core's structures."""
+        sites = self.host.scheduler.sites
+        limits_for = sites.limits_for if sites is not None else None
+
+        def grouped(transport: str) -> bool:
+            if limits_for is None:
+                return False
+            return transport == ANY_TRANSPORT or limits_for(transport) is not None
+
+        return grouped
+
     def grouped(self, transport: str) -> bool:
         """Whether the transport's destinations are grouped into sites here (``*``:
         whether sites are on at all)."""
@@ -113,9 +141,21 @@ class FleetUnits:
         queue = entry.queue
         transport = queue.transport.name
         if queue.site is not None and (limits := self.site_limits(transport)) is not None:
-            return SITE_UNIT + queue.site.name, limits
+            return self._bounded(SITE_UNIT + queue.site.name), limits
         limits = self.limits(transport)
-        return (queue.name, limits) if limits is not None else None
+        return (self._bounded(queue.name), limits) if limits is not None else None
+
+    def _bounded(self, name: str) -> str:
+        bounded = unit_name(name)
+        if bounded is not name:
+            if len(self._long) >= MAX_LONG_NAMES:
+                self._long.clear()
+            self._long[bounded] = name
+        return bounded
+
+    def whole(self, unit: str) -> str:
+        """The unit's whole name (``site NAME`` or a queue name) behind a bounded one."""
+        return self._long.get(unit, unit)
 
     def unit_limits(self, transport: str, unit: str) -> Limits | None:
         if unit.startswith(SITE_UNIT):
@@ -124,6 +164,7 @@ class FleetUnits:
 
     def queues(self, transport: str, unit: str) -> list[Queue]:
         """This node's queues in core that count at the unit."""
+        unit = self.whole(unit)
         if unit.startswith(SITE_UNIT):
             sites = self.host.scheduler.sites
             site = sites.sites.get((transport, unit[len(SITE_UNIT):])) if sites else None
