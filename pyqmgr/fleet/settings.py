@@ -30,8 +30,9 @@ parameter, as for every other pyqmgr.cf setting.
                                        least 32 characters: ``openssl rand -hex 32``), the
                                        same on every node, root's and readable by root
                                        alone, read at start-up: every notice of throttling
-                                       is signed with it, and a notice that is not, is
-                                       stale or was heard before is refused
+                                       and roster record is signed with it; a notice that
+                                       is not, is stale or was heard before is refused, and
+                                       another server's record is obeyed only when signed
 ``shared_state_failure``               ``local`` (Redis slow or gone: each node keeps to its
                                        own limits, with a warning a minute) or ``hold`` (no
                                        new delivery to a shared destination until Redis is
