@@ -76,6 +76,7 @@ GLOBAL: frozenset[str] = frozenset({
     "message_classes", "message_class_maps", "message_class_key",
     "default_message_class", "message_class_active_reserve", "tenant_key",
     "tenant_maps", "tenant_weight_maps", "sender_keys_trusted_clients",
+    "unlisted_tenant_limit",
     # daemon/metrics.py
     "metrics_listen", "metrics_destination_limit", "metrics_site_limit",
     "metrics_tenant_limit", "metrics_allow_remote",

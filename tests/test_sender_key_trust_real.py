@@ -122,3 +122,45 @@ def test_a_stranger_gets_the_defaults_and_a_trusted_client_the_table(
     with open(pf.maillog_path, encoding="utf-8", errors="replace") as f:
         log = f.read()
     assert f"[{OUTSIDE}], sasl_method=PLAIN, sasl_username={USER}@{REALM}" in log, log[-3000:]
+
+
+def test_a_new_tenant_per_message_gets_one_share_past_the_limit(postfix_instance, sink):
+    """unlisted_tenant_limit = 3, tenant_key = header:X-Tenant, and a trusted client
+    that names a new tenant in every message (30), while the sink holds each delivery
+    a second: three tenants are named, every later message is tenant _other, the
+    maillog says so and the metric counts them."""
+    srv: SinkServer = sink(latency=1.0)
+    port = free_port()
+    pf: PostfixInstance = postfix_instance(
+        qmgr="pyqmgr", transports={"dest.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        pyqmgr_cf={"tenant_key": "header:X-Tenant", "unlisted_tenant_limit": "3",
+                   "metrics_listen": str(port)})
+    n = 30
+    with smtplib.SMTP("127.0.0.1", pf.smtpd_port, timeout=30) as smtp:
+        for i in range(n):
+            raw = (f"From: news@one.example\r\nTo: r{i}@dest.example\r\n"
+                   f"X-Tenant: t{i}\r\n\r\nhi\r\n")
+            smtp.sendmail("news@one.example", [f"r{i}@dest.example"], raw.encode())
+    pf.wait_until(lambda: srv.delivered_count() >= n, 90, f"all {n} delivered")
+    found: dict[str, float] = {}
+
+    def counted() -> bool:
+        found.clear()
+        for line in scrape(port).splitlines():
+            if line.startswith(("pyqmgr_tenant_deliveries_total",
+                                "pyqmgr_unlisted_tenant_folded_messages_total")):
+                found[line.rpartition(" ")[0]] = float(line.rpartition(" ")[2])
+        return sum(v for k, v in found.items()
+                   if k.startswith("pyqmgr_tenant") and 'outcome="final"' in k) >= n
+
+    pf.wait_until(counted, 30, f"the {n} deliveries counted by the scrape")
+    tenants = {k.partition('tenant="')[2].partition('"')[0]: v for k, v in found.items()
+               if k.startswith("pyqmgr_tenant") and 'outcome="final"' in k and v}
+    print(f"\n{tenants}")
+    folded = found["pyqmgr_unlisted_tenant_folded_messages_total"]
+    named = {t for t in tenants if t != "_other"}
+    assert len(named) >= 3 and tenants.get("_other", 0) == folded >= n - 10, tenants
+    with open(pf.maillog_path, encoding="utf-8", errors="replace") as f:
+        log = f.read()
+    assert "classes: unlisted_tenant_limit (3) reached: the mail of new tenants such as" \
+        in log

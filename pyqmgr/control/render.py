@@ -114,6 +114,13 @@ def _classes_lines(reply: dict[str, object]) -> list[str]:
                      f"{_fmt(keys.get('untrusted_messages'))} messages from other "
                      "clients took the default class and tenant")
         lines.append("")
+    unlisted = reply.get("unlisted_tenants")
+    if isinstance(unlisted, dict):
+        lines.append(f"unlisted tenants in the active queue: "
+                     f"{_fmt(unlisted.get('in_active_queue'))} of "
+                     f"{_fmt(unlisted.get('limit'))}; "
+                     f"{_fmt(unlisted.get('folded_messages'))} messages made tenant _other")
+        lines.append("")
     classes = reply.get("classes")
     if isinstance(classes, dict):
         lines += _table(["CLASS", "ACTIVE", "ROOM"],

@@ -75,7 +75,7 @@ class ActiveHost(QmgrCore, Protocol):
 
     def next_batch(self, am: ActiveMessage) -> None: ...
 
-    def message_left(self) -> None: ...
+    def message_left(self, am: ActiveMessage) -> None: ...
 
     def deferred(self, am: ActiveMessage, when: float) -> None: ...
 
@@ -566,7 +566,7 @@ class ActiveQueue:
 
     def _forget(self, am: ActiveMessage) -> None:
         if self.messages.pop(am.queue_id, None) is not None:
-            self.qmgr.message_left()
+            self.qmgr.message_left(am)
         am.sched.owner = None  # no cycle left for the garbage collector (issue #30)
 
     def defer(self, am: ActiveMessage) -> None:

@@ -17,6 +17,7 @@ from pyqmgr.extras import install_command
 from pyqmgr.postfix.message_headers import HeaderSection, header_section
 from pyqmgr.postfix.queue_file import Message
 from pyqmgr.pyqmgr_cf import PyqmgrCf
+from pyqmgr.scheduler.message import Message as SchedMessage
 from pyqmgr.settings.classes import (
     CLASSES,
     TENANT_KEY,
@@ -32,6 +33,17 @@ def envelope(qf: Message, headers: dict[str, str] | None = None) -> Envelope:
     header values a key names, read apart: :func:`read_headers`)."""
     return Envelope(qf.sender or "", qf.sasl_username or "", qf.client_address or "",
                     qf.client_name or "", headers or {})
+
+
+def place(classes: Classifier, sched: SchedMessage, rank: int, tenant: str,
+          weight: int | None = None) -> None:
+    """A loaded message's class and tenant, as the classifier found them (``weight``:
+    the tenant's, when the proxy: worker looked it up), the tenant admitted under
+    unlisted_tenant_limit here, on the event loop. Made _other: that tenant's weight."""
+    sched.rank, sched.tenant = rank, classes.admit(tenant)
+    if sched.tenant:
+        sched.weight = (weight if weight is not None and sched.tenant == tenant
+                        else classes.weight(sched.tenant))
 
 
 def read_headers(classes: Classifier, qf: Message, path: str, fd: int | None = None,

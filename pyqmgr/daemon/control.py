@@ -526,6 +526,11 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 reply["sender_keys"] = {
                     "trusted_clients": qmgr.classifier.trust.words,
                     "untrusted_messages": qmgr.classifier.untrusted}
+            if qmgr.classifier is not None and qmgr.classifier.unlisted_limit:
+                reply["unlisted_tenants"] = {
+                    "limit": qmgr.classifier.unlisted_limit,
+                    "in_active_queue": len(qmgr.classifier.live),
+                    "folded_messages": qmgr.classifier.folded}
             if qmgr.feeder.classes is not None:
                 reply["classes"] = qmgr.feeder.classes.describe(
                     m.sched.rank for m in qmgr.active.messages.values())

@@ -170,6 +170,11 @@ class SchedulerCollector:
                 "sender_keys_trusted_clients does not trust, whose sender address or "
                 "headers were therefore not used for class or tenant.",
                 value=classes.untrusted)
+        if classes is not None and classes.unlisted_limit:
+            yield CounterMetricFamily(
+                "pyqmgr_unlisted_tenant_folded_messages", "Messages made tenant _other "
+                "because unlisted_tenant_limit tenants already had mail in the active "
+                "queue.", value=classes.folded)
 
     @staticmethod
     def _kind(label: str, table: dict[str, TransportStats]) -> Iterator[Metric]:

@@ -25,7 +25,7 @@ from pyqmgr.daemon.active import (
 )
 from pyqmgr.daemon.applier import Applier
 from pyqmgr.daemon.class_lookups import ClassLookups, proxied
-from pyqmgr.daemon.classes import envelope, read_headers
+from pyqmgr.daemon.classes import envelope, place, read_headers
 from pyqmgr.daemon.delegation import Delegation
 from pyqmgr.daemon.delivery import PENDING, AgentCall, Pending, expire_calls
 from pyqmgr.daemon.feeder import Feeder, scan_requests
@@ -187,23 +187,19 @@ class Qmgr:
         """A message the feeder read: route its first batch and hand it to the core."""
         self.scheduler.message_count += 1
         if (classes := self.classifier) is not None:
-            sched = am.sched
             heads = (read_headers(classes, am.qf, am.path, warn=self.log.warning)
                      if classes.header_names else None)
             if self.class_lookups is not None:
                 self.class_lookups.submit(envelope(am.qf, heads),
                                           lambda *found: self._classified(am, *found))
                 return
-            sched.rank, sched.tenant = classes.classify(envelope(am.qf, heads))
-            if sched.tenant:
-                sched.weight = classes.weight(sched.tenant)
+            place(classes, am.sched, *classes.classify(envelope(am.qf, heads)))
         self._route_first(am)
 
     def _classified(self, am: ActiveMessage, rank: int, tenant: str, weight: int) -> None:
         """A message's class and tenant, from the worker (:meth:`load`, proxy: tables)."""
-        am.sched.rank, am.sched.tenant = rank, tenant
-        if tenant:
-            am.sched.weight = weight
+        assert self.classifier is not None  # the worker is made only beside one
+        place(self.classifier, am.sched, rank, tenant, weight)
         self._route_first(am)
 
     def _route_first(self, am: ActiveMessage) -> None:
@@ -276,7 +272,7 @@ class Qmgr:
         if failed != "corrupt" and failed != "open":
             return False
         self.active.messages.pop(am.queue_id, None)
-        self.message_left()
+        self.message_left(am)
         self.active.corrupt(am.queue_id)
         return True
 
@@ -288,9 +284,12 @@ class Qmgr:
         if (classes := self.feeder.classes) is not None and am.sched.rank < classes.lowest:
             classes.retries.deferred(am.queue_id, when, am.sched.rank)
 
-    def message_left(self) -> None:
-        """A message left the active queue: one fewer counted, room for the feeder."""
+    def message_left(self, am: ActiveMessage) -> None:
+        """A message left the active queue: one fewer counted (and of its tenant, for
+        unlisted_tenant_limit), room for the feeder."""
         self.scheduler.message_count -= 1
+        if self.classifier is not None:
+            self.classifier.left(am.sched.tenant)
         self.feeder.wakeup.set()
 
     def message_done(self, am: ActiveMessage) -> None:

@@ -37,6 +37,9 @@ read.
                            mynetworks; default ``local, sasl_authenticated, mynetworks``.
                            Other mail takes the default class and tenant for such a
                            key, counted (status, metrics)
+``unlisted_tenant_limit``  most tenants at once in the active queue named by the key
+                           itself (no ``tenant_maps``); the mail of a new one past it
+                           is tenant ``_other``, with a log line and a metric; 0: none
 ``message_class_active_``  percent of ``qmgr_message_active_limit`` each class below
 ``reserve``                the highest leaves to those above it (default 10): with
                            two classes bulk stops at 90% of the active queue, and
@@ -85,6 +88,9 @@ TENANT_MAPS = "tenant_maps"
 RESERVE = "message_class_active_reserve"
 WEIGHT_MAPS = "tenant_weight_maps"
 TRUSTED = "sender_keys_trusted_clients"
+UNLISTED_LIMIT = "unlisted_tenant_limit"
+#: The tenant of mail past unlisted_tenant_limit: all such new tenants share one turn.
+OTHER_TENANT = "_other"
 DEFAULT_TRUSTED = "local, sasl_authenticated, mynetworks"
 #: The words of sender_keys_trusted_clients that are not address patterns.
 TRUST_WORDS = ("local", "sasl_authenticated", "mynetworks", "all")
@@ -106,6 +112,10 @@ NO_TENANT = "-"
 MAX_WARNED = 100
 #: Tenant and class names are kept at most this long (metrics labels, status).
 MAX_NAME = 200
+
+
+#: Folded messages' counts at which the cap's warning is logged again (1, 10, 100...).
+_SAID = frozenset(10 ** k for k in range(12))
 
 
 def sender_written(key: str) -> bool:
@@ -169,6 +179,11 @@ class Classifier:
     trust: ClientTrust = field(default_factory=ClientTrust)
     #: Messages whose sender-written keys were set aside: their client is not trusted.
     untrusted: int = 0
+    #: unlisted_tenant_limit (0: none), the messages in the active queue of each
+    #: tenant it counts, and the messages made tenant _other for it (issue #45).
+    unlisted_limit: int = 0
+    live: dict[str, int] = field(default_factory=dict)
+    folded: int = 0
 
     @cached_property
     def sender_keys(self) -> bool:
@@ -203,6 +218,36 @@ class Classifier:
         if not trusted and count:
             self.untrusted += 1
         return self._rank(env, trusted), self._tenant(env, trusted)
+
+    def admit(self, tenant: str) -> str:
+        """A message of ``tenant`` enters the active queue: with unlisted_tenant_limit,
+        counted, or, past the limit for a tenant not there yet, made tenant _other;
+        :meth:`left` when it leaves. Without a cap, a sender naming a new tenant per
+        message (a random sender domain, an X-Tenant header, a new IPv6 address)
+        would get a fresh fair share each time. Called where the message enters (the
+        daemon's event loop), never from the proxy: lookups' worker."""
+        if not self.unlisted_limit or self.tenant_tables or tenant in ("", NO_TENANT):
+            return tenant
+        live = self.live
+        if tenant not in live and len(live) >= self.unlisted_limit:
+            self.folded += 1
+            if self.folded in _SAID:
+                self.warn(f"classes: {UNLISTED_LIMIT} ({self.unlisted_limit}) reached: "
+                          f"the mail of new tenants such as {tenant[:MAX_NAME]!r} counts "
+                          f"as tenant {OTHER_TENANT!r} ({self.folded} messages so far)")
+            return OTHER_TENANT  # not counted: it is no new tenant
+        live[tenant] = live.get(tenant, 0) + 1
+        return tenant
+
+    def left(self, tenant: str) -> None:
+        """A message of ``tenant`` left the active queue (the cap's count)."""
+        count = self.live.get(tenant)
+        if count is None:
+            return
+        if count <= 1:
+            del self.live[tenant]
+        else:
+            self.live[tenant] = count - 1
 
     def _rank(self, env: Envelope, trusted: bool = True) -> int:
         if not self.class_tables or (not trusted and sender_written(self.class_key)):
@@ -327,11 +372,17 @@ def classifier(settings: PyqmgrCf, warn: Callable[[str], None],
             and not sender_written(tenant_key)):
         raise settings.error(TRUSTED, f"has no effect: neither {CLASS_KEY} nor "
                                       f"{TENANT_KEY} is a key the sender writes")
+    unlisted = settings.get_int(UNLISTED_LIMIT, None, 0, 0, 10_000_000)
+    if settings.get(UNLISTED_LIMIT) is not None and tenant_key == "none":
+        raise settings.error(UNLISTED_LIMIT, f"has no effect without {TENANT_KEY}")
+    if settings.get(UNLISTED_LIMIT) is not None and settings.get(TENANT_MAPS) is not None:
+        raise settings.error(UNLISTED_LIMIT, f"has no effect: {TENANT_MAPS} names the "
+                                             "tenants")
     return Classifier(
         names or ["default"], opener.read(CLASS_MAPS), class_key,
         names.index(default) if names else 0, tenant_key, opener.read(TENANT_MAPS), warn,
         reserve, opener.read(WEIGHT_MAPS),
-        trust=client_trust(settings, warn, config_dir, mynetworks))
+        trust=client_trust(settings, warn, config_dir, mynetworks), unlisted_limit=unlisted)
 
 
 def client_trust(settings: PyqmgrCf, warn: Callable[[str], None],

@@ -71,6 +71,7 @@ def classify(found: Classifier | None, message: Message, sender: str) -> None:
     """Give an arriving message its class and tenant, as the daemon's feeder does."""
     if found is None:
         return
-    message.rank, message.tenant = found.classify(Envelope(sender=sender))
+    message.rank, tenant = found.classify(Envelope(sender=sender))
+    message.tenant = found.admit(tenant)
     if message.tenant:
         message.weight = found.weight(message.tenant)

@@ -336,6 +336,11 @@ class Engine:
                                             now=self.now))
                 else:
                     sched.message_count -= 1
+                    if self.classes is not None and not msg.retry:
+                        # Gone for good: unlisted_tenant_limit counts it no more (a
+                        # deferred one still counts while it waits: the simulator
+                        # classifies a message once, where it arrives).
+                        self.classes.left(message.tenant)
                     if msg.retry:
                         self.deferred_queue.defer(msg)
                     elif msg.children:

@@ -157,3 +157,33 @@ def test_read_as_root_a_fifo_or_a_strangers_file_refuses_start_up(tables_dir):
                                  str(tables_dir / "pyqmgr.cf")), read_as_root=True)
     c = classifier(settings, lambda text: None, mynetworks=MYNETWORKS)
     assert c is not None and c.trusts(Envelope(client_address="198.51.100.8"))
+
+
+def test_unlisted_tenants_past_the_limit_share_one_turn_and_are_said():
+    warned: list[str] = []
+    c = make("tenant_key = sender_domain\nunlisted_tenant_limit = 3\n", warned=warned)
+
+    def enter(domain: str) -> str:
+        return c.admit(c.classify(Envelope(sender=f"x@{domain}"))[1])
+
+    assert [enter(d) for d in ("a.example", "b.example", "c.example")] == \
+        ["a.example", "b.example", "c.example"]
+    assert enter("a.example") == "a.example", "a tenant already there is not new"
+    sprayed = [enter(f"r{i}.example") for i in range(25)]
+    assert set(sprayed) == {"_other"}, "a new domain per message: one tenant, one turn"
+    assert c.folded == 25
+    assert len(warned) == 2 and "unlisted_tenant_limit (3) reached" in warned[0]
+    assert "(10 messages so far)" in warned[1], "said again at 1, 10, 100... only"
+    assert enter("") == "-" and "-" not in c.live, "no key (a bounce): not counted"
+    c.left("b.example")
+    assert enter("d.example") == "d.example", "room again once a tenant's mail left"
+    c.left("_other")
+    assert sorted(c.live) == ["a.example", "c.example", "d.example"]
+
+
+def test_the_limit_is_a_mistake_without_unlisted_tenants():
+    with pytest.raises(PyqmgrCfError, match="unlisted_tenant_limit"):
+        make("message_classes = a b\nunlisted_tenant_limit = 5\n")
+    with pytest.raises(PyqmgrCfError, match="tenant_maps names the tenants"):
+        make("tenant_key = sender_domain\ntenant_maps = inline:{ a=b }\n"
+             "unlisted_tenant_limit = 5\n")
