@@ -12,6 +12,7 @@ import asyncio
 import os
 import time
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any
 
 from pyqmgr.daemon.active import (
@@ -191,7 +192,7 @@ class Qmgr:
                      if classes.header_names else None)
             if self.class_lookups is not None:
                 self.class_lookups.submit(envelope(am.qf, heads),
-                                          lambda *found: self._classified(am, *found))
+                                          partial(self._classified, am))
                 return
             place(classes, am.sched, *classes.classify(envelope(am.qf, heads)))
         self._route_first(am)
