@@ -4,8 +4,12 @@
 smtp or lmtp (``site_transports`` names others or fewer; pyqmgr.cf's site settings
 are read by :mod:`pyqmgr.settings.sites`, shared with the simulator). The core asks for a
 domain's site when it first sees the domain (``Decisions.resolve``); this module
-looks up its MX records with dnspython's asyncio resolver, names the site
-(:mod:`pyqmgr.site_names`) and answers the core with ``site_learnt``. Until then,
+has its MX records looked up, names the site (:mod:`pyqmgr.site_names`) and answers
+the core with ``site_learnt``. The lookups run in a helper process
+(:mod:`pyqmgr.daemon.site_lookupd`, spawned at start-up): qmgr writes it names
+and reads back records, and does no DNS itself, as Postfix's qmgr does none (#44:
+a lookup in qmgr cost it 150-210 us of CPU). If the helper goes, qmgr looks up
+with dnspython itself (:class:`DnsLookup`, made at start-up for that). Until then,
 and for ``site_dns_negative_ttl`` after a lookup failed, the domain is a site of its
 own, and a failure logs one line (the domain and the cause), not one per message,
 and at most ten a minute for each cause, the next saying how many more failed so
@@ -24,20 +28,20 @@ the core asks again for a domain whose answer ran out the next time it makes the
 domain's queue, and keeps the old site meanwhile.
 
 dnspython reads /etc/resolv.conf when the resolver is made, which start-up does
-before the chroot.
+before the chroot (the helper: before it drops its privileges).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pyqmgr.daemon import site_lookupd
+from pyqmgr.daemon.mx_lookup import MxLookup
+from pyqmgr.daemon.site_lookupd import Found, LookupHelper
 from pyqmgr.extras import install_command
 from pyqmgr.fleet.settings import check_site_limits
 from pyqmgr.postfix.policy_delegation import WarnGate
@@ -60,17 +64,20 @@ MAX_WAITING = 10_000
 
 @dataclass(frozen=True)
 class SiteSetup:
-    """The settings and the lookup made at start-up (before the chroot)."""
+    """The settings and the lookup made at start-up (before the chroot): the helper
+    process's (:class:`LookupHelper`), or dnspython in qmgr."""
 
     settings: SiteSettings
     lookup: Callable[[str], Any]
 
 
 def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str,
-          fleet: bool = False) -> SiteSetup | None:
+          fleet: bool = False, helper_user: str = "",
+          config_dir: str = "") -> SiteSetup | None:
     """Start-up's sites: the settings checked and dnspython's resolver made; None: off.
     ``fleet``: a fleet is on, whose ``fleet_site_*`` must apply to grouped transports
-    (fleet.settings.check_site_limits)."""
+    (fleet.settings.check_site_limits). ``helper_user``: start the lookup helper,
+    which runs as this user (mail_owner); ``config_dir`` is its MAIL_CONFIG."""
     checked = site_settings(settings, commands, relayhost)
     if fleet:
         check_site_limits(settings, checked.limits.__contains__ if checked else None)
@@ -83,12 +90,16 @@ def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str,
         # that is there but does not load: the same fatal line, not a traceback.
         raise settings.error(GROUPING, f"the dnspython library does not load ({exc}); "
                                        f"install it ({install_command(['sites'])})") from None
-    return SiteSetup(checked, lookup.found)
-
-
-#: What one lookup found: the site (None: the domain is its own), how long the answer
-#: holds, and why it failed (None: it did not).
-Found = tuple[str | None, float, str | None]
+    if not helper_user:
+        return SiteSetup(checked, lookup.found)
+    try:
+        proc = site_lookupd.spawn(checked, helper_user, config_dir)
+    except OSError as exc:
+        # Mail waits while master throttles the service and tries again: better than
+        # a qmgr that does its own DNS without anyone having chosen it.
+        raise settings.error(GROUPING, f"cannot start the MX lookup helper: "
+                                       f"{exc.strerror or exc}") from None
+    return SiteSetup(checked, LookupHelper(proc, lookup.found, checked))
 
 
 class SiteResolver:
@@ -103,6 +114,10 @@ class SiteResolver:
         #: The coroutine function that looks a domain up: dnspython's unless a test
         #: gives its own.
         self.lookup = lookup or DnsLookup(settings).found
+        #: The helper process's side in qmgr, when the lookups run there.
+        self.helper = lookup if isinstance(lookup, LookupHelper) else None
+        if self.helper is not None:
+            self.helper.attach(host.log.warning, self._queries_went, clock)
         #: Lookups waiting their turn, by zone (LookupLine).
         self.waiting = LookupLine(max(1, settings.lookups // 4))
         self.running = 0
@@ -141,10 +156,16 @@ class SiteResolver:
 
     def _query_goes(self, domain: str) -> None:
         """A lookup that waited its turn starts: its domain waits site_dns_wait from now."""
-        if self.settings.wait > 0:
+        self._queries_went((domain,))
+
+    def _queries_went(self, domains: tuple[str, ...]) -> None:
+        """These lookups' queries go now: a lookup that waited its turn here, or those
+        written to the helper before it was ready (its start-up is no part of the
+        wait either)."""
+        if self.settings.wait > 0 and domains:
             now = self.clock()
             self.host.apply(self.host.scheduler.site_lookup_waits(
-                (domain,), now + self.settings.wait, now))
+                domains, now + self.settings.wait, now))
 
     async def _one(self, zone: str, domain: str) -> None:
         """Look domains up one after another: this one, then the line's next while
@@ -194,8 +215,12 @@ class SiteResolver:
         self.host.dispatch()
 
     def status(self) -> dict[str, object]:
-        return {"lookups_running": self.running, "lookups_waiting": len(self.waiting),
-                "answered": self.answered, "failed": dict(self.failed)}
+        found: dict[str, object] = {
+            "lookups_running": self.running, "lookups_waiting": len(self.waiting),
+            "answered": self.answered, "failed": dict(self.failed)}
+        if self.helper is not None:
+            found["helper"] = self.helper.status()
+        return found
 
 
 def lookup_zone(domain: str) -> str:
@@ -268,204 +293,15 @@ class LookupLine:
         self.count = 0
 
 
-class DnsLookup:
-    """dnspython's asyncio resolver, made now (it reads /etc/resolv.conf: before the
-    chroot), asked for MX records with a bounded lifetime.
-
-    Made at start-up, as root: dnspython imports its asyncio backend at the first
-    lookup and each record type's class at the first answer holding one, and after
-    the daemon dropped its privileges those files may be out of reach (a checkout under
-    /root, a chroot): every lookup failed (issue #43). So the backend is taken now and
-    every record type loaded (15 ms, 1 MiB, only with sites on), which also stops
-    dnspython from importing at all later: a record type nobody expected in an
-    answer's additional section is read as generic data, not imported as mail_owner.
-    """
+class DnsLookup(MxLookup):
+    """dnspython in qmgr itself, the site named from the records: the lookup when
+    the helper is gone (and tests' own). Made at start-up, as root, before the
+    chroot (:class:`MxLookup` says why)."""
 
     def __init__(self, settings: SiteSettings) -> None:
-        import dns.asyncbackend
-        import dns.asyncresolver
-        import dns.exception
-        import dns.rdata
-        import dns.resolver
-
-        dns.asyncbackend.set_default_backend("asyncio")
-        dns.rdata.load_all_types()
-        self.settings = settings
-        self.resolver = dns.asyncresolver.Resolver()
+        super().__init__(settings.timeout, settings.negative_ttl)
+        self.providers = settings.providers
 
     async def found(self, domain: str) -> Found:
-        import dns.exception
-        import dns.resolver
-
-        s = self.settings
-        began = time.monotonic()
-        quick = await self._quick(domain)
-        if quick is not None:
-            return quick
-        lifetime = s.timeout - (time.monotonic() - began)
-        if lifetime <= 0:
-            return None, s.negative_ttl, f"timeout after {s.timeout:g}s"
-        try:
-            answer = await self.resolver.resolve(domain, "MX", lifetime=lifetime,
-                                                 search=False)
-        except dns.resolver.NXDOMAIN:
-            return None, s.negative_ttl, "NXDOMAIN"
-        except dns.resolver.NoAnswer:
-            # No MX: smtp(8) delivers to the domain's own address; it is its own site.
-            return None, s.negative_ttl, None
-        except dns.resolver.LifetimeTimeout:
-            return None, s.negative_ttl, f"timeout after {s.timeout:g}s"
-        except dns.resolver.NoNameservers as exc:
-            return None, s.negative_ttl, f"no server answered: {_short(exc)}"
-        except dns.exception.DNSException as exc:
-            return None, s.negative_ttl, f"{type(exc).__name__}: {_short(exc)}"
-        mx = [(int(r.preference), r.exchange.to_text(omit_final_dot=True)) for r in answer]
-        ttl = float(answer.rrset.ttl) if answer.rrset is not None else s.negative_ttl
-        return site_name(mx, s.providers), ttl, None
-
-    async def _quick(self, domain: str) -> Found | None:
-        """The common case at about half the resolver's CPU: one MX query to the
-        first name server, over a UDP socket of its own, the answer read by dnspython.
-
-        A new domain costs qmgr one lookup, and the resolver's machinery around the
-        query (an asyncio endpoint a query, its futures and retries) took 275-350 us
-        of CPU; a query of our own took 175-195 with dnspython building the query and
-        asyncio's sock_recv under a timeout, and 150-160 now that the query's few
-        bytes are written here and the answer is checked in the socket's own reader
-        callback (#44: 1,000 messages to 1,000 new domains spent half of qmgr's CPU in
-        the resolver; tests/test_sites_dns.py measures both). Anything but a plain
-        answer (truncated, an error other than NXDOMAIN, a CNAME, the server silent
-        within its timeout, a name server that is not an address, a name that is not
-        plain ASCII) returns None, and the resolver asks as before. The answer is
-        checked as dnspython's own query checks it (the ID, the question, from the
-        connected server's address, the source port the kernel's random pick)."""
-        servers = self.resolver.nameservers
-        if not servers or not isinstance(servers[0], str):
-            return None
-        query = _mx_query(domain)
-        if query is None:
-            return None
-        wire, question = query
-        address, port = servers[0], self.resolver.port
-        loop = asyncio.get_running_loop()
-        s = self.settings
-        got: asyncio.Future[Any] = loop.create_future()
-        try:
-            sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
-                                 socket.SOCK_DGRAM)
-        except OSError:
-            return None
-        with sock:
-            sock.setblocking(False)
-            fd = sock.fileno()
-
-            def readable() -> None:
-                # Reads on past what is not the answer (garbage, another ID, another
-                # question), as dnspython does; the first answer ends the wait.
-                while not got.done():
-                    try:
-                        data = sock.recv(65535)
-                    except BlockingIOError:
-                        return
-                    except OSError:
-                        got.set_result(None)
-                        return
-                    reply = _answer_to(data, wire, question)
-                    if reply is not None:
-                        got.set_result(reply)
-
-            try:
-                sock.connect((address, port))
-                sock.send(wire)  # a datagram: sent whole or not at all
-            except OSError:
-                return None
-            loop.add_reader(fd, readable)
-            expired = False
-
-            def expire() -> None:
-                nonlocal expired
-                expired = True
-                got.cancel()
-
-            timer = loop.call_later(min(s.timeout, self.resolver.timeout), expire)
-            try:
-                reply = await got
-            except asyncio.CancelledError:
-                if not expired:  # cancelled from outside (shutdown): not the timeout
-                    raise
-                return None
-            finally:
-                timer.cancel()
-                loop.remove_reader(fd)
-        if reply is None:
-            return None
-        return _found_in(reply, s.negative_ttl, s.providers)
-
-
-#: The header of an MX query: recursion desired, one question (the ID goes first).
-_QUERY_FLAGS = b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
-#: The question's type and class: MX, IN.
-_MX_IN = b"\x00\x0f\x00\x01"
-
-
-def _mx_query(domain: str) -> tuple[bytes, bytes] | None:
-    """An MX query for a plain ASCII domain (its wire and its question section), or
-    None for anything else (an IDN, an empty or overlong label): dnspython's
-    resolver asks for those. The ID is 16 random bits, as dnspython's."""
-    try:
-        labels = domain.rstrip(".").encode("ascii").lower().split(b".")
-    except UnicodeEncodeError:
-        return None
-    if sum(len(label) + 1 for label in labels) > 254 or not all(
-            0 < len(label) < 64 for label in labels):
-        return None
-    question = b"".join(bytes((len(label),)) + label for label in labels) + b"\x00" + _MX_IN
-    return os.urandom(2) + _QUERY_FLAGS + question, question
-
-
-def _answer_to(data: bytes, wire: bytes, question: bytes) -> Any:
-    """The datagram read as the answer to this query (dnspython's Message), or None:
-    another ID, not a response, another opcode or question, not a DNS message."""
-    import dns.exception
-    import dns.message
-
-    end = 12 + len(question)
-    if (len(data) < end or data[:2] != wire[:2] or not data[2] & 0x80
-            or data[2] & 0x78 or data[4:6] != b"\x00\x01"
-            or data[12:end].lower() != question):
-        return None
-    try:
-        return dns.message.from_wire(data)
-    except dns.exception.DNSException:
-        return None
-
-
-def _found_in(reply: Any, negative_ttl: float, providers: Any) -> Found | None:
-    """What an answer says, or None: truncated, an error but NXDOMAIN, a CNAME."""
-    import dns.flags
-    import dns.rcode
-    import dns.rdataclass
-    import dns.rdatatype
-
-    if reply.flags & dns.flags.TC:
-        return None
-    rcode = reply.rcode()
-    if rcode == dns.rcode.NXDOMAIN:
-        return None, negative_ttl, "NXDOMAIN"
-    if rcode != dns.rcode.NOERROR:
-        return None
-    name = reply.question[0].name
-    for rrset in reply.answer:
-        if (rrset.rdtype == dns.rdatatype.MX and rrset.rdclass == dns.rdataclass.IN
-                and rrset.name == name):
-            mx = [(int(r.preference), r.exchange.to_text(omit_final_dot=True))
-                  for r in rrset]
-            return site_name(mx, providers), float(rrset.ttl), None
-    if reply.answer:
-        return None  # a CNAME: the resolver follows it
-    return None, negative_ttl, None  # no MX: the domain's own site
-
-
-def _short(exc: Exception) -> str:
-    text = str(exc)
-    return text if len(text) <= 200 else text[:197] + "..."
+        records, ttl, why = await self.mx(domain)
+        return (site_name(records, self.providers) if records else None), ttl, why

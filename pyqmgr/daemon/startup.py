@@ -237,7 +237,9 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
         delegation.setup(pyqmgr_cf), fleet_cf,
         # The resident size is read through /proc/self/statm, opened before the chroot.
         MemoryGuard.open(log, memory.warning_limit(pyqmgr_cf)),
-        sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "", bool(fleet_cf)),
+        # Sites' MX lookups run in a helper process, spawned now as root.
+        sites.setup(pyqmgr_cf, policies.commands, cfg.get("relayhost") or "", bool(fleet_cf),
+                    helper_user=cfg.mail_owner, config_dir=config_dir),
         # Classes' and tenants' tables are read now (hash: ones through postmap).
         classes.setup(pyqmgr_cf, policies, log.warning, config_dir,
                       mynetworks=cfg.mynetworks), tenants)
