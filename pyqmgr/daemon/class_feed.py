@@ -22,6 +22,11 @@ the lowest class (the scan, in order) and adds two:
 
 Deferred mail of a higher class comes back at its retry time past the deferred scan
 (:mod:`.class_retry`, fed by the feeder).
+
+cleanup(8) takes an ``in_flow_delay`` token before it knows a message's class, so
+the feeder hands tokens out while the highest class has room, not only as stock does;
+:class:`Inflow` tells it when new mail floods in, and then it hands them out as stock
+does (issue #45).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Protocol
@@ -47,6 +54,14 @@ PASS_INTERVAL = 0.2
 MAX_NAMES = 200_000
 #: Names read at most in one pass: about 30 ms of envelopes, then the event loop runs.
 CHUNK = 1000
+#: A flood (:class:`Inflow`): incoming/ grew by more than this many messages a second
+#: over the last :data:`FLOOD_WINDOW` (cleanup's new files less what qmgr took in).
+FLOOD_GROWTH = 10
+FLOOD_WINDOW = 1.0
+#: Marks of the growth at most this often, so the window's are about ten.
+FLOOD_STEP = 0.1
+#: A flood lasts until incoming/ has not grown so for this long.
+FLOOD_HOLD = 5.0
 
 
 class FeedHost(Protocol):
@@ -68,15 +83,19 @@ class IncomingWatch:
 
         self.inotify = INotify(nonblocking=True)
         self.overflow = int(flags.Q_OVERFLOW)
+        self.attrib = int(flags.ATTRIB)
         self.inotify.add_watch("incoming", flags.ATTRIB | flags.MOVED_TO)
 
     def fileno(self) -> int:
         return self.inotify.fileno()
 
-    def read(self) -> tuple[list[str], bool]:
-        """The names reported since the last read, and whether events were lost."""
+    def read(self) -> tuple[list[str], int, bool]:
+        """The names reported since the last read, how many files cleanup completed
+        (its chmod: ATTRIB; a file renamed in is not its), and whether events were
+        lost."""
         events = self.inotify.read(timeout=0)
         return ([e.name for e in events if e.name],
+                sum(1 for e in events if e.mask & self.attrib),
                 any(e.mask & self.overflow for e in events))
 
     def close(self) -> None:
@@ -120,6 +139,8 @@ class ClassFeed:
         self.lost = 0
         #: The higher classes' deferred mail, fed when due (:mod:`.class_retry`).
         self.retries = ClassRetries()
+        #: New mail against intake, for in_flow_delay's tokens (the feeder's).
+        self.inflow = Inflow()
 
     def start(self, wake: Callable[[], None], warn: Callable[[str], None]) -> None:
         """Watch incoming/ from the running event loop (not when it is hashed). The
@@ -139,7 +160,8 @@ class ClassFeed:
         asyncio.get_running_loop().add_reader(watch.fileno(), self._news, watch, wake)
 
     def _news(self, watch: IncomingWatch, wake: Callable[[], None]) -> None:
-        names, lost = watch.read()
+        names, completed, lost = watch.read()
+        self.inflow.arrived += completed
         fresh = self.fresh
         for name in names:
             if len(fresh) >= MAX_NAMES:
@@ -152,6 +174,7 @@ class ClassFeed:
             self.full = True
             self.lost += 1
             fresh.clear()
+            self.inflow.overflowed = True  # more at once than the kernel keeps
         if names or lost:
             wake()
 
@@ -161,6 +184,16 @@ class ClassFeed:
 
     def top_room(self, count: int) -> bool:
         return count < self.caps[0]
+
+    def triggered(self, new_mail: bool) -> None:
+        """A trigger asked for an incoming scan; ``new_mail``: a wakeup, as cleanup
+        sends for each message it queued. Without the watch (a hashed incoming/, or
+        the kernel refused it) these count cleanup's new mail for :class:`Inflow`;
+        a trigger cleanup could not deliver is not counted, so a flood may look
+        smaller there than it is."""
+        self.wanted = True
+        if new_mail and self.watch is None:
+            self.inflow.arrived += 1
 
     def pass_wait(self, now: float, count: int) -> float | None:
         """None: no pass wanted; else seconds until one may run (0: now)."""
@@ -278,4 +311,80 @@ class ClassFeed:
                 "events_lost": self.lost,
                 "fed_past_the_scan": self.fed,
                 "waiting_for_room": sum(len(names) for names in self.waiting),
+                "in_flow": self.inflow.describe(
+                    "inotify" if self.watch is not None else "triggers"),
                 **self.retries.describe()}
+
+
+class Inflow:
+    """Is new mail flooding in? For ``in_flow_delay``'s tokens with classes.
+
+    Stock's qmgr puts a token for each message it takes from incoming/, and tops the
+    tokens up to the process limit only when its incoming scan is done: while
+    incoming/ has a backlog, cleanup gets about as many messages in as qmgr takes
+    out, and each one more waits ``in_flow_delay``. With classes the feeder also tops
+    up while the highest class has room, so that a password reset behind a
+    newsletter in incoming/ never waits that second; under a flood that switched
+    stock's back-pressure off, and incoming/ grew as fast as smtpd could take mail
+    (issue #45). So the top-up is for a trickle only: a flood is incoming/ growing,
+    cleanup's new files (:attr:`arrived`) less the messages the feeder took from
+    incoming/ (:attr:`taken`), by more than :data:`FLOOD_GROWTH` a second over the
+    last :data:`FLOOD_WINDOW`; then, and until it has not grown so for
+    :data:`FLOOD_HOLD`, tokens go as stock's, and the top-up's tokens still in the
+    pipe when a flood begins are taken back. A higher class's mail that arrives is
+    taken in at once, so it adds nothing to the growth: resets alone are never a
+    flood, however slow the newsletter's destinations.
+
+    A flood that pauses cannot turn the top-up back on in a pause shorter than
+    :data:`FLOOD_HOLD`; after a longer one it gets at most the process limit's
+    tokens (stock's own top-up after its scan ends), then the growth of about
+    :data:`FLOOD_GROWTH` messages shows it again. O(1) a message: two counters, and
+    a mark of their difference at most every :data:`FLOOD_STEP`.
+    """
+
+    def __init__(self) -> None:
+        #: cleanup's new files in incoming/ (inotify), or its wakeups (no watch).
+        self.arrived = 0
+        #: Messages the feeder took from incoming/.
+        self.taken = 0
+        #: (time, arrived - taken), a mark at most every FLOOD_STEP, the oldest the
+        #: youngest at least FLOOD_WINDOW old.
+        self.marks: deque[tuple[float, int]] = deque()
+        #: The current flood lasts until then (monotonic clock).
+        self.until = -math.inf
+        #: The kernel lost events (its queue overflowed): a flood.
+        self.overflowed = False
+        #: A flood began and the feeder has not taken the top-up's tokens back yet.
+        self.began = False
+        #: For status: floods seen.
+        self.floods = 0
+
+    def flooding(self, now: float) -> bool:
+        """Is mail flooding in now (or was, less than FLOOD_HOLD ago)?"""
+        growth = self.arrived - self.taken
+        marks = self.marks
+        if not marks or now - marks[-1][0] >= FLOOD_STEP:
+            marks.append((now, growth))
+        while len(marks) > 1 and now - marks[1][0] >= FLOOD_WINDOW:
+            marks.popleft()
+        since, before = marks[0]
+        # Over a second at least: at a flood's first messages the window is short.
+        rate = (growth - before) / max(FLOOD_WINDOW, now - since)
+        if rate > FLOOD_GROWTH or self.overflowed:
+            self.overflowed = False
+            if now >= self.until:
+                self.floods += 1
+                self.began = True
+            self.until = now + FLOOD_HOLD
+        return now < self.until
+
+    def ends_in(self, now: float) -> float | None:
+        """Seconds until the flood may be over (then the feeder looks again, for
+        mail may come with no other event to wake it); None: no flood."""
+        return self.until - now if now < self.until else None
+
+    def describe(self, counted_by: str) -> dict[str, object]:
+        now = time.monotonic()
+        return {"flood": now < self.until, "floods": self.floods,
+                "new_mail": self.arrived, "taken_in": self.taken,
+                "new_mail_counted_by": counted_by}

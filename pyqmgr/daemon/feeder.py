@@ -161,7 +161,7 @@ class Feeder:
         if incoming:
             self.scans[INCOMING].request(incoming)
             if self.classes is not None:
-                self.classes.wanted = True
+                self.classes.triggered(bool(incoming & SCAN_START))
         if deferred:
             self.scans[DEFERRED].request(deferred)
         self.wakeup.set()
@@ -215,6 +215,10 @@ class Feeder:
             return None
         due = self._class_retries(classes) if classes.retries else None
         wait = self._incoming_pass(classes)
+        if (ends := classes.inflow.ends_in(time.monotonic())) is not None:
+            # A flood may end with no event to wake the feeder: then it tops the
+            # tokens up before the next message's cleanup wants one.
+            due = ends if due is None else min(due, ends)
         return due if wait is None else wait if due is None else min(due, wait)
 
     def _incoming_pass(self, classes: ClassFeed) -> float | None:
@@ -327,12 +331,16 @@ class Feeder:
 
     def _flow_tokens(self, fed: bool | None, from_incoming: bool) -> None:
         """in_flow_delay's tokens, as stock's qmgr puts them. With message classes,
-        also whenever the highest class has room: cleanup takes a token before it
-        knows a message's class, and a password reset must not wait in_flow_delay
-        because a newsletter fills incoming/."""
+        also whenever the highest class has room and no flood is coming in: cleanup
+        takes a token before it knows a message's class, and a password reset must
+        not wait in_flow_delay because a newsletter fills incoming/; a flood must
+        (:class:`~pyqmgr.daemon.class_feed.Inflow`)."""
         flow = self.flow
         if flow is None or self.cfg.in_flow_delay <= 0:
             return
+        classes = self.classes
+        if classes is not None and fed and from_incoming:
+            classes.inflow.taken += 1
         limit = self.cfg.default_process_limit
         count = flow.count()
         if count < 0:
@@ -340,9 +348,16 @@ class Feeder:
         if count < limit:
             if fed and from_incoming:
                 flow.put(1)
-            elif self.scans[INCOMING].handle is None or (
-                    self.classes is not None
-                    and self.classes.top_room(self.host.message_count)):
+            elif self.scans[INCOMING].handle is None:
                 flow.put(limit - count)
+            elif classes is not None and classes.top_room(self.host.message_count):
+                inflow = classes.inflow
+                if not inflow.flooding(time.monotonic()):
+                    flow.put(limit - count)
+                elif inflow.began:
+                    # The top-up's tokens left in the pipe go back: stock's would not
+                    # be there for the flood's next messages.
+                    inflow.began = False
+                    flow.get(count)
         elif count > limit:
             flow.get(count - limit)
