@@ -23,6 +23,9 @@ What lives where, as ``qmgr.h`` says it for stock's ``src/qmgr/``:
   resume, retry), ``recovery`` (deferred mail waiting for a destination), ``delegation``
   (a policy service's answers), ``throttling`` (what another server of a fleet found
   dead or throttled);
+- the scopes beyond a destination, reached by one road: ``scope`` (the walk of a
+  delivery's chain of ``structures.ScopeKind``), ``site`` (a provider's site), and
+  ``tenant_cap`` with ``tenant_scope`` (a tenant's caps at a destination and a site);
 - the policies: ``policy`` (the ``Policy`` base, the table of which transport runs
   which; an admin's ``module:`` file is loaded by :mod:`pyqmgr.settings.policies`),
   ``nqmgr`` (stock's, the default), ``oqmgr``, ``finch``, ``zmailer``; the core names

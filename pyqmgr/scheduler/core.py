@@ -53,7 +53,6 @@ from pyqmgr.scheduler import (
     gates,
     reading,
     site,
-    tenant_cap,
     tenant_hold,
     throttling,
 )
@@ -82,6 +81,7 @@ from pyqmgr.scheduler.structures import (
 )
 from pyqmgr.scheduler.suspension import Suspension, SuspensionTable, Target
 from pyqmgr.scheduler.tenant_cap import TenantLimitTable
+from pyqmgr.scheduler.tenant_scope import tenant_caps
 from pyqmgr.scheduler.transport import transport_select
 
 __all__ = ["ERROR", "MAX_READ", "POLICY_DSN", "RECOVERY_WATCH_LIMIT", "RETRY",
@@ -256,7 +256,7 @@ class Scheduler:
                 t.suspension = self.suspensions.for_transport(name)
             if self.shaping_for is not None and name not in (RETRY, ERROR):
                 t.shaping = self.shaping_for(name)
-            t.tenant_caps = tenant_cap.caps_for(self.tenant_limits, name)  # issue #34
+            tenant_caps(t, self.tenant_limits)  # issue #34
         return t
 
     def _attach_policy(self, t: Transport) -> None:

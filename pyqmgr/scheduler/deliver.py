@@ -20,7 +20,8 @@ from pyqmgr.scheduler.entry import entry_done
 from pyqmgr.scheduler.gates import started, throttled
 from pyqmgr.scheduler.queue import queue_unthrottle
 from pyqmgr.scheduler.recovery import SITE_SUSPENDED
-from pyqmgr.scheduler.site import site_speaks, site_started, site_throttled
+from pyqmgr.scheduler.scope import scopes_started
+from pyqmgr.scheduler.site import site_speaks, site_throttled
 from pyqmgr.scheduler.structures import THROTTLED, Dsn
 
 if TYPE_CHECKING:
@@ -49,8 +50,8 @@ def deliver_select(core: Core, name: str) -> Entry | None:
     if entry is not None and t.shaping is not None:
         entry.started = core.now
         started(core, entry.queue)
-    if entry is not None and entry.queue.site is not None:
-        site_started(core, entry.queue)
+    if entry is not None:
+        scopes_started(core, entry)  # its site's and tenant's counts (:mod:`.scope`)
     if entry is None:
         # Stock would keep the rate lock until some delivery ends; with none under
         # way the transport would never be chosen again.

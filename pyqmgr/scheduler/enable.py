@@ -12,9 +12,9 @@ import heapq
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler import controls, tenant_cap
-from pyqmgr.scheduler.entry import tenant_release
 from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
 from pyqmgr.scheduler.site import site_due
+from pyqmgr.scheduler.tenant_scope import tenant_release
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core

@@ -12,24 +12,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.held import HELD, held_queue_name
-from pyqmgr.scheduler.queue import error_queue, queue_done, queue_unthrottle
-from pyqmgr.scheduler.site import site_ended, site_settle
+from pyqmgr.scheduler.queue import queue_done, queue_unthrottle
+from pyqmgr.scheduler.scope import scopes_ended, scopes_settle, scopes_unselected
 from pyqmgr.scheduler.structures import (
     DEL_REQ_FLAG_CONN_LOAD,
     DEL_REQ_FLAG_CONN_MASK,
     DEL_REQ_FLAG_CONN_STORE,
-    RETRY,
     THROTTLED,
     Entry,
 )
-from pyqmgr.scheduler.tenant_cap import (
-    destination,
-    ended,
-    made,
-    next_release,
-    site_release,
-)
+from pyqmgr.scheduler.tenant_cap import made
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.message import Message
@@ -38,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEL_REQ_FLAG_CONN_LOAD", "DEL_REQ_FLAG_CONN_MASK", "DEL_REQ_FLAG_CONN_STORE",
            "Entry", "entry_done", "entry_link", "entry_move_todo", "entry_select", "entry_unselect",
-           "message_done", "tenant_release"]
+           "message_done"]
 
 
 def entry_link(entry: Entry) -> Entry:
@@ -80,15 +72,12 @@ def entry_unselect(core: Core, entry: Entry) -> None:
     assert entry.busy, f"entry_unselect: {entry!r} is not busy"
     entry.busy = False
     queue.busy_count -= 1
-    site = queue.site
-    if site is not None:
-        site.busy -= 1
+    settle = scopes_unselected(core, entry)
     queue.todo.append(entry.queue_node)
     if not queue.transport.broken:
         queue.transport.policy.unselect(entry)
     queue.transport.sync(queue)
-    if site is not None:
-        site_settle(core, site)
+    scopes_settle(core, entry, settle)
 
 
 def entry_done(core: Core, entry: Entry, busy: bool) -> None:
@@ -96,12 +85,9 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
     queue = entry.queue
     message = entry.message
     t = queue.transport
-    site = queue.site
     if busy:
         entry.busy = False
         queue.busy_count -= 1
-        if site is not None and not site_ended(core, site):
-            site = None  # still counted for a moment: site_due settles it
     else:
         queue.todo.unlink(entry.queue_node)
     n = len(entry.recipients)
@@ -121,8 +107,9 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
             t.policy.done(entry, busy)
         except Exception as exc:  # noqa: BLE001 - a policy's bug must not lose mail
             core.policy_failed(t, "done", exc)
-    if t.tenant_caps is not None and message.tenant:
-        _cap_ended(core, entry)  # before the queue may go idle and be discarded
+    # Its site's and its tenant's counts, before the queue may go idle and be
+    # discarded (:mod:`.scope`).
+    settle = scopes_ended(core, entry, busy)
     if busy:
         queue.last_done = int(core.now)  # core.clock without a call (once per delivery)
     if queue.idle:
@@ -132,8 +119,7 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
         if queue.ready:
             queue_done(core, queue)
     t.sync(queue)
-    if busy and site is not None:
-        site_settle(core, site)
+    scopes_settle(core, entry, settle)
     message.refcount -= 1
     entry.release()
     if (core.bounded_reading and message.more and not message.jobs
@@ -141,48 +127,6 @@ def entry_done(core: Core, entry: Entry, busy: bool) -> None:
         core.realloc(message)
     if message.refcount == 0:
         message_done(core, message)
-
-
-def _cap_ended(core: Core, entry: Entry) -> None:
-    """An entry of a limited tenant ended at its queue (:mod:`.tenant_cap`): one
-    fewer there, and its oldest staged entry for the queue (or for another of the
-    site's destinations) takes the place; a dead queue sends the staged ones to the
-    retry transport."""
-    queue = entry.queue
-    caps = queue.transport.tenant_caps
-    assert caps is not None
-    tenant = entry.message.tenant
-    scope = ended(caps, entry)
-    held = core.transports.get(HELD)
-    staging = held.queues.get(held_queue_name(tenant, queue, staged=True)) \
-        if held is not None else None
-    if staging is not None and staging.todo:
-        if queue.throttled:
-            assert queue.dsn is not None
-            retry = error_queue(core, RETRY, queue.dsn)
-            if retry is not None:
-                for staged in list(staging.todo):
-                    entry_move_todo(core, retry, staged)
-        elif tenant_release(core, staging, queue):
-            return
-    if scope is not None:
-        site_release(caps, tenant, scope, lambda other: _released(core, other))
-
-
-def _released(core: Core, staging: Queue) -> bool:
-    """Did the staging queue's destination take some of its mail?"""
-    dest = destination(core, staging)
-    return dest is not None and tenant_release(core, staging, dest) > 0
-
-
-def tenant_release(core: Core, staging: Queue, dest: Queue) -> int:
-    """Move a tenant's staged entries into their destination while its limits let
-    them (:func:`.tenant_cap.next_release`); how many went."""
-    moved = 0
-    while (oldest := next_release(core, staging, dest)) is not None:
-        entry_move_todo(core, dest, oldest)
-        moved += 1
-    return moved
 
 
 def message_done(core: Core, message: Message) -> None:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.durations import duration
 from pyqmgr.scheduler.gates import regate
+from pyqmgr.scheduler.scope import ScopeKind
 from pyqmgr.scheduler.shaping import (
     Gate,
     Rule,
@@ -62,7 +63,7 @@ from pyqmgr.scheduler.structures import (
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.state import Core
-    from pyqmgr.scheduler.structures import Queue
+    from pyqmgr.scheduler.structures import Entry, Queue
 
 def site_attach(core: Core, queue: Queue) -> None:
     """A new queue joins its site (``queue_obtain``), when its transport has sites."""
@@ -136,6 +137,7 @@ def _join(core: Core, queue: Queue, site: Site) -> None:
     t = queue.transport
     t.ready_queues.pop(queue, None)
     queue.site = site
+    queue.chain = SITE_CHAIN
     site.members[queue] = None
     site.busy += queue.busy_count
     t.sync(queue)  # indexed at its site now
@@ -324,6 +326,7 @@ def site_leave(core: Core, queue: Queue) -> None:
     site = queue.site
     assert site is not None
     queue.site = None
+    queue.chain = ()
     site.members.pop(queue, None)
     site.ready.pop(queue, None)
     if not site.ready:
@@ -438,3 +441,36 @@ def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
                     # Its old site held it (a lookup's wait): its policy hears that it
                     # may deliver, as for any gate that opens.
                     t.policy.resumed(queue)
+
+
+# -- the site as a scope of its members' deliveries (:mod:`.scope`) -------------------
+
+
+def _scope_started(core: Core, entry: Entry) -> None:
+    site_started(core, entry.queue)
+
+
+def _scope_unselected(core: Core, entry: Entry) -> bool:
+    site = entry.queue.site
+    assert site is not None
+    site.busy -= 1
+    return True
+
+
+def _scope_ended(core: Core, entry: Entry, busy: bool) -> bool:
+    site = entry.queue.site
+    assert site is not None
+    # Counted down now, or still for a moment (QUIT_GRACE): site_due settles it then.
+    return busy and site_ended(core, site)
+
+
+def _scope_settle(core: Core, entry: Entry) -> None:
+    site = entry.queue.site
+    if site is not None:  # else the queue left it meanwhile, and site_leave settled it
+        site_settle(core, site)
+
+
+SITE_SCOPE = ScopeKind("site", _scope_started, _scope_unselected, _scope_ended,
+                       _scope_settle)
+#: The chain of a queue at a site.
+SITE_CHAIN = (SITE_SCOPE,)

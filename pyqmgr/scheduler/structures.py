@@ -103,6 +103,31 @@ class Dsn:
         return f"{self.status} {self.reason}"
 
 
+@dataclass(frozen=True, eq=False)
+class ScopeKind:
+    """The verbs of one kind of scope a delivery counts in beyond its destination
+    (:mod:`.scope` walks them). Each takes the core (``state.Core``: typed ``Any``
+    here, as this module cannot import the state that imports it) and the entry
+    whose delivery moves; the scope itself is found from it (the queue's site, the
+    message's tenant)."""
+
+    #: The kind's name (``site``, ``tenant``): what explain and tests call it.
+    name: str
+    #: An agent took the entry's delivery.
+    started: Callable[[Any, Entry], None]
+    #: The delivery never left (its agent could not take the request): counted out as
+    #: it was counted in. True if the scope must settle after the destination's sync.
+    unselected: Callable[[Any, Entry], bool]
+    #: The entry ended (``busy``: its delivery came back; else it went unsent, moved
+    #: or deferred). True if the scope must settle after the destination's sync.
+    ended: Callable[[Any, Entry, bool], bool]
+    #: After the sync: a full scope with room again opens.
+    settle: Callable[[Any, Entry], None]
+
+    def __repr__(self) -> str:
+        return f"ScopeKind({self.name})"
+
+
 @dataclass(eq=False)
 class Queue:
     transport: Transport
@@ -141,6 +166,9 @@ class Queue:
     shape: Shape | None = None
     #: The provider site it belongs to while sites are on (:mod:`.site`); None: none.
     site: Site | None = None
+    #: The kinds of scope beyond itself its deliveries count in (:mod:`.scope`): its
+    #: site's while it has one; the transport's chain adds the tenant caps'.
+    chain: tuple[ScopeKind, ...] = ()
 
     @property
     def gate(self) -> Suspension | Gate | None:
@@ -587,6 +615,9 @@ class Transport:
         #: Each tenant's cap at each destination (tenant_concurrency_limit, issue #34:
         #: :mod:`.tenant_cap`); None: no cap.
         self.tenant_caps: TenantCaps | None = None
+        #: The kinds of scope every delivery of the transport counts in beside its
+        #: queue's (:mod:`.scope`): the tenant caps' when there are caps.
+        self.chain: tuple[ScopeKind, ...] = ()
         # Event counters for the metrics exporter (pyqmgr/daemon/metrics_exporter.py):
         # plain ints raised in O(1) where the event happens, because the core does no
         # I/O and knows nothing of Prometheus; the daemon reads them when scraped.

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING
 from pyqmgr.durations import duration
 from pyqmgr.scheduler import site, tenant_cap
 from pyqmgr.scheduler.decisions import DeferRecipient
-from pyqmgr.scheduler.entry import entry_done, entry_move_todo, tenant_release
+from pyqmgr.scheduler.entry import entry_done, entry_move_todo
 from pyqmgr.scheduler.held import HELD, STAGED, covers, held_queue_for, holding
 from pyqmgr.scheduler.queue import error_queue, queue_obtain
 from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn, site_domain
 from pyqmgr.scheduler.suspension import Suspension, Target
+from pyqmgr.scheduler.tenant_scope import tenant_release
 
 __all__ = ["HELD", "apply", "covers", "held_queue", "holding", "rule_holds"]
 
