@@ -470,7 +470,7 @@ def _scope_settle(core: Core, entry: Entry) -> None:
         site_settle(core, site)
 
 
-SITE_SCOPE = ScopeKind("site", _scope_started, _scope_unselected, _scope_ended,
+SITE_KIND = ScopeKind("site", _scope_started, _scope_unselected, _scope_ended,
                        _scope_settle)
 #: The chain of a queue at a site.
-SITE_CHAIN = (SITE_SCOPE,)
+SITE_CHAIN = (SITE_KIND,)

@@ -4,7 +4,7 @@
 happens when one of its deliveries ends (one fewer there, its oldest staged entry for
 the destination, or for another destination of the site, takes the place; a dead
 destination sends the staged ones to the retry transport) moves entries, so it lives
-here, beside :data:`TENANT_SCOPE`, the scope kind that :mod:`.scope`'s walk reaches
+here, beside :data:`TENANT_KIND`, the scope kind that :mod:`.scope`'s walk reaches
 (a transport with tenant caps carries it in its chain).
 """
 
@@ -38,14 +38,14 @@ def tenant_ended(core: Core, entry: Entry, busy: bool) -> bool:
     return False
 
 
-TENANT_SCOPE = ScopeKind("tenant", nothing, nothing_to_settle, tenant_ended, nothing)
+TENANT_KIND = ScopeKind("tenant", nothing, nothing_to_settle, tenant_ended, nothing)
 
 
 def tenant_caps(t: Transport, table: TenantLimitTable | None) -> None:
     """A new transport's tenant caps (issue #34), and the scope its deliveries then
     count in."""
     t.tenant_caps = caps_for(table, t.name)
-    t.chain = (TENANT_SCOPE,) if t.tenant_caps is not None else ()
+    t.chain = (TENANT_KIND,) if t.tenant_caps is not None else ()
 
 
 def _cap_ended(core: Core, entry: Entry) -> None:
