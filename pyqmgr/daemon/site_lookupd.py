@@ -52,6 +52,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from pyqmgr.site_names import site_name
+
 if TYPE_CHECKING:
     from pyqmgr.daemon.mx_lookup import MxFound, MxLookup, Records
     from pyqmgr.postfix.policy_delegation import WarnGate
@@ -154,15 +156,29 @@ def spawn(settings: SiteSettings, user: str, config_dir: str,
         env={"PATH": "/usr/bin:/bin", "MAIL_CONFIG": config_dir, "LANG": "C"})
 
 
-class HelperGone(Exception):
-    """The helper ended with this lookup in flight: ask in qmgr instead."""
+class Asked:
+    """One lookup in flight at the helper: its zone (the resolver's, handed back),
+    when it is due, whether it is over."""
+
+    __slots__ = ("zone", "deadline", "over")
+
+    def __init__(self, zone: str, deadline: float) -> None:
+        self.zone = zone
+        self.deadline = deadline
+        self.over = False
+
+
+#: How an answer reaches the resolver: (zone, domain, found); found None: the helper
+#: went with this lookup in flight, ask it in qmgr.
+Answer = Callable[[str, str, "Found | None"], None]
 
 
 class LookupHelper:
-    """qmgr's side of the helper: a lookup function for :class:`SiteResolver`,
-    which keeps its zone fairness and its count of lookups at once; this writes
-    the names, reads the answers, and falls back to ``fallback`` (dnspython in
-    qmgr) for good once the helper is gone."""
+    """qmgr's side of the helper, for :class:`SiteResolver`, which keeps its zone
+    fairness and its count of lookups at once: this writes the names, reads the
+    answers and hands each to the resolver by callback (no future or task a lookup:
+    the helper's point is qmgr's CPU). ``fallback`` is dnspython in qmgr, for when
+    the helper is gone."""
 
     def __init__(self, proc: subprocess.Popen[bytes], fallback: Lookup,
                  settings: SiteSettings) -> None:
@@ -172,10 +188,10 @@ class LookupHelper:
         self.negative_ttl = settings.negative_ttl
         #: Seconds an answer may take before the lookup fails.
         self.patience = settings.timeout + SLACK
-        #: Futures waiting for each domain's answer, oldest first.
-        self.pending: dict[str, list[asyncio.Future[Found]]] = {}
-        #: (deadline, domain, future) in the order written: deadlines ascend.
-        self.order: deque[tuple[float, str, asyncio.Future[Found]]] = deque()
+        #: Lookups waiting for each domain's answer, oldest first.
+        self.pending: dict[str, list[Asked]] = {}
+        #: (domain, lookup) in the order written: deadlines ascend.
+        self.order: deque[tuple[str, Asked]] = deque()
         self.out: list[bytes] = []
         self.unsent = b""
         self.inbuf = b""
@@ -194,15 +210,17 @@ class LookupHelper:
         self.writing = False
         self.warn: Callable[[str], None] = lambda text: None
         self.went: Callable[[tuple[str, ...]], None] = lambda domains: None
+        self.answer: Answer = lambda zone, domain, found: None
         self.gate: WarnGate | None = None
 
-    def attach(self, warn: Callable[[str], None], went: Callable[[tuple[str, ...]], None],
-               clock: Callable[[], float]) -> None:
-        """Start reading answers on the running loop. ``went``: these domains'
-        queries go now (the helper is ready); ``warn``: the maillog's warning."""
+    def attach(self, answer: Answer, warn: Callable[[str], None],
+               went: Callable[[tuple[str, ...]], None], clock: Callable[[], float]) -> None:
+        """Start reading answers on the running loop. ``answer``: where each goes;
+        ``went``: these domains' queries go now (the helper is ready); ``warn``: the
+        maillog's warning."""
         from pyqmgr.postfix.policy_delegation import WarnGate
 
-        self.warn, self.went, self.clock = warn, went, clock
+        self.answer, self.warn, self.went, self.clock = answer, warn, went, clock
         self.gate = WarnGate(60.0, 10)
         self.loop = asyncio.get_running_loop()
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -210,14 +228,17 @@ class LookupHelper:
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.loop.add_reader(self.proc.stdout.fileno(), self._readable)
 
-    async def __call__(self, domain: str) -> Found:
-        if self.gone is not None or self.loop is None:
-            return await self.fallback(domain)
+    def ask(self, zone: str, domain: str) -> None:
+        """Ask the helper; the answer comes by ``answer`` in a later loop turn. Only
+        while the helper runs (``gone`` None) and after :meth:`attach`."""
+        assert self.loop is not None and self.gone is None
         if not valid_domain(domain):
-            return None, self.negative_ttl, "not a domain name the helper takes"
-        fut: asyncio.Future[Found] = self.loop.create_future()
-        self.pending.setdefault(domain, []).append(fut)
-        self.order.append((self.clock() + self.patience, domain, fut))
+            self.loop.call_soon(self.answer, zone, domain, (
+                None, self.negative_ttl, "not a domain name the helper takes"))
+            return
+        asked = Asked(zone, self.clock() + self.patience)
+        self.pending.setdefault(domain, []).append(asked)
+        self.order.append((domain, asked))
         if self.timer is None:
             self.timer = self.loop.call_at(self.loop.time() + self.patience, self._expire)
         self.out.append(domain.encode() + b"\n")
@@ -225,10 +246,6 @@ class LookupHelper:
             # One write a loop turn for every name asked in it.
             self.flushing = True
             self.loop.call_soon(self._flush)
-        try:
-            return await fut
-        except HelperGone:
-            return await self.fallback(domain)
 
     def _flush(self) -> None:
         self.flushing = False
@@ -279,7 +296,7 @@ class LookupHelper:
                 self._bad(f"an answer over {MAX_LINE} bytes")
             self.skipping = True
             self.inbuf = b""
-        while self.order and self.order[0][2].done():
+        while self.order and self.order[0][1].over:
             self.order.popleft()
 
     def _line(self, line: bytes) -> None:
@@ -302,15 +319,13 @@ class LookupHelper:
         if not waiting:
             self._bad(f"an answer for {domain}, not asked for (or past its time)")
             return
-        fut = waiting.pop(0)
+        asked = waiting.pop(0)
         if not waiting:
             del self.pending[domain]
-        if not fut.done():
-            from pyqmgr.site_names import site_name
-
-            self.answered += 1
-            fut.set_result((site_name(records, self.providers) if records else None,
-                            ttl, why))
+        asked.over = True
+        self.answered += 1
+        self.answer(asked.zone, domain, (
+            site_name(records, self.providers) if records else None, ttl, why))
 
     def _bad(self, what: str) -> None:
         held = self.gate.allow(self.clock()) if self.gate is not None else 0
@@ -323,25 +338,27 @@ class LookupHelper:
         """Lookups past their time fail; a helper that said nothing meanwhile is hung."""
         self.timer = None
         now = self.clock()
-        while self.order and self.order[0][0] <= now:
-            deadline, domain, fut = self.order.popleft()
-            if fut.done():
+        while self.order and self.order[0][1].deadline <= now:
+            domain, asked = self.order.popleft()
+            if asked.over:
                 continue
-            if self.heard < deadline - self.patience:  # nothing since this was asked
+            if self.heard < asked.deadline - self.patience:  # nothing since it was asked
                 self._lost(f"it answered nothing in {self.patience:g}s")
                 return
             waiting = self.pending.get(domain, [])
-            if fut in waiting:
-                waiting.remove(fut)
+            if asked in waiting:
+                waiting.remove(asked)
                 if not waiting:
                     del self.pending[domain]
-            fut.set_result((None, self.negative_ttl,
-                            f"the lookup helper did not answer within {self.patience:g}s"))
-        while self.order and self.order[0][2].done():
+            asked.over = True
+            self.answer(asked.zone, domain, (
+                None, self.negative_ttl,
+                f"the lookup helper did not answer within {self.patience:g}s"))
+        while self.order and self.order[0][1].over:
             self.order.popleft()
         if self.order and self.loop is not None:
             self.timer = self.loop.call_at(
-                self.loop.time() + max(0.0, self.order[0][0] - now), self._expire)
+                self.loop.time() + max(0.0, self.order[0][1].deadline - now), self._expire)
 
     def _lost(self, why: str) -> None:
         """The helper is gone: said once; every lookup from now on is qmgr's own."""
@@ -357,10 +374,10 @@ class LookupHelper:
         self.order.clear()
         self.out.clear()
         self.unsent = b""
-        for waiting in pending.values():
-            for fut in waiting:
-                if not fut.done():
-                    fut.set_exception(HelperGone())
+        for domain, waiting in pending.items():
+            for asked in waiting:
+                asked.over = True
+                self.answer(asked.zone, domain, None)
 
     def close(self) -> None:
         """qmgr's way out: the helper reads the end of its input and exits."""

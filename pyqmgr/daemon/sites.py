@@ -68,7 +68,7 @@ class SiteSetup:
     process's (:class:`LookupHelper`), or dnspython in qmgr."""
 
     settings: SiteSettings
-    lookup: Callable[[str], Any]
+    lookup: Callable[[str], Any] | LookupHelper
 
 
 def setup(settings: PyqmgrCf, commands: dict[str, str], relayhost: str,
@@ -106,18 +106,23 @@ class SiteResolver:
     """The daemon's MX lookups for the core, bounded and off the event loop's path."""
 
     def __init__(self, host: QmgrCore, settings: SiteSettings,
-                 lookup: Callable[[str], Any] | None = None,
+                 lookup: Callable[[str], Any] | LookupHelper | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.host = host
         self.settings = settings
         self.clock = clock
-        #: The coroutine function that looks a domain up: dnspython's unless a test
-        #: gives its own.
-        self.lookup = lookup or DnsLookup(settings).found
         #: The helper process's side in qmgr, when the lookups run there.
-        self.helper = lookup if isinstance(lookup, LookupHelper) else None
-        if self.helper is not None:
-            self.helper.attach(host.log.warning, self._queries_went, clock)
+        self.helper: LookupHelper | None = None
+        own: Callable[[str], Any]
+        if isinstance(lookup, LookupHelper):
+            self.helper = lookup
+            lookup.attach(self._answered, host.log.warning, self._queries_went, clock)
+            own = lookup.fallback
+        else:
+            own = lookup or DnsLookup(settings).found
+        #: The coroutine function that looks a domain up in qmgr: dnspython's unless
+        #: a test gives its own; with the helper, only once it is gone.
+        self.lookup = own
         #: Lookups waiting their turn, by zone (LookupLine).
         self.waiting = LookupLine(max(1, settings.lookups // 4))
         self.running = 0
@@ -152,7 +157,25 @@ class SiteResolver:
     def _start(self, zone: str, domain: str) -> None:
         self.running += 1
         self.waiting.started(zone)
-        self.host.spawn(self._one(zone, domain))
+        helper = self.helper
+        if helper is not None and helper.gone is None:
+            helper.ask(zone, domain)
+        else:
+            self.host.spawn(self._one(zone, domain))
+
+    def _answered(self, zone: str, domain: str, found: Found | None) -> None:
+        """The helper's answer; None: it went with this lookup in flight, which is
+        asked in qmgr now (and counts as running until then)."""
+        if found is None:
+            self.host.spawn(self._one(zone, domain))
+            return
+        line = self.waiting
+        line.ended(zone)
+        self._learnt(domain, *found)
+        self.running -= 1
+        while self.running < self.settings.lookups and (more := line.take()) is not None:
+            self._start(*more)
+            self._query_goes(more[1])
 
     def _query_goes(self, domain: str) -> None:
         """A lookup that waited its turn starts: its domain waits site_dns_wait from now."""
