@@ -12,6 +12,7 @@ start) the lookups in flight and every later one are answered by dnspython in qm
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 import shlex
@@ -27,6 +28,7 @@ from pyqmgr.daemon import site_lookupd
 from pyqmgr.daemon.site_lookupd import MAX_LINE, LookupHelper, answer_line, parse_answer
 from pyqmgr.daemon.sites import DnsLookup, SiteResolver
 from pyqmgr.testbed import dns
+from tests.test_control import cli
 from tests.test_sites_dns import RECORDS, Host
 
 pytestmark = pytest.mark.skipif(not dns.available(), reason="unbound is not installed")
@@ -343,6 +345,9 @@ def test_on_real_postfix_the_helper_runs_as_mail_owner_and_its_death_loses_no_ma
                       for i in range(50)])
         pf.wait_until(lambda: srv.delivered_count() >= 100, 60, "100 messages delivered")
         assert pf.qmgr_pid() == qmgr, "qmgr ran on"
+        shown = json.loads(cli(pf, "status", "--json").stdout)["site_lookups"]
+        assert shown["helper"] == {"pid": helper, "gone": "it ended", "lookups": "in qmgr"}
+        assert shown["answered"] == 20 and shown["failed"] == {}, shown
         lines = [ln.text for ln in pf.maillog.lines()]
     st = srv.snapshot()
     gone = [t for t in lines if "the MX lookup helper" in t]

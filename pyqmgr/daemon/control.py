@@ -522,6 +522,8 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 reply["fleet"] = qmgr.fleet.status()
             if qmgr.memory is not None:
                 reply["memory"] = qmgr.memory.status()
+            if qmgr.sites is not None:  # MX lookups: counts, the helper process
+                reply["site_lookups"] = qmgr.sites.status()
             if qmgr.classifier is not None and qmgr.classifier.sender_keys:
                 reply["sender_keys"] = {
                     "trusted_clients": qmgr.classifier.trust.words,
