@@ -105,6 +105,23 @@ def _memory_line(memory: dict[str, object]) -> str:
     return f"qmgr memory: {mib('resident_bytes')} resident, peak {mib('peak_bytes')}{limit}"
 
 
+def _lookup_lines(lookups: dict[str, object]) -> list[str]:
+    """The sites' MX lookups: how many, and where they run (issue #44's helper)."""
+    failed = lookups.get("failed")
+    failures = (", ".join(f"{why} {n}" for why, n in sorted(failed.items()))
+                if isinstance(failed, dict) and failed else "none failed")
+    line = (f"MX lookups: {_fmt(lookups.get('answered'))} answered, "
+            f"{_fmt(lookups.get('lookups_running'))} running, "
+            f"{_fmt(lookups.get('lookups_waiting'))} waiting; {failures}")
+    helper = lookups.get("helper")
+    if isinstance(helper, dict):
+        line += (f"; lookup helper pid {_fmt(helper.get('pid'))}: "
+                 + (f"gone ({_fmt(helper.get('gone'))}), lookups in qmgr"
+                    if helper.get("gone") else
+                    f"{_fmt(helper.get('in_flight'))} in flight"))
+    return [line, ""]
+
+
 def _classes_lines(reply: dict[str, object]) -> list[str]:
     """Classes' room in the active queue, and whose sender-written keys count."""
     lines: list[str] = []
@@ -181,6 +198,9 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
         lines += _fleet_lines(fleet)
         lines.append("")
     lines += _classes_lines(reply)
+    lookups = reply.get("site_lookups")
+    if isinstance(lookups, dict):
+        lines += _lookup_lines(lookups)
     sites = _dicts(reply.get("sites"))
     if sites:
         lines += _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "STATE", "RULE"],

@@ -143,3 +143,18 @@ def test_explain_of_a_deferred_message_outside_core(utc):
         "H1: message in the hold queue (not in core)",
         "  from <>, arrived 2023-11-14 22:13:20 (2h2m ago)",
         "  on hold since 2023-11-14 23:13:20 (1h2m ago)"]
+
+
+def test_status_says_where_mx_lookups_run_and_how_they_went():
+    """The sites' lookups (issue #44): answered, running, waiting, failures by cause,
+    and the lookup helper, or that it is gone and qmgr looks up itself."""
+    lookups = {"answered": 5, "lookups_running": 1, "lookups_waiting": 3,
+               "failed": {"timeout": 2, "NXDOMAIN": 1},
+               "helper": {"pid": 12, "ready": True, "answered": 5, "in_flight": 1}}
+    text = "\n".join(status_lines({"site_lookups": lookups, "destinations": []}))
+    assert ("MX lookups: 5 answered, 1 running, 3 waiting; NXDOMAIN 1, timeout 2; "
+            "lookup helper pid 12: 1 in flight") in text
+    lookups["helper"] = {"pid": 12, "gone": "killed", "lookups": "in qmgr"}
+    lookups["failed"] = {}
+    text = "\n".join(status_lines({"site_lookups": lookups, "destinations": []}))
+    assert "none failed; lookup helper pid 12: gone (killed), lookups in qmgr" in text
