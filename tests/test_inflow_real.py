@@ -173,3 +173,6 @@ def test_a_flood_meets_in_flow_delay_as_under_stock_and_resets_after_it_do_not(
     assert left > 200, left
     assert min(stock_resets) > 0.9, stock_resets
     assert max(mine_resets) < 0.5, mine_resets
+    said = [ln.text for ln in pf.maillog.lines() if "new mail floods in" in ln.text]
+    print("\n".join(said))
+    assert len(said) == 1 and classes["in_flow"]["floods"] == 1, (said, classes)

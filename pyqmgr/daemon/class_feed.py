@@ -358,6 +358,11 @@ class Inflow:
         self.began = False
         #: For status: floods seen.
         self.floods = 0
+        #: The growth a second that showed the last flood.
+        self.rate = 0.0
+        #: When a flood was last logged, and floods since not logged.
+        self.logged = -math.inf
+        self.unlogged = 0
 
     def flooding(self, now: float) -> bool:
         """Is mail flooding in now (or was, less than FLOOD_HOLD ago)?"""
@@ -375,8 +380,22 @@ class Inflow:
             if now >= self.until:
                 self.floods += 1
                 self.began = True
+                self.rate = rate
             self.until = now + FLOOD_HOLD
         return now < self.until
+
+    def log_line(self, now: float) -> str | None:
+        """What to log of a flood that began (at most once a minute), or None."""
+        if now - self.logged < 60:
+            self.unlogged += 1
+            return None
+        more = (f"; {self.unlogged} more since the last such line" if self.unlogged
+                else "")
+        self.logged = now
+        self.unlogged = 0
+        return (f"classes: new mail floods in (incoming/ grew by {self.rate:.0f} or more "
+                f"messages a second): in_flow_delay's tokens go as stock's until it has "
+                f"not for {FLOOD_HOLD:g} s{more}")
 
     def ends_in(self, now: float) -> float | None:
         """Seconds until the flood may be over (then the feeder looks again, for

@@ -352,12 +352,15 @@ class Feeder:
                 flow.put(limit - count)
             elif classes is not None and classes.top_room(self.host.message_count):
                 inflow = classes.inflow
-                if not inflow.flooding(time.monotonic()):
+                now = time.monotonic()
+                if not inflow.flooding(now):
                     flow.put(limit - count)
                 elif inflow.began:
                     # The top-up's tokens left in the pipe go back: stock's would not
                     # be there for the flood's next messages.
                     inflow.began = False
                     flow.get(count)
+                    if (line := inflow.log_line(now)) is not None:
+                        self.host.log.info(line)
         elif count > limit:
             flow.get(count - limit)

@@ -82,3 +82,14 @@ def test_lost_kernel_events_are_a_flood():
     inflow = Inflow()
     inflow.overflowed = True
     assert inflow.flooding(1.0) and inflow.ends_in(1.0) == FLOOD_HOLD
+
+
+def test_floods_are_logged_at_most_once_a_minute_with_the_count_between():
+    inflow = Inflow()
+    inflow.rate = 212.4
+    first = inflow.log_line(10.0)
+    assert first is not None and "grew by 212 or more messages a second" in first
+    assert "more since" not in first
+    assert inflow.log_line(20.0) is None and inflow.log_line(69.0) is None
+    again = inflow.log_line(70.0)
+    assert again is not None and again.endswith("; 2 more since the last such line")
