@@ -38,6 +38,7 @@ from pyqmgr.fleet.shared import KEY_LAYOUT, MAX_UNIT_NAME, unit_name
 from pyqmgr.pyqmgr_cf import from_text
 from pyqmgr.scheduler.shaping import Rate
 from pyqmgr.testbed.redis import RedisServer
+from tests.loop_lag import LoopLag
 
 #: The loop's lateness allowed per read of the roster (the issue's bar).
 LAG_BAR = 0.010
@@ -77,26 +78,19 @@ def fleet_roster(redis: RedisServer, node: str, cf: str = "", key: bool = True
 
 
 async def worst_lag(work: Awaitable[Any]) -> tuple[Any, float]:
-    """``work``'s result, and the most a 1 ms timer was late while it ran."""
-    loop = asyncio.get_running_loop()
-    worst = 0.0
-    done = False
-
-    async def tick() -> None:
-        nonlocal worst
-        while not done:
-            due = loop.time() + 0.001
-            await asyncio.sleep(0.001)
-            worst = max(worst, loop.time() - due)
-
-    ticker = loop.create_task(tick())
+    """``work``'s result, and the most a 1 ms timer was late while it ran, less the
+    time the machine kept the loop's thread from a CPU (tests/loop_lag.py)."""
+    lag = LoopLag()
+    lag.start()
     await asyncio.sleep(0.005)
     try:
         result = await work
     finally:
-        done = True
-        await ticker
-    return result, worst
+        await lag.stop()
+    if lag.raw > lag.own + 0.005:
+        print(f"(the loop's timer was late by {lag.raw * 1000:.1f} ms as seen, "
+              f"{lag.own * 1000:.1f} ms less the machine's wait for a CPU)")
+    return result, lag.own
 
 
 def run(coro_fn: Callable[[], Awaitable[None]], limit: float = 120) -> None:
