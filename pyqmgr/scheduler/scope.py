@@ -20,6 +20,14 @@ The walk's order is the chain's, and its phases are the ones every scope needs:
 * the kinds that asked for it then settle (:func:`scopes_settle`), after the
   destination's own state is synced: a full scope with room again opens.
 
+A scope has one name wherever it is named: a destination its queue's name, a site
+``structures.SITE_SCOPE`` and its name (``site google``: tenant caps' counts, the
+fleet's units in Redis and on its channels, explain's text), a tenant at one of them
+the tenant and that name. A queue name never holds a space, so no destination is
+ever taken for a site. The control commands' target grammar writes the same site
+``site:google`` (:mod:`.suspension`), parsed into that name; the metrics label it
+``site="google"``.
+
 With nothing configured both chains are the empty tuple, and a walk is a loop over
 nothing: stock's drain pays nothing for them (``bench drain``).
 """
