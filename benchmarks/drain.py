@@ -259,8 +259,10 @@ def sites_cf() -> dict[str, str]:
 #: (scrapes answered, connections failed, seconds) of each metrics drain's scrapers.
 SCRAPES: list[tuple[int, int, float]] = []
 
-#: Where the sites contender's pin file is written (root's, read at start-up).
-PINS_DIR = "/tmp/pyqmgr-drain-sites"
+#: Where the sites contender's pin file is written (root's, read at start-up). Not
+#: under /tmp: the daemon reads no file on a path others can change (trust.RootFiles,
+#: issue #45), and anyone can make names in /tmp; /run is root's alone.
+PINS_DIR = "/run/pyqmgr-drain-sites"
 
 
 @contextlib.contextmanager
