@@ -91,16 +91,22 @@ def test_each_kind_of_file_refused_at_start_up_with_its_path(instance, bad: str)
         mark = pf.maillog.mark()
         began = time.monotonic()  # before postfix start: master, then the qmgr, start
         pf.start()
+        # The bar is counted from postfix start's return (master is up and spawns the
+        # qmgr): postfix-script's own checks and master's start took 1.05 s in all
+        # once on a clean clone's CI, three lanes on two cores, which is not the
+        # qmgr's time. A FIFO waited on would be forever, not a second.
+        started = time.monotonic()
         try:
             (fatal,) = pf.maillog.wait_for(
                 lambda ln: ln.program == "postfix/qmgr" and ln.severity == "fatal",
                 timeout=15, what=f"the qmgr refusing a {bad} {kind}", since=mark)[:1]
-            took = time.monotonic() - began
+            took = time.monotonic() - started
         finally:
             pf.stop()
-        seen.append(f"{kind}: {took:.2f} s: {fatal.text}")
+        seen.append(f"{kind}: {took:.2f} s after postfix start returned "
+                    f"({started - began:.2f} s before it): {fatal.text}")
         assert fatal.text.startswith(f"fatal: {offender}: {_why(bad)}"), (kind, fatal.text)
-        assert took < 1.0, f"{kind}: refused {took:.2f} s after postfix start began"
+        assert took < 1.0, f"{kind}: refused {took:.2f} s after postfix start returned"
     print("\n" + "\n".join(seen))
 
 
