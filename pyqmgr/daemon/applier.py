@@ -125,9 +125,13 @@ class Applier:
         now = time.monotonic()
         while self._wakes and self._wakes[0] <= now:
             self._waking.discard(heapq.heappop(self._wakes))
-        self.apply(self.q.scheduler.tick(now))
-        self.q.dispatch()
-        self._arm()
+        try:
+            self.apply(self.q.scheduler.tick(now))
+            self.q.dispatch()
+        finally:
+            # Armed again whatever happened: one timer now stands for every later
+            # deadline, where each had its own before.
+            self._arm()
 
     def _on_gate_timer(self) -> None:
         """A shaping gate opens or a recovery step is due (rates, response rules)."""
