@@ -39,22 +39,12 @@ from pyqmgr.pyqmgr_cf import from_text
 from pyqmgr.scheduler.shaping import Rate
 from pyqmgr.testbed.redis import RedisServer
 from tests.loop_lag import LoopLag
+from tests.unit.test_fleet_roster import Log
 
 #: The loop's lateness allowed per read of the roster (the issue's bar).
 LAG_BAR = 0.010
 #: A site name as long as DNS made one (the issue measured 2,060 characters).
 LONG_SITE = "site " + ".".join(["mx-" + "a" * 60] * 34)[:2055]
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def warning(self, text: str) -> None:
-        self.lines.append("warning: " + text)
-
-    def info(self, text: str) -> None:
-        self.lines.append(text)
 
 
 def fleet_roster(redis: RedisServer, node: str, cf: str = "", key: bool = True
@@ -151,14 +141,8 @@ def test_a_forged_roster_changes_nothing_and_costs_the_loop_under_10_ms(redis_se
     units_ = fr.source.units
 
     async def main() -> None:
-        lags = []
-        for _ in range(2):
-            started = time.monotonic()
-            _, lag = await worst_lag(fr.sync())
-            lags.append(lag)
-            print(f"\nroster read (1,002 forged records, 64 MiB): {time.monotonic() - started:.2f}"
-                  f" s, the loop late by at most {lag * 1000:.1f} ms; "
-                  f"{len(fr.differences)} differences, lease time {fr.lease_time:g} s")
+        lags = await two_reads(fr, "1,002 forged records", lambda: (
+            f"{len(fr.differences)} differences, lease time {fr.lease_time:g} s"))
         assert units_.overrides == {} and units_.limits("smtp") == Limits(10)
         assert fr.lease_time == 60.0 and fr.source.shared.lease_ms == 60_000
         assert fr.differences == {}
@@ -166,6 +150,19 @@ def test_a_forged_roster_changes_nothing_and_costs_the_loop_under_10_ms(redis_se
         await fr.source.shared.client.close()
 
     run(main)
+
+
+async def two_reads(fr: FleetRoster, what: str, after: Callable[[], str]) -> list[float]:
+    """Read the roster twice (the first read and one with everything seen before),
+    printing each read's time and lag and ``after()``; the lags."""
+    lags = []
+    for _ in range(2):
+        started = time.monotonic()
+        _, lag = await worst_lag(fr.sync())
+        lags.append(lag)
+        print(f"\nroster read ({what}, 64 MiB): {time.monotonic() - started:.2f} s, "
+              f"the loop late by at most {lag * 1000:.1f} ms; {after()}")
+    return lags
 
 
 def fleet_key(redis: RedisServer) -> bytes:
@@ -187,15 +184,8 @@ def test_a_thousand_signed_records_of_64_kib_cost_the_loop_under_10_ms(redis_ser
     fr, log = fleet_roster(redis, "relay1", "fleet_destination_concurrency_limit = 10\n")
 
     async def main() -> None:
-        lags = []
-        for _ in range(2):
-            started = time.monotonic()
-            _, lag = await worst_lag(fr.sync())
-            lags.append(lag)
-            print(f"\nroster read (1,000 signed records, 64 MiB): "
-                  f"{time.monotonic() - started:.2f} s, the loop late by at most "
-                  f"{lag * 1000:.1f} ms; {len(fr.differences)} differences kept, "
-                  f"{fr.more_differences} more")
+        lags = await two_reads(fr, "1,000 signed records", lambda: (
+            f"{len(fr.differences)} differences kept, {fr.more_differences} more"))
         assert fr.servers == 1000 and fr.skipped == 0, log.lines[:3]
         assert fr.source.units.limits("smtp") == Limits(1, Rate(1, 86400.0), 1)
         assert fr.lease_time == 3600.0 and fr.source.shared.lease_ms == 3_600_000
