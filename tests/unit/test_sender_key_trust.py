@@ -187,3 +187,13 @@ def test_the_limit_is_a_mistake_without_unlisted_tenants():
     with pytest.raises(PyqmgrCfError, match="tenant_maps names the tenants"):
         make("tenant_key = sender_domain\ntenant_maps = inline:{ a=b }\n"
              "unlisted_tenant_limit = 5\n")
+
+
+def test_an_oversized_list_file_is_a_warning_and_trusts_nobody(tmp_path):
+    from pyqmgr.postfix.addr_match_list import MAX_FILE_BYTES  # noqa: PLC0415
+
+    big = tmp_path / "relays"
+    big.write_text("198.51.100.0/24\n" + "#" * MAX_FILE_BYTES + "\n")
+    found = addr_match_list(str(big), "test")
+    assert any("larger than" in w for w in found.warnings), found.warnings
+    assert not found.match("198.51.100.1")
