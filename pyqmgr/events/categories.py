@@ -1,0 +1,358 @@
+"""Reply categories: what a delivery's DSN status and reply text mean, in one word.
+
+Bounce handling, list hygiene and deliverability dashboards sort replies into a few
+kinds (the recipient does not exist, the mailbox is full, the sender is throttled...);
+every delivery event carries one, so that a consumer need not parse replies itself.
+The set is fixed (:data:`CATEGORIES`), because consumers key on its names; which reply
+falls where is data: an ordered rules file shipped with pyqmgr
+(``pyqmgr/events/reply-categories``), and an admin's own file tried before it.
+
+Both use Postfix's regexp_table(5) line syntax, so that an admin already knows it::
+
+    # comment
+    /pattern/flags   category
+    !/pattern/flags  category      # the rule matches when the pattern does not
+        continued on lines that start with white space
+
+Each pattern is searched in ``"STATUS TEXT"``: the DSN status, one space, then the
+reply as Postfix logs it (``5.1.1 host mx.example.com[192.0.2.1] said: 550 5.1.1
+<a@example.com>: Recipient address rejected: User unknown (in reply to RCPT TO
+command)``); so ``/^5\\.2\\.2 /`` tests the status alone. The first rule that matches
+names the category; when none does, the category is ``other``. Patterns are Python
+regular expressions (:mod:`re`), not POSIX ERE: they are case-insensitive unless the
+flags say ``i`` (which toggles it, as in Postfix); ``x`` allows white space and
+comments inside the pattern (Postfix: extended syntax), ``m`` is accepted and changes
+nothing (a reply is one line). Postfix's ``if``/``endif`` blocks are not supported.
+
+Bounds, so that a rule can never stall the writer of events:
+
+* the text is cut at :data:`REPLY_LIMIT` characters before matching: Postfix itself
+  keeps a server's reply to ``line_length_limit`` (2048) plus at most one more line;
+* a rules file is at most :data:`MAX_FILE_BYTES`, read whole at start-up;
+* an admin's pattern with a repetition inside an unbounded repetition (``(a+)+``,
+  ``(\\w+\\s?)*``), the classic catastrophic backtracking, is refused with its file and
+  line; every other pattern is then timed on texts made of its own characters, longer
+  and longer up to the limit, and refused if one match takes more than
+  :data:`PROBE_BUDGET` seconds (a pattern that is slow only on other texts is bounded
+  by the cut alone).
+
+Matching is cheap: for an ASCII text (nearly every reply), each case-insensitive
+pattern with no upper-case letter is compiled case-sensitive and searched in the text
+lowered once, which lets :mod:`re` use its fast literal scan; the shipped file is
+written that way. Measured in tests/unit/test_reply_categories.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from re import _constants as sre_constants  # type: ignore[attr-defined]
+from re import _parser as sre_parser  # type: ignore[attr-defined]
+from typing import Any
+
+#: The categories, in the order the docs list them, with what each means.
+CATEGORIES: dict[str, str] = {
+    "delivered": "the server accepted the message (a 2.x.x status)",
+    "invalid_recipient": "the address does not exist (unknown user, no such mailbox)",
+    "bad_domain": "the recipient's domain takes no mail: no such domain, no MX or A "
+                  "record, a null MX",
+    "inactive_mailbox": "the mailbox exists but is disabled, suspended or inactive",
+    "mailbox_full": "the mailbox is over its quota or out of storage",
+    "message_too_large": "the message, an attachment or a header is over a size limit",
+    "rate_limited": "the receiver throttles the sender: too fast, too many connections, "
+                    "messages or recipients, try later, greylisting, Gmail's 4.7.28",
+    "policy": "refused for spam, content, reputation, a blocklist, missing reverse DNS, "
+              "a malformed message or the receiver's rules on the sender",
+    "authentication": "SPF, DKIM or DMARC failed, or the sender is not authenticated",
+    "relay_denied": "the server does not relay for this sender or client",
+    "tls": "TLS was required and failed, or was missing",
+    "network": "no connection or a lost one: refused, timed out, unreachable, a "
+               "temporary DNS failure",
+    "protocol": "the SMTP dialogue went wrong: syntax, command sequence, unexpected reply",
+    "remote_error": "the receiving server's own trouble: a temporary system problem, "
+                    "no storage, service not available",
+    "config": "this system's own setup: mail loops back to myself, a transport "
+              "unavailable, a local delivery that failed",
+    "expired": "the message was too long in a queue (here or at a relay)",
+    "other": "none of the above",
+}
+
+#: Characters of reply text that are matched; the rest is ignored (see the docstring).
+REPLY_LIMIT = 4096
+#: The largest rules file read.
+MAX_FILE_BYTES = 256 * 1024
+#: Seconds one probe match may take before an admin's pattern is refused.
+PROBE_BUDGET = 0.05
+
+#: The shipped rules, package data beside this module.
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reply-categories")
+
+_RULE_RE = re.compile(r"(!?)/((?:[^/\\]|\\.)*)/([A-Za-z]*)\s+(\S+)\s*$")
+_REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT,
+            getattr(sre_constants, "POSSESSIVE_REPEAT", sre_constants.MAX_REPEAT))
+
+
+class CategoriesError(ValueError):
+    """A rules file that cannot be used; the text names the file and line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One line of a rules file."""
+
+    source: str
+    pattern: re.Pattern[str]
+    #: The same pattern for a lowered ASCII text, or None when that would not be the
+    #: same match (case-sensitive, or an upper-case letter in the pattern).
+    lowered: re.Pattern[str] | None
+    negate: bool
+    category: str
+    where: str
+
+
+class Categorizer:
+    """The rules, in order; :meth:`category` is what the event writer calls."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = tuple(rules)
+        # Two plans of (search, use the lowered text, negate, category): one for ASCII
+        # texts, with the fast lowered patterns where they exist, one for the rest.
+        self._ascii = tuple((r.lowered.search, True, r.negate, r.category)
+                            if r.lowered is not None
+                            else (r.pattern.search, False, r.negate, r.category)
+                            for r in self.rules)
+        self._other = tuple((r.pattern.search, False, r.negate, r.category)
+                            for r in self.rules)
+
+    def category(self, status: str, reply: str) -> str:
+        """The category of a DSN status and reply text; ``other`` when no rule matches."""
+        return self.match(status, reply)[0]
+
+    def match(self, status: str, reply: str) -> tuple[str, Rule | None]:
+        """The category and the rule that chose it (None: no rule did), for explain."""
+        text = f"{status} {reply[:REPLY_LIMIT]}"
+        if text.isascii():
+            plan, low = self._ascii, text.lower()
+        else:
+            plan, low = self._other, text
+        for i, (search, lowered, negate, category) in enumerate(plan):
+            if (search(low if lowered else text) is None) is negate:
+                return category, self.rules[i]
+        return "other", None
+
+
+# -- reading ----------------------------------------------------------------------------
+
+
+def load(path: str | None = None, files: Any = None,
+         read: Callable[[str, int], bytes] | None = None) -> Categorizer:
+    """The admin's rules from ``path`` (None: none) before the shipped ones.
+
+    ``files`` is the daemon's :class:`pyqmgr.trust.RootFiles` when it reads as root
+    (the file is then judged as every other file pyqmgr.cf names); ``read`` replaces
+    the reader in tests. CategoriesError names the file and line of a mistake; an
+    unreadable or oversized file is one too.
+    """
+    rules: list[Rule] = []
+    if path:
+        rules += parse_rules(_read(path, files, read), path, probe=True)
+    rules += shipped_rules()
+    return Categorizer(rules)
+
+
+_shipped: list[Rule] | None = None
+
+
+def shipped_rules() -> list[Rule]:
+    """The shipped file's rules, parsed once (they are tested, not probed, here)."""
+    global _shipped
+    if _shipped is None:
+        with open(SHIPPED, encoding="utf-8") as f:
+            _shipped = parse_rules(f.read(), SHIPPED)
+    return list(_shipped)
+
+
+def _read(path: str, files: Any, read: Callable[[str, int], bytes] | None) -> str:
+    if read is None:
+        from pyqmgr.trust import file_reader
+        read = file_reader(files)
+    from pyqmgr.bounded import TooLarge
+    try:
+        data = read(path, MAX_FILE_BYTES)
+    except TooLarge:
+        raise CategoriesError(f"{path}: larger than {MAX_FILE_BYTES} bytes; a rules file "
+                              "is read whole at start-up") from None
+    except OSError as exc:
+        raise CategoriesError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CategoriesError(f"{path}: not UTF-8 (byte {exc.start})") from None
+
+
+def logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, line) of each rule: comments and blank lines dropped, a line
+    that starts with white space joined to the one before, as Postfix reads tables."""
+    current: tuple[int, str] | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        if raw[:1].isspace() and current is not None:
+            current = (current[0], current[1] + " " + raw.strip())
+            continue
+        if current is not None:
+            yield current
+        current = (n, raw.strip())
+    if current is not None:
+        yield current
+
+
+def parse_rules(text: str, path: str, probe: bool = False) -> list[Rule]:
+    """A whole rules file; CategoriesError names the file and line of the first mistake.
+    ``probe``: also refuse a pattern that backtracks catastrophically (see the module)."""
+    rules = []
+    for n, line in logical_lines(text):
+        where = f"{path}, line {n}"
+        rule = parse_rule(line, where)
+        if probe:
+            _probe(rule)
+        rules.append(rule)
+    return rules
+
+
+def parse_rule(line: str, where: str) -> Rule:
+    """One rule: ``[!]/pattern/flags category``."""
+    if re.match(r"(if|endif)\b", line, re.IGNORECASE):
+        raise CategoriesError(f"{where}: if/endif blocks are not supported here; write "
+                              "the condition into each pattern")
+    m = _RULE_RE.match(line)
+    if m is None:
+        raise CategoriesError(f"{where}: expected /pattern/flags then one category name, "
+                              f"not {line[:80]!r}")
+    bang, source, flags, category = m.groups()
+    if category not in CATEGORIES:
+        raise CategoriesError(f"{where}: unknown category {category!r} (one of: "
+                              f"{', '.join(CATEGORIES)})")
+    ignore = True
+    re_flags = 0
+    for flag in flags:
+        if flag == "i":
+            ignore = not ignore
+        elif flag == "x":
+            re_flags |= re.VERBOSE
+        elif flag != "m":
+            raise CategoriesError(f"{where}: unknown pattern flag {flag!r} (i, m or x)")
+    try:
+        pattern = re.compile(source, re_flags | (re.IGNORECASE if ignore else 0))
+        tree = sre_parser.parse(source, re_flags)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise CategoriesError(f"{where}: bad pattern: {exc}") from None
+    nested = _nested_repeat(list(tree), False)
+    if nested:
+        raise CategoriesError(f"{where}: a repetition inside an unbounded repetition "
+                              f"({nested}) can take exponential time on some texts: "
+                              "rewrite it without the nesting")
+    lowered = None
+    if ignore and not _has_upper(list(tree)):
+        lowered = re.compile(source, re_flags)
+    return Rule(source, pattern, lowered, bool(bang), category, where)
+
+
+# -- the guards ---------------------------------------------------------------------------
+
+
+def _items(tree: list[Any]) -> Iterator[tuple[Any, Any]]:
+    """Every (op, argument) of a parsed pattern, depth first."""
+    for op, av in tree:
+        yield op, av
+        for sub in _children(op, av):
+            yield from _items(sub)
+
+
+def _children(op: Any, av: Any) -> list[list[Any]]:
+    if op in _REPEATS:
+        return [list(av[2])]
+    if op is sre_constants.SUBPATTERN:
+        return [list(av[3])]
+    if op is sre_constants.BRANCH:
+        return [list(b) for b in av[1]]
+    if op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+        return [list(av[1])]
+    if op is sre_constants.GROUPREF_EXISTS:
+        return [list(b) for b in av[1:] if b is not None]
+    if op is getattr(sre_constants, "ATOMIC_GROUP", None):
+        return [list(av)]
+    return []
+
+
+def _nested_repeat(tree: list[Any], inside: bool) -> str | None:
+    """'+ inside +' when an unbounded repetition holds another repetition of more than
+    one, else None."""
+    for op, av in tree:
+        if op in _REPEATS:
+            unbounded = av[1] == sre_constants.MAXREPEAT
+            if inside and av[1] > 1:
+                return "a repetition inside an unbounded one"
+            found = _nested_repeat(list(av[2]), inside or unbounded)
+        else:
+            found = next((f for sub in _children(op, av)
+                          if (f := _nested_repeat(sub, inside))), None)
+        if found:
+            return found
+    return None
+
+
+def _has_upper(tree: list[Any]) -> bool:
+    """Whether the pattern names an upper-case ASCII letter (so that it would not match
+    the same in a lowered text)."""
+    for op, av in _items(tree):
+        if op is sre_constants.LITERAL or op is sre_constants.NOT_LITERAL:
+            if 65 <= av <= 90:
+                return True
+        elif op is sre_constants.IN:
+            for iop, iav in av:
+                if iop is sre_constants.LITERAL and 65 <= iav <= 90:
+                    return True
+                if iop is sre_constants.RANGE and iav[0] <= 90 and iav[1] >= 65:
+                    return True
+        elif op is sre_constants.GROUPREF:
+            return True  # a back-reference compares the original text
+    return False
+
+
+def _literals(tree: list[Any]) -> str:
+    """The pattern's literal characters, in order (what the probes are made of)."""
+    out = []
+    for op, av in _items(tree):
+        if op is sre_constants.LITERAL:
+            out.append(chr(av))
+        elif op is sre_constants.IN:
+            for iop, iav in av:
+                if iop is sre_constants.LITERAL:
+                    out.append(chr(iav))
+                elif iop is sre_constants.RANGE:
+                    out.append(chr(iav[0]))
+    return "".join(out)
+
+
+def _probe(rule: Rule) -> None:
+    """Time the pattern on texts of its own characters, longer and longer: a pattern
+    whose time explodes with the length is refused before a reply meets it."""
+    lits = _literals(list(sre_parser.parse(rule.source, rule.pattern.flags & re.VERBOSE)))
+    seeds = {lits + "!"} | {c for c in lits[:16]} | {"a", " "}
+    lengths = [4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 128, 256, 512, 1024, 2048,
+               REPLY_LIMIT + 16]
+    for length in lengths:
+        for seed in seeds:
+            text = (seed * (length // max(len(seed), 1) + 1))[:length]
+            start = time.perf_counter()
+            rule.pattern.search(text)
+            took = time.perf_counter() - start
+            if took > PROBE_BUDGET:
+                raise CategoriesError(
+                    f"{rule.where}: the pattern took {took * 1000:.0f} ms on a "
+                    f"{length}-character text of {seed[:20]!r}; it backtracks too much "
+                    "to be matched against every reply")
