@@ -77,16 +77,6 @@ GOALS: dict[str, str] = {
         "runs fall inside its central 80% 54% of the time against reality's 80%, and its "
         "score is 208 against a bar of 180 (real runs 1850-2543); measured, not yet "
         "traced: pyqmgr against stock on this shape is the next run to make"),
-    "sitescale-cpu": (
-        "issue #44's CPU bars for one 10-session MX on real Postfix, measured on "
-        "2026-11-29: from 1,000 to 10,000 queued 1.07-1.31x (bar 1.2x; before #44 "
-        "2.8x; sites off grows 1.13x by itself, and one 8-s cell alone varies by 15%), "
-        "across 30 and 3,000 domains 1.4-1.7x (bar 1.2x: each new domain is an MX "
-        "lookup, about 0.17 ms in dnspython, and a queue and site made), and 1.2-1.9x "
-        "of sites off (bar 1.5x: the off sink's hundred sessions let qmgr batch "
-        "replies a 10-session site cannot); settled by a cheaper lookup and queue, an "
-        "off baseline paced alike, and repeated cells to beat the noise "
-        "(benchmarks/README.md, sitescale)"),
 }
 
 

@@ -71,9 +71,9 @@ def test_goals_are_one_list_each_used_and_each_says_why() -> None:
     targets += [*fidelity.SHAPE_TARGETS.values(), *smtp.TIME.values()]
     used = {t.goal for t in targets if t.goal}
     assert used == set(GOALS), (used ^ set(GOALS))
-    # 12 until #44, which added two at a provider's size (metrics-census,
-    # sitescale-cpu), each with what would settle it.
-    assert len(GOALS) <= 13
+    # 12 until #44, which added metrics-census at a provider's size, with what would
+    # settle it (its sitescale-cpu became three enforced bars).
+    assert len(GOALS) <= 12
     assert all(len(why) > 80 for why in GOALS.values()), "each goal says why"
     enforced = [t for t in targets if not t.goal]
     assert len(enforced) >= 8, [t.text for t in enforced]
@@ -105,9 +105,8 @@ def test_scopes_targets() -> None:
 
 
 def test_sitescale_targets() -> None:
-    """A 10-session MX (#44): deferrals and refusals in any cell fail; the CPU bars
-    (from 1,000 to 10,000 queued, across domains, against sites off) are a goal,
-    printed with their figures and never failing."""
+    """A 10-session MX (#44): deferrals and refusals in any cell fail, and so does a
+    CPU bar missed (from 1,000 to 10,000 queued, across domains, against sites off)."""
     from benchmarks.site_scale import Cell, check
 
     def cells(cpu: dict[tuple[int, int], float], deferred: int = 0,
@@ -116,12 +115,19 @@ def test_sitescale_targets() -> None:
                 for k, v in cpu.items()}
 
     ms = 1e-3
-    now = {(30, 1000): 0.578 * ms, (30, 10000): 0.620 * ms,
-           (3000, 1000): 0.845 * ms, (3000, 10000): 0.898 * ms}
-    off = {k: 0.42 * ms for k in now}
-    assert check(cells(now), cells(off)) == [True, True, True, True, True]
+    # A clean run's figures counted from the first read (2026-11-29).
+    now = {(30, 1000): 0.513 * ms, (30, 10000): 0.568 * ms,
+           (3000, 1000): 0.607 * ms, (3000, 10000): 0.637 * ms}
+    off = {(30, 1000): 0.420 * ms, (30, 10000): 0.412 * ms,
+           (3000, 1000): 0.420 * ms, (3000, 10000): 0.456 * ms}
+    assert check(cells(now), cells(off)) == [True] * 5
+    # Before #44 the cost grew with the mail waiting: 0.6 ms to 1.7 ms.
     before = {**now, (30, 10000): 1.7 * ms}
-    assert check(cells(before), cells(off)) == [True] * 5, "a goal, printed"
+    assert check(cells(before), cells(off))[2:] == [False, False, False]
+    assert check(cells({**now, (3000, 1000): 0.62 * ms}), cells(off))[3] is False, \
+        "0.62 against 0.513: 1.21x across domains"
+    assert check(cells(now), cells({**off, (30, 10000): 0.37 * ms}))[4] is False, \
+        "0.568 against 0.37: 1.54x of sites off"
     assert check(cells(now, deferred=9), cells(off))[0] is True, "9 of 1,000: 0.9%"
     assert check(cells(now, deferred=10), cells(off))[0] is False, "10 of 1,000: 1%"
     assert check(cells(now, refused=1), cells(off))[1] is False
