@@ -26,7 +26,10 @@ fleet's units in Redis and on its channels, explain's text), a tenant at one of 
 the tenant and that name. A queue name never holds a space, so no destination is
 ever taken for a site. The control commands' target grammar writes the same site
 ``site:google`` (:mod:`.suspension`), parsed into that name; the metrics label it
-``site="google"``.
+``site="google"``. The fleet's Redis keys are made from the unit name by one function
+(``fleet.shared.Shared.key``: ``site-sessions:smtp:google`` beside a destination's
+``sessions:smtp:example.com``): a storage layout that running fleets share, kept as it
+is so that a rolling upgrade never counts a site's sessions under two keys.
 
 With nothing configured both chains are the empty tuple, and a walk is a loop over
 nothing: stock's drain pays nothing for them (``bench drain``).
