@@ -36,10 +36,15 @@ Bounds, so that a rule can never stall the writer of events:
   :data:`PROBE_BUDGET` seconds (a pattern that is slow only on other texts is bounded
   by the cut alone).
 
-Matching is cheap: for an ASCII text (nearly every reply), each case-insensitive
-pattern with no upper-case letter is compiled case-sensitive and searched in the text
-lowered once, which lets :mod:`re` use its fast literal scan; the shipped file is
-written that way. Measured in tests/unit/test_reply_categories.py.
+Matching is cheap, and gives what searching every rule in order would: for an ASCII
+text (nearly every reply), each case-insensitive pattern with no upper-case letter is
+compiled case-sensitive and searched in the text lowered once, which lets :mod:`re` use
+its fast literal scan; a pattern of the form ``\\b(?:word one|word two)`` is not searched
+at all when no word of the text starts with the first three characters of one of its
+alternatives (one pass over the text collects them); a pattern that starts with ``^`` is
+matched at the start only. The shipped file is written so. Over the corpus: 22 us of CPU a
+text on the project's shared two-core machine under load (tests/unit/test_reply_categories.py
+prints it), from 31 us with neither the prefilter nor the \\b-led patterns.
 """
 
 from __future__ import annotations
@@ -111,6 +116,12 @@ class Rule:
     negate: bool
     category: str
     where: str
+    #: For the lowered pattern: the first three characters any match must start with,
+    #: each at the start of a word, or None when the pattern does not say (see
+    #: :func:`_word_anchors`); lets a text skip the rule without a search.
+    anchors: frozenset[str] | None = None
+    #: The pattern starts with ``^``: ``match`` is the same as ``search``, and cheaper.
+    at_start: bool = False
 
 
 class Categorizer:
@@ -118,14 +129,11 @@ class Categorizer:
 
     def __init__(self, rules: list[Rule]) -> None:
         self.rules = tuple(rules)
-        # Two plans of (search, use the lowered text, negate, category): one for ASCII
+        # Two plans of (search, use the lowered text, anchors, negate): one for ASCII
         # texts, with the fast lowered patterns where they exist, one for the rest.
-        self._ascii = tuple((r.lowered.search, True, r.negate, r.category)
-                            if r.lowered is not None
-                            else (r.pattern.search, False, r.negate, r.category)
-                            for r in self.rules)
-        self._other = tuple((r.pattern.search, False, r.negate, r.category)
-                            for r in self.rules)
+        self._ascii = tuple(_step(r, r.lowered) if r.lowered is not None
+                            else _step(r, r.pattern) for r in self.rules)
+        self._other = tuple(_step(r, r.pattern) for r in self.rules)
 
     def category(self, status: str, reply: str) -> str:
         """The category of a DSN status and reply text; ``other`` when no rule matches."""
@@ -136,12 +144,24 @@ class Categorizer:
         text = f"{status} {reply[:REPLY_LIMIT]}"
         if text.isascii():
             plan, low = self._ascii, text.lower()
+            starts = set(_WORD_START.findall(low))
         else:
-            plan, low = self._other, text
-        for i, (search, lowered, negate, category) in enumerate(plan):
-            if (search(low if lowered else text) is None) is negate:
-                return category, self.rules[i]
+            plan, low, starts = self._other, text, set()
+        for i, (search, lowered, anchors, negate) in enumerate(plan):
+            if anchors is not None and anchors.isdisjoint(starts):
+                found = False
+            else:
+                found = search(low if lowered else text) is not None
+            if found is not negate:
+                return self.rules[i].category, self.rules[i]
         return "other", None
+
+
+def _step(rule: Rule, pattern: re.Pattern[str]) -> tuple[Callable[[str], object], bool,
+                                                         frozenset[str] | None, bool]:
+    lowered = pattern is rule.lowered
+    find = pattern.match if rule.at_start else pattern.search
+    return find, lowered, rule.anchors if lowered else None, rule.negate
 
 
 # -- reading ----------------------------------------------------------------------------
@@ -258,7 +278,66 @@ def parse_rule(line: str, where: str) -> Rule:
     lowered = None
     if ignore and not _has_upper(list(tree)):
         lowered = re.compile(source, re_flags)
-    return Rule(source, pattern, lowered, bool(bang), category, where)
+    at_start = bool(tree) and tree[0] in ((sre_constants.AT, sre_constants.AT_BEGINNING),
+                                          (sre_constants.AT, sre_constants.AT_BEGINNING_STRING))
+    return Rule(source, pattern, lowered, bool(bang), category, where,
+                _word_anchors(list(tree)) if lowered is not None else None, at_start)
+
+
+# -- the prefilter ---------------------------------------------------------------------------
+
+#: Characters of a word's start that the prefilter compares.
+_ANCHOR = 3
+#: Each word's first :data:`_ANCHOR` characters (fewer at the end of the text).
+_WORD_START = re.compile(rf"\b(?=(\w[\s\S]{{0,{_ANCHOR - 1}}}))")
+_WORD = re.compile(r"\w")
+
+
+def _word_anchors(tree: list[Any]) -> frozenset[str] | None:
+    """For a pattern that starts with ``\\b`` and then must match one of a few literal
+    beginnings (``\\b(?:user unknown|no such user)``): those beginnings, cut to
+    :data:`_ANCHOR` characters. Every match starts at a word's start with one of them, so a
+    text none of whose words starts so cannot match, and is not searched. None when the
+    pattern does not say that much (then it is always searched)."""
+    if not tree or tree[0] != (sre_constants.AT, sre_constants.AT_BOUNDARY):
+        return None
+    found = _grow({""}, tree[1:])
+    if found is None or not all(_WORD.match(a) for a in found):
+        return None
+    return frozenset(found)
+
+
+def _grow(prefixes: set[str], seq: list[Any]) -> set[str] | None:
+    """The prefixes extended by what ``seq`` must begin with, up to :data:`_ANCHOR`
+    characters; None when some way through ``seq`` leaves one shorter."""
+    for op, av in seq:
+        if all(len(p) >= _ANCHOR for p in prefixes):
+            return prefixes
+        if op is sre_constants.LITERAL:
+            prefixes = {p + chr(av) if len(p) < _ANCHOR else p for p in prefixes}
+        elif op in (sre_constants.AT, sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+            continue  # zero-width: it adds no character
+        elif op is sre_constants.SUBPATTERN or op is sre_constants.BRANCH:
+            alternatives = _alternatives(op, av)
+            grown: set[str] = set()
+            for alternative in alternatives:
+                more = _grow(prefixes, alternative)
+                if more is None:
+                    return None
+                grown |= more
+            prefixes = grown
+        else:
+            break
+    return prefixes if all(len(p) >= _ANCHOR for p in prefixes) else None
+
+
+def _alternatives(op: Any, av: Any) -> list[list[Any]]:
+    if op is sre_constants.BRANCH:
+        return [list(b) for b in av[1]]
+    body = list(av[3])
+    if len(body) == 1 and body[0][0] is sre_constants.BRANCH:
+        return [list(b) for b in body[0][1][1]]
+    return [body]
 
 
 # -- the guards ---------------------------------------------------------------------------

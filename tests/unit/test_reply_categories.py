@@ -231,3 +231,25 @@ def test_the_docs_example_is_a_valid_file(tmp_path) -> None:
         "rate_limited"
     assert cat.category("5.2.2", "552 Quota limit reached for a@example.com") == "mailbox_full"
     assert cat.match("9.0.0", "x")[1].where == f"{path}, line 8"
+
+
+def test_word_prefilter_is_exact() -> None:
+    """A rule skipped because no word of the text starts as its pattern must would not
+    have matched: the answers equal a plain search of every rule, negated rules and
+    rules the prefilter cannot read included."""
+    text = "\n".join([
+        "/\\b(?:foo bar|baz)/  policy",
+        "!/\\b(?:zzz)/  network",            # negated: fires when zzz is absent
+        "/\\b(?:\\(bl\\)|qux)/  tls",         # starts with '(': not prefiltered
+        "/\\bMixed/i  config",               # case-sensitive: not prefiltered
+        "/\\b(?:fo)/  relay_denied",         # shorter than the prefilter's 3 characters
+    ])
+    rules = parse_rules(text, "t")
+    assert [r.anchors for r in rules] == [frozenset({"foo", "baz"}), frozenset({"zzz"}),
+                                           None, None, None]
+    cat = Categorizer(rules)
+    for sample in ["xfoo bar zzz", "foo bar", "a baz", "zzz (bl)", "zzz qux", "zzz Mixed",
+                   "zzz mixed", "zzz fo", "zzz", "x" * 10 + " zzz foo barbaz"]:
+        plain = next((r.category for r in rules
+                      if (r.pattern.search(f"5.0.0 {sample}") is None) is r.negate), "other")
+        assert cat.category("5.0.0", sample) == plain, sample
