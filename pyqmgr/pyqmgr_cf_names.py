@@ -56,6 +56,8 @@ PER_TRANSPORT: frozenset[str] = frozenset({
     # settings/tenants.py, scheduler/tenant_cap.py
     "tenant_concurrency_limit", "tenant_site_concurrency_limit", "tenant_rate",
     "tenant_site_rate",
+    # settings/sources.py: a source's first day (src1_source_warmup_start)
+    "source_warmup_start",
 })
 
 #: Parameters read once for the whole daemon: no transport form.
@@ -82,6 +84,10 @@ GLOBAL: frozenset[str] = frozenset({
     "metrics_tenant_limit", "metrics_allow_remote",
     # daemon/memory.py
     "memory_warning_limit",
+    # events/settings.py
+    "delivery_events_file", "delivery_events_file_size_limit", "delivery_events_files_kept",
+    # settings/sources.py (each pool's <pool>_sources: pool_member_names)
+    "source_pools", "source_pool_maps", "source_pool_transports", "source_warmup_plan",
 })
 
 KNOWN: frozenset[str] = PER_TRANSPORT | GLOBAL
@@ -211,4 +217,12 @@ def unknown_parameters(settings: PyqmgrCf, transports: Collection[str] | None,
     (empty or None when master.cf was not read: any transport form is then taken);
     ``policies``: the policy classes in use, whose own parameters are known."""
     names = Names(transports or None, policy_parameters(policies))
-    return names.unknown(settings.names(), settings.referenced)
+    return names.unknown(settings.names(),
+                         set(settings.referenced) | pool_member_names(settings))
+
+
+def pool_member_names(settings: PyqmgrCf) -> set[str]:
+    """``<pool>_sources`` for each pool ``source_pools`` names: a pool is no master.cf
+    service, so its members' parameter is named by the admin's own pool names."""
+    pools = (settings.get("source_pools") or "").replace(",", " ").split()
+    return {f"{pool}_sources" for pool in pools}

@@ -134,6 +134,7 @@ def _checks(settings: PyqmgrCf, cfg: QmgrConfig, policies: list[PolicySetup],
     from pyqmgr.settings.classes import classifier
     from pyqmgr.settings.sites import on as sites_on
     from pyqmgr.settings.sites import site_settings
+    from pyqmgr.settings.sources import source_settings
     from pyqmgr.settings.tenants import tenant_limits
 
     def sites() -> None:
@@ -163,7 +164,9 @@ def _checks(settings: PyqmgrCf, cfg: QmgrConfig, policies: list[PolicySetup],
                      else metrics.setup(settings, cfg)),
             lambda: delegation.setup(settings),
             lambda: fleet_settings(settings, cfg.myhostname),
-            lambda: memory.warning_limit(settings), sites, classes_check]
+            lambda: memory.warning_limit(settings), sites, classes_check,
+            # Source pools: their members are master.cf's (unknown with policies refused).
+            lambda: source_settings(settings, policies[0].commands) if policies else None]
 
 
 def unknown_names_only(settings: PyqmgrCf, config_dir: str,

@@ -46,6 +46,8 @@ from pyqmgr.scheduler.core import ERROR, RETRY, Route
 from pyqmgr.scheduler.message import Message, Recipient
 
 if TYPE_CHECKING:
+    from pyqmgr.daemon.sources import Sources
+    from pyqmgr.postfix.config import QmgrConfig
     from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.postfix.resolve import ResolveClient
 
@@ -162,6 +164,19 @@ def sort_key(route: Route) -> tuple[str, str, int, str, str]:
     return (route.transport, route.queue_name, has_at, _lower_domain_key(address), address)
 
 
+def queue_name(cfg: QmgrConfig, transport: str, nexthop: str, address: str) -> str:
+    """A recipient's queue: its next hop's, or its own where the transport delivers
+    one recipient a request (``destination_recipient_limit = 1``)."""
+    if transport not in (ERROR, RETRY):
+        params = cfg.transport(transport)
+        if params.destination_recipient_limit == 1:
+            return per_recipient_queue_name(
+                address, nexthop, cfg.recipient_delimiter,
+                cfg.owner_request_special, cfg.double_bounce_sender,
+            )
+    return shared(nexthop.lower())
+
+
 def _open_active(path: str, qid: str, log: MailLog) -> int:
     """The file's descriptor, or -1 (a warning) when it is gone. Any other error is
     fatal, as in stock's qmgr_message_open: master starts a new qmgr, whose start-up
@@ -184,6 +199,8 @@ class ActiveQueue:
         self.log = qmgr.log
         self.messages: dict[str, ActiveMessage] = {}
         self.in_core_recipients = 0
+        #: Source pools (#46): a recipient may move to a member; None unless set.
+        self.sources: Sources | None = None
 
     # -- start-up ---------------------------------------------------------------------
 
@@ -414,23 +431,15 @@ class ActiveQueue:
                         continue
                 if transport in cfg.defer_transports and not am.scan_flags & FLUSH_DFXP:
                     transport, nexthop = RETRY, "4.3.2 deferred transport"
+                if self.sources is not None:
+                    transport, nexthop = self.sources.route(am.sched, rcpt, transport, nexthop)
                 routes.append(Route(transport,
-                                    self._queue_name(transport, nexthop, rcpt.address),
+                                    queue_name(cfg, transport, nexthop, rcpt.address),
                                     nexthop, rcpt))
         except ResolverFailure:
             return None
         routes.sort(key=sort_key)
         return routes
-
-    def _queue_name(self, transport: str, nexthop: str, address: str) -> str:
-        if transport not in (ERROR, RETRY):
-            params = self.cfg.transport(transport)
-            if params.destination_recipient_limit == 1:
-                return per_recipient_queue_name(
-                    address, nexthop, self.cfg.recipient_delimiter,
-                    self.cfg.owner_request_special, self.cfg.double_bounce_sender,
-                )
-        return shared(nexthop.lower())
 
     def _discard_double_bounce(self, am: ActiveMessage, rcpt: Recipient) -> None:
         """Mail to the local double-bounce address is logged as sent and marked done."""

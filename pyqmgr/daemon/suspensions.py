@@ -144,7 +144,19 @@ class StateFile:
                            "suspensions": [to_record(s) for s in suspensions
                                            if not s.who.startswith("response rule")]},
                           indent=1).encode() + b"\n"
-        tmp = f"{STATE_FILE}.{os.getpid()}.tmp"
+        try:
+            self.write(STATE_FILE, body)
+        except OSError as exc:
+            log.warning(f"{self._log_path()}: cannot save operator suspensions: "
+                        f"{exc.strerror}; they are in force until this qmgr exits")
+            return False
+        return True
+
+    def write(self, name: str, body: bytes) -> None:
+        """Write ``name`` in the directory atomically (a temporary name, flushed, then
+        renamed over it): a crash half-way leaves the old file. Also the sources'
+        counts' file (:mod:`.sources`). OSError when it could not."""
+        tmp = f"{name}.{os.getpid()}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600,
                          dir_fd=self.dir_fd)
@@ -153,14 +165,11 @@ class StateFile:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, STATE_FILE, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-        except OSError as exc:
+            os.replace(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=self.dir_fd)
-            log.warning(f"{self._log_path()}: cannot save operator suspensions: "
-                        f"{exc.strerror}; they are in force until this qmgr exits")
-            return False
-        return True
+            raise
 
 
 def open_state(cfg: QmgrConfig, log: MailLog) -> StateFile | None:

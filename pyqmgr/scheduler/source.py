@@ -36,9 +36,7 @@ robin (nginx's), O(members) a recipient: a pool holds a handful.
 
 from __future__ import annotations
 
-import calendar
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -127,13 +125,6 @@ def parse_plan(text: str, where: str) -> WarmupPlan:
     if not steps:
         raise PlanError(f"{where}: no AGE MESSAGES line")
     return WarmupPlan(tuple(sorted(steps.items())), window, overflow)
-
-
-def parse_start(text: str) -> float:
-    """A source's first day (``YYYY-MM-DD``, UTC) as the Unix time of its midnight;
-    ValueError when it is not a date."""
-    parsed = time.strptime(text.strip(), "%Y-%m-%d")
-    return float(calendar.timegm(parsed))
 
 
 @dataclass(slots=True)

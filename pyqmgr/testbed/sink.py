@@ -75,6 +75,11 @@ class SinkStats:
     opened: list[float] = field(default_factory=list)
     #: When each session refused by the rate limit came (time.monotonic()).
     rate_refused: list[float] = field(default_factory=list)
+    #: Per client address (a source's bound address): sessions served, sessions
+    #: refused with a 421 greeting, and messages accepted.
+    sessions_by_client: Counter[str] = field(default_factory=Counter)
+    refused_by_client: Counter[str] = field(default_factory=Counter)
+    messages_by_client: Counter[str] = field(default_factory=Counter)
 
     def mean_concurrency(self) -> float:
         """Time-weighted mean of sessions open while any was open."""
@@ -282,6 +287,8 @@ class SinkServer(LoopThreadServer):
         self.reject_delay = reject_delay
         #: Every new session is greeted with this refusal and closed (None: served).
         self.greeting_refusal: str | None = None
+        #: The same for one client address (a provider that blocks one source).
+        self.client_refusals: dict[str, str] = {}
         #: Session start times in the last second, per client (the rate limit).
         self._starts: dict[str, list[float]] = {}
         self.port: int = port or 0
@@ -331,9 +338,11 @@ class SinkServer(LoopThreadServer):
         with self.lock:
             self.stats.sessions += 1
             active = self.active.get(client, 0)
-            if self.greeting_refusal is not None:
+            refusal = self.client_refusals.get(client, self.greeting_refusal)
+            if refusal is not None:
                 self.stats.rejected_421 += 1
-                return self.greeting_refusal
+                self.stats.refused_by_client[client] += 1
+                return refusal
             if self.client_limit and active >= self.client_limit:
                 self.stats.rejected_421 += 1
                 return TOO_MANY
@@ -350,6 +359,7 @@ class SinkServer(LoopThreadServer):
             self.active[client] = active + 1
             self._protocols.add(proto)
             st = self.stats
+            st.sessions_by_client[client] += 1
             total = sum(self.active.values())
             st.timeline.append((now, total))
             st.opened.append(now)
@@ -376,6 +386,7 @@ class SinkServer(LoopThreadServer):
             self._messages.append(msg)
             self.received_senders.append(msg.sender)
             self.stats.messages += 1
+            self.stats.messages_by_client[msg.peer] += 1
             for rcpt in msg.recipients:
                 self.stats.delivered[rcpt.lower()] += 1
 
@@ -436,6 +447,15 @@ class SinkServer(LoopThreadServer):
         and close it; None serves them again."""
         with self.lock:
             self.greeting_refusal = greeting
+
+    def refuse_client(self, client: str, greeting: str | None) -> None:
+        """Greet every new session from ``client`` (an address) with ``greeting`` and
+        close it, as a provider that rate-limits one sending address; None serves it."""
+        with self.lock:
+            if greeting is None:
+                self.client_refusals.pop(client, None)
+            else:
+                self.client_refusals[client] = greeting
 
     def refuse(self) -> None:
         """Stop listening: new connections get ECONNREFUSED until :meth:`start`.

@@ -15,8 +15,8 @@ from pyqmgr.scheduler.source import (
     SourceBook,
     WarmupPlan,
     parse_plan,
-    parse_start,
 )
+from pyqmgr.settings.sources import parse_start
 
 START = parse_start("2026-11-20")  # src1's first day
 PLAN = WarmupPlan(((0, 10), (2, 20), (5, WARM)))

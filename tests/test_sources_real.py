@@ -1,0 +1,127 @@
+"""Source pools on real Postfix (issue #46; docs/sources.md's worked example).
+
+Three sources, smtp services of master.cf each bound to its own loopback address
+(``-o smtp_bind_address=127.0.0.21`` .. ``.23``), form the pool ``bulk``; src1 is
+cold (its first day is today) and the warm-up plan gives it 100 messages a day at a
+site. The domain's MX (unbound on loopback) names a host at the sink, so the site is
+known once the MX was looked up. The sink counts messages per client address: the
+source each message left from.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+import pytest
+
+from pyqmgr.testbed import dns
+from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.sink import SinkServer
+
+pytestmark = pytest.mark.skipif(not dns.available(), reason="needs unbound (./dev installs it)")
+
+SOURCES = {"src1": "127.0.0.21", "src2": "127.0.0.22", "src3": "127.0.0.23"}
+DOMAIN = "x.test"
+RECORDS = [f"{DOMAIN}. 300 IN MX 10 mx1.{DOMAIN}.", f"mx1.{DOMAIN}. 300 IN A 127.0.0.1"]
+PLAN = 100
+MESSAGES = 400
+RESTORED = "counts of this day's warm-up restored"
+
+
+def _master_cf() -> list[str]:
+    return [f"{name} unix - - n - - smtp -o smtp_bind_address={addr} "
+            f"-o smtp_helo_name={name}.relay.test" for name, addr in SOURCES.items()]
+
+
+def _today() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+
+
+def _pyqmgr_cf(plan_path: str, plan: str, extra: dict[str, str] | None = None
+               ) -> dict[str, str]:
+    return {"site_grouping": "mx", "message_classes": "bulk",
+            "source_pools": "bulk", "bulk_sources": " ".join(SOURCES),
+            "source_pool_maps": "inline:{ bulk=bulk }",
+            "source_warmup_plan": plan_path, **(extra or {})}
+
+
+def _instance(postfix_instance, server: dns.DnsServer, port: int, plan: str,
+              pyqmgr_extra: dict[str, str] | None = None) -> PostfixInstance:
+    pf: PostfixInstance = postfix_instance(
+        start=False, qmgr="pyqmgr", master_cf_extra=_master_cf(),
+        transports={DOMAIN: f"smtp:{DOMAIN}:{port}"},
+        # Two sessions a source: the run lasts long enough for a reload midway.
+        main_cf={"smtp_host_lookup": "dns", "minimal_backoff_time": "3600s",
+                 "maximal_backoff_time": "3600s", "default_destination_concurrency_limit": "2"})
+    plan_path = os.path.join(pf.config_dir, "pyqmgr-warmup")
+    with open(plan_path, "w") as f:
+        f.write(plan)
+    pf.write_pyqmgr_cf(_pyqmgr_cf(plan_path, plan, pyqmgr_extra))
+    pf.start(prefix=server.start_prefix())
+    return pf
+
+
+def _statuses(pf: PostfixInstance) -> tuple[int, int]:
+    lines = pf.maillog.lines()
+    sent = sum(1 for ln in lines if "status=sent" in ln.text and f"@{DOMAIN}>" in ln.text)
+    deferred = sum(1 for ln in lines if "status=deferred" in ln.text)
+    return sent, deferred
+
+
+def _warmup_run(postfix_instance, sink
+                ) -> tuple[dict[str, int], int, int, list[str], int, str]:
+    srv: SinkServer = sink(latency=0.1)
+    day = _today()
+    with dns.DnsServer(["test"], RECORDS) as server:
+        pf = _instance(postfix_instance, server, srv.port, f"0 {PLAN}\n30 warm\n",
+                       {"src1_source_warmup_start": day})
+        # The domain's first message goes to a warm source and has its MX looked up;
+        # from then on its site is known (and kept across the reload).
+        pf.smtp_send([("s@relay.test", [f"r0@{DOMAIN}"])])
+        pf.wait_until(lambda: srv.snapshot().messages == 1, 20, "the first message")
+        pf.smtp_send_many([("s@relay.test", [f"r{i}@{DOMAIN}"])
+                           for i in range(1, MESSAGES)])
+        cold = SOURCES["src1"]
+        pf.wait_until(lambda: srv.snapshot().messages_by_client[cold] >= PLAN // 2, 40,
+                      f"{PLAN // 2} messages from the cold source")
+        first = pf.qmgr_pid()
+        at_reload = srv.snapshot().messages_by_client[cold]
+        pf.reload()
+        pf.wait_until(lambda: pf.qmgr_pid() != first, 20, "a new qmgr after the reload")
+        pf.wait_until(lambda: any(RESTORED in ln.text for ln in pf.maillog.lines()), 20,
+                      "the new qmgr reading the counts back")
+        pf.wait_until(lambda: _statuses(pf)[0] >= MESSAGES, 40, f"{MESSAGES} messages sent")
+        sent, deferred = _statuses(pf)
+        restored = [ln.text for ln in pf.maillog.lines() if RESTORED in ln.text]
+        state_path = os.path.join(pf.data_dir, "pyqmgr", "sources.json")
+        with open(state_path) as f:
+            state = f.read()
+        pf.stop()
+    by_client = dict(srv.snapshot().messages_by_client)
+    return by_client, sent, deferred, restored, at_reload, state if day == _today() else ""
+
+
+def test_cold_source_sends_its_plan_and_the_rest_goes_warm(postfix_instance, sink) -> None:
+    by_client, sent, deferred, restored, at_reload, state = _warmup_run(postfix_instance, sink)
+    if not state:
+        # The UTC day changed mid-run: the plan's window rolled over. Once more.
+        by_client, sent, deferred, restored, at_reload, state = _warmup_run(postfix_instance,
+                                                                            sink)
+    print(f"\n{MESSAGES} messages to {DOMAIN}, src1 cold with a plan of {PLAN} a day, "
+          f"a postfix reload when src1 had sent {at_reload}; messages by source address: "
+          f"{by_client}; "
+          f"state file: {state.strip()}")
+    cold = by_client.get(SOURCES["src1"], 0)
+    assert abs(cold - PLAN) <= PLAN * 0.02, by_client
+    assert sent == MESSAGES and deferred == 0
+    assert sum(by_client.values()) == MESSAGES
+    assert by_client.get(SOURCES["src2"], 0) + by_client.get(SOURCES["src3"], 0) == \
+        MESSAGES - cold
+    print(f"the new qmgr: {restored[0]}")
+    assert at_reload < PLAN, "the reload came midway"
+    assert len(restored) == 1
+    saved = json.loads(state)
+    assert saved["counts"] and saved["counts"][0][0] == "src1"
+    assert saved["counts"][0][2] == cold
