@@ -56,7 +56,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from re import _constants as sre_constants  # type: ignore[attr-defined]
 from re import _parser as sre_parser  # type: ignore[attr-defined]
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pyqmgr.bounded import TooLarge
+from pyqmgr.trust import file_reader
+
+if TYPE_CHECKING:
+    from pyqmgr.trust import RootFiles
 
 #: The categories, in the order the docs list them, with what each means.
 CATEGORIES: dict[str, str] = {
@@ -167,14 +173,15 @@ def _step(rule: Rule, pattern: re.Pattern[str]) -> tuple[Callable[[str], object]
 # -- reading ----------------------------------------------------------------------------
 
 
-def load(path: str | None = None, files: Any = None,
+def load(path: str | None = None, files: RootFiles | None = None,
          read: Callable[[str, int], bytes] | None = None) -> Categorizer:
     """The admin's rules from ``path`` (None: none) before the shipped ones.
 
-    ``files`` is the daemon's :class:`pyqmgr.trust.RootFiles` when it reads as root
-    (the file is then judged as every other file pyqmgr.cf names); ``read`` replaces
-    the reader in tests. CategoriesError names the file and line of a mistake; an
-    unreadable or oversized file is one too.
+    ``files`` is the daemon's :class:`pyqmgr.trust.RootFiles` when it reads as root:
+    the file is then judged as every other file pyqmgr.cf names, and
+    :class:`pyqmgr.trust.UntrustedFile` (not caught here) says why it is refused.
+    ``read`` replaces the reader in tests. CategoriesError names the file and line of a
+    mistake; an unreadable, oversized or non-UTF-8 file is one too.
     """
     rules: list[Rule] = []
     if path:
@@ -195,11 +202,10 @@ def shipped_rules() -> list[Rule]:
     return list(_shipped)
 
 
-def _read(path: str, files: Any, read: Callable[[str, int], bytes] | None) -> str:
+def _read(path: str, files: RootFiles | None,
+          read: Callable[[str, int], bytes] | None) -> str:
     if read is None:
-        from pyqmgr.trust import file_reader
         read = file_reader(files)
-    from pyqmgr.bounded import TooLarge
     try:
         data = read(path, MAX_FILE_BYTES)
     except TooLarge:

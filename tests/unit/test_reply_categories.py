@@ -253,3 +253,17 @@ def test_word_prefilter_is_exact() -> None:
         plain = next((r.category for r in rules
                       if (r.pattern.search(f"5.0.0 {sample}") is None) is r.negate), "other")
         assert cat.category("5.0.0", sample) == plain, sample
+
+
+def test_read_as_root_is_judged(tmp_path) -> None:
+    """With the daemon's RootFiles, the file is judged as every file pyqmgr.cf names: one
+    that others can change is refused before it is read (the daemon reads it as root)."""
+    from pyqmgr.trust import RootFiles, UntrustedFile
+
+    path = _write(tmp_path, "/acme/  policy\n")
+    os.chmod(path, 0o644)
+    files = RootFiles(str(tmp_path))
+    assert load(path, files).category("5.0.0", "550 acme") == "policy"
+    os.chmod(path, 0o666)
+    with pytest.raises(UntrustedFile):
+        load(path, files)
