@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 
 import pytest
 
@@ -125,3 +126,79 @@ def test_cold_source_sends_its_plan_and_the_rest_goes_warm(postfix_instance, sin
     saved = json.loads(state)
     assert saved["counts"] and saved["counts"][0][0] == "src1"
     assert saved["counts"][0][2] == cold
+
+
+# -- one source throttled at one site ---------------------------------------------------
+
+GMAIL_421 = ("421 4.7.28 [127.0.0.21] Our system has detected an unusual rate of "
+             "unsolicited mail originating from your IP address.")
+RULES = "/4\\.7\\.28/  throttle rate=0.1 rate_floor=1/5s quiet=2m ttl=1h\n"
+RATE = 10  # starts a second per source and destination
+BEFORE = (1.0, 6.0)  # seconds after the flow started, before the 421s
+AFTER = (8.0, 13.0)  # after them: windows of 5 s make one start more or less 2%
+
+
+def _per_second(messages, peer: str, t0: float, window: tuple[float, float]) -> float:
+    lo, hi = t0 + window[0], t0 + window[1]
+    return sum(1 for m in messages if m.peer == peer and lo <= m.time < hi) / (hi - lo)
+
+
+def test_a_421_at_one_site_slows_only_that_source_there(postfix_instance, sink,
+                                                        tmp_path) -> None:
+    x: SinkServer = sink(latency=0.01)
+    y: SinkServer = sink(latency=0.01)
+    records = [*RECORDS, "y.test. 300 IN MX 10 mx1.y.test.", "mx1.y.test. 300 IN A 127.0.0.1"]
+    n = 3 * RATE * 16  # each source's share lasts past AFTER at RATE a second
+    with dns.DnsServer(["test"], records) as server:
+        pf: PostfixInstance = postfix_instance(
+            start=False, qmgr="pyqmgr", master_cf_extra=_master_cf(),
+            transports={DOMAIN: f"smtp:{DOMAIN}:{x.port}", "y.test": f"smtp:y.test:{y.port}"},
+            # A session a delivery: the 421 comes at the next one, not after a cached
+            # session ends.
+            main_cf={"smtp_host_lookup": "dns", "minimal_backoff_time": "3600s",
+                     "maximal_backoff_time": "3600s",
+                     "smtp_connection_cache_on_demand": "no"})
+        rules = os.path.join(pf.config_dir, "pyqmgr_response_rules")
+        with open(rules, "w") as f:
+            f.write(RULES)
+        pf.write_pyqmgr_cf({"site_grouping": "mx", "message_classes": "bulk",
+                            "source_pools": "bulk", "bulk_sources": " ".join(SOURCES),
+                            "source_pool_maps": "inline:{ bulk=bulk }",
+                            "destination_rate": f"{RATE}/1s", "response_rules": rules})
+        pf.start(prefix=server.start_prefix())
+        pf.preload([("s@relay.test", [f"r{i}@{DOMAIN if i % 2 else 'y.test'}"])
+                    for i in range(2 * n)])
+        pf.release_preload()
+        pf.wait_until(lambda: x.snapshot().messages > 0, 20, "the first delivery")
+        t0 = time.time()
+        time.sleep(BEFORE[1] + 0.5)
+        x.refuse_client(SOURCES["src1"], GMAIL_421)
+        refused_from = x.snapshot().refused_by_client[SOURCES["src1"]]
+        time.sleep(AFTER[0] - BEFORE[1] - 0.5)
+        refused_at = x.snapshot().refused_by_client[SOURCES["src1"]]
+        time.sleep(AFTER[1] - AFTER[0] + 0.2)
+        refused_to = x.snapshot().refused_by_client[SOURCES["src1"]]
+        shaping = [ln.text for ln in pf.maillog.lines() if "shaping:" in ln.text]
+        pf.stop()
+    xs, ys = x.messages(), y.messages()
+    rows = {}
+    for name, addr in SOURCES.items():
+        rows[f"{name} at x"] = (_per_second(xs, addr, t0, BEFORE),
+                                _per_second(xs, addr, t0, AFTER))
+        rows[f"{name} at y"] = (_per_second(ys, addr, t0, BEFORE),
+                                _per_second(ys, addr, t0, AFTER))
+    src1_tries_after = (refused_to - refused_at) / (AFTER[1] - AFTER[0])
+    print(f"\nmessages a second by source and site, before and after x's 421 4.7.28 to "
+          f"src1 (destination_rate {RATE}/1s):")
+    for key, (before, after) in rows.items():
+        print(f"  {key}: {before:.2f} -> {after:.2f}")
+    print(f"  src1's sessions at x refused: {refused_at - refused_from} in the "
+          f"{AFTER[0] - BEFORE[1] - 0.5:g} s after the first 421, then "
+          f"{src1_tries_after:.2f} a second")
+    print("  " + "\n  ".join(shaping[:3]))
+    assert rows["src1 at x"][0] >= RATE * 0.9 and rows["src1 at x"][1] == 0
+    assert src1_tries_after <= RATE * 0.25, "src1 slowed at x"
+    assert any("4.7.28" in text for text in shaping), shaping
+    for key in ("src2 at x", "src3 at x", "src1 at y", "src2 at y", "src3 at y"):
+        before, after = rows[key]
+        assert before >= RATE * 0.9 and abs(after - before) <= before * 0.05, (key, rows)
