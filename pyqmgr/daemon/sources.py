@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.core import RETRY
-from pyqmgr.scheduler.scope import ScopeKind, nothing
+from pyqmgr.scheduler.scope import ScopeKind, nothing, nothing_to_settle
 from pyqmgr.scheduler.structures import site_domain
 
 if TYPE_CHECKING:
@@ -79,11 +79,15 @@ class Sources:
         self.domain_sites: dict[str, str] = {}
         self.kind = ScopeKind("source", self._started, self._unselected, self._ended,
                               nothing)
-        # Only cold sources count: a warm one's deliveries pass no extra step.
-        # (Made now: a transport, once made, lasts the process.)
-        for member in self.book.starts:
-            t = host.scheduler.transport(member)
-            t.chain += (self.kind,)
+        # Only cold sources count: a warm one's deliveries pass no extra step. A todo
+        # entry moved to the retry transport (its source or destination dead) takes its
+        # recipients along: their count is given back when that entry ends. (Made
+        # now: a transport, once made, lasts the process.)
+        if self.book.starts:
+            for member in self.book.starts:
+                host.scheduler.transport(member).chain += (self.kind,)
+            host.scheduler.transport(RETRY).chain += (ScopeKind(
+                "source", nothing, nothing_to_settle, self._retried, nothing),)
 
     # -- routing ------------------------------------------------------------------------
 
@@ -138,6 +142,12 @@ class Sources:
     def _unselected(self, core: object, entry: Entry) -> bool:
         for r in entry.recipients:
             self.book.unselected(r)
+        return False
+
+    def _retried(self, core: object, entry: Entry, busy: bool) -> bool:
+        if self.book.reservations:
+            for r in entry.recipients:
+                self.book.ended(r, sent=False)
         return False
 
     def _ended(self, core: object, entry: Entry, busy: bool) -> bool:
