@@ -202,3 +202,25 @@ def test_a_421_at_one_site_slows_only_that_source_there(postfix_instance, sink,
     for key in ("src2 at x", "src3 at x", "src1 at y", "src2 at y", "src3 at y"):
         before, after = rows[key]
         assert before >= RATE * 0.9 and abs(after - before) <= before * 0.05, (key, rows)
+
+
+def test_pyqmgr_check_names_a_bad_pool_member(postfix_instance) -> None:
+    """check reads master.cf as start-up does: a member that is not a service there,
+    and one that is not a delivery agent bound to an address, each one line."""
+    from tests.test_check_settings import check
+
+    pf: PostfixInstance = postfix_instance(qmgr="pyqmgr", start=False,
+                                           master_cf_extra=_master_cf())
+    base = {"message_classes": "bulk", "source_pools": "bulk",
+            "source_pool_maps": "inline:{ bulk=bulk }"}
+    cf = pf.write_pyqmgr_cf({**base, "bulk_sources": "src1 src4"})
+    proc = check(pf.config_dir)
+    assert proc.returncode == 1, proc.stdout
+    assert (f'{cf}: parameter bulk_sources: "src4" is not a unix service in master.cf'
+            in proc.stdout), proc.stdout
+    pf.write_pyqmgr_cf({**base, "bulk_sources": "src1 local"})
+    assert 'parameter bulk_sources: "local" runs local, not smtp or lmtp' in \
+        check(pf.config_dir).stdout
+    pf.write_pyqmgr_cf({**base, "bulk_sources": "src1 src2:3"})
+    proc = check(pf.config_dir)
+    assert proc.returncode == 0, proc.stdout
