@@ -50,6 +50,7 @@ MAX_STATE_BYTES = 8 << 20
 SAVE_DELAY = 1.0
 #: Domains whose site is remembered (and kept in the state file) at most.
 MAX_DOMAINS = 10_000
+MISSING = object()
 
 
 def sources_for(host: QmgrCore, settings: SourceSettings | None, state: StateFile | None,
@@ -77,6 +78,8 @@ class Sources:
         #: site table knows none until its first lookups answer, and the mail it
         #: recovers from active/ is routed at once (it would all go warm).
         self.domain_sites: dict[str, str] = {}
+        #: Each (tenant, class rank)'s pool, or None (source_pool_maps, asked once).
+        self.pools: dict[tuple[str, int], str | None] = {}
         self.kind = ScopeKind("source", self._started, self._unselected, self._ended,
                               nothing)
         # Only cold sources count: a warm one's deliveries pass no extra step. A todo
@@ -97,18 +100,38 @@ class Sources:
         transport's with the reason when it must wait; unchanged when no pool."""
         if transport not in self.transports:
             return transport, nexthop
-        classes = self.class_names
-        pool = self.settings.pool_for(
-            message.tenant, classes[message.rank] if message.rank < len(classes) else "")
+        pool = self._pool(message.tenant, message.rank)
         if pool is None:
             return transport, nexthop
         site = self._site(nexthop)
-        member = self.book.choose(pool, site, self.clock(), rcpt)
+        member = self.book.choose(pool, site, self.clock(), rcpt, self._dead(pool))
         if member is None:
             where = f"at site {site}" if site is not None else "for a site not known yet"
             return RETRY, (f"4.7.0 source pool {pool}: no source may take more mail "
                            f"{where} this {self._window()} (source_warmup_plan)")
         return member, nexthop
+
+    def _pool(self, tenant: str, rank: int) -> str | None:
+        """The pool of a tenant and class, asked of source_pool_maps once a process
+        (a proxy: table is a round trip to proxymap: not one a recipient)."""
+        key = (tenant, rank)
+        got = self.pools.get(key, MISSING)
+        if got is MISSING:
+            classes = self.class_names
+            got = self.settings.pool_for(tenant, classes[rank] if rank < len(classes) else "")
+            if len(self.pools) >= MAX_DOMAINS:
+                self.pools.clear()
+            self.pools[key] = got
+        return got  # type: ignore[return-value]
+
+    def _dead(self, pool: str) -> list[str]:
+        """The pool's members whose transport is dead (its agent unreachable): their
+        share goes to the others meanwhile, unless all are (then the mail goes on to
+        wait at a member, as stock's would at its transport)."""
+        transports = self.host.scheduler.transports
+        members = self.book.pools[pool].members
+        dead = [m for m in members if (t := transports.get(m)) is not None and t.throttled]
+        return dead if len(dead) < len(members) else []
 
     def _window(self) -> str:
         return self.book.plan.window_name if self.book.plan is not None else "day"

@@ -37,7 +37,7 @@ robin (nginx's), O(members) a recipient: a pool holds a handful.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 #: A plan step's allowance that means "warm from this age on".
@@ -204,10 +204,11 @@ class SourceBook:
     # -- choosing -------------------------------------------------------------------------
 
     def choose(self, pool_name: str, site: str | None, now: float,
-               key: object) -> str | None:
+               key: object, skip: Collection[str] = ()) -> str | None:
         """The member a recipient (``key``) leaves from, counted; None: it waits (the
         plan's overflow is wait and no member may take it, or no member is warm).
-        ``site``: the destination's site, None when not known yet."""
+        ``site``: the destination's site, None when not known yet; ``skip``: members
+        that take nothing now (their transport is dead)."""
         pool = self.pools[pool_name]
         self.roll(now)
         wait = self.plan is not None and self.plan.overflow == OVERFLOW_WAIT
@@ -216,6 +217,8 @@ class SourceBook:
         total = 0
         scores, weights = pool.scores, pool.weights
         for i, member in enumerate(pool.members):
+            if member in skip:
+                continue
             full = False
             allowance = self.allowance(member, now)
             if allowance is not None:

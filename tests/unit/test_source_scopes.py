@@ -167,4 +167,18 @@ def test_a_message_of_no_pool_and_other_transports_keep_their_route() -> None:
     m = Message("Q1", 0.0)
     assert sources.route(m, Recipient(0, "r@a"), "relay", "a") == ("relay", "a")
     sources.settings = SimpleNamespace(pool_for=lambda tenant, cls: None)  # type: ignore[assignment]
+    sources.pools.clear()
     assert sources.route(m, Recipient(0, "r@a"), "smtp", "a") == ("smtp", "a")
+
+
+def test_a_dead_sources_share_goes_to_the_others_meanwhile() -> None:
+    s = sched()
+    sources = _sources(s, parse_start("2026-11-29") + DAY * 40)  # src1 warm by now
+    m = Message("Q1", 0.0)
+    pick = lambda i: sources.route(m, Recipient(i, "r@d0.example"), "smtp",  # noqa: E731
+                                   "d0.example")[0]
+    assert {pick(i) for i in range(4)} == {"src1", "src2"}
+    s.throttle_transport("src1", Dsn("4.3.0", "agent unreachable"), 1.0)
+    assert {pick(i) for i in range(4, 8)} == {"src2"}
+    s.throttle_transport("src2", Dsn("4.3.0", "agent unreachable"), 1.0)
+    assert {pick(i) for i in range(8, 12)} == {"src1", "src2"}, "all dead: as before"
