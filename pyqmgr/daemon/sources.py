@@ -78,6 +78,12 @@ class Sources:
         #: site table knows none until its first lookups answer, and the mail it
         #: recovers from active/ is routed at once (it would all go warm).
         self.domain_sites: dict[str, str] = {}
+        #: The cold sources' counts are per MX site only when every cold source's
+        #: transport is grouped by site (site_grouping, site_transports); else per
+        #: domain: no lookup would ever name their sites, and the mail would all go warm.
+        table = host.scheduler.sites
+        self.by_site = table is not None and all(
+            table.limits(m) is not None for m in self.book.starts)
         #: Each (tenant, class rank)'s pool, or None (source_pool_maps, asked once).
         self.pools: dict[tuple[str, int], str | None] = {}
         self.kind = ScopeKind("source", self._started, self._unselected, self._ended,
@@ -141,7 +147,7 @@ class Sources:
         if domain is None:
             return nexthop.lower()
         table = self.host.scheduler.sites
-        if table is None:
+        if table is None or not self.by_site:
             return domain
         pin = table.pinned.get(domain)
         if pin is not None:

@@ -182,3 +182,13 @@ def test_a_dead_sources_share_goes_to_the_others_meanwhile() -> None:
     assert {pick(i) for i in range(4, 8)} == {"src2"}
     s.throttle_transport("src2", Dsn("4.3.0", "agent unreachable"), 1.0)
     assert {pick(i) for i in range(8, 12)} == {"src1", "src2"}, "all dead: as before"
+
+
+def test_without_sites_for_the_cold_sources_each_domain_is_its_own_site() -> None:
+    table = SiteTable(lambda t: SiteLimits(2, "x") if t == "src2" else None)
+    s = Scheduler(lambda n: Params(destination_recipient_limit=1), sites=table)
+    sources = _sources(s, parse_start("2026-11-29") + 3600)
+    m = Message("Q1", 0.0)
+    got = [sources.route(m, Recipient(i, "r@new.example"), "smtp", "new.example")[0]
+           for i in range(8)]
+    assert got.count("src1") == 3 and sources.book.counts == {("src1", "new.example"): 3}
