@@ -73,7 +73,7 @@ def _statuses(pf: PostfixInstance) -> tuple[int, int]:
 
 def _warmup_run(postfix_instance, sink
                 ) -> tuple[dict[str, int], int, int, list[str], int, str]:
-    srv: SinkServer = sink(latency=0.1)
+    srv: SinkServer = sink(latency=0.05)
     day = _today()
     with dns.DnsServer(["test"], RECORDS) as server:
         pf = _instance(postfix_instance, server, srv.port, f"0 {PLAN}\n30 warm\n",
