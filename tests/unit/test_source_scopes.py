@@ -192,3 +192,68 @@ def test_without_sites_for_the_cold_sources_each_domain_is_its_own_site() -> Non
     got = [sources.route(m, Recipient(i, "r@new.example"), "smtp", "new.example")[0]
            for i in range(8)]
     assert got.count("src1") == 3 and sources.book.counts == {("src1", "new.example"): 3}
+
+
+def _with_state(tmp_path, body: bytes | None):  # type: ignore[no-untyped-def]
+    import os
+
+    from pyqmgr.daemon.suspensions import StateFile
+
+    if body is not None:
+        (tmp_path / "sources.json").write_bytes(body)
+    state = StateFile(os.open(tmp_path, os.O_RDONLY), str(tmp_path))
+    s = sched()
+    now = parse_start("2026-11-29") + 3600
+    sources = _sources(s, now)
+    sources.state = state
+    sources.restore()
+    os.close(state.dir_fd)
+    return sources, int(now // DAY)
+
+
+def test_the_state_file_restores_this_windows_counts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    window = int((parse_start("2026-11-29") + 3600) // DAY)
+    body = (f'{{"version": 1, "window": {window}, "window_seconds": 86400, '
+            '"counts": [["src1", "google", 2], ["gone", "google", 5]], '
+            '"sites": [["a.example", "google"]]}').encode()
+    sources, _ = _with_state(tmp_path, body)
+    assert sources.book.counts == {("src1", "google"): 2}
+    assert sources.domain_sites == {"a.example": "google"}
+    assert sources.host.log.lines == [  # type: ignore[attr-defined]
+        f"sources: 1 counts of this day's warm-up restored from {tmp_path}/sources.json"]
+
+
+def test_a_bad_state_file_is_a_warning_and_counts_start_from_zero(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for body, why in [(b"{not json", "not JSON"),
+                      (b'{"version": 7}', "not a version 1 sources' state file"),
+                      (b'{"version": 1, "window": 1, "window_seconds": 86400, '
+                       b'"counts": [["src1", 3]]}', "a count that is not [source, site, n")]:
+        sources, _ = _with_state(tmp_path, body)
+        assert sources.book.counts == {}
+        (line,) = sources.host.log.lines  # type: ignore[attr-defined]
+        assert why in line and "start from zero" in line and "one more window's plan" in line
+    sources, _ = _with_state(tmp_path, b'{"version": 1, "window": 3, "window_seconds": 86400, '
+                                       b'"counts": [["src1", "google", 3]]}')
+    assert sources.book.counts == {} and sources.host.log.lines == [], "another day's"  # type: ignore[attr-defined]
+
+
+def test_the_state_file_is_written_atomically_and_read_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from pyqmgr.daemon.suspensions import StateFile
+
+    s = sched()
+    now = parse_start("2026-11-29") + 3600
+    sources = _sources(s, now)
+    sources.state = StateFile(os.open(tmp_path, os.O_RDONLY), str(tmp_path))
+    m = Message("Q1", 0.0)
+    r = Recipient(0, "r@d0.example")
+    sources.route(m, r, "smtp", "d0.example")
+    sources.book.started(r)
+    assert sources.save()
+    assert os.listdir(tmp_path) == ["sources.json"]
+    again = _sources(sched(), now + 60)
+    again.state = sources.state
+    again.restore()
+    assert again.book.counts == {("src1", "google"): 1}
+    os.close(sources.state.dir_fd)
