@@ -20,6 +20,7 @@ import pytest
 from pyqmgr.testbed import dns
 from pyqmgr.testbed.instance import PostfixInstance
 from pyqmgr.testbed.sink import SinkServer
+from tests.test_control import cli
 
 pytestmark = pytest.mark.skipif(not dns.available(), reason="needs unbound (./dev installs it)")
 
@@ -64,6 +65,10 @@ def _instance(postfix_instance, server: dns.DnsServer, port: int, plan: str,
     return pf
 
 
+def by_client_now(srv: SinkServer) -> dict[str, int]:
+    return dict(srv.snapshot().messages_by_client)
+
+
 def _statuses(pf: PostfixInstance) -> tuple[int, int]:
     lines = pf.maillog.lines()
     sent = sum(1 for ln in lines if "status=sent" in ln.text and f"@{DOMAIN}>" in ln.text)
@@ -96,6 +101,15 @@ def _warmup_run(postfix_instance, sink
         pf.wait_until(lambda: _statuses(pf)[0] >= MESSAGES, 40, f"{MESSAGES} messages sent")
         sent, deferred = _statuses(pf)
         restored = [ln.text for ln in pf.maillog.lines() if RESTORED in ln.text]
+        status = json.loads(cli(pf, "status", "--json").stdout)["sources"]
+        text = cli(pf, "status").stdout
+        print("pyqmgr status says:\n" + "\n".join(ln for ln in text.splitlines()
+                                                  if "source" in ln.lower() or "src" in ln))
+        assert status["counts"][0]["source"] == "src1" and status["counts"][0]["counted"] \
+            == by_client_now(srv)[SOURCES["src1"]], status
+        assert status["pools"]["bulk"][0] == {"source": "src1", "weight": 1, "age_days": 0,
+                                              "allowance": PLAN}
+        assert "source pool bulk: src1 (cold, day 0, 100 a site this day), src2, src3" in text
         state_path = os.path.join(pf.data_dir, "pyqmgr", "sources.json")
         with open(state_path) as f:
             state = f.read()

@@ -122,6 +122,35 @@ def _lookup_lines(lookups: dict[str, object]) -> list[str]:
     return [line, ""]
 
 
+def _sources_lines(sources: object) -> list[str]:
+    """Source pools (issue #46): each pool's members, a cold one's age and allowance,
+    and the window's counts per source and site."""
+    if not isinstance(sources, dict):
+        return []
+    window = _fmt(sources.get("window") or "day")
+    lines = []
+    pools = sources.get("pools")
+    for name, members in (pools.items() if isinstance(pools, dict) else ()):
+        said = []
+        for m in _dicts(members):
+            text = _fmt(m.get("source")) + (f":{m['weight']}" if m.get("weight") != 1 else "")
+            if m.get("allowance") is not None:
+                text += (f" (cold, day {_fmt(m.get('age_days'))}, {_fmt(m.get('allowance'))} "
+                         f"a site this {window})")
+            said.append(text)
+        lines.append(f"source pool {name}: {', '.join(said)}")
+    lines.append(f"sources: {_fmt(sources.get('waited'))} recipients waited, "
+                 f"{_fmt(sources.get('unknown_site'))} went warm before their site was known"
+                 + (f"; counts kept in {sources['state_file']}"
+                    if sources.get("state_file") else ""))
+    counts = _dicts(sources.get("counts"))
+    if counts:
+        lines += _table(["SOURCE", "SITE", f"COUNTED THIS {window.upper()}", "LEFT"],
+                        [[_fmt(c.get("source")), _fmt(c.get("site")), _fmt(c.get("counted")),
+                          _fmt(c.get("left"))] for c in counts])
+    return [*lines, ""]
+
+
 def _classes_lines(reply: dict[str, object]) -> list[str]:
     """Classes' room in the active queue, and whose sender-written keys count."""
     lines: list[str] = []
@@ -201,6 +230,7 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     lookups = reply.get("site_lookups")
     if isinstance(lookups, dict):
         lines += _lookup_lines(lookups)
+    lines += _sources_lines(reply.get("sources"))
     sites = _dicts(reply.get("sites"))
     if sites:
         lines += _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "STATE", "RULE"],

@@ -524,6 +524,8 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 reply["memory"] = qmgr.memory.status()
             if qmgr.sites is not None:  # MX lookups: counts, the helper process
                 reply["site_lookups"] = qmgr.sites.status()
+            if qmgr.active.sources is not None:  # source pools and warm-up (#46)
+                reply["sources"] = qmgr.active.sources.status()
             if qmgr.classifier is not None and qmgr.classifier.sender_keys:
                 reply["sender_keys"] = {
                     "trusted_clients": qmgr.classifier.trust.words,

@@ -241,6 +241,13 @@ class Sources:
             self.host.log.info(f"sources: {kept} counts of this {self._window()}'s "
                                f"warm-up restored from {path}")
 
+    def status(self) -> dict[str, object]:
+        """What ``pyqmgr status`` shows: the pools, the window's counts, the file."""
+        return {**self.book.status(self.clock()),
+                "state_file": (os.path.join(self.state.path, STATE_FILE)
+                               if self.state is not None and self.book.plan is not None
+                               else None)}
+
     def close(self) -> None:
         if self._save_at is not None:
             self._save_at.cancel()

@@ -36,6 +36,7 @@ robin (nginx's), O(members) a recipient: a pool holds a handful.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -305,9 +306,11 @@ class SourceBook:
                 kept += 1
         return kept
 
-    def status(self, now: float) -> dict[str, object]:
-        """Each pool's members, their age and allowance, and the window's counts."""
+    def status(self, now: float, limit: int = 100) -> dict[str, object]:
+        """Each pool's members, their age and allowance, and the window's counts (the
+        ``limit`` largest: a window may hold 100,000)."""
         self.roll(now)
+        top = heapq.nlargest(limit, self.counts.items(), key=lambda item: item[1])
         return {
             "pools": {name: [{"source": m, "weight": w, "age_days": self.age_days(m, now),
                               "allowance": self.allowance(m, now)}
@@ -315,7 +318,7 @@ class SourceBook:
                       for name, p in self.pools.items()},
             "window": self.plan.window_name if self.plan else None,
             "counts": [{"source": s, "site": site, "counted": n,
-                        "left": self.left.get((s, site), 0)}
-                       for (s, site), n in sorted(self.counts.items())],
+                        "left": self.left.get((s, site), 0)} for (s, site), n in top],
+            "count_pairs": len(self.counts),
             "waited": self.waited, "unknown_site": self.unknown_site,
         }
