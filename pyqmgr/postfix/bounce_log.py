@@ -205,11 +205,10 @@ def parse(data: bytes, path: str, queue_name: str = "defer") -> BounceLog:
     return log
 
 
-def read_log(path: str, queue_name: str = "defer",
-             limit: int = MAX_LOG_BYTES) -> BounceLog | None:
-    """The log at ``path`` (relative to the queue directory), or None when there is
-    none. At most ``limit`` bytes are read. OSError for a file that cannot be read,
-    or a name that is not a regular file."""
+def open_log(path: str) -> tuple[int, os.stat_result] | None:
+    """A log opened for reading, and its status; None when there is none. Without
+    following a symbolic link or blocking on a FIFO; OSError for a name that is not a
+    regular file (the descriptor is then closed) or a file that cannot be opened."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -218,10 +217,23 @@ def read_log(path: str, queue_name: str = "defer",
         if exc.errno == errno.ELOOP:
             raise OSError(errno.ELOOP, "a symbolic link, not a log", path) from None
         raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd, st
+
+
+def read_log(path: str, queue_name: str = "defer",
+             limit: int = MAX_LOG_BYTES) -> BounceLog | None:
+    """The log at ``path`` (relative to the queue directory), or None when there is
+    none. At most ``limit`` bytes are read. OSError for a file that cannot be read,
+    or a name that is not a regular file."""
+    opened = open_log(path)
+    if opened is None:
+        return None
+    fd, st = opened
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
         chunks = []
         got = 0
         while got < limit:
