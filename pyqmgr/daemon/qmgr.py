@@ -38,6 +38,7 @@ from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.daemon.sites import SiteResolver
 from pyqmgr.daemon.suspensions import Suspensions
+from pyqmgr.events.daemon import delivery_events
 from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.deliver_request import DeliveryReply
 from pyqmgr.postfix.maillog_client import MailLog
@@ -110,6 +111,7 @@ class Qmgr:
         self.fleet: Fleet | None = Fleet(self, setup.fleet) if setup.fleet is not None else None
         #: The resident size for status, and memory_warning_limit's warning (#30).
         self.memory = setup.memory
+        self.events = delivery_events(setup.events, cfg, log, self.loop, self.scheduler)  # #46
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -289,6 +291,7 @@ class Qmgr:
         """A message left the active queue: one fewer counted (and of its tenant, for
         unlisted_tenant_limit), room for the feeder."""
         self.scheduler.message_count -= 1
+        self.events.message_left(am)
         if self.classifier is not None:
             self.classifier.left(am.sched.tenant)
         self.feeder.wakeup.set()
@@ -335,7 +338,7 @@ class Qmgr:
         call.selected = now
         self.dispatch()
         if self.fleet is None and self.delegation is None:
-            return delivery_request(self.cfg, entry)
+            return delivery_request(self.cfg, entry, self.events.flags(entry))
         return self._admission(call, entry, name)
 
     def _admission(self, call: AgentCall, entry: Entry, name: str) -> bytes | Pending:
@@ -352,7 +355,7 @@ class Qmgr:
         if delegation is not None and (svc := delegation.service(name)) is not None:
             delegation.ask(call, entry, svc)
             return PENDING
-        return delivery_request(self.cfg, entry)
+        return delivery_request(self.cfg, entry, self.events.flags(entry))
 
     def fleet_admitted(self, call: AgentCall, entry: Entry) -> None:
         """The fleet let the entry go: on to the policy service, or to the agent."""
@@ -363,7 +366,7 @@ class Qmgr:
     def agent_deliver(self, call: AgentCall, entry: Entry) -> None:
         """The policy service let the entry go: send its request as :meth:`_agent_ready`
         would have."""
-        call.resume(delivery_request(self.cfg, entry))
+        call.resume(delivery_request(self.cfg, entry, self.events.flags(entry)))
 
     def agent_next(self, call: AgentCall, name: str) -> None:
         """The fleet or the policy service held the agent's entry back: give the agent
@@ -429,6 +432,7 @@ class Qmgr:
             hop = reply.hop
             dsn = Dsn(hop.status, hop.reason) if hop.status else None
             decisions = self.scheduler.done(entry, reply.status, dsn, False, now)
+        self.events.after_reply(entry.message.owner, entry)
         self.apply(decisions)
         self.dispatch()
 

@@ -33,8 +33,8 @@ def _utf8_address(address: str) -> bool:
     return True
 
 
-def delivery_request(cfg: QmgrConfig, entry: Entry) -> bytes:
-    """The request's bytes, ready to send."""
+def delivery_request(cfg: QmgrConfig, entry: Entry, record: int = 0) -> bytes:
+    """The request's bytes, ready to send; ``record``: flags delivery events add."""
     am: ActiveMessage = entry.message.owner
     recipients = entry.recipients
     verp = am.qf.verp_delims
@@ -46,6 +46,6 @@ def delivery_request(cfg: QmgrConfig, entry: Entry) -> bytes:
         # One recipient per request with VERP (Message.single_rcpt).
         first = recipients[0]
         sender = verp_sender(verp, sender, first.address, first.orig_addr)
-    return encode_request(request_flags(am, entry.queue.dflags), am.request,
+    return encode_request(request_flags(am, entry.queue.dflags) | record, am.request,
                           entry.queue.nexthop, sendopts, sender, recipients,
                           cfg.postfix_version.options_attribute)

@@ -16,6 +16,7 @@ from pyqmgr.daemon.metrics import MetricsSettings
 from pyqmgr.daemon.policies import PolicySetup
 from pyqmgr.daemon.sites import SiteSetup
 from pyqmgr.daemon.suspensions import StateFile
+from pyqmgr.events.settings import EventSetup
 from pyqmgr.fleet.settings import FleetSettings
 from pyqmgr.scheduler.tenant_cap import TenantLimitTable
 from pyqmgr.settings.classes import Classifier
@@ -42,3 +43,5 @@ class DaemonSetup:
     classes: Classifier | None = None
     #: Each tenant's limits per transport, for the core (None: none set).
     tenant_limits: TenantLimitTable | None = None
+    #: delivery_events_file and its directory, opened (None: no delivery events).
+    events: EventSetup | None = None

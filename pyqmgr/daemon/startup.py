@@ -43,6 +43,7 @@ from pyqmgr.daemon.memory import MemoryGuard
 from pyqmgr.daemon.policies import PolicySetup, policy_setup
 from pyqmgr.daemon.qmgr import Qmgr
 from pyqmgr.daemon.setup import DaemonSetup
+from pyqmgr.events.settings import setup as events_setup
 from pyqmgr.fleet.settings import fleet_settings, import_redis
 from pyqmgr.postfix import mail_queue, version
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
@@ -242,7 +243,9 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
                     helper_user=cfg.mail_owner, config_dir=config_dir),
         # Classes' and tenants' tables are read now (hash: ones through postmap).
         classes.setup(pyqmgr_cf, policies, log.warning, config_dir,
-                      mynetworks=cfg.mynetworks), tenants)
+                      mynetworks=cfg.mynetworks), tenants,
+        # Delivery events: the file's directory is opened now, outside the chroot.
+        events=events_setup(pyqmgr_cf, cfg.mail_owner))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:

@@ -1,0 +1,111 @@
+"""pyqmgr.cf's delivery events settings, checked and the file's directory opened at start-up.
+
+Off unless ``delivery_events_file`` names a file (an absolute path). Its directory is
+opened as root before the chroot, as the suspensions' state directory is
+(:func:`pyqmgr.daemon.suspensions.open_state`): made if absent and handed to
+mail_owner (mode 0750); an existing directory must already be mail_owner's, because
+root does not hand over a directory the admin may share (``/var/log``). Everything
+else is a start-up error naming the parameter.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyqmgr.daemon.owned_dir import owned_directory
+
+if TYPE_CHECKING:
+    from pyqmgr.pyqmgr_cf import PyqmgrCf
+
+FILE = "delivery_events_file"
+SIZE_LIMIT = "delivery_events_file_size_limit"
+KEEP = "delivery_events_files_kept"
+#: Every name this module reads (pyqmgr_cf_names.GLOBAL lists them too).
+NAMES = (FILE, SIZE_LIMIT, KEEP)
+
+DEFAULT_SIZE_LIMIT = 100 * 2**20
+DEFAULT_KEEP = 10
+
+
+@dataclass(frozen=True)
+class EventSettings:
+    path: str
+    size_limit: int
+    keep: int
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(self.path)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+@dataclass(frozen=True)
+class EventSetup:
+    """The settings, the directory's descriptor (opened as root, kept) and the reply
+    categories (loaded as root: the module and its rules are read before the chroot)."""
+
+    settings: EventSettings
+    dir_fd: int
+    categorize: Callable[[str, str], str] | None = None
+
+
+def categorizer() -> Callable[[str, str], str] | None:
+    """The reply categories (pyqmgr/events/categories.py, another part of issue #46):
+    the one seam through which events get theirs; None while it is not there."""
+    try:
+        from pyqmgr.events import categories
+    except ImportError:
+        return None
+    return categories.load(None).category
+
+
+def event_settings(settings: PyqmgrCf) -> EventSettings | None:
+    """None when events are off; PyqmgrCfError names a bad value."""
+    path = (settings.get(FILE) or "").strip()
+    if not path:
+        return None
+    if not os.path.isabs(path) or path.endswith("/") or os.path.basename(path) in (".", ".."):
+        raise settings.error(FILE, f'"{path}" is not an absolute file name')
+    size = settings.get_int(SIZE_LIMIT, None, DEFAULT_SIZE_LIMIT, 4096, 2**62)
+    keep = settings.get_int(KEEP, None, DEFAULT_KEEP, 0, 1000)
+    return EventSettings(os.path.normpath(path), size, keep)
+
+
+def open_events_directory(found: EventSettings, mail_owner: str) -> int:
+    """The file's directory, opened; OSError says why not (the caller logs it fatal).
+
+    Made for mail_owner when absent; an existing one must be mail_owner's already.
+    """
+    path = found.directory
+    pw = pwd.getpwnam(mail_owner)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return owned_directory(path, mail_owner, 0o750)
+    if os.geteuid() == 0 and st.st_uid != pw.pw_uid:
+        raise PermissionError(0, f"not owned by {mail_owner} (pyqmgr makes the directory "
+                              "when it is absent; give it one of its own)", path)
+    return owned_directory(path, mail_owner, st.st_mode & 0o7777)
+
+
+def setup(settings: PyqmgrCf, mail_owner: str) -> EventSetup | None:
+    """Settings read and the directory opened, or None (off)."""
+    found = event_settings(settings)
+    if found is None:
+        return None
+    try:
+        fd = open_events_directory(found, mail_owner)
+    except (OSError, KeyError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise settings.error(FILE, f"{found.directory}: {why}") from None
+    return EventSetup(found, fd, categorizer())
+
+
+__all__ = ["NAMES", "EventSettings", "EventSetup", "event_settings", "setup"]

@@ -1,0 +1,305 @@
+"""Delivery events in the daemon: from each request's trace records to the writer.
+
+How it fits stock's flow (verified in Postfix 3.7.11's source, see docs/events.md):
+every delivery request of a message that did not ask for a trace itself carries
+``DEL_REQ_FLAG_RECORD``; the agent's ``sent()``, ``defer_append()`` and
+``bounce_append()`` then append the recipient's outcome to ``trace/QUEUEID``, and
+after each request's reply :meth:`DeliveryEvents.after_reply` reads the records
+added since the last read and queues their events. The trace log lives as long as
+the message: across deferrals the records keep their ordinals (the attempt number
+and the key's last part), and when the message leaves the queue, the log is removed
+once its events were written and fsynced (:meth:`message_left`), never before.
+
+A message that asked for a trace itself (``sendmail -v``: RECORD in its trace_flags,
+or a recipient with NOTIFY=SUCCESS) is left exactly as stock handles it: no flag is
+added (the sender's report is made from that very log and would list every deferred
+and bounced recipient otherwise), its log is read as it grows, and stock's trace
+flush at the end of each pass mails the report and removes the log. Its events are
+those its log holds: all of them for ``sendmail -v``, the NOTIFY=SUCCESS recipients'
+deliveries for DSN.
+
+Hot path: one ``open``/``fstat``/``pread`` of a few hundred bytes per delivery
+request, and one dict entry per message in the active queue (and per deferred
+message whose log was read, its read offset: a qmgr that reads a log again after
+its restart repeats what it read before, with the same keys).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyqmgr.events.record import Context, encode, make_event
+from pyqmgr.events.writer import EventWriter, Paced
+from pyqmgr.postfix import mail_queue
+from pyqmgr.postfix.deliver_request import (
+    DEL_REQ_FLAG_REC_DLY_SENT,
+    DEL_REQ_FLAG_RECORD,
+    DEL_REQ_FLAG_USR_VRFY,
+)
+from pyqmgr.postfix.trace_log import TraceCursor, TracePiece, read_more
+
+if TYPE_CHECKING:
+    from pyqmgr.daemon.active import ActiveMessage
+    from pyqmgr.scheduler.entry import Entry
+
+#: Size-record flag: some recipient asked for NOTIFY=SUCCESS (``qmgr_user.h``).
+READ_FLAG_NOTIFY_SUCCESS = 1 << 2
+#: Trace flags with which stock mails a report made from the trace log.
+OWN_TRACE = DEL_REQ_FLAG_USR_VRFY | DEL_REQ_FLAG_RECORD | DEL_REQ_FLAG_REC_DLY_SENT
+#: The queues whose files a queue manager reads: a message in none is gone.
+QUEUES = ("incoming", "active", "deferred", "hold")
+#: A probe's (address verification's) requests are never recorded: stock's sent()
+#: takes its own path for them.
+DEL_REQ_FLAG_MTA_VRFY = 1 << 8
+
+
+@dataclass
+class EventStats:
+    """The reading side's counts (the writer keeps its own)."""
+
+    records: int = 0
+    events: int = 0
+    #: Events read again from a trace log older than this process (after a restart).
+    repeated: int = 0
+    #: Trace records that were the second copy sent() writes for NOTIFY=SUCCESS.
+    doubles: int = 0
+    bad_records: int = 0
+    read_errors: int = 0
+    logs_removed: int = 0
+    leftovers: int = 0
+
+    def as_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Log:
+    """One message's trace log as read so far."""
+
+    cursor: TraceCursor = field(default_factory=TraceCursor)
+    #: Records read per recipient (offset or address): the next ordinal is one more.
+    counts: dict[str, int] = field(default_factory=dict)
+    #: The last record's fields per recipient, to drop sent()'s second copy.
+    last: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Bytes of the file that predate this process (their events are repeats).
+    old_bytes: int = -1
+
+
+class NoEvents:
+    """Delivery events off (no ``delivery_events_file``): every call does nothing and
+    no flag is added, so that the daemon calls its three hooks without a test."""
+
+    def flags(self, entry: Entry) -> int:
+        return 0
+
+    def after_reply(self, am: ActiveMessage, entry: Entry | None) -> None:
+        pass
+
+    def message_left(self, am: ActiveMessage) -> None:
+        pass
+
+    def status(self) -> dict[str, object] | None:
+        return None
+
+
+class DeliveryEvents(NoEvents):
+    """What the daemon calls: :meth:`flags` (each request), :meth:`after_reply`,
+    :meth:`message_left` and, at start-up, :meth:`leftovers`."""
+
+    def __init__(self, writer: EventWriter, hash_queue_names: Sequence[str] | str,
+                 hash_queue_depth: int,
+                 warn: Callable[[str], None], info: Callable[[str], None],
+                 categorize: Callable[[str, str], str] | None = None,
+                 class_names: Callable[[int], str] | None = None) -> None:
+        self.writer = writer
+        self.hash_names = hash_queue_names
+        self.hash_depth = hash_queue_depth
+        self.warn = Paced(warn)
+        self.info = info
+        self.categorize = categorize
+        self.class_name = class_names or (lambda rank: "")
+        self.stats = EventStats()
+        self.logs: dict[str, _Log] = {}
+        self.started = time.time()
+
+    # -- the request -----------------------------------------------------------------------
+
+    @staticmethod
+    def own_trace(am: ActiveMessage) -> bool:
+        """The message asked for a trace itself: stock's trace flush owns its log."""
+        return bool(am.tflags & OWN_TRACE or am.qf.rflags & READ_FLAG_NOTIFY_SUCCESS)
+
+    def flags(self, entry: Entry) -> int:
+        """The flag the daemon adds to a delivery request (of ``entry``'s message).
+
+        A message's first request in this process also notes how long its trace log
+        already is: what another qmgr wrote before this one started, whose events a
+        reading now repeats (they carry the keys they had).
+        """
+        am: ActiveMessage = entry.message.owner
+        if am.tflags & DEL_REQ_FLAG_MTA_VRFY:
+            return 0
+        qid = am.queue_id
+        if qid not in self.logs:
+            log = self.logs[qid] = _Log()
+            try:
+                log.old_bytes = os.stat(self._path(qid)).st_size
+            except OSError:
+                log.old_bytes = 0
+        return 0 if self.own_trace(am) else DEL_REQ_FLAG_RECORD
+
+    def _path(self, qid: str) -> str:
+        return mail_queue.queue_path("trace", qid, self.hash_names, self.hash_depth)
+
+    # -- the reply ---------------------------------------------------------------------------
+
+    def after_reply(self, am: ActiveMessage, entry: Entry | None) -> None:
+        """A request's reply came: queue the events of the records it added."""
+        if am.tflags & DEL_REQ_FLAG_MTA_VRFY:
+            return
+        lines = self._read(am, entry, am.queue_id)
+        if lines:
+            self.writer.submit(lines)
+
+    def _read(self, am: ActiveMessage | None, entry: Entry | None, qid: str,
+              ctx: Context | None = None) -> list[bytes]:
+        log = self.logs.get(qid)
+        if log is None:
+            log = self.logs[qid] = _Log()
+        path = self._path(qid)
+        if ctx is None:
+            ctx = self._context(am, entry, qid)
+        lines: list[bytes] = []
+        try:
+            if log.cursor.offset < log.old_bytes:
+                lines = self._events(ctx, log, read_more(path, log.cursor, stop=log.old_bytes))
+                self.stats.repeated += len(lines)
+            lines += self._events(ctx, log, read_more(path, log.cursor))
+        except OSError as exc:
+            self.stats.read_errors += 1
+            self.warn(f"{qid}: {path}: {exc.strerror or exc}; its events wait")
+        return lines
+
+    def _events(self, ctx: Context, log: _Log, piece: TracePiece) -> list[bytes]:
+        for text in piece.warnings:
+            self.stats.bad_records += 1
+            self.warn(text)
+        now = time.time()
+        lines = []
+        for rec in piece.entries:
+            self.stats.records += 1
+            rkey = str(rec.offset) if rec.offset > 0 else rec.recipient
+            fields = (rec.status, rec.action, rec.reason, rec.mta_mname, rec.diag_text)
+            if rec.action == "delivered" and log.last.get(rkey) == fields:
+                # sent() appends twice for a NOTIFY=SUCCESS recipient with RECORD.
+                self.stats.doubles += 1
+                continue
+            log.last[rkey] = fields
+            ordinal = log.counts.get(rkey, 0) + 1
+            log.counts[rkey] = ordinal
+            category = ""
+            if self.categorize is not None:
+                category = self.categorize(rec.status, rec.reason)
+            lines.append(encode(make_event(ctx, rec, ordinal, now, category)))
+        self.stats.events += len(lines)
+        return lines
+
+    def _context(self, am: ActiveMessage | None, entry: Entry | None, qid: str) -> Context:
+        if am is None:
+            return Context(qid, "", 0.0)
+        qf = am.qf
+        sched = am.sched
+        transport = nexthop = site = ""
+        if entry is not None:
+            queue = entry.queue
+            transport, nexthop = queue.transport.name, queue.nexthop
+            site = queue.site.name if queue.site is not None else ""
+        return Context(qid, qf.sender or "", qf.arrival_time[0] + qf.arrival_time[1] / 1e6,
+                       transport, nexthop, site, self.class_name(sched.rank), sched.tenant)
+
+    # -- the message's end ---------------------------------------------------------------------
+
+    def message_left(self, am: ActiveMessage) -> None:
+        """The message left the active queue (removed, deferred, held...). Once its
+        events are on disk, :meth:`_settle` removes its log if the message is gone."""
+        qid = am.queue_id
+        lines = self._read(am, None, qid)
+        if self.own_trace(am):
+            # Stock's trace flush removed the log (or keeps it for the next pass).
+            self.logs.pop(qid, None)
+            if lines:
+                self.writer.submit(lines)
+            return
+        if not self.writer.submit(lines, lambda: self._settle(qid)):
+            self.logs.pop(qid, None)
+            self.warn(f"{qid}: events held back (the writer's queue is full): its trace "
+                      "log is kept for the next start-up")
+
+    def queued(self, qid: str) -> bool:
+        """The message is in one of the queues a queue manager reads."""
+        for queue in QUEUES:
+            if os.path.lexists(mail_queue.queue_path(queue, qid, self.hash_names,
+                                                     self.hash_depth)):
+                return True
+        return False
+
+    def _settle(self, qid: str) -> None:
+        """Its events are on disk: a message still queued (deferred, held) keeps its
+        log and read offset for its next pass; a gone one's log goes."""
+        if self.queued(qid):
+            return
+        self.logs.pop(qid, None)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(qid))
+            self.stats.logs_removed += 1
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def leftovers(self) -> int:
+        """Trace logs whose message is gone from every queue (a kill -9 between the
+        message's removal and its log's): their events are written and the logs
+        removed after. What the message was (its arrival: the keys' part, its sender,
+        the delivery) comes from its last event in the events file when there is one,
+        so that repeats carry the keys they had; else the log alone says it (no
+        sender, arrival 0: no event of it was written before). Returns how many."""
+        gone = [qid for qid in mail_queue.scan_all("trace") if not self.queued(qid)]
+        if not gone:
+            return 0
+        last = self.writer.recent(set(gone))
+        for qid in gone:
+            self.logs[qid] = _Log(old_bytes=1 << 62)
+            ctx = _context_of(qid, last.get(qid))
+            lines = self._read(None, None, qid, ctx)
+            self.writer.submit(lines, lambda q=qid: self._settle(q))  # type: ignore[misc]
+        self.stats.leftovers += len(gone)
+        self.info(f"delivery events: {len(gone)} trace logs of messages no longer "
+                  "queued: their events written again, the logs then removed")
+        return len(gone)
+
+    def status(self) -> dict[str, object]:
+        return {"reading": self.stats.as_json(), "writing": self.writer.stats.as_json(),
+                "logs_open": len(self.logs)}
+
+
+def _context_of(qid: str, event: dict[str, object] | None) -> Context:
+    """A gone message's context, from its last event written (None: none was)."""
+    if event is None:
+        return Context(qid, "", 0.0)
+
+    def text(name: str) -> str:
+        value = event.get(name)
+        return value if isinstance(value, str) else ""
+
+    arrival = event.get("arrival")
+    return Context(qid, text("sender"),
+                   float(arrival) if isinstance(arrival, (int, float)) else 0.0,
+                   text("transport"), text("nexthop"), text("site"), text("class"),
+                   text("tenant"))
+
+
+__all__ = ["OWN_TRACE", "DeliveryEvents", "EventStats", "NoEvents"]

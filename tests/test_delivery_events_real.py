@@ -1,0 +1,168 @@
+"""Delivery events on real Postfix: one event per recipient per attempt, none lost.
+
+A sink answers by recipient (250 for ok*, 450 for soft*, 550 for hard*); messages of
+one to three recipients go through real Postfix with pyqmgr and
+``delivery_events_file`` set; the qmgr is killed with SIGKILL and Postfix reloaded
+while mail flows. At the end the events, each key counted once, must equal the
+maillog's status= lines of the delivery agents, recipient by recipient and status by
+status, and pflogsumm's delivered, deferred and bounced totals on the same maillog.
+
+The size is set by PYQMGR_EVENTS_MESSAGES (the suite's default is small: CI's budget;
+benchmarks/README.md records the 20,000-message run's figures and time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+
+from pyqmgr.testbed.instance import PostfixInstance
+
+N = int(os.environ.get("PYQMGR_EVENTS_MESSAGES", "300"))
+REPLIES = {"ok*@sink.example": "250 2.0.0 Ok", "soft*@sink.example": "450 4.2.0 Try later",
+           "hard*@sink.example": "550 5.1.1 No such user"}
+AGENTS = ("postfix/smtp", "postfix/error", "postfix/local", "postfix/discard")
+
+
+def recipients(i: int) -> list[str]:
+    """One to three recipients, of each kind in turn."""
+    kinds = ("ok", "soft", "hard")
+    return [f"{kinds[(i + k) % 3]}{i}x{k}@sink.example" for k in range(1 + i % 3)]
+
+
+def read_events(path: str) -> list[dict[str, object]]:
+    events = []
+    directory, name = os.path.split(path)
+    for f in sorted(os.listdir(directory)):
+        if f == name or f.startswith(name + "."):
+            with open(os.path.join(directory, f), "rb") as fh:
+                events += [json.loads(line) for line in fh if line.strip()]
+    return events
+
+
+def status_lines(pf: PostfixInstance) -> list[tuple[str, str, str]]:
+    """(queue id, recipient, status) of every agent's status= line."""
+    out = []
+    for program in AGENTS:
+        for ln in pf.maillog.lines(program, contains="status="):
+            if ln.queue_id and ln.to and ln.status:
+                out.append((ln.queue_id, ln.to, ln.status))
+    return out
+
+
+def events_instance(postfix_instance, sink, extra: dict[str, str] | None = None,
+                    **kw: object) -> tuple[PostfixInstance, str]:
+    """A Postfix with pyqmgr writing events under its own root (not pytest's tmp_path:
+    other runs on the machine prune those) and a sink answering by recipient."""
+    srv = sink(replies=REPLIES)
+    pf: PostfixInstance = postfix_instance(
+        start=False, qmgr="pyqmgr",
+        transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
+        # queue_run_delay: what a reload finds "still being delivered" waits one scan.
+        main_cf={"minimal_backoff_time": "3600s", "maximal_backoff_time": "3600s",
+                 "queue_run_delay": "5s",
+                 **kw.pop("main_cf", {})},  # type: ignore[dict-item]
+        **kw)
+    path = os.path.join(pf.root, "events", "delivery.jsonl")
+    pf.write_pyqmgr_cf({"delivery_events_file": path, **(extra or {})})
+    pf.start()
+    return pf, path
+
+
+def test_events_equal_the_maillog_across_kill_and_reload(postfix_instance, sink):
+    t0 = time.monotonic()
+    pf, path = events_instance(postfix_instance, sink)
+    msgs = [("s@test.example", recipients(i)) for i in range(N)]
+    pf.preload(msgs)
+    pf.release_preload()
+    total = sum(len(r) for _, r in msgs)
+    expect_done = sum(1 for _, rs in msgs for r in rs if not r.startswith("soft"))
+
+    def settled() -> int:
+        return len(status_lines(pf))
+
+    pf.wait_until(lambda: settled() >= total // 3, 300, "a third of the recipients tried")
+    os.kill(pf.qmgr_pid(), signal.SIGKILL)
+    pf.wait_until(lambda: settled() >= total * 2 // 3, 300, "two thirds tried")
+    pf.reload()
+    touched = [time.monotonic()]
+
+    def flush_now_and_then() -> None:
+        # What the new qmgr found "still being delivered" goes back to incoming/ dated
+        # in the future, minutes off: dated now and an incoming scan asked for, it goes
+        # at once. The deferred ones wait their hour (each recipient tried about once).
+        if time.monotonic() - touched[0] > 5:
+            touched[0] = time.monotonic()
+            waiting = pf.queue_files("incoming")
+            for qid in waiting:
+                where = pf.queue_path("incoming", qid)
+                if where is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.utime(where)
+            if waiting:  # an incoming scan (QMGR_REQ_SCAN_INCOMING)
+                pf.run(["postkick", "-c", pf.config_dir, "public", "qmgr", "I"], check=False)
+
+    pf.wait_until(lambda: flush_now_and_then() or settled() >= total
+                  and not pf.queue_files("active") and not pf.queue_files("incoming"),
+                  600, "every recipient tried once")
+    # The notices to the sender (their own deliveries bounce: test.example has no MX)
+    # come and go too; then every status= line's event must follow within a second.
+    pf.wait_until(lambda: not pf.queue_files("active") and not pf.queue_files("incoming")
+                  and len({e["key"] for e in read_events(path)}) >= settled(), 60,
+                  "an event for every status= line")
+    events = read_events(path)
+    lines = status_lines(pf)
+    by_key = {}
+    for e in events:
+        by_key.setdefault(e["key"], e)
+    repeats = len(events) - len(by_key)
+    ev = Counter((e["queue_id"], e["recipient"], e["status"]) for e in by_key.values())
+    log = Counter(lines)
+    print(f"{N} messages, {total} recipients: {len(lines)} status= lines, {len(events)} "
+          f"events, {len(by_key)} keys ({repeats} repeats); "
+          f"{time.monotonic() - t0:.1f} s")
+    assert ev == log, (f"only in events: {list((ev - log).items())[:5]}; "
+                       f"only in the maillog: {list((log - ev).items())[:5]}")
+    statuses = Counter(s for _, r, s in lines if r.endswith("@sink.example"))
+    assert statuses["sent"] + statuses["bounced"] == expect_done
+    _pflogsumm_agrees(pf, by_key.values())
+    # Each sent message's trace log goes once its events are written; deferred keep theirs.
+    pf.wait_until(lambda: len(_trace_logs(pf)) <= len(pf.queue_files("deferred")), 30,
+                  "no trace log left of a message that left the queue")
+
+
+def _trace_logs(pf: PostfixInstance) -> list[str]:
+    out = []
+    for _d, _s, files in os.walk(os.path.join(pf.queue_dir, "trace")):
+        out += files
+    return out
+
+
+def _pflogsumm_agrees(pf: PostfixInstance, events) -> None:
+    exe = shutil.which("pflogsumm")
+    if exe is None:
+        pytest.fail("pflogsumm is not installed (./dev installs Debian's pflogsumm)")
+    proc = subprocess.run([exe, "--no_no_msg_size", pf.maillog.path], capture_output=True,
+                          text=True, timeout=300, check=True)
+    totals = {}
+    # Its Grand Totals: "delivered" and "bounced" count status= lines (recipients),
+    # "deferred (N deferrals)" messages and then lines.
+    for what, pattern in (("delivered", r"(\d+)\s+delivered"), ("bounced", r"(\d+)\s+bounced"),
+                          ("deferred", r"\d+\s+deferred\s+\((\d+)\s+deferrals\)")):
+        m = re.search(rf"^\s*{pattern}\s*$", proc.stdout, re.M)
+        assert m, f"pflogsumm printed no {what} total:\n{proc.stdout[:2000]}"
+        totals[what] = int(m.group(1))
+    counts = Counter(e["status"] for e in events)
+    print(f"pflogsumm: {totals}; events: {dict(counts)}")
+    assert totals["delivered"] == counts["sent"]
+    assert totals["bounced"] == counts["bounced"]
+    assert totals["deferred"] == counts["deferred"]
