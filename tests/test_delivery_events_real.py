@@ -28,6 +28,8 @@ import pytest
 from pyqmgr.testbed.instance import PostfixInstance
 
 N = int(os.environ.get("PYQMGR_EVENTS_MESSAGES", "300"))
+#: Seconds each wait allows: the suite's size in well under the first, 20,000 in the last.
+WAIT = max(300, N // 10)
 REPLIES = {"ok*@sink.example": "250 2.0.0 Ok", "soft*@sink.example": "450 4.2.0 Try later",
            "hard*@sink.example": "550 5.1.1 No such user"}
 AGENTS = ("postfix/smtp", "postfix/error", "postfix/local", "postfix/discard")
@@ -82,7 +84,7 @@ def test_events_equal_the_maillog_across_kill_and_reload(postfix_instance, sink)
     t0 = time.monotonic()
     pf, path = events_instance(postfix_instance, sink)
     msgs = [("s@test.example", recipients(i)) for i in range(N)]
-    pf.preload(msgs)
+    pf.preload(msgs, timeout=WAIT)
     pf.release_preload()
     total = sum(len(r) for _, r in msgs)
     expect_done = sum(1 for _, rs in msgs for r in rs if not r.startswith("soft"))
@@ -90,9 +92,9 @@ def test_events_equal_the_maillog_across_kill_and_reload(postfix_instance, sink)
     def settled() -> int:
         return len(status_lines(pf))
 
-    pf.wait_until(lambda: settled() >= total // 3, 300, "a third of the recipients tried")
+    pf.wait_until(lambda: settled() >= total // 3, WAIT, "a third of the recipients tried")
     os.kill(pf.qmgr_pid(), signal.SIGKILL)
-    pf.wait_until(lambda: settled() >= total * 2 // 3, 300, "two thirds tried")
+    pf.wait_until(lambda: settled() >= total * 2 // 3, WAIT, "two thirds tried")
     pf.reload()
     touched = [time.monotonic()]
 
@@ -113,7 +115,7 @@ def test_events_equal_the_maillog_across_kill_and_reload(postfix_instance, sink)
 
     pf.wait_until(lambda: flush_now_and_then() or settled() >= total
                   and not pf.queue_files("active") and not pf.queue_files("incoming"),
-                  600, "every recipient tried once")
+                  2 * WAIT, "every recipient tried once")
     # The notices to the sender (their own deliveries bounce: test.example has no MX)
     # come and go too; then every status= line's event must follow within a second.
     pf.wait_until(lambda: not pf.queue_files("active") and not pf.queue_files("incoming")

@@ -88,6 +88,8 @@ class _Log:
     last: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: Bytes of the file that predate this process (their events are repeats).
     old_bytes: int = -1
+    #: Some events were not queued (the writer's queue was full): keep the log.
+    held: bool = False
 
 
 class NoEvents:
@@ -163,8 +165,15 @@ class DeliveryEvents(NoEvents):
         if am.tflags & DEL_REQ_FLAG_MTA_VRFY:
             return
         lines = self._read(am, entry, am.queue_id)
-        if lines:
-            self.writer.submit(lines)
+        if lines and not self.writer.submit(lines):
+            self._held(am.queue_id)
+
+    def _held(self, qid: str) -> None:
+        log = self.logs.get(qid)
+        if log is not None:
+            log.held = True
+        self.warn(f"{qid}: events held back (the writer's queue is full): its trace log "
+                  "is kept and read again by the next qmgr")
 
     def _read(self, am: ActiveMessage | None, entry: Entry | None, qid: str,
               ctx: Context | None = None) -> list[bytes]:
@@ -225,20 +234,23 @@ class DeliveryEvents(NoEvents):
     # -- the message's end ---------------------------------------------------------------------
 
     def message_left(self, am: ActiveMessage) -> None:
-        """The message left the active queue (removed, deferred, held...). Once its
-        events are on disk, :meth:`_settle` removes its log if the message is gone."""
+        """The message left the active queue (removed, deferred, held...). Once the
+        events queued before are on disk, :meth:`_settle` removes its log if the
+        message is gone. Each reply's read took what its request added (a message
+        leaves after its last reply): there is nothing more to read here."""
         qid = am.queue_id
-        lines = self._read(am, None, qid)
         if self.own_trace(am):
             # Stock's trace flush removed the log (or keeps it for the next pass).
             self.logs.pop(qid, None)
-            if lines:
-                self.writer.submit(lines)
             return
-        if not self.writer.submit(lines, lambda: self._settle(qid)):
+        log = self.logs.get(qid)
+        if log is not None and log.held:
+            # Some of its events were not queued (the writer's queue was full): the log
+            # stays, read again in whole by the next qmgr (or at its start-up).
             self.logs.pop(qid, None)
-            self.warn(f"{qid}: events held back (the writer's queue is full): its trace "
-                      "log is kept for the next start-up")
+            return
+        if not self.writer.submit([], lambda: self._settle(qid)):
+            self.logs.pop(qid, None)
 
     def queued(self, qid: str) -> bool:
         """The message is in one of the queues a queue manager reads."""

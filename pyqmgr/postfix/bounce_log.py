@@ -100,6 +100,10 @@ _STRINGS = {"recipient", "original_recipient", "dsn_orig_rcpt", "status", "actio
 
 def _printable(line: bytes) -> str:
     """``printable(text, '?')``: UTF-8 kept, control characters and bad bytes as ``?``."""
+    if line.isascii():
+        text = line.decode("ascii")
+        if text.isprintable():
+            return text  # nearly every line: no walk over its characters
     text = line.decode("utf-8", "replace").replace("\ufffd", "?")
     return "".join(c if c >= " " and c != "\x7f" else "?" for c in text)
 

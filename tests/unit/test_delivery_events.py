@@ -11,13 +11,16 @@ import json
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from pyqmgr.events import writer as writer_mod
 from pyqmgr.events.record import SCHEMA, Context, decode, encode, event_key, make_event
+from pyqmgr.events.tracker import DeliveryEvents, NoEvents
 from pyqmgr.events.writer import EventWriter, Paced
 from pyqmgr.postfix.bounce_log import LogEntry
+from pyqmgr.postfix.deliver_request import DEL_REQ_FLAG_RECORD
 from pyqmgr.postfix.trace_log import TraceCursor, read_more, relay_and_reply
 
 
@@ -219,6 +222,117 @@ def test_recent_finds_a_messages_last_event(tmp_path):
     found = w.recent({CTX.queue_id, "NOTHERE"})
     assert set(found) == {CTX.queue_id}
     assert found[CTX.queue_id]["attempt"] == 2 and found[CTX.queue_id]["arrival"] == CTX.arrival
+
+
+# -- the reader in the daemon --------------------------------------------------------------
+
+
+def _message(qid: str, tflags: int = 0, rflags: int = 0) -> SimpleNamespace:
+    qf = SimpleNamespace(rflags=rflags, sender="s@example.org", arrival_time=(1795978859, 210185))
+    return SimpleNamespace(queue_id=qid, tflags=tflags, qf=qf,
+                           sched=SimpleNamespace(rank=0, tenant=""))
+
+
+def _entry(am: SimpleNamespace) -> SimpleNamespace:
+    queue = SimpleNamespace(transport=SimpleNamespace(name="smtp"), nexthop="example.com",
+                            site=None)
+    return SimpleNamespace(message=SimpleNamespace(owner=am), queue=queue)
+
+
+@pytest.fixture
+def queue_dir(tmp_path, monkeypatch):
+    """A queue directory of the files the reader looks at, as the daemon's cwd."""
+    for name in ("trace", "active", "deferred", "incoming", "hold", "events"):
+        os.mkdir(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _events(queue_dir, max_queued: int = 1000) -> tuple[DeliveryEvents, EventWriter]:
+    fd = os.open(queue_dir / "events", os.O_RDONLY | os.O_DIRECTORY)
+    writer = EventWriter(fd, "e.jsonl", 1 << 20, 1, lambda text: None, None,
+                         max_queued=max_queued)
+    return DeliveryEvents(writer, "", 1, lambda text: None, lambda text: None), writer
+
+
+def _lines(queue_dir) -> list[dict[str, object]]:
+    path = queue_dir / "events" / "e.jsonl"
+    return [json.loads(x) for x in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def test_a_deferred_messages_log_stays_and_a_gone_ones_goes_once_written(queue_dir):
+    events, writer = _events(queue_dir)
+    writer.start()
+    am = _message("ABC123")
+    assert events.flags(_entry(am)) == DEL_REQ_FLAG_RECORD
+    (queue_dir / "trace" / "ABC123").write_bytes(
+        record("a@x", 100) + record("b@x", 200, "4.2.0", "delayed"))
+    events.after_reply(am, _entry(am))
+    (queue_dir / "deferred" / "ABC123").write_bytes(b"")  # the pass ends deferred
+    events.message_left(am)
+    _wait(lambda: len(_lines(queue_dir)) == 2, "two events")
+    time.sleep(0.2)
+    assert (queue_dir / "trace" / "ABC123").exists(), "deferred: its log stays"
+    # The next pass: b@x's second attempt is its attempt 2; then the message goes.
+    os.unlink(queue_dir / "deferred" / "ABC123")
+    with open(queue_dir / "trace" / "ABC123", "ab") as f:
+        f.write(record("b@x", 200))
+    events.flags(_entry(am))
+    events.after_reply(am, _entry(am))
+    events.message_left(am)
+    _wait(lambda: not (queue_dir / "trace" / "ABC123").exists(), "the log's removal")
+    writer.stop()
+    got = [(e["recipient"], e["status"], e["attempt"]) for e in _lines(queue_dir)]
+    assert got == [("a@x", "sent", 1), ("b@x", "deferred", 1), ("b@x", "sent", 2)]
+    assert events.stats.logs_removed == 1 and not events.logs
+
+
+def test_events_not_queued_keep_the_log_and_a_restart_writes_them_with_their_keys(queue_dir):
+    events, writer = _events(queue_dir, max_queued=1)
+    am = _message("DEF456")
+    events.flags(_entry(am))
+    (queue_dir / "trace" / "DEF456").write_bytes(record("a@x", 100) + record("b@x", 200))
+    events.after_reply(am, _entry(am))  # two events, room for one: held back
+    events.message_left(am)
+    assert writer.stats.held_back == 2
+    writer.start()
+    writer.stop()
+    assert (queue_dir / "trace" / "DEF456").exists() and _lines(queue_dir) == []
+    # A new qmgr: the message is in no queue; its log is read whole, then removed.
+    again, writer2 = _events(queue_dir)
+    writer2.start()
+    assert again.leftovers() == 1
+    _wait(lambda: not (queue_dir / "trace" / "DEF456").exists(), "the log's removal")
+    writer2.stop()
+    assert [e["recipient"] for e in _lines(queue_dir)] == ["a@x", "b@x"]
+
+
+def test_a_leftover_log_repeats_the_keys_its_events_had(queue_dir):
+    events, writer = _events(queue_dir)
+    writer.start()
+    am = _message("GHI789")
+    events.flags(_entry(am))
+    (queue_dir / "trace" / "GHI789").write_bytes(record("a@x", 100))
+    events.after_reply(am, _entry(am))
+    _wait(lambda: len(_lines(queue_dir)) == 1, "the event")
+    writer.stop()
+    # Killed before the log went: the next qmgr finds it, the message gone.
+    again, writer2 = _events(queue_dir)
+    writer2.start()
+    assert again.leftovers() == 1
+    _wait(lambda: len(_lines(queue_dir)) == 2, "the repeat")
+    writer2.stop()
+    first, repeat = _lines(queue_dir)
+    assert first["key"] == repeat["key"] and repeat["sender"] == "s@example.org"
+    assert again.stats.repeated == 1
+
+
+def test_a_message_that_asked_for_a_trace_gets_no_flag(queue_dir):
+    events, _writer = _events(queue_dir)
+    assert events.flags(_entry(_message("A1", tflags=DEL_REQ_FLAG_RECORD))) == 0
+    assert events.flags(_entry(_message("A2", rflags=1 << 2))) == 0  # NOTIFY=SUCCESS
+    assert events.flags(_entry(_message("A3", tflags=1 << 8))) == 0  # an address probe
+    assert NoEvents().flags(_entry(_message("A4"))) == 0
 
 
 def test_paced_warnings_count_what_they_kept_quiet():
