@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.events.record import Context, encode, make_event
 from pyqmgr.events.writer import EventWriter, Paced
-from pyqmgr.postfix import mail_queue
+from pyqmgr.postfix import mail_queue, queue_file
 from pyqmgr.postfix.deliver_request import (
     DEL_REQ_FLAG_REC_DLY_SENT,
     DEL_REQ_FLAG_RECORD,
@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 READ_FLAG_NOTIFY_SUCCESS = 1 << 2
 #: Trace flags with which stock mails a report made from the trace log.
 OWN_TRACE = DEL_REQ_FLAG_USR_VRFY | DEL_REQ_FLAG_RECORD | DEL_REQ_FLAG_REC_DLY_SENT
+#: Seconds before the events file's last change within which a queued message's trace
+#: log is read again at start-up: a record is read and queued well within this of its
+#: writing, and written with the next batch (FIFO) after that.
+SUSPECT = 10.0
 #: The queues whose files a queue manager reads: a message in none is gone.
 QUEUES = ("incoming", "active", "deferred", "hold")
 #: A probe's (address verification's) requests are never recorded: stock's sent()
@@ -254,11 +258,14 @@ class DeliveryEvents(NoEvents):
 
     def queued(self, qid: str) -> bool:
         """The message is in one of the queues a queue manager reads."""
+        return self._queue_file(qid) is not None
+
+    def _queue_file(self, qid: str) -> str | None:
         for queue in QUEUES:
-            if os.path.lexists(mail_queue.queue_path(queue, qid, self.hash_names,
-                                                     self.hash_depth)):
-                return True
-        return False
+            path = mail_queue.queue_path(queue, qid, self.hash_names, self.hash_depth)
+            if os.path.lexists(path):
+                return path
+        return None
 
     def _settle(self, qid: str) -> None:
         """Its events are on disk: a message still queued (deferred, held) keeps its
@@ -273,29 +280,63 @@ class DeliveryEvents(NoEvents):
     # -- start-up ------------------------------------------------------------------------------
 
     def leftovers(self) -> int:
-        """Trace logs whose message is gone from every queue (a kill -9 between the
-        message's removal and its log's): their events are written and the logs
-        removed after. What the message was (its arrival: the keys' part, its sender,
-        the delivery) comes from its last event in the events file when there is one,
-        so that repeats carry the keys they had; else the log alone says it (no
-        sender, arrival 0: no event of it was written before). Returns how many."""
-        gone = [qid for qid in mail_queue.scan_all("trace") if not self.queued(qid)]
-        if not gone:
-            return 0
-        last = self.writer.recent(set(gone))
+        """At start-up, the trace logs whose events may not all be on disk.
+
+        A log whose message is gone from every queue (a kill -9 between the message's
+        removal and its log's) is read, its events written and the log removed after;
+        what the message was (its arrival: the keys' part, its sender) comes from its
+        last event in the events file when there is one (so that repeats carry the keys
+        they had), else the log alone says it (no event of it was written before).
+
+        A log of a queued message changed less than :data:`SUSPECT` seconds before the
+        events file last was (or after it) may hold records whose events were queued
+        and not yet written when the last qmgr died: it is read now, with the message's
+        sender and arrival from its queue file, and its read offset kept, so that its
+        next delivery here goes on from there. A deferred message waits its backoff,
+        and its events would otherwise wait with it. Returns how many logs were read.
+        """
+        since = self.writer.mtime() - SUSPECT
+        gone: list[str] = []
+        suspects: list[tuple[str, str]] = []
+        for qid in mail_queue.scan_all("trace"):
+            where = self._queue_file(qid)
+            if where is None:
+                gone.append(qid)
+                continue
+            with contextlib.suppress(OSError):
+                if os.stat(self._path(qid)).st_mtime >= since:
+                    suspects.append((qid, where))
+        last = self.writer.recent(set(gone)) if gone else {}
         for qid in gone:
             self.logs[qid] = _Log(old_bytes=1 << 62)
-            ctx = _context_of(qid, last.get(qid))
-            lines = self._read(None, None, qid, ctx)
+            lines = self._read(None, None, qid, _context_of(qid, last.get(qid)))
             self.writer.submit(lines, lambda q=qid: self._settle(q))  # type: ignore[misc]
+        for qid, where in suspects:
+            self.logs[qid] = _Log(old_bytes=1 << 62)
+            lines = self._read(None, None, qid, _envelope_context(qid, where))
+            if lines and not self.writer.submit(lines):
+                self._held(qid)
         self.stats.leftovers += len(gone)
-        self.info(f"delivery events: {len(gone)} trace logs of messages no longer "
-                  "queued: their events written again, the logs then removed")
-        return len(gone)
+        if gone or suspects:
+            self.info(f"delivery events: {len(gone)} trace logs of messages no longer "
+                      f"queued and {len(suspects)} changed since the events file last was: "
+                      "their events written again (the former's logs then removed)")
+        return len(gone) + len(suspects)
 
     def status(self) -> dict[str, object]:
         return {"reading": self.stats.as_json(), "writing": self.writer.stats.as_json(),
                 "logs_open": len(self.logs)}
+
+
+def _envelope_context(qid: str, path: str) -> Context:
+    """A queued message's sender and arrival, read from its queue file's envelope."""
+    try:
+        with open(path, "rb") as f:
+            qf = queue_file.Message(queue_id=qid)
+            queue_file.read_batch(queue_file.FileWindow(f.fileno()), qf, 1)
+    except OSError:
+        return Context(qid, "", 0.0)
+    return Context(qid, qf.sender or "", qf.arrival_time[0] + qf.arrival_time[1] / 1e6)
 
 
 def _context_of(qid: str, event: dict[str, object] | None) -> Context:

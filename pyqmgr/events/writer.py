@@ -146,6 +146,13 @@ class EventWriter:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def mtime(self) -> float:
+        """When the events file last changed (0: there is none)."""
+        try:
+            return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False).st_mtime
+        except OSError:
+            return 0.0
+
     def recent(self, qids: set[str], limit: int = 8 << 20) -> dict[str, dict[str, object]]:
         """The last event written of each of ``qids``, from the file's last ``limit``
         bytes (and the newest rotated file's): at start-up, before the thread runs, so
