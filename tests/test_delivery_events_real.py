@@ -180,3 +180,34 @@ def _pflogsumm_agrees(pf: PostfixInstance, events) -> None:
     assert totals["delivered"] == counts["sent"]
     assert totals["bounced"] == counts["bounced"]
     assert totals["deferred"] == counts["deferred"]
+
+
+def test_a_message_that_asked_for_a_trace_gets_its_report_as_from_stock(postfix_instance,
+                                                                         sink):
+    """``sendmail -v`` (RECORD in the message's own trace flags) and NOTIFY=SUCCESS:
+    no flag is added, stock's trace flush mails the sender its report (once) and
+    removes the log, and the events are what the log held."""
+    pf, path = events_instance(postfix_instance, sink)
+    sender = pf.local_address
+    pf.sendmail(sender, ["ok1@sink.example", "hard1@sink.example"], subject="verbose",
+                extra_args=["-v"])
+    pf.sendmail(sender, ["ok2@sink.example", "hard2@sink.example"], subject="dsn",
+                extra_args=["-N", "success,failure"])
+    reports = "sender delivery status notification"
+    pf.wait_until(lambda: len(pf.maillog.lines("postfix/bounce", contains=reports)) >= 2
+                  and pf.queue_empty() and len(read_events(path)) >= 3, 60,
+                  "both reports sent and the events written")
+    time.sleep(1)
+    assert len(pf.maillog.lines("postfix/bounce", contains=reports)) == 2
+    got = sorted((e["recipient"], e["status"]) for e in read_events(path)
+                 if e["recipient"].endswith("@sink.example"))
+    # -v: every recipient recorded; NOTIFY=SUCCESS: the delivered one only. (The
+    # reports and notices delivered to the sender have events of their own.)
+    assert got == [("hard1@sink.example", "bounced"), ("ok1@sink.example", "sent"),
+                   ("ok2@sink.example", "sent")], got
+    assert _trace_logs(pf) == []
+    with open(pf.mailbox()) as f:
+        subjects = [ln for ln in f.read().splitlines() if ln.startswith("Subject: ")]
+    print(f"the sender's mailbox: {subjects}")
+    assert subjects.count("Subject: Successful Mail Delivery Report") == 1
+    assert subjects.count("Subject: Mail Delivery Status Report") == 1
