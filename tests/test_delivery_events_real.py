@@ -16,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -62,6 +64,7 @@ def status_lines(pf: PostfixInstance) -> list[tuple[str, str, str]]:
 
 
 def events_instance(postfix_instance, sink, extra: dict[str, str] | None = None,
+                    before_start: Callable[[str], None] | None = None,
                     **kw: object) -> tuple[PostfixInstance, str]:
     """A Postfix with pyqmgr writing events under its own root (not pytest's tmp_path:
     other runs on the machine prune those) and a sink answering by recipient."""
@@ -76,6 +79,8 @@ def events_instance(postfix_instance, sink, extra: dict[str, str] | None = None,
         **kw)
     path = os.path.join(pf.root, "events", "delivery.jsonl")
     pf.write_pyqmgr_cf({"delivery_events_file": path, **(extra or {})})
+    if before_start is not None:
+        before_start(path)
     pf.start()
     return pf, path
 
@@ -211,3 +216,52 @@ def test_a_message_that_asked_for_a_trace_gets_its_report_as_from_stock(postfix_
     print(f"the sender's mailbox: {subjects}")
     assert subjects.count("Subject: Successful Mail Delivery Report") == 1
     assert subjects.count("Subject: Mail Delivery Status Report") == 1
+
+
+def test_an_events_file_that_cannot_be_written_delays_no_mail(postfix_instance, sink):
+    """A directory where the events file should be (any open fails): mail flows as
+    before, one warning says so, the delivered messages' trace logs stay; once the
+    name is free the waiting events are written and the logs removed."""
+    def block(path: str) -> None:
+        os.makedirs(path)  # the events file's name, taken by a directory
+        uid, gid = pwd.getpwnam("postfix")[2:4]
+        os.chown(os.path.dirname(path), uid, gid)
+
+    pf, path = events_instance(postfix_instance, sink, before_start=block)
+    msgs = [("s@sink.example", [f"ok{i}@sink.example"]) for i in range(20)]
+    pf.smtp_send(msgs)
+    pf.wait_until(lambda: len(status_lines(pf)) >= 20 and pf.queue_empty(), 60,
+                  "20 messages delivered while the events file cannot be written")
+    warned = pf.maillog.lines("postfix/qmgr", contains="delivery_events_file")
+    assert len(warned) == 1 and "events wait in memory" in warned[0].text, warned
+    assert len(_trace_logs(pf)) == 20, "their trace logs are kept"
+    os.rmdir(path)
+    pf.wait_until(lambda: os.path.isfile(path) and len(read_events(path)) == 20
+                  and not _trace_logs(pf), 30, "the events written, the logs removed")
+    assert sorted(e["recipient"] for e in read_events(path)) == sorted(
+        r for _, rs in msgs for r in rs)
+
+
+def test_with_the_trace_service_down_mail_waits_and_nothing_is_lost(postfix_instance, sink):
+    """No trace service (master.cf without it): the agent's sent() cannot record and
+    defers the recipient ("trace service failed"), as for sendmail -v in stock, after
+    the server took the message (so it gets it again on the retry); back, the retried
+    deliveries are recorded and their events written."""
+    pf, path = events_instance(postfix_instance, sink)
+    entry = pf.postconf("-M", "trace/unix").strip()
+    assert entry, "master.cf has a trace service"
+    pf.postconf("-MX", "trace/unix")
+    pf.reload()
+    pf.smtp_send([("s@sink.example", [f"ok{i}@sink.example"]) for i in range(5)])
+    failed = "trace service failed"
+    pf.wait_until(lambda: len(pf.maillog.lines("postfix/smtp", contains=failed)) >= 5
+                  and len(pf.queue_files("deferred")) == 5, 60,
+                  "5 recipients deferred for want of the trace service")
+    assert not pf.maillog.lines("postfix/smtp", contains="status=sent")
+    pf.postconf("-M", f"trace/unix={entry}")
+    pf.reload()
+    pf.flush()
+    pf.wait_until(lambda: pf.queue_empty() and len(read_events(path)) >= 5, 60,
+                  "the 5 delivered and their events written")
+    sent = sorted(e["recipient"] for e in read_events(path) if e["status"] == "sent")
+    assert sent == [f"ok{i}@sink.example" for i in range(5)]
