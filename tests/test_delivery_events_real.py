@@ -265,3 +265,40 @@ def test_with_the_trace_service_down_mail_waits_and_nothing_is_lost(postfix_inst
                   "the 5 delivered and their events written")
     sent = sorted(e["recipient"] for e in read_events(path) if e["status"] == "sent")
     assert sent == [f"ok{i}@sink.example" for i in range(5)]
+
+
+def _normalized(pf: PostfixInstance) -> Counter[str]:
+    """The agents' status= lines without what differs from run to run (time, pid,
+    queue id, delays, connection reuse, the sink's port)."""
+    out: Counter[str] = Counter()
+    for program in AGENTS:
+        for ln in pf.maillog.lines(program, contains="status="):
+            text = re.sub(r"^[0-9A-F]+: ", "", ln.text)
+            text = re.sub(r"(delay|delays|conn_use)=[^,]*, ", "", text)
+            text = re.sub(r"\]:\d+", "]:PORT", text)  # each run's sink has its own port
+            out[text.replace(ln.queue_id or "-", "QID")] += 1
+    return out
+
+
+def test_the_maillog_is_the_same_with_events_on(postfix_instance, sink):
+    """The same mail with and without events: the same status= lines, apart from the
+    times, queue ids, connection reuse and port that differ between any two runs."""
+    msgs = [("s@sink.example", recipients(i)) for i in range(30)]
+    seen = []
+    for on in (False, True):
+        if on:
+            pf, _path = events_instance(postfix_instance, sink)
+        else:
+            srv = sink(replies=REPLIES)
+            pf = postfix_instance(
+                qmgr="pyqmgr", transports={"sink.example": f"smtp:[127.0.0.1]:{srv.port}"},
+                main_cf={"minimal_backoff_time": "3600s", "maximal_backoff_time": "3600s"})
+        pf.smtp_send(msgs)
+        total = sum(len(r) for _, r in msgs) + 20  # and the 20 notices of a bounce
+        pf.wait_until(lambda pf=pf, total=total: len(status_lines(pf)) >= total
+                      and not pf.queue_files("active") and not pf.queue_files("incoming"),
+                      60, "every recipient and notice tried")
+        seen.append(_normalized(pf))
+        pf.stop()
+    off, on_ = seen
+    assert on_ == off, f"only with events: {on_ - off}; only without: {off - on_}"
