@@ -37,6 +37,7 @@ from pyqmgr.daemon.request import delivery_request
 from pyqmgr.daemon.retry import RetryControl
 from pyqmgr.daemon.setup import DaemonSetup
 from pyqmgr.daemon.sites import SiteResolver
+from pyqmgr.daemon.sources import sources_for
 from pyqmgr.daemon.suspensions import Suspensions
 from pyqmgr.events.daemon import delivery_events
 from pyqmgr.postfix.config import QmgrConfig
@@ -112,6 +113,9 @@ class Qmgr:
         #: The resident size for status, and memory_warning_limit's warning (#30).
         self.memory = setup.memory
         self.events = delivery_events(setup.events, cfg, log, self.loop, self.scheduler)  # #46
+        #: Source pools and warm-up (pyqmgr.cf source_pools, #46); None: off.
+        self.sources = self.active.sources = sources_for(self, setup.sources, setup.state,
+                                                         setup.classes)
 
     # -- life cycle ---------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from pyqmgr.events.settings import EventSetup
 from pyqmgr.fleet.settings import FleetSettings
 from pyqmgr.scheduler.tenant_cap import TenantLimitTable
 from pyqmgr.settings.classes import Classifier
+from pyqmgr.settings.sources import SourceSettings
 
 
 @dataclass(frozen=True)
@@ -43,5 +44,7 @@ class DaemonSetup:
     classes: Classifier | None = None
     #: Each tenant's limits per transport, for the core (None: none set).
     tenant_limits: TenantLimitTable | None = None
+    #: source_pools and the warm-up plan (None: trivial-rewrite's transport stands).
+    sources: SourceSettings | None = None
     #: delivery_events_file and its directory, opened (None: no delivery events).
     events: EventSetup | None = None

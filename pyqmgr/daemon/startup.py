@@ -61,6 +61,7 @@ from pyqmgr.pyqmgr_cf import PyqmgrCf, PyqmgrCfError
 from pyqmgr.pyqmgr_cf import load as load_pyqmgr_cf
 from pyqmgr.pyqmgr_cf_names import unknown_parameters
 from pyqmgr.settings.sites import on as sites_on
+from pyqmgr.settings.sources import source_settings
 from pyqmgr.settings.tenants import tenant_limits
 
 
@@ -244,6 +245,8 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
         # Classes' and tenants' tables are read now (hash: ones through postmap).
         classes.setup(pyqmgr_cf, policies, log.warning, config_dir,
                       mynetworks=cfg.mynetworks), tenants,
+        # Source pools: members checked against master.cf, the warm-up plan read.
+        source_settings(pyqmgr_cf, policies.commands),
         # Delivery events: the file's directory is opened now, outside the chroot.
         events=events_setup(pyqmgr_cf, cfg.mail_owner))
 
@@ -353,6 +356,8 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
     if isinstance(qmgr, Qmgr):
         # Before start(): recovered mail for a suspended destination must be held.
         qmgr.suspensions.restore()
+        if qmgr.sources is not None:
+            qmgr.sources.restore()
     server = None
     if status is not None:
         server = TriggerServer(loop, qmgr.trigger, master_gone, status)
@@ -390,6 +395,9 @@ async def _serve(cfg: QmgrConfig, log: MailLog, status: MasterStatus | None,
         exporter.close()
     with contextlib.suppress(Exception):
         qmgr.close()
+    if isinstance(qmgr, Qmgr) and qmgr.sources is not None:
+        with contextlib.suppress(Exception):
+            qmgr.sources.close()
     if isinstance(qmgr, Qmgr) and qmgr.delegation is not None:
         with contextlib.suppress(Exception):
             qmgr.delegation.close()
