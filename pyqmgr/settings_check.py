@@ -130,6 +130,7 @@ def _checks(settings: PyqmgrCf, cfg: QmgrConfig, policies: list[PolicySetup],
     extra is missing has its settings checked without importing its library (that it
     is missing is said once, with the command)."""
     from pyqmgr.daemon import classes, delegation, memory, metrics
+    from pyqmgr.events.settings import categorizer, event_settings
     from pyqmgr.fleet.settings import check_site_limits, fleet_settings
     from pyqmgr.settings.classes import classifier
     from pyqmgr.settings.sites import on as sites_on
@@ -166,7 +167,10 @@ def _checks(settings: PyqmgrCf, cfg: QmgrConfig, policies: list[PolicySetup],
             lambda: fleet_settings(settings, cfg.myhostname),
             lambda: memory.warning_limit(settings), sites, classes_check,
             # Source pools: their members are master.cf's (unknown with policies refused).
-            lambda: source_settings(settings, policies[0].commands) if policies else None]
+            lambda: source_settings(settings, policies[0].commands) if policies else None,
+            # Delivery events: the file's name and the admin's reply categories (the
+            # directory is made by the daemon, as root, at start-up).
+            lambda: event_settings(settings) and categorizer(settings)]
 
 
 def unknown_names_only(settings: PyqmgrCf, config_dir: str,

@@ -102,3 +102,27 @@ def test_transport_forms_own_names_and_a_module_policys_knobs_are_known(postfix)
                             timeout=30, what="delivery under sender_classes")
         assert not [ln.text for ln in pf.maillog.lines(program="postfix/qmgr")
                     if ln.severity in ("warning", "fatal")]
+
+
+def test_delivery_event_categories_a_bad_line_is_named_and_a_good_file_passes(postfix):
+    """The admin's reply categories (docs/events.md) are read as start-up reads them:
+    a line that is no rule fails check naming the parameter, the file and the line; a
+    good file passes."""
+    pf = postfix(qmgr="pyqmgr", start=False)
+    rules = os.path.join(pf.config_dir, "reply-categories")
+    with open(rules, "w") as f:
+        f.write("# ours first\n/quota limit reached for/  mailbox_full\n"
+                "/unclosed  policy\n")
+    os.chmod(rules, 0o644)
+    events = os.path.join(pf.root, "events", "delivery.jsonl")
+    pf.write_pyqmgr_cf({"delivery_events_file": events,
+                        "delivery_event_categories": rules})
+    proc = check(pf.config_dir)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    problems = [ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("  ")]
+    assert len(problems) == 1 and "delivery_event_categories" in problems[0] \
+        and f"{rules}, line 3" in problems[0], proc.stdout
+    with open(rules, "w") as f:
+        f.write("/quota limit reached for/  mailbox_full\n")
+    proc = check(pf.config_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

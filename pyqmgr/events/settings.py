@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 FILE = "delivery_events_file"
 SIZE_LIMIT = "delivery_events_file_size_limit"
 KEEP = "delivery_events_files_kept"
+#: The admin's own reply categories, tried before the shipped ones (docs/events.md).
+CATEGORIES = "delivery_event_categories"
 #: Every name this module reads (pyqmgr_cf_names.GLOBAL lists them too).
-NAMES = (FILE, SIZE_LIMIT, KEEP)
+NAMES = (FILE, SIZE_LIMIT, KEEP, CATEGORIES)
 
 DEFAULT_SIZE_LIMIT = 100 * 2**20
 DEFAULT_KEEP = 10
@@ -56,14 +58,19 @@ class EventSetup:
     categorize: Callable[[str, str], str] | None = None
 
 
-def categorizer() -> Callable[[str, str], str] | None:
-    """The reply categories (pyqmgr/events/categories.py, another part of issue #46):
-    the one seam through which events get theirs; None while it is not there."""
+def categorizer(settings: PyqmgrCf) -> Callable[[str, str], str]:
+    """The reply categories: the admin's file (``delivery_event_categories``) before the
+    shipped rules, read now, as root, and judged as every file pyqmgr.cf names. A bad
+    line, an oversized or untrusted file is a PyqmgrCfError naming the parameter, so
+    that start-up and ``pyqmgr check`` say it alike."""
+    from pyqmgr import trust
+    from pyqmgr.events import categories
+
+    path = (settings.get(CATEGORIES) or "").strip() or None
     try:
-        from pyqmgr.events import categories
-    except ImportError:
-        return None
-    return categories.load(None).category
+        return categories.load(path, settings.root_files()).category
+    except (categories.CategoriesError, trust.UntrustedFile) as exc:
+        raise settings.error(CATEGORIES, str(exc)) from None
 
 
 def event_settings(settings: PyqmgrCf) -> EventSettings | None:
@@ -105,7 +112,12 @@ def setup(settings: PyqmgrCf, mail_owner: str) -> EventSetup | None:
     except (OSError, KeyError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise settings.error(FILE, f"{found.directory}: {why}") from None
-    return EventSetup(found, fd, categorizer())
+    try:
+        categorize = categorizer(settings)
+    except BaseException:
+        os.close(fd)
+        raise
+    return EventSetup(found, fd, categorize)
 
 
 __all__ = ["NAMES", "EventSettings", "EventSetup", "event_settings", "setup"]
