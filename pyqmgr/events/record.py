@@ -17,7 +17,6 @@ recipient's records in the trace log. Nothing of the reading (clock, process) is
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 
@@ -52,6 +51,10 @@ def recipient_part(entry: LogEntry) -> str:
     its address (an entry without an offset: a corrupt record, or a very old log)."""
     if entry.offset > 0:
         return str(entry.offset)
+    # Imported here: hashlib loads libcrypto, which the default daemon keeps out
+    # (tests/unit/test_daemon_imports.py), and this is the rare road.
+    import hashlib
+
     return "a" + hashlib.sha1(entry.recipient.encode("utf-8", "replace")).hexdigest()[:12]
 
 
