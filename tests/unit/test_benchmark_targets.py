@@ -71,9 +71,10 @@ def test_goals_are_one_list_each_used_and_each_says_why() -> None:
     targets += [*fidelity.SHAPE_TARGETS.values(), *smtp.TIME.values()]
     used = {t.goal for t in targets if t.goal}
     assert used == set(GOALS), (used ^ set(GOALS))
-    # 12 until #44, which added metrics-census at a provider's size, with what would
-    # settle it (its sitescale-cpu became three enforced bars).
-    assert len(GOALS) <= 12
+    # 12 until #44, which added metrics-census at a provider's size, and of its three
+    # CPU bars at a provider's size one still a goal (sitescale-domains), each with
+    # what would settle it.
+    assert len(GOALS) <= 13
     assert all(len(why) > 80 for why in GOALS.values()), "each goal says why"
     enforced = [t for t in targets if not t.goal]
     assert len(enforced) >= 8, [t.text for t in enforced]
@@ -106,7 +107,8 @@ def test_scopes_targets() -> None:
 
 def test_sitescale_targets() -> None:
     """A 10-session MX (#44): deferrals and refusals in any cell fail, and so does a
-    CPU bar missed (from 1,000 to 10,000 queued, across domains, against sites off)."""
+    CPU bar missed (from 1,000 to 10,000 queued, against sites off); the bar across
+    domains is a goal, printed and never failing."""
     from benchmarks.site_scale import Cell, check
 
     def cells(cpu: dict[tuple[int, int], float], deferred: int = 0,
@@ -123,9 +125,9 @@ def test_sitescale_targets() -> None:
     assert check(cells(now), cells(off)) == [True] * 5
     # Before #44 the cost grew with the mail waiting: 0.6 ms to 1.7 ms.
     before = {**now, (30, 10000): 1.7 * ms}
-    assert check(cells(before), cells(off))[2:] == [False, False, False]
-    assert check(cells({**now, (3000, 1000): 0.62 * ms}), cells(off))[3] is False, \
-        "0.62 against 0.513: 1.21x across domains"
+    assert check(cells(before), cells(off))[2:] == [False, True, False]
+    assert check(cells({**now, (3000, 1000): 0.62 * ms}), cells(off))[3] is True, \
+        "0.62 against 0.513: 1.21x across domains, a goal: printed, not failing"
     assert check(cells(now), cells({**off, (30, 10000): 0.37 * ms}))[4] is False, \
         "0.568 against 0.37: 1.54x of sites off"
     assert check(cells(now, deferred=9), cells(off))[0] is True, "9 of 1,000: 0.9%"
