@@ -37,6 +37,7 @@ from pyqmgr.events.record import Context, encode, make_event
 from pyqmgr.events.writer import EventWriter, Paced
 from pyqmgr.postfix import mail_queue, queue_file
 from pyqmgr.postfix.deliver_request import (
+    DEL_REQ_FLAG_MTA_VRFY,
     DEL_REQ_FLAG_REC_DLY_SENT,
     DEL_REQ_FLAG_RECORD,
     DEL_REQ_FLAG_USR_VRFY,
@@ -57,9 +58,6 @@ OWN_TRACE = DEL_REQ_FLAG_USR_VRFY | DEL_REQ_FLAG_RECORD | DEL_REQ_FLAG_REC_DLY_S
 SUSPECT = 10.0
 #: The queues whose files a queue manager reads: a message in none is gone.
 QUEUES = ("incoming", "active", "deferred", "hold")
-#: A probe's (address verification's) requests are never recorded: stock's sent()
-#: takes its own path for them.
-DEL_REQ_FLAG_MTA_VRFY = 1 << 8
 
 
 @dataclass

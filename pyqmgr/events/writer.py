@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyqmgr.postfix.policy_delegation import WarnGate
+
 #: Events held in memory at most (about 500 bytes each).
 MAX_QUEUED = 100_000
 #: Seconds between tries to write after a failure.
@@ -75,21 +77,18 @@ class _Batch:
 
 
 class Paced:
-    """A warning said the first time and then at most once per ``every`` seconds."""
+    """A warning said the first time and then at most once per ``every`` seconds, with
+    how many were kept quiet: :class:`WarnGate`'s rule, as a callable."""
 
     def __init__(self, warn: Callable[[str], None], every: float = WARN_EVERY) -> None:
         self.warn = warn
-        self.every = every
-        self.last = -every
-        self.quiet = 0
+        self.gate = WarnGate(every)
 
     def __call__(self, text: str) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            self.quiet += 1
+        quiet = self.gate.allow(time.monotonic())
+        if quiet is None:
             return
-        more = f" ({self.quiet} more since the last such warning)" if self.quiet else ""
-        self.last, self.quiet = now, 0
+        more = f" ({quiet} more since the last such warning)" if quiet else ""
         self.warn(text + more)
 
 
