@@ -50,7 +50,7 @@ def _workload() -> str:
     """Eight domains at ONE (5 sessions, 421 beyond, 0.1 s a message), two at TWO (no
     limit; e0's recipients bounced one in four), plain.example on a sink of its own."""
     lines = ['title = "Eight domains at one MX host of 5 sessions, two at another"',
-             "seed = 3", "[compare]", "time_scale = 1", "timeout = 50",
+             "seed = 3", "[compare]", "time_scale = 1", "timeout = 120",
              "[compare.main_cf]", 'minimal_backoff_time = "2s"',
              'maximal_backoff_time = "4s"', 'queue_run_delay = "1s"']
     for d in [*LIMITED, "e0.example", "e1.example", "plain.example"]:
