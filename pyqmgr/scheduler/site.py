@@ -82,11 +82,29 @@ def site_attach(core: Core, queue: Queue) -> None:
         # The first lookup is under way (a local resolver answers in milliseconds):
         # wait for it a moment, or the domain's first deliveries count at a site of
         # their own and overrun the real site's limit.
-        until = core.now + table.wait
+        until = wait_end(core.now + table.wait)
         _shut(core, site, Gate(LOOKUP_GATE, until, "site_dns_wait in pyqmgr.cf",
                                f"the MX lookup of {domain} is under way"))
         _due(core, site, until)
     _join(core, queue, site)
+
+
+#: A lookup's wait ends on a grid of this many seconds (:func:`wait_end`).
+WAIT_GRAIN = 0.05
+
+
+def wait_end(when: float) -> float:
+    """When a lookup's wait that would end at ``when`` ends: the next point of a
+    50 ms grid, so up to 50 ms later.
+
+    Every new domain's first queue waits for its lookup (``site_dns_wait``), and the
+    answer nearly always comes first (a local resolver answers in milliseconds), so
+    the wait's deadline is a wake-up for nothing. With a deadline of its own, a burst
+    of new domains asked the daemon for a wake-up every 5 ms (its timer grain) for as
+    long as they came: 729 wake-ups instead of 337 for 1,000 messages over 3,000
+    domains. On the grid a burst asks for one per 50 ms; a lookup slow enough to
+    meet its deadline waits a few milliseconds more."""
+    return math.ceil(when / WAIT_GRAIN - 1e-9) * WAIT_GRAIN
 
 
 def site_speaks(core: Core, queue: Queue, reason: str | None) -> bool:
@@ -129,8 +147,8 @@ def site_lookup_waits(core: Core, domains: tuple[str, ...], until: float) -> Non
             gate = site.gate if site is not None else None
             if site is None or gate is None or gate.kind != LOOKUP_GATE:
                 continue  # not held: its wait ran out, or it never waited
-            site.gate = Gate(LOOKUP_GATE, until, gate.setting, gate.text)
-            _due(core, site, until)
+            site.gate = Gate(LOOKUP_GATE, wait_end(until), gate.setting, gate.text)
+            _due(core, site, site.gate.until)
 
 
 def _join(core: Core, queue: Queue, site: Site) -> None:

@@ -268,6 +268,22 @@ def test_a_new_domain_waits_for_its_first_lookup_until_the_answer():
     assert len(drain(s, 0.05)) == 2, "then the site's limit"
 
 
+def test_a_burst_of_new_domains_asks_for_a_wake_up_per_50_ms_not_each():
+    """Each new domain's wait ends on the 50 ms grid (site.wait_end): 100 domains
+    seen a millisecond apart ask for three deadlines, each at most 50 ms past its
+    own 200 ms, never before it."""
+    s = waiting_sched()
+    asked: set[float] = set()
+    for i in range(100):
+        now = 1.0 + i * 0.001
+        m = Message(f"Q{i}", now)
+        d = s.assign(m, [Route("smtp", f"n{i}.example", f"n{i}.example",
+                               Recipient(0, f"r@n{i}.example"))], now=now)
+        assert len(d.timers) == 1 and now + 0.2 <= d.timers[0] < now + 0.25 + 1e-9
+        asked.update(d.timers)
+    assert len(asked) == 3, sorted(asked)
+
+
 def test_a_slow_lookup_lets_the_mail_go_at_the_domains_own_site():
     s = waiting_sched()
     mail(s, "a.example", 3)
