@@ -2,9 +2,9 @@
 
 The core's :class:`~pyqmgr.scheduler.source.SourceBook` picks a pool's member; this
 module asks it from :meth:`ActiveQueue.route` (one call per recipient whose
-transport is a ``source_pool_transports`` one), tells it when a cold source's
-delivery starts and ends (a scope kind on each member transport's chain,
-:mod:`pyqmgr.scheduler.scope`), and keeps the window's counts in
+transport is a ``source_pool_transports`` one), puts the scope kinds that tell it
+when a cold source's delivery starts and ends on the member transports' chains
+(:func:`pyqmgr.scheduler.source.source_kinds`, beside the book), and keeps the window's counts in
 ``$data_directory/pyqmgr/sources.json``, beside the operators' suspensions and
 through the same directory descriptor, opened as root before the chroot
 (:mod:`.suspensions`): written atomically, at most once a second while deliveries
@@ -31,14 +31,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.core import RETRY
-from pyqmgr.scheduler.scope import ScopeKind, nothing, nothing_to_settle
+from pyqmgr.scheduler.source import source_kinds
 from pyqmgr.scheduler.structures import site_domain
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.daemon.suspensions import StateFile
     from pyqmgr.scheduler.message import Message, Recipient
-    from pyqmgr.scheduler.structures import Entry
     from pyqmgr.settings.classes import Classifier
     from pyqmgr.settings.sources import SourceSettings
 
@@ -86,17 +85,15 @@ class Sources:
             table.limits(m) is not None for m in self.book.starts)
         #: Each (tenant, class rank)'s pool, or None (source_pool_maps, asked once).
         self.pools: dict[tuple[str, int], str | None] = {}
-        self.kind = ScopeKind("source", self._started, self._unselected, self._ended,
-                              nothing)
         # Only cold sources count: a warm one's deliveries pass no extra step. A todo
         # entry moved to the retry transport (its source or destination dead) takes its
         # recipients along: their count is given back when that entry ends. (Made
         # now: a transport, once made, lasts the process.)
+        self.kind, retried = source_kinds(self.book, self._dirty)
         if self.book.starts:
             for member in self.book.starts:
                 host.scheduler.transport(member).chain += (self.kind,)
-            host.scheduler.transport(RETRY).chain += (ScopeKind(
-                "source", nothing, nothing_to_settle, self._retried, nothing),)
+            host.scheduler.transport(RETRY).chain += (retried,)
 
     # -- routing ------------------------------------------------------------------------
 
@@ -160,31 +157,6 @@ class Sources:
             self.domain_sites[domain] = known[0]
             self._dirty()
         return known[0]
-
-    # -- a cold source's deliveries (its transport's scope kind) -------------------------
-
-    def _started(self, core: object, entry: Entry) -> None:
-        for r in entry.recipients:
-            self.book.started(r)
-        self._dirty()
-
-    def _unselected(self, core: object, entry: Entry) -> bool:
-        for r in entry.recipients:
-            self.book.unselected(r)
-        return False
-
-    def _retried(self, core: object, entry: Entry, busy: bool) -> bool:
-        if self.book.reservations:
-            for r in entry.recipients:
-                self.book.ended(r, sent=False)
-        return False
-
-    def _ended(self, core: object, entry: Entry, busy: bool) -> bool:
-        for r in entry.recipients:
-            self.book.ended(r, sent=busy)
-        if not busy:
-            self._dirty()
-        return False
 
     # -- the state file -------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Stock counts a delivery in its destination queue and its transport. pyqmgr adds
 scopes that several destinations share: a provider's site (:mod:`.site`), a tenant at
-a destination or at a site (:mod:`.tenant_cap`); sources (issue #46) are the next.
+a destination or at a site (:mod:`.tenant_cap`), a cold source's warm-up counts
+(:func:`.source.source_kinds`, issue #46).
 Each counts the deliveries in it, and each may close when full and open when one
 ends. Before this module each had its own hook in :mod:`.entry` and :mod:`.deliver`,
 with its own ``None`` check and ordering comment; now a scope kind is one

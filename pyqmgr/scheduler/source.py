@@ -38,8 +38,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pyqmgr.scheduler.scope import ScopeKind, nothing, nothing_to_settle
+
+if TYPE_CHECKING:
+    from pyqmgr.scheduler.structures import Entry
 
 #: A plan step's allowance that means "warm from this age on".
 WARM = -1
@@ -322,3 +328,44 @@ class SourceBook:
             "count_pairs": len(self.counts),
             "waited": self.waited, "unknown_site": self.unknown_site,
         }
+
+
+# -- a cold source's deliveries as a scope (:mod:`.scope`) ----------------------------------
+
+
+def source_kinds(book: SourceBook, changed: Callable[[], None]) -> tuple[ScopeKind, ScopeKind]:
+    """The scope kinds a source book puts on transports' chains: one for each cold
+    source's transport (its deliveries start, never leave, end) and one for the retry
+    transport (a todo entry moved there with a cold source's recipients gives their
+    reservations back when it ends). ``changed``: the counts that survive a restart
+    moved (the daemon writes its state file; the simulator has none).
+
+    Kept beside :class:`SourceBook`, as the site's and the tenants' kinds are beside
+    theirs, so that whatever drives the core (the daemon, the simulator) takes the same
+    verbs from here, not from the daemon."""
+
+    def started(core: object, entry: Entry) -> None:
+        for r in entry.recipients:
+            book.started(r)
+        changed()
+
+    def unselected(core: object, entry: Entry) -> bool:
+        for r in entry.recipients:
+            book.unselected(r)
+        return False
+
+    def ended(core: object, entry: Entry, busy: bool) -> bool:
+        for r in entry.recipients:
+            book.ended(r, sent=busy)
+        if not busy:
+            changed()
+        return False
+
+    def retried(core: object, entry: Entry, busy: bool) -> bool:
+        if book.reservations:
+            for r in entry.recipients:
+                book.ended(r, sent=False)
+        return False
+
+    return (ScopeKind("source", started, unselected, ended, nothing),
+            ScopeKind("source", nothing, nothing_to_settle, retried, nothing))

@@ -13,7 +13,7 @@ from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.shaping import Shaping, parse_rules
 from pyqmgr.scheduler.site import QUIT_GRACE
-from pyqmgr.scheduler.source import DAY, WarmupPlan
+from pyqmgr.scheduler.source import DAY, WarmupPlan, source_kinds
 from pyqmgr.scheduler.structures import SiteLimits, SiteTable
 from pyqmgr.settings.sources import SourceSettings, parse_start
 from tests.unit.params import Params
@@ -142,6 +142,37 @@ def test_a_todo_entry_ending_unsent_gives_its_count_back() -> None:
     assert len(retry) == 1
     s.done(retry[0], 1, None, False, 1.5)
     assert sources.book.counts[("src1", "google")] == 0
+
+
+def test_the_core_counts_a_cold_source_with_the_kinds_beside_its_book() -> None:
+    """What drives the core without the daemon (the simulator) takes the same scope
+    kinds from scheduler/source.py: reserved at choice, left when an agent takes it,
+    kept when delivered, given back when a todo entry ends unsent at the retry
+    transport; ``changed`` hears each count that a restart would keep."""
+    now = parse_start("2026-11-29") + 3600
+    s = sched(limit=8)
+    today = parse_start("2026-11-29")
+    book = SourceSettings({"bulk": (("src1", 1), ("src2", 1))}, [], frozenset({"smtp"}),
+                          WarmupPlan(((0, 3),), DAY), {"src1": today}).book()
+    changes: list[int] = []
+    kind, retried = source_kinds(book, lambda: changes.append(1))
+    s.transport("src1").chain += (kind,)
+    s.transport("retry").chain += (retried,)
+    m = Message("Q1", 0.0)
+    chosen = [(book.choose("bulk", "google", now, r, []), r)
+              for r in (Recipient(i, f"r{i}@d0.example") for i in range(4))]
+    assert [c for c, _ in chosen] == ["src1", "src2", "src1", "src2"]
+    s.assign(m, [Route(c, "d0.example", "d0.example", r) for c, r in chosen if c == "src1"])
+    pair = ("src1", "google")
+    first = s.select("src1", 1.0).deliver  # one agent: the other entry stays todo
+    assert first is not None and book.left[pair] == 1 and changes == [1]
+    s.done(first, 0, None, False, 2.0)
+    assert book.counts[pair] == 2 and book.left[pair] == 1, "delivered: stays counted"
+    s.throttle_transport("src1", Dsn("4.3.0", "agent unreachable"), 2.0)
+    retry = drain(s, "retry", 2.0)
+    assert len(retry) == 1
+    s.done(retry[0], 1, None, False, 2.5)
+    assert book.counts[pair] == 1 and book.left[pair] == 1, "the unsent one given back"
 
 
 def test_a_site_not_known_goes_warm_and_the_state_keeps_known_sites() -> None:
