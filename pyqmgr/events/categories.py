@@ -151,12 +151,17 @@ class Categorizer:
         text = f"{status} {reply[:REPLY_LIMIT]}"
         if text.isascii():
             plan, low = self._ascii, text.lower()
-            starts = set(_WORD_START.findall(low))
         else:
-            plan, low, starts = self._other, text, set()
+            plan, low = self._other, text
+        # The words' starts are found when the first rule that has anchors asks (only
+        # the ASCII plan has them): a delivery's status alone settles it before that.
+        starts: set[str] | None = None
         for i, (search, lowered, anchors, negate) in enumerate(plan):
-            if anchors is not None and anchors.isdisjoint(starts):
-                found = False
+            if anchors is not None:
+                if starts is None:
+                    starts = set(_WORD_START.findall(low))
+                found = not anchors.isdisjoint(starts) and search(
+                    low if lowered else text) is not None
             else:
                 found = search(low if lowered else text) is not None
             if found is not negate:

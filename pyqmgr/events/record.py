@@ -18,7 +18,9 @@ recipient's records in the trace log. Nothing of the reading (clock, process) is
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 
 from pyqmgr.postfix.bounce_log import LogEntry
 from pyqmgr.postfix.trace_log import relay_and_reply
@@ -102,6 +104,49 @@ def encode(event: dict[str, object]) -> bytes:
         "utf-8", "replace") + b"\n"
 
 
+def _number(x: float) -> str:
+    """A float as :func:`json.dumps` writes it."""
+    return float.__repr__(x) if math.isfinite(x) else json.dumps(x)
+
+
+class EventLine:
+    """:func:`encode` of :func:`make_event`, byte for byte, for the records of one
+    message's delivery: what the context gives (its queue id, sender, transport, next
+    hop, site, class, tenant, arrival) is encoded once, so that each record costs the
+    encoding of its own fields only. Why: this runs for every recipient of every
+    delivery, and ``json.dumps`` of the 23 fields was a fifth of the events' cost on
+    the queue manager (tests/unit/test_delivery_events.py compares the two)."""
+
+    __slots__ = ("_key", "_head", "_middle", "_scope", "_tail")
+
+    def __init__(self, ctx: Context) -> None:
+        enc = encode_basestring
+        transport = enc(ctx.transport)
+        self._key = f"{ctx.queue_id}.{round(ctx.arrival * 1e6):x}."
+        self._head = f',"queue_id":{enc(ctx.queue_id)},"recipient":'
+        self._middle = (f',"sender":{enc(ctx.sender)},"transport":{transport},'
+                        f'"source":{transport},"nexthop":{enc(ctx.nexthop)},"relay":')
+        self._scope = (f',"site":{enc(ctx.site)},"class":{enc(ctx.message_class)},'
+                       f'"tenant":{enc(ctx.tenant)},"status":')
+        self._tail = f',"arrival":{_number(round(ctx.arrival, 6))},"time":'
+
+    def line(self, entry: LogEntry, ordinal: int, ended: float, category: str = "") -> bytes:
+        """The event line of one trace record (as ``encode(make_event(...))``)."""
+        enc = encode_basestring
+        relay, reply = relay_and_reply(entry.reason)
+        action = entry.action
+        key = f"{self._key}{recipient_part(entry)}.{ordinal}"
+        return "".join((
+            f'{{"v":{SCHEMA},"key":', enc(key), self._head, enc(entry.recipient),
+            ',"original_recipient":', enc(entry.original_recipient or entry.recipient),
+            self._middle, enc(relay), ',"remote_mta":', enc(entry.mta_mname), self._scope,
+            enc(STATUS_OF_ACTION.get(action, action)), ',"dsn":', enc(entry.status),
+            ',"action":', enc(action), ',"reply":', enc(reply), ',"diagnostic":',
+            enc(entry.diag_text), ',"category":', enc(category), ',"attempt":',
+            int.__repr__(ordinal), self._tail, _number(round(ended, 6)), "}\n",
+        )).encode("utf-8", "replace")
+
+
 def decode(line: bytes) -> dict[str, object]:
     """An event line back (tests and consumers); ValueError for anything else."""
     obj = json.loads(line)
@@ -110,5 +155,5 @@ def decode(line: bytes) -> dict[str, object]:
     return obj
 
 
-__all__ = ["SCHEMA", "STATUS_OF_ACTION", "Context", "decode", "encode", "event_key",
-           "make_event", "recipient_part"]
+__all__ = ["SCHEMA", "STATUS_OF_ACTION", "Context", "EventLine", "decode", "encode",
+           "event_key", "make_event", "recipient_part"]

@@ -349,3 +349,86 @@ def test_an_event_line_is_one_json_object():
     with pytest.raises(ValueError):
         decode(b"[1, 2]")
     assert json.loads(encode({"key": "k"})) == {"key": "k"}
+
+
+# -- the fast roads equal the general ones ---------------------------------------------------
+
+
+ODD_LOGS = [
+    record("a@x", 100) + record("b@x", 200, "4.2.0", "delayed"),
+    # Every name the bounce daemon writes, values with blanks around them.
+    b"\nrecipient=a@x\noriginal_recipient=A@x\noffset=17\ndsn_orig_rcpt=rfc822;a@x\n"
+    b"notify_flags=6\nstatus=5.1.1\naction=failed\ndiag_type=smtp\ndiag_text=550 no\n"
+    b"mta_type=dns\nmta_mname=mx\nreason=  delivery via mx[1.2.3.4]:25: 550 no  \n\n",
+    # Missing fields: stock's place holders; empty addresses: MAILER-DAEMON.
+    b"\nrecipient=\noriginal_recipient=\noffset=0\nnotify_flags=99\n\n\n\n<>: x\n\n",
+    # An entry no blank line ends is left out.
+    record("a@x", 100) + b"recipient=c@x\n\n"[:-1],
+    # What the fast road hands to the parser: odd offsets, unknown names, bad lines,
+    # bytes that are not printable ASCII.
+    b"\nrecipient=a@x\noffset= 12abc\n\n",
+    b"\nrecipient=a@x\noffset=-3\n\n",
+    b"\nrecipient=a@x\nflavour=vanilla\n\n",
+    b"\nrecipient =a@x\n\n",
+    b"\nno equals sign\n\n",
+    b"\n<a@x> no colon\n\n",
+    b"\nrecipient=a\tb@x\nreason=caf\xc3\xa9 \xff\n\n",
+    b"\nrecipient=a@x\n reason=x\n\n",
+]
+
+
+@pytest.mark.parametrize("data", ODD_LOGS)
+def test_the_trace_records_fast_parser_equals_stocks_state_machine(data):
+    from pyqmgr.postfix.bounce_log import parse
+    from pyqmgr.postfix.trace_log import parse_records
+
+    full = parse(data, "trace/ID", "trace")
+    fast = parse_records(data)
+    if fast is None:
+        return  # handed to the parser: read_more then gives ``full``, with its warnings
+    assert fast == full.entries and not full.warnings
+
+
+def test_the_fast_parser_takes_what_the_bounce_daemon_writes():
+    from pyqmgr.postfix.trace_log import parse_records
+
+    assert all(parse_records(data) is not None for data in ODD_LOGS[:4])
+    assert all(parse_records(data) is None for data in ODD_LOGS[4:])
+
+
+@pytest.mark.parametrize("ctx", [
+    CTX, Context("B1", "", 0.0), Context("C2", 'q"\\\x01ü\u2028@x', 1.5e9 + 1e-6, "t", "n")])
+@pytest.mark.parametrize("entry", [
+    LogEntry(recipient="a@example.com", offset=649, status="2.0.0", action="relayed",
+             mta_mname="mx.example", diag_text="250 ok",
+             reason="delivery via mx.example[192.0.2.1]:25: 250 2.0.0 Ok: queued"),
+    LogEntry(recipient="ü\u2028@example.com", original_recipient='"odd"@x',
+             reason='"\\\x01\udcff', action="weird"),
+    LogEntry(),
+])
+def test_the_pre_encoded_line_equals_the_events_json(ctx, entry):
+    from pyqmgr.events.record import EventLine
+
+    for ordinal, ended, category in ((1, 1795978860.5, "delivered"), (12, 0.0, "")):
+        assert EventLine(ctx).line(entry, ordinal, ended, category) == encode(
+            make_event(ctx, entry, ordinal, ended, category))
+
+
+def test_a_message_that_arrived_after_the_start_is_not_counted_as_repeated(queue_dir):
+    events, writer = _events(queue_dir)
+    old, new = _message("OLD1"), _message("NEW1")
+    new.qf.arrival_time = (int(events.started) + 5, 0)
+    for am in (old, new):
+        # A log before this process's first request: an earlier qmgr's records.
+        (queue_dir / "trace" / am.queue_id).write_bytes(record("a@x", 100))
+        events.flags(_entry(am))
+        events.after_reply(am, _entry(am))
+    # Both are read whole; only the one that arrived before the start was looked for.
+    assert events.stats.events == 2 and events.stats.repeated == 1
+
+
+def test_a_device_that_reads_without_end_is_refused():
+    # /dev/zero gives bytes for ever: read as a log it would be skipped a window at a time.
+    with pytest.raises(OSError, match="not a regular file"):
+        read_more("/dev/zero", TraceCursor())
+    assert read_more("/dev/null", TraceCursor()).entries == []
