@@ -115,7 +115,8 @@ CONTROL_TARGET_HELP = (
     "DESTINATION (in every transport: a domain, or a nexthop such as [10.0.0.1]:25), "
     "TRANSPORT:DESTINATION (in that transport only), TRANSPORT: or a bare master.cf "
     "service name without a dot (the whole transport), site:NAME (every destination of "
-    "a provider site, with site_grouping in pyqmgr.cf), tenant:NAME (one tenant's mail "
+    "a provider site, with site_grouping in pyqmgr.cf), TRANSPORT:site:NAME (that "
+    "transport's site only: one source at one site, out11:site:google), tenant:NAME (one tenant's mail "
     "everywhere, with tenant_key in pyqmgr.cf) or tenant:NAME@TARGET (its mail to any "
     "of the above only)")
 

@@ -199,6 +199,7 @@ def open_state(cfg: QmgrConfig, log: MailLog) -> StateFile | None:
 def to_record(s: Suspension) -> dict[str, object]:
     return {"transport": s.target.transport, "destination": s.target.destination,
             **({"site": s.target.site} if s.target.site is not None else {}),
+            **({"tenant": s.target.tenant} if s.target.tenant is not None else {}),
             "reason": s.reason, "by": s.who,
             "since": round(s.wall_until - s.ttl, 3), "until": round(s.wall_until, 3)}
 
@@ -239,11 +240,15 @@ def _target(obj: dict[str, object]) -> Target:
     transport = _opt_str(obj, "transport", MAX_TARGET)
     destination = _opt_str(obj, "destination", MAX_TARGET)
     site = _opt_str(obj, "site", MAX_TARGET)
+    # A tenant's suspension must come back as the tenant's: without it, it would
+    # hold everyone's mail there (issue #34's records lacked it until issue #46).
+    tenant = _opt_str(obj, "tenant", MAX_TARGET)
     if site is not None:
-        return Target(None, None, site=site.lower())
-    if transport is None and destination is None:
+        # With a transport: that transport's site alone (out11:site:google).
+        return Target(transport, None, site=site.lower(), tenant=tenant)
+    if transport is None and destination is None and tenant is None:
         raise StateError("neither transport nor destination")
-    return Target(transport, destination.lower() if destination else None)
+    return Target(transport, destination.lower() if destination else None, tenant=tenant)
 
 
 def _number(obj: dict[str, object], name: str) -> float:
@@ -331,6 +336,12 @@ class Suspensions:
         if target.tenant is not None and not self.tenants:
             raise ProtocolError("no tenants: pyqmgr.cf sets no tenant_key, so no mail "
                                 "has a tenant to suspend")
+        sites = self.qmgr.scheduler.sites
+        if target.site is not None and target.transport is not None and (
+                sites is None or sites.limits(target.transport) is None):
+            raise ProtocolError(f"{target.transport} has no sites: pyqmgr.cf's "
+                                "site_grouping is off or site_transports leaves it out, "
+                                f"so {target.spec} would hold nothing")
         try:
             reason = check_reason(reason)
             ttl = check_ttl(ttl)

@@ -24,8 +24,18 @@ if TYPE_CHECKING:
 def matching_queues(core: Core, target: Target) -> list[Queue]:
     """The in-core destination queues a destination (or site) target covers."""
     if target.site is not None:
-        sites = core.sites.sites.values() if core.sites is not None else ()
-        return [q for site in sites if site.name == target.site for q in site.members]
+        table = core.sites
+        if table is None:
+            return []
+        # One transport's site (``out11:site:google``) is one dict lookup; a site in
+        # every transport one a transport. Then the site's members, once.
+        names = [target.transport] if target.transport is not None else list(core.transports)
+        found: list[Queue] = []
+        for name in names:
+            site = table.sites.get((name, target.site))
+            if site is not None:
+                found.extend(site.members)
+        return found
     dest = target.destination
     if dest is None:
         return []

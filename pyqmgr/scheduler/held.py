@@ -45,10 +45,10 @@ def held_queue_for(core: Core, tenant: str, queue: Queue, staged: bool = False) 
 
 def covers(target: Target, queue: Queue) -> bool:
     """Does a tenant suspension's target reach this (ordinary) destination queue?"""
-    if target.site is not None:
-        return queue.site is not None and queue.site.name == target.site
     if target.transport is not None and target.transport != queue.transport.name:
         return False
+    if target.site is not None:
+        return queue.site is not None and queue.site.name == target.site
     dest = target.destination
     return dest is None or queue.name.lower() == dest or queue.nexthop.lower() == dest
 

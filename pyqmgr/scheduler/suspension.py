@@ -41,7 +41,9 @@ class Target:
 
     ``transport`` None with a ``destination``: that destination in every transport.
     ``destination`` None: the whole ``transport``. Destinations are compared without
-    regard to case, as the scheduler's queue names are.
+    regard to case, as the scheduler's queue names are. A ``site`` with a
+    ``transport``: that transport's site alone (``out11:site:google``, issue #46: one
+    source at one provider site); with none, the site in every transport.
     """
 
     transport: str | None
@@ -55,7 +57,7 @@ class Target:
     @property
     def key(self) -> tuple[str | None, str | None, str | None]:
         if self.site is not None:
-            return (SITE_PREFIX, self.site, self.tenant)
+            return (site_key(self.transport), self.site, self.tenant)
         return (self.transport, self.destination, self.tenant)
 
     @property
@@ -66,13 +68,15 @@ class Target:
     @property
     def spec(self) -> str:
         """The target as a control names it (``TRANSPORT:``, ``DEST``, ``T:DEST``,
-        ``site:NAME``, ``tenant:NAME``, ``tenant:NAME@...``)."""
+        ``site:NAME``, ``T:site:NAME``, ``tenant:NAME``, ``tenant:NAME@...``): what
+        :func:`parse_target` reads back, and the fleet's table's key."""
         if self.tenant is not None:
             rest = "" if self.everywhere else "@" + Target(
                 self.transport, self.destination, self.site).spec
             return f"{TENANT_PREFIX}{self.tenant}{rest}"
         if self.site is not None:
-            return f"{SITE_PREFIX}{self.site}"
+            return (f"{SITE_PREFIX}{self.site}" if self.transport is None
+                    else f"{self.transport}:{SITE_PREFIX}{self.site}")
         if self.destination is None:
             return f"{self.transport}:"
         return self.destination if self.transport is None else (
@@ -83,7 +87,8 @@ class Target:
             return f"tenant {self.tenant}" + ("" if self.everywhere else " at " + str(
                 Target(self.transport, self.destination, self.site)))
         if self.site is not None:
-            return f"site {self.site}"
+            return (f"site {self.site}" if self.transport is None
+                    else f"site {self.site} in transport {self.transport}")
         if self.destination is None:
             return f"transport {self.transport}"
         if self.transport is None:
@@ -99,6 +104,13 @@ SITE_PREFIX = "site:"
 TENANT_PREFIX = "tenant:"
 
 
+def site_key(transport: str | None) -> str:
+    """The first part of a site target's key in :class:`SuspensionTable`: ``site:``
+    for a site in every transport, ``out11:site:`` for one transport's. No transport
+    name has a colon, so neither can be a destination target's transport."""
+    return SITE_PREFIX if transport is None else f"{transport}:{SITE_PREFIX}"
+
+
 def parse_target(text: str, transports: Collection[str]) -> Target:
     """The target an admin typed: ``DEST``, ``TRANSPORT:DEST``, ``TRANSPORT:`` or ``TRANSPORT``.
 
@@ -108,6 +120,17 @@ def parse_target(text: str, transports: Collection[str]) -> Target:
     in core) has it and it has no dot, else a destination in every transport. A
     bracketed nexthop with a port (``[10.0.0.1]:25``) is a destination, not a
     transport prefix.
+
+    ``TRANSPORT:site:NAME`` is one transport's site: with source pools, one source at
+    one provider site (``out11:site:google``). It is the ``transport:nexthop`` form
+    with a site where the next hop goes, as ``out11:example.com`` is a destination in
+    out11, so that it reads beside the other forms and nests in a tenant's target
+    with no second ``@`` (``tenant:acme@out11:site:google``); ``site:google@out11``
+    would have read as a site "at" a transport, the wrong way round, and made that
+    ``tenant:acme@site:google@out11``. A next hop whose host is the bare name "site"
+    with a port (``out11:site:25``) can no longer be named; no real host has that
+    name. The transport must be one ``transports`` knows: a typo would otherwise hold
+    nothing, silently.
     """
     text = text.strip()
     if not text:
@@ -137,10 +160,24 @@ def parse_target(text: str, transports: Collection[str]) -> Target:
     if sep:
         if not transport:
             raise TargetError("no transport before ':'")
+        if dest.lower().startswith(SITE_PREFIX):
+            return _transport_site(transport, dest[len(SITE_PREFIX):].lower(), transports)
         return Target(transport, dest.lower() or None)
     if "." not in text and text in transports:
         return Target(text, None)
     return Target(None, text.lower())
+
+
+def _transport_site(transport: str, name: str, transports: Collection[str]) -> Target:
+    """``TRANSPORT:site:NAME`` (:func:`parse_target`), checked."""
+    if not name:
+        raise TargetError(f"no site name after '{transport}:{SITE_PREFIX}'")
+    if ":" in name or "@" in name:
+        raise TargetError(f"site name {name!r} has a ':' or '@' (write "
+                          f"{transport}:{SITE_PREFIX}NAME)")
+    if transport not in transports:
+        raise TargetError(f"no transport {transport!r} (not a master.cf service)")
+    return Target(transport, None, site=name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +255,12 @@ class SuspensionTable:
         last if several."""
         if not self.by_key:
             return None
-        found = self.by_key.get((SITE_PREFIX, site, None)) if site is not None else None
+        found = None
+        if site is not None:
+            found = self.by_key.get((SITE_PREFIX, site, None))
+            s = self.by_key.get((site_key(transport), site, None))
+            if s is not None and (found is None or s.until > found.until):
+                found = s
         for dest in {name.lower(), nexthop.lower()}:
             for key in ((transport, dest, None), (None, dest, None)):
                 s = self.by_key.get(key)
