@@ -238,3 +238,84 @@ def test_pyqmgr_check_names_a_bad_pool_member(postfix_instance) -> None:
     pf.write_pyqmgr_cf({**base, "bulk_sources": "src1 src2:3"})
     proc = check(pf.config_dir)
     assert proc.returncode == 0, proc.stdout
+
+
+# -- one source suspended at one site (SOURCE:site:NAME) ----------------------------------
+
+SITE = f"mx1.{DOMAIN}"  # the site's name: its one MX host (site_names.site_name)
+HELD_EACH = 10  # messages a source
+
+
+def _control_error(pf: PostfixInstance, *args: str) -> str:
+    done = cli(pf, *args)
+    assert done.returncode == 1, (args, done.stdout, done.stderr)
+    return done.stderr
+
+
+def test_one_source_suspended_at_one_site_holds_only_its_mail_there(postfix_instance,
+                                                                    sink) -> None:
+    """``pyqmgr suspend src1:site:mx1.x.test``: src1's share of the pool's mail to the
+    site waits in the queue while src2's and src3's there is delivered, and a resume
+    sends it; what cannot name a source's site is refused with the reason."""
+    srv: SinkServer = sink(latency=0.01)
+    with dns.DnsServer(["test"], RECORDS) as server:
+        pf: PostfixInstance = postfix_instance(
+            start=False, qmgr="pyqmgr", master_cf_extra=_master_cf(),
+            transports={DOMAIN: f"smtp:{DOMAIN}:{srv.port}"},
+            main_cf={"smtp_host_lookup": "dns", "minimal_backoff_time": "3600s",
+                     "maximal_backoff_time": "3600s"})
+        pf.write_pyqmgr_cf({"site_grouping": "mx", "message_classes": "bulk",
+                            "source_pools": "bulk", "bulk_sources": " ".join(SOURCES),
+                            "source_pool_maps": "inline:{ bulk=bulk }"})
+        pf.start(prefix=server.start_prefix())
+        # One message first: the domain's MX lookup names its site before the rest.
+        pf.smtp_send([("s@relay.test", [f"r0@{DOMAIN}"])])
+        pf.wait_until(lambda: srv.snapshot().messages == 1, 20, "the first message")
+        target = f"src1:site:{SITE}"
+        done = cli(pf, "suspend", target, "--ttl", "1h", "--reason", "4.7.28 at x")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"suspended site {SITE} in transport src1 for 1h"), \
+            done.stdout
+        before = by_client_now(srv)
+        pf.smtp_send_many([("s@relay.test", [f"r{i}@{DOMAIN}"])
+                           for i in range(1, 3 * HELD_EACH + 1)])
+
+        def sent_since(addr: str) -> int:
+            return by_client_now(srv).get(addr, 0) - before.get(addr, 0)
+
+        others = (SOURCES["src2"], SOURCES["src3"])
+        pf.wait_until(lambda: sum(sent_since(a) for a in others) == 2 * HELD_EACH, 30,
+                      f"{2 * HELD_EACH} messages from src2 and src3")
+        held_then = sent_since(SOURCES["src1"])
+        status = json.loads(cli(pf, "status", "--json").stdout)
+        (src1,) = [d for d in status["destinations"] if d["transport"] == "src1"]
+        (suspension,) = status["suspensions"]
+        with open(os.path.join(pf.data_dir, "pyqmgr", "suspensions.json")) as f:
+            (record,) = json.load(f)["suspensions"]
+        errors = {
+            "empty": _control_error(pf, "suspend", "src1:site:"),
+            "unknown": _control_error(pf, "suspend", f"src9:site:{SITE}"),
+            "no sites": _control_error(pf, "suspend", f"local:site:{SITE}"),
+            "spaces": _control_error(pf, "suspend", "src1:site:mx1 x.test"),
+            "long": _control_error(pf, "suspend", "src1:site:" + "x" * 300)}
+        resumed = cli(pf, "resume", target)
+        assert resumed.returncode == 0, resumed.stderr
+        pf.wait_until(lambda: sent_since(SOURCES["src1"]) == HELD_EACH, 30,
+                      f"src1's {HELD_EACH} held messages after the resume")
+        pf.wait_queue_empty(30)
+        pf.stop()
+    print(f"\nsrc1 suspended at site {SITE}: src2 and src3 sent {2 * HELD_EACH}, src1 "
+          f"{held_then} meanwhile ({src1['queued_entries']} waiting, {src1['state']}), "
+          f"then {HELD_EACH} after the resume; state file record {record}; errors:")
+    for what, text in errors.items():
+        print(f"  {what}: {text.strip()}")
+    assert held_then == 0, "src1's mail to the site waits"
+    assert src1["queued_entries"] == HELD_EACH and src1["state"] == "held", src1
+    assert src1["suspended"]["target"] == f"site {SITE} in transport src1", src1
+    assert suspension["target"] == f"site {SITE} in transport src1"
+    assert record["transport"] == "src1" and record["site"] == SITE, record
+    assert "no site name after 'src1:site:'" in errors["empty"]
+    assert "no transport 'src9' (not a master.cf service)" in errors["unknown"]
+    assert "local has no sites" in errors["no sites"]
+    assert "no spaces" in errors["spaces"]
+    assert "longer than 300 characters" in errors["long"]
