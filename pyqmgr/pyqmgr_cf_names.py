@@ -86,7 +86,7 @@ GLOBAL: frozenset[str] = frozenset({
     "memory_warning_limit",
     # events/settings.py
     "delivery_events_file", "delivery_events_file_size_limit", "delivery_events_files_kept",
-    "delivery_event_categories",
+    "delivery_event_categories", "delivery_events_stream", "delivery_events_stream_max_length",
     # settings/sources.py (each pool's <pool>_sources: pool_member_names)
     "source_pools", "source_pool_maps", "source_pool_transports", "source_warmup_plan",
 })

@@ -126,3 +126,34 @@ def test_delivery_event_categories_a_bad_line_is_named_and_a_good_file_passes(po
         f.write("/quota limit reached for/  mailbox_full\n")
     proc = check(pf.config_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_delivery_events_stream_needs_a_fleet_a_file_and_a_plain_name(postfix):
+    """``delivery_events_stream`` (the fleet's Redis stream): each wrong form fails
+    check with one problem naming the parameter and what it needs; a right one passes."""
+    pf = postfix(qmgr="pyqmgr", start=False)
+    events = os.path.join(pf.root, "events", "delivery.jsonl")
+    fleet = {"shared_state": "redis://127.0.0.1:6390"}
+    cases = [
+        ({"delivery_events_file": events, "delivery_events_stream": "events"},
+         "delivery_events_stream", "needs shared_state"),
+        ({**fleet, "delivery_events_stream": "events"},
+         "delivery_events_stream", "needs delivery_events_file"),
+        ({**fleet, "delivery_events_file": events, "delivery_events_stream": "x" * 201},
+         "delivery_events_stream", "at most 200 characters"),
+        ({**fleet, "delivery_events_file": events, "delivery_events_stream": "events",
+          "delivery_events_stream_max_length": "10"},
+         "delivery_events_stream_max_length", "10"),
+    ]
+    for values, name, why in cases:
+        pf.write_pyqmgr_cf(values)
+        proc = check(pf.config_dir)
+        assert proc.returncode == 1, (values, proc.stdout + proc.stderr)
+        problems = [ln.strip() for ln in proc.stdout.splitlines() if ln.startswith("  ")]
+        assert len(problems) == 1 and name in problems[0] and why in problems[0], (
+            values, proc.stdout)
+    pf.write_pyqmgr_cf({**fleet, "delivery_events_file": events,
+                        "delivery_events_stream": "events",
+                        "delivery_events_stream_max_length": "50000"})
+    proc = check(pf.config_dir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

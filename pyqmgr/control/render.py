@@ -231,6 +231,7 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
     if isinstance(lookups, dict):
         lines += _lookup_lines(lookups)
     lines += _sources_lines(reply.get("sources"))
+    lines += _events_lines(reply.get("delivery_events"))
     sites = _dicts(reply.get("sites"))
     if sites:
         lines += _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "STATE", "RULE"],
@@ -250,6 +251,34 @@ def status_lines(reply: dict[str, object], sort: str = "name") -> list[str]:
             for d in destinations]
     lines += _table(["DESTINATION", "TRANSPORT", "WINDOW/LIMIT", "IN FLIGHT", "QUEUED",
                      "RCPTS", "SUCCESS", "FAILURE", "COHORTS", "STATE"], rows)
+    return lines
+
+
+def _events_lines(events: object) -> list[str]:
+    """Delivery events (issue #46): what was read from trace logs, written to the
+    file, and streamed to Redis."""
+    if not isinstance(events, dict):
+        return []
+    read, wrote = events.get("reading"), events.get("writing")
+    read = read if isinstance(read, dict) else {}
+    wrote = wrote if isinstance(wrote, dict) else {}
+    lines = [f"delivery events: {_fmt(read.get('events'))} read ("
+             f"{_fmt(read.get('repeated'))} again after a restart, "
+             f"{_fmt(read.get('bad_records'))} bad records, "
+             f"{_fmt(read.get('read_errors'))} read errors), "
+             f"{_fmt(wrote.get('written'))} written ({_fmt(wrote.get('queued'))} waiting, "
+             f"{_fmt(wrote.get('held_back'))} held back, {_fmt(wrote.get('failures'))} "
+             f"failures, {_fmt(wrote.get('rotations'))} rotations)"]
+    if wrote.get("last_error"):
+        lines.append(f"  events file: {_fmt(wrote.get('last_error'))}")
+    stream = events.get("stream")
+    if isinstance(stream, dict):
+        lines.append(f"  stream {_fmt(stream.get('key'))}: {_fmt(stream.get('sent'))} sent, "
+                     f"{_fmt(stream.get('pending'))} waiting, {_fmt(stream.get('dropped'))} "
+                     f"dropped, {_fmt(stream.get('failures'))} failures"
+                     + (f" (last: {_fmt(stream.get('last_error'))})"
+                        if stream.get("last_error") else ""))
+    lines.append("")
     return lines
 
 

@@ -515,30 +515,7 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
                 raise ProtocolError("--fleet needs a fleet: set shared_state in pyqmgr.cf")
             return qmgr.fleet.roster.report()
         if command == "status":
-            reply = annotate(scheduler_explain.status(qmgr.scheduler, now), qmgr.delegation)
-            if qmgr.retry is not None:
-                reply["deferred_retry"] = qmgr.retry.status(now)
-            if qmgr.fleet is not None:
-                reply["fleet"] = qmgr.fleet.status()
-            if qmgr.memory is not None:
-                reply["memory"] = qmgr.memory.status()
-            if qmgr.sites is not None:  # MX lookups: counts, the helper process
-                reply["site_lookups"] = qmgr.sites.status()
-            if qmgr.active.sources is not None:  # source pools and warm-up (#46)
-                reply["sources"] = qmgr.active.sources.status()
-            if qmgr.classifier is not None and qmgr.classifier.sender_keys:
-                reply["sender_keys"] = {
-                    "trusted_clients": qmgr.classifier.trust.words,
-                    "untrusted_messages": qmgr.classifier.untrusted}
-            if qmgr.classifier is not None and qmgr.classifier.unlisted_limit:
-                reply["unlisted_tenants"] = {
-                    "limit": qmgr.classifier.unlisted_limit,
-                    "in_active_queue": len(qmgr.classifier.live),
-                    "folded_messages": qmgr.classifier.folded}
-            if qmgr.feeder.classes is not None:
-                reply["classes"] = qmgr.feeder.classes.describe(
-                    m.sched.rank for m in qmgr.active.messages.values())
-            return reply
+            return status_reply(qmgr, now)
         if command == "explain":
             return explain_reply(qmgr, str(request["target"]), now)
         if command == "jobs":
@@ -574,6 +551,37 @@ def scheduler_handler(qmgr: Qmgr, access: Access | None = None,
         raise NotImplementedError(f"{command} is not yet implemented")
 
     return handle
+
+
+def status_reply(qmgr: Qmgr, now: float) -> dict[str, object]:
+    """``status``: the core's view, and each feature's own part when it is on."""
+    reply = annotate(scheduler_explain.status(qmgr.scheduler, now), qmgr.delegation)
+    if qmgr.retry is not None:
+        reply["deferred_retry"] = qmgr.retry.status(now)
+    if qmgr.fleet is not None:
+        reply["fleet"] = qmgr.fleet.status()
+    if qmgr.memory is not None:
+        reply["memory"] = qmgr.memory.status()
+    if qmgr.sites is not None:  # MX lookups: counts, the helper process
+        reply["site_lookups"] = qmgr.sites.status()
+    if qmgr.active.sources is not None:  # source pools and warm-up (#46)
+        reply["sources"] = qmgr.active.sources.status()
+    events = qmgr.events.status()
+    if events is not None:  # delivery events (#46): read, written, streamed
+        reply["delivery_events"] = events
+    if qmgr.classifier is not None and qmgr.classifier.sender_keys:
+        reply["sender_keys"] = {
+            "trusted_clients": qmgr.classifier.trust.words,
+            "untrusted_messages": qmgr.classifier.untrusted}
+    if qmgr.classifier is not None and qmgr.classifier.unlisted_limit:
+        reply["unlisted_tenants"] = {
+            "limit": qmgr.classifier.unlisted_limit,
+            "in_active_queue": len(qmgr.classifier.live),
+            "folded_messages": qmgr.classifier.folded}
+    if qmgr.feeder.classes is not None:
+        reply["classes"] = qmgr.feeder.classes.describe(
+            m.sched.rank for m in qmgr.active.messages.values())
+    return reply
 
 
 def explain_reply(qmgr: Qmgr, target: str, now: float) -> dict[str, object]:

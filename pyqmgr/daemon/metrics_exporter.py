@@ -62,6 +62,8 @@ from pyqmgr.daemon.metrics import (
 )
 from pyqmgr.daemon.metrics_census import Census, take, walk
 from pyqmgr.daemon.metrics_http import MetricsHttpServer
+from pyqmgr.events.metrics import EventsCollector
+from pyqmgr.events.tracker import DeliveryEvents
 from pyqmgr.postfix.maillog_client import MailLog
 from pyqmgr.scheduler.core import Scheduler
 
@@ -375,11 +377,13 @@ def registry_for(source: Source, stats: DeliveryStats, destination_limit: int,
 
 
 def _registry(collector: SchedulerCollector, process: bool,
-              fleet: Fleet | None) -> CollectorRegistry:
+              fleet: Fleet | None, events: object = None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(collector)
     if fleet is not None:
         registry.register(FleetCollector(fleet))
+    if isinstance(events, DeliveryEvents):  # delivery events on (NoEvents: off)
+        registry.register(EventsCollector(events))
     if process:
         ProcessCollector(registry=registry)
     return registry
@@ -390,9 +394,9 @@ class Exposition:
 
     def __init__(self, source: Source, stats: DeliveryStats, destination_limit: int,
                  site_limit: int = DEFAULT_SITE_LIMIT, process: bool = True,
-                 fleet: Fleet | None = None) -> None:
+                 fleet: Fleet | None = None, events: object = None) -> None:
         self.collector = SchedulerCollector(source, stats, destination_limit, site_limit)
-        self.registry = _registry(self.collector, process, fleet)
+        self.registry = _registry(self.collector, process, fleet, events)
 
     def walk(self) -> Generator[None, None, Census]:
         return self.collector.walk()
@@ -595,6 +599,6 @@ def start(qmgr: Source, stats: DeliveryStats, settings: MetricsSettings,
     stats.tenant_limit = settings.tenant_limit
     exporter = Exporter(settings, Exposition(
         qmgr, stats, settings.destination_limit, settings.site_limit,
-        fleet=getattr(qmgr, "fleet", None)), log)
+        fleet=getattr(qmgr, "fleet", None), events=getattr(qmgr, "events", None)), log)
     exporter.start()
     return exporter

@@ -248,7 +248,7 @@ def _optional_parts(pyqmgr_cf: PyqmgrCf, cfg: QmgrConfig, policies: PolicySetup,
         # Source pools: members checked against master.cf, the warm-up plan read.
         source_settings(pyqmgr_cf, policies.commands),
         # Delivery events: the file's directory is opened now, outside the chroot.
-        events=events_setup(pyqmgr_cf, cfg.mail_owner))
+        events=events_setup(pyqmgr_cf, cfg.mail_owner, fleet_cf))
 
 
 def load_trusted_settings(cfg: QmgrConfig, log: MailLog) -> PyqmgrCf:

@@ -11,6 +11,7 @@ import asyncio
 import atexit
 from typing import TYPE_CHECKING
 
+from pyqmgr.events.stream import EventStream
 from pyqmgr.events.tracker import DeliveryEvents, NoEvents
 from pyqmgr.events.writer import EventWriter
 
@@ -34,18 +35,37 @@ def delivery_events(setup: EventSetup | None, cfg: QmgrConfig, log: MailLog,
     if setup is None:
         return NoEvents()
     found = setup.settings
+    stream = _stream(setup, log)
     writer = EventWriter(setup.dir_fd, found.name, found.size_limit, found.keep,
-                         log.warning, loop)
+                         log.warning, loop, stream.put if stream is not None else None)
     def class_name(rank: int) -> str:
         names = scheduler.class_names
         return names[rank] if 0 <= rank < len(names) else ""
 
     events = DeliveryEvents(writer, cfg.hash_queue_names, cfg.hash_queue_depth,
-                            log.warning, log.info, setup.categorize, class_name)
+                            log.warning, log.info, setup.categorize, class_name,
+                            stream.stats if stream is not None else None)
+    if stream is not None:
+        stream.start()
+        atexit.register(stream.stop)  # registered first: runs after the writer's stop
     writer.start()
     atexit.register(writer.stop)
     events.leftovers()
     return events
+
+
+def _stream(setup: EventSetup, log: MailLog) -> EventStream | None:
+    """The Redis stream's thread (not started), with a client of its own for the
+    fleet's endpoint: one connection, the fleet's timeout."""
+    fleet = setup.fleet
+    if fleet is None or not setup.settings.stream:
+        return None
+    from pyqmgr.fleet.client import make_redis
+
+    endpoint, timeout = fleet.endpoint, fleet.timeout
+    return EventStream(lambda: make_redis(endpoint, timeout, max_connections=1),
+                       fleet.prefix + setup.settings.stream,
+                       setup.settings.stream_max_length, timeout, log.warning)
 
 
 __all__ = ["delivery_events"]

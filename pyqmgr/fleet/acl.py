@@ -16,7 +16,8 @@ each operation the fleet has, on one server and on a Cluster):
   fleet's news, suspensions and handed sessions), ``HGETALL`` (the suspensions), and
   the roster's ``SET``, ``GETRANGE`` (which reads a record no further than its 64 KiB
   bound), ``ZADD``, ``ZRANGEBYSCORE``, ``ZREMRANGEBYSCORE``, ``ZCARD``, ``ZREM``,
-  ``PEXPIRE`` and ``DEL``.
+  ``PEXPIRE`` and ``DEL``; ``XADD`` for the delivery events' stream
+  (``delivery_events_stream``, issue #46).
 * What the Lua scripts call: Redis checks every ``redis.call`` inside a script against
   the caller's ACL, so ``GET``, ``HGET``, ``HSET``, ``HSETNX``, ``HDEL``, ``LREM``,
   ``RPUSH``, ``LPOP``, ``INCR``, ``ZSCORE``, ``TIME`` and ``INFO`` (the scripts read
@@ -46,6 +47,8 @@ ACL_COMMANDS: tuple[str, ...] = tuple(sorted((
     "evalsha", "eval", "publish", "subscribe", "hgetall", "set", "getrange", "zadd",
     # On a Cluster: a session handed on by sharded pub/sub, in the destination's slot.
     "spublish", "ssubscribe",
+    # Delivery events to a stream (delivery_events_stream), from their own connection.
+    "xadd",
     "zrangebyscore", "zremrangebyscore", "zcard", "zrem", "pexpire", "del",
     # Called from the Lua scripts (besides some of the above).
     "get", "hget", "hset", "hsetnx", "hdel", "lrem", "rpush", "lpop", "incr", "zscore",

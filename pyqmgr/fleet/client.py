@@ -370,6 +370,12 @@ async def _quietly_close(redis: Any) -> None:
         pass
 
 
+def error_text(exc: Exception) -> str:
+    """An error reply's text as Redis sent it (``NOPERM this user has no...``), for
+    another thread's client (the delivery events' stream)."""
+    return str(_error(exc))
+
+
 def _error(exc: Exception) -> RedisError:
     """An error reply as Redis sent it: redis-py turns its first word (the error's
     class, NOSCRIPT, READONLY...) into an exception class and drops it from the text."""
