@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyqmgr.events.record import Context, EventLine
+from pyqmgr.events.stream import StreamStats
 from pyqmgr.events.writer import EventWriter, Paced
 from pyqmgr.postfix import mail_queue, queue_file
 from pyqmgr.postfix.deliver_request import (
@@ -129,8 +130,11 @@ class DeliveryEvents(NoEvents):
                  hash_queue_depth: int,
                  warn: Callable[[str], None], info: Callable[[str], None],
                  categorize: Callable[[str, str], str] | None = None,
-                 class_names: Callable[[int], str] | None = None) -> None:
+                 class_names: Callable[[int], str] | None = None,
+                 stream: StreamStats | None = None) -> None:
         self.writer = writer
+        #: The Redis stream's counts (None: no stream).
+        self.stream = stream
         self.hash_names = hash_queue_names
         self.hash_depth = hash_queue_depth
         self.warn = Paced(warn)
@@ -356,8 +360,12 @@ class DeliveryEvents(NoEvents):
         return len(gone) + len(suspects)
 
     def status(self) -> dict[str, object]:
-        return {"reading": self.stats.as_json(), "writing": self.writer.stats.as_json(),
-                "logs_open": len(self.logs)}
+        reply: dict[str, object] = {
+            "reading": self.stats.as_json(), "writing": self.writer.stats.as_json(),
+            "logs_open": len(self.logs)}
+        if self.stream is not None:
+            reply["stream"] = self.stream.as_json()
+        return reply
 
 
 def _envelope_context(qid: str, path: str) -> Context:
