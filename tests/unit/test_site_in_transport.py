@@ -15,6 +15,7 @@ from pyqmgr.scheduler.core import Route, Scheduler
 from pyqmgr.scheduler.explain import explain, status
 from pyqmgr.scheduler.message import Message, Recipient
 from pyqmgr.scheduler.policy import PolicyTable
+from pyqmgr.scheduler.queue import Dsn
 from pyqmgr.scheduler.structures import SiteLimits, SiteTable
 from pyqmgr.scheduler.suspension import (
     MAX_TARGET,
@@ -30,13 +31,13 @@ SOURCES = ("out10", "out11")
 KNOWN = {"smtp", *SOURCES}
 
 
-def sched(policy: str = "nqmgr") -> Scheduler:
+def sched(policy: str = "nqmgr", **more: int) -> Scheduler:
     limits = SiteLimits(20, "site_concurrency_limit")
     table = SiteTable(lambda t: limits if t in SOURCES else None,
                       pinned={"a.example": "google", "b.example": "google",
                               "y.example": "yahoo"})
-    return Scheduler(lambda n: Params(destination_recipient_limit=1,  # type: ignore[arg-type]
-                                      initial_destination_concurrency=5),
+    params = {"destination_recipient_limit": 1, "initial_destination_concurrency": 5, **more}
+    return Scheduler(lambda n: Params(**params),  # type: ignore[arg-type]
                      policies=PolicyTable(load(policy)), sites=table)
 
 
@@ -165,6 +166,20 @@ def test_the_ttl_ends_it_and_a_retry_revives_only_that_transports_site():
     ended = s.tick(60.0).ended
     assert [str(x.target) for x in ended] == ["site google in transport out11"]
     assert drain(s, 60.0) == ["out11:a.example"] * 2
+
+
+def test_retry_revives_the_dead_destinations_of_that_transports_site_only():
+    s = sched(initial_destination_concurrency=1, failed_cohort_limit=1)
+    for source in SOURCES:
+        mail(s, source, "a.example", 1)
+        e = s.select(source, 0.0).deliver
+        assert e is not None
+        s.done(e, 1, Dsn("4.4.1", "connect refused"), False, 0.0)
+    dead = [s.transport(t).queues["a.example"] for t in SOURCES]
+    assert all(q.throttled for q in dead)
+    assert list(s.retry(parse_target("out11:site:google", KNOWN)).affected) == [
+        "out11:a.example"]
+    assert dead[0].throttled, "out10's destination at google stays dead"
 
 
 def test_a_tenant_at_one_transports_site():
