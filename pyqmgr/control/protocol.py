@@ -116,9 +116,9 @@ CONTROL_TARGET_HELP = (
     "TRANSPORT:DESTINATION (in that transport only), TRANSPORT: or a bare master.cf "
     "service name without a dot (the whole transport), site:NAME (every destination of "
     "a provider site, with site_grouping in pyqmgr.cf), TRANSPORT:site:NAME (that "
-    "transport's site only: one source at one site, out11:site:google), tenant:NAME (one tenant's mail "
-    "everywhere, with tenant_key in pyqmgr.cf) or tenant:NAME@TARGET (its mail to any "
-    "of the above only)")
+    "transport's site only: one source at one site, out11:site:google), tenant:NAME "
+    "(one tenant's mail everywhere, with tenant_key in pyqmgr.cf) or "
+    "tenant:NAME@TARGET (its mail to any of the above only)")
 
 def _control(help: str, *, description: str, reply_keys: str, **more: Arg) -> CommandSpec:
     """A control command: a TARGET, named as every control names it, then ``more``."""
