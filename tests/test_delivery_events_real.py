@@ -53,10 +53,11 @@ def read_events(path: str) -> list[dict[str, object]]:
     return events
 
 
-def status_lines(pf: PostfixInstance) -> list[tuple[str, str, str]]:
+def status_lines(pf: PostfixInstance,
+                 programs: tuple[str, ...] = AGENTS) -> list[tuple[str, str, str]]:
     """(queue id, recipient, status) of every agent's status= line."""
     out = []
-    for program in AGENTS:
+    for program in programs:
         for ln in pf.maillog.lines(program, contains="status="):
             if ln.queue_id and ln.to and ln.status:
                 out.append((ln.queue_id, ln.to, ln.status))
@@ -302,3 +303,94 @@ def test_the_maillog_is_the_same_with_events_on(postfix_instance, sink):
         pf.stop()
     off, on_ = seen
     assert on_ == off, f"only with events: {on_ - off}; only without: {off - on_}"
+
+
+#: Every program that logs a recipient's status= line: the agents and the qmgr itself.
+ALL_PROGRAMS = (*AGENTS, "postfix/virtual", "postfix/pipe", "postfix/qmgr")
+
+
+def _events_equal_the_maillog(pf: PostfixInstance, path: str) -> list[dict[str, object]]:
+    """Each key once, the events equal every status= line (queue id, recipient,
+    status), whatever program logged it; the events, each key once."""
+    by_key: dict[object, dict[str, object]] = {}
+    for e in read_events(path):
+        by_key.setdefault(e["key"], e)
+    ev = Counter((e["queue_id"], e["recipient"], e["status"]) for e in by_key.values())
+    log = Counter(status_lines(pf, ALL_PROGRAMS))
+    assert ev == log, (f"only in events: {list((ev - log).items())[:5]}; "
+                       f"only in the maillog: {list((log - ev).items())[:5]}")
+    return list(by_key.values())
+
+
+def test_events_of_qmgr_itself_and_of_every_agent(postfix_instance):
+    """The outcomes qmgr writes itself and those of the agents the other tests do not
+    run, each with its event: the retry agent's deferral (defer_transports), then,
+    with the retry service out of master.cf, qmgr's own deferral; qmgr's discard of
+    mail to double-bounce; the error agent's bounce; virtual(8)'s delivery and its
+    unknown user; pipe(8)'s success, failure and temporary failure (exit 75); local(8)
+    to a command and to a file (aliases), and the notices to the local sender."""
+    t0 = time.monotonic()
+    user = pwd.getpwnam("pyqmgrtest")
+    pipe = "unix - n n - - pipe user=pyqmgrtest argv="
+    pf: PostfixInstance = postfix_instance(
+        start=False, qmgr="pyqmgr",
+        transports={"slow.example": "slowx:[127.0.0.1]:9", "err.example": "error:5.1.1 nope",
+                    "pipeok.example": "pipeok:", "pipefail.example": "pipefail:",
+                    "pipetemp.example": "pipetemp:"},
+        master_cf_extra=["slowx unix - - n - - smtp", f"pipeok {pipe}/bin/true",
+                         f"pipefail {pipe}/bin/false", f"pipetemp {pipe}/bin/sh -c {{exit 75}}"],
+        main_cf={"minimal_backoff_time": "3600s", "maximal_backoff_time": "3600s",
+                 "defer_transports": "slowx",
+                 "alias_maps": "inline:{topipe=|/bin/true, tofile=/dev/null}",
+                 "virtual_mailbox_domains": "virt.example",
+                 "virtual_mailbox_maps": "inline:{v1@virt.example=v1/}",
+                 "virtual_uid_maps": f"static:{user.pw_uid}",
+                 "virtual_gid_maps": f"static:{user.pw_gid}"})
+    vmail = os.path.join(pf.root, "vmail")
+    os.makedirs(vmail)
+    os.chown(vmail, user.pw_uid, user.pw_gid)
+    pf.postconf(f"virtual_mailbox_base={vmail}")
+    path = os.path.join(pf.root, "events", "delivery.jsonl")
+    pf.write_pyqmgr_cf({"delivery_events_file": path})
+    pf.start()
+    sender = pf.local_address
+    local = sender.partition("@")[2]
+    rcpts = ["d1@slow.example", "e1@err.example", "v1@virt.example", "v2@virt.example",
+             "p1@pipeok.example", "p2@pipefail.example", "p3@pipetemp.example",
+             f"topipe@{local}", f"tofile@{local}", f"double-bounce@{local}"]
+    qids = dict(zip(rcpts, pf.smtp_send([(sender, [r]) for r in rcpts]), strict=True))
+    # Each of the 10 and the notice of the 3 bounces (to the local sender).
+    pf.wait_until(lambda: len(status_lines(pf, ALL_PROGRAMS)) >= 11
+                  and not pf.queue_files("active") and not pf.queue_files("incoming"),
+                  60, "every recipient tried once")
+    # The retry service gone: qmgr defers the next one to the deferred transport itself.
+    pf.postconf("-MX", "retry/unix")
+    pf.reload()
+    (qids["d2@slow.example"],) = pf.smtp_send([(sender, ["d2@slow.example"])])
+    pf.wait_until(lambda: len(status_lines(pf, ALL_PROGRAMS)) >= 12
+                  and len({e["key"] for e in read_events(path)}) >= 12, 60,
+                  "qmgr's own deferral and every event")
+    time.sleep(0.5)  # an event too many would come now
+    events = _events_equal_the_maillog(pf, path)
+    got = {(e["recipient"], e["status"], e["transport"]) for e in events
+           if e["recipient"] != sender}
+    print(f"{len(events)} events: {sorted(got)}; {time.monotonic() - t0:.1f} s")
+    want = {("d1@slow.example", "deferred", "retry"), ("e1@err.example", "bounced", "error"),
+            ("v1@virt.example", "sent", "virtual"), ("v2@virt.example", "bounced", "virtual"),
+            ("p1@pipeok.example", "sent", "pipeok"),
+            ("p2@pipefail.example", "bounced", "pipefail"),
+            ("p3@pipetemp.example", "deferred", "pipetemp"),
+            (f"topipe@{local}", "sent", "local"), (f"tofile@{local}", "sent", "local"),
+            # qmgr's own: no agent, so no transport, next hop or relay.
+            (f"double-bounce@{local}", "sent", ""), ("d2@slow.example", "deferred", "")}
+    assert got == want, f"missing: {want - got}; unexpected: {got - want}"
+    for e in events:
+        assert e["queue_id"] == qids.get(str(e["recipient"]), e["queue_id"])
+        assert e["attempt"] == 1, e
+        if e["transport"] == "":
+            assert (e["relay"], e["nexthop"]) == ("", ""), e
+    own = {str(e["recipient"]): e for e in events if e["transport"] == ""}
+    assert own["d2@slow.example"]["reply"] == "mail transport unavailable"
+    assert own[f"double-bounce@{local}"]["reply"] == (
+        "undeliverable postmaster notification discarded")
+    assert not pf.maillog.lines("postfix/qmgr", contains="service failure")

@@ -11,6 +11,7 @@ queue manager may lose time, never mail.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from pyqmgr.daemon.host import Fatal, QmgrCore
-from pyqmgr.postfix import bounce, mail_queue, queue_file
+from pyqmgr.postfix import bounce, mail_queue, queue_file, sent
 from pyqmgr.postfix.deliver_request import (
     DEL_REQ_FLAG_BOUNCE,
     DEL_REQ_FLAG_DEFLT,
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from pyqmgr.postfix.config import QmgrConfig
     from pyqmgr.postfix.maillog_client import MailLog
     from pyqmgr.postfix.resolve import ResolveClient
+    from pyqmgr.scheduler.entry import Entry
 
 
 class RetryPort(Protocol):
@@ -60,6 +62,15 @@ class RetryPort(Protocol):
     def retry_time(self, when: float, backoff: float) -> float: ...
 
     def deferred(self, am: ActiveMessage) -> None: ...
+
+
+class TraceRecords(Protocol):
+    """What qmgr's own records ask of delivery events (events/tracker.py's classes):
+    the flag to append them to the trace log with, and the read after."""
+
+    def record_flags(self, am: ActiveMessage) -> int: ...
+
+    def after_reply(self, am: ActiveMessage, entry: Entry | None) -> None: ...
 
 
 class ActiveHost(QmgrCore, Protocol):
@@ -74,6 +85,9 @@ class ActiveHost(QmgrCore, Protocol):
 
     @property
     def retry(self) -> RetryPort | None: ...
+
+    @property
+    def events(self) -> TraceRecords: ...
 
     def next_batch(self, am: ActiveMessage) -> None: ...
 
@@ -100,6 +114,19 @@ LOCKED_RETRY_DELAY = 60
 #: Why reading a message's next batch failed: the file would not open, it was
 #: corrupt, or trivial-rewrite could not be reached.
 ReadFailure = Literal["open", "corrupt", "resolve"]
+
+
+class Appends:
+    """The defer and trace appends qmgr makes itself for a message, in flight
+    (daemon/applier.py): how many, and a future done with the last. Stock makes them
+    before it goes on; the message's end waits for them, as it reads the logs they go
+    to (the defer log for a delay warning, the trace log for a report and events)."""
+
+    __slots__ = ("count", "done")
+
+    def __init__(self, done: asyncio.Future[None]) -> None:
+        self.count = 0
+        self.done = done
 
 
 @dataclass(eq=False, slots=True)
@@ -134,6 +161,8 @@ class ActiveMessage:
     #: The destinations (transport, queue name) the deferred recovery saw this
     #: message wait for (``retry.py``): remembered when it goes to deferred/.
     waits: set[tuple[str, str]] | None = None
+    #: qmgr's own defer and trace appends for it in flight (``applier.py``).
+    appends: Appends | None = None
 
     @property
     def path(self) -> str:
@@ -427,7 +456,7 @@ class ActiveQueue:
                     local = rcpt.address.rpartition("@")[0] if "@" in rcpt.address \
                         else rcpt.address
                     if local.lower() == cfg.double_bounce_sender.lower():
-                        self._discard_double_bounce(am, rcpt)
+                        discard_double_bounce(self, am, rcpt)
                         continue
                 if transport in cfg.defer_transports and not am.scan_flags & FLUSH_DFXP:
                     transport, nexthop = RETRY, "4.3.2 deferred transport"
@@ -440,23 +469,6 @@ class ActiveQueue:
             return None
         routes.sort(key=sort_key)
         return routes
-
-    def _discard_double_bounce(self, am: ActiveMessage, rcpt: Recipient) -> None:
-        """Mail to the local double-bounce address is logged as sent and marked done."""
-        self.log.info(log_adhoc_line(
-            am.queue_id, rcpt.address, rcpt.orig_addr, "none", am.qf.arrival_time,
-            am.active_time, _now_tv(), "2.0.0", "sent",
-            "undeliverable postmaster notification discarded",
-            self.cfg.delay_logging_resolution_limit,
-        ))
-        try:
-            fd = os.open(am.path, os.O_RDWR)
-        except OSError:
-            return
-        try:
-            queue_file.mark_done(fd, rcpt.offset)
-        finally:
-            os.close(fd)
 
     # -- completion ---------------------------------------------------------------------
 
@@ -489,6 +501,8 @@ class ActiveQueue:
 
     async def finish(self, am: ActiveMessage) -> None:
         """The message's last delivery finished (``qmgr_active_done``)."""
+        while am.appends is not None:
+            await am.appends.done
         cfg = self.cfg
         qid = am.queue_id
         qf = am.qf
@@ -648,6 +662,67 @@ class ActiveQueue:
         """A message we cannot route now (resolver down): defer it untouched."""
         self._forget(am)
         self.defer(am)
+
+
+def discard_double_bounce(aq: ActiveQueue, am: ActiveMessage, rcpt: Recipient) -> None:
+    """Mail to the local double-bounce address is logged as sent and marked done.
+
+    Stock calls ``sent()`` for it: recorded in the trace log first when the message
+    asked for a trace or delivery events are on (:func:`sent.trace_appends`), and
+    deferred instead if that fails. Synchronous as stock's, and as the resolver calls
+    around it are; only a traced discard makes the calls.
+    """
+    events = aq.qmgr.events
+    flags = am.tflags | events.record_flags(am)
+    traces = sent.trace_appends(flags, rcpt.dsn_notify)
+    reason = "undeliverable postmaster notification discarded"
+    if traces:
+        recorded = _record(aq, am, rcpt, flags, traces, reason)
+        events.after_reply(am, None)
+        if not recorded:
+            return
+    _log_rcpt(aq, am, rcpt, "2.0.0", "sent", reason)
+    try:
+        fd = os.open(am.path, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        queue_file.mark_done(fd, rcpt.offset)
+    finally:
+        os.close(fd)
+
+
+def _log_rcpt(aq: ActiveQueue, am: ActiveMessage, rcpt: Recipient, dsn: str, status: str,
+              reason: str) -> None:
+    aq.log.info(log_adhoc_line(
+        am.queue_id, rcpt.address, rcpt.orig_addr, bounce.NO_RELAY, am.qf.arrival_time,
+        am.active_time, _now_tv(), dsn, status, reason, aq.cfg.delay_logging_resolution_limit,
+    ))
+
+
+def _record(aq: ActiveQueue, am: ActiveMessage, rcpt: Recipient, flags: int, traces: int,
+            reason: str) -> bool:
+    """``sent()``'s trace appends; when one fails, ``defer_append()`` of the recipient
+    instead ("trace service failed") and False."""
+    qid = am.queue_id
+    timeout = float(aq.cfg.ipc_timeout)
+    fields = (qid, rcpt.orig_addr, rcpt.address, rcpt.offset, rcpt.dsn_orcpt,
+              rcpt.dsn_notify)
+    for _ in range(traces):
+        if bounce.append_now("trace", flags, *fields, "2.0.0", "delivered",
+                             bounce.trace_reason(bounce.NO_RELAY, reason), timeout) != 0:
+            break
+    else:
+        return True
+    why = sent.trace_failed_reason(qid)
+    am.flags |= 1
+    if bounce.append_now("defer", flags, *fields, "4.3.0", "delayed", why, timeout) != 0:
+        aq.log.warning(f"{qid}: defer service failure")
+    _log_rcpt(aq, am, rcpt, "4.3.0", "deferred", why)
+    if flags & DEL_REQ_FLAG_RECORD and bounce.append_now(
+            "trace", flags, *fields, "4.3.0", "delayed", why, timeout) != 0:
+        aq.log.warning(f"{qid}: trace service failure")
+    return False
 
 
 def opened_line(qid: str, opened: queue_file.Opened) -> str:

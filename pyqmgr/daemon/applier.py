@@ -18,15 +18,17 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from pyqmgr.daemon.active import Appends
 from pyqmgr.daemon.host import QmgrCore
 from pyqmgr.postfix import bounce
+from pyqmgr.postfix.deliver_request import DEL_REQ_FLAG_RECORD
 from pyqmgr.postfix.log_adhoc import log_adhoc_line
 from pyqmgr.scheduler.decisions import NOTHING, Decisions, DeferRecipient
 from pyqmgr.scheduler.entry import Entry
 
 if TYPE_CHECKING:
 
-    from pyqmgr.daemon.active import ActiveMessage
+    from pyqmgr.daemon.active import ActiveMessage, TraceRecords
     from pyqmgr.daemon.fleet import Fleet
     from pyqmgr.daemon.retry import RetryControl
     from pyqmgr.daemon.sites import SiteResolver
@@ -47,6 +49,8 @@ class ApplierHost(QmgrCore, Protocol):
     def fleet(self) -> Fleet | None: ...
     @property
     def sites(self) -> SiteResolver | None: ...
+    @property
+    def events(self) -> TraceRecords: ...
     def message_done(self, am: ActiveMessage) -> None: ...
 
 
@@ -85,6 +89,7 @@ class Applier:
         for severity, text in d.log:
             q.log.log(severity, text)
         for deferral in d.deferrals:
+            self._begin(deferral.message.owner)
             q.spawn(self._defer_recipient(deferral))
         if d.waits or d.recovered:
             assert q.retry is not None
@@ -149,17 +154,47 @@ class Applier:
                                                   self._on_gate_timer)
 
     async def _defer_recipient(self, d: DeferRecipient) -> None:
-        """The retry transport is dead too: append to the defer log ourselves."""
+        """The retry transport is dead too: append to the defer log ourselves, as
+        stock's ``qmgr_defer_recipient`` does with ``defer_append()``: the defer log,
+        the maillog line, then, with a trace flag (the message's, or delivery
+        events'), the trace log, whose record the events then read."""
         am: ActiveMessage = d.message.owner
         r = d.recipient
+        q = self.q
+        qid = am.queue_id
         am.flags |= 1
-        await bounce.append("defer", am.tflags, am.queue_id, r.orig_addr, r.address,
-                            r.offset, r.dsn_orcpt, r.dsn_notify, d.dsn.status, "delayed",
-                            d.dsn.reason)
-        now = time.time()
-        sec = int(now)
-        self.q.log.info(log_adhoc_line(
-            am.queue_id, r.address, r.orig_addr, "none", am.qf.arrival_time, am.active_time,
-            (sec, int((now - sec) * 1e6)), d.dsn.status, "deferred", d.dsn.reason,
-            self.q.cfg.delay_logging_resolution_limit,
-        ))
+        try:
+            flags = am.tflags | q.events.record_flags(am)
+            if await bounce.append("defer", flags, qid, r.orig_addr, r.address, r.offset,
+                                   r.dsn_orcpt, r.dsn_notify, d.dsn.status, "delayed",
+                                   d.dsn.reason) != 0:
+                q.log.warning(f"{qid}: defer service failure")
+            now = time.time()
+            sec = int(now)
+            q.log.info(log_adhoc_line(
+                qid, r.address, r.orig_addr, bounce.NO_RELAY, am.qf.arrival_time,
+                am.active_time, (sec, int((now - sec) * 1e6)), d.dsn.status, "deferred",
+                d.dsn.reason, q.cfg.delay_logging_resolution_limit,
+            ))
+            if flags & DEL_REQ_FLAG_RECORD:
+                if await bounce.trace_append(flags, qid, r.orig_addr, r.address, r.offset,
+                                             r.dsn_orcpt, r.dsn_notify, bounce.NO_RELAY,
+                                             d.dsn.status, "delayed", d.dsn.reason) != 0:
+                    q.log.warning(f"{qid}: trace service failure")
+                q.events.after_reply(am, None)
+        finally:
+            self._end(am)
+
+    def _begin(self, am: ActiveMessage) -> None:
+        if am.appends is None:
+            am.appends = Appends(self.q.loop.create_future())
+        am.appends.count += 1
+
+    @staticmethod
+    def _end(am: ActiveMessage) -> None:
+        appends = am.appends
+        assert appends is not None
+        appends.count -= 1
+        if appends.count == 0:
+            am.appends = None
+            appends.done.set_result(None)

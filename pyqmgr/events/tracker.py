@@ -112,6 +112,9 @@ class NoEvents:
     def flags(self, entry: Entry) -> int:
         return 0
 
+    def record_flags(self, am: ActiveMessage) -> int:
+        return 0
+
     def after_reply(self, am: ActiveMessage, entry: Entry | None) -> None:
         pass
 
@@ -164,7 +167,13 @@ class DeliveryEvents(NoEvents):
         A message that arrived after this process started has no such bytes (no
         earlier qmgr delivered it): its log is not looked for.
         """
-        am: ActiveMessage = entry.message.owner
+        return self.record_flags(entry.message.owner)
+
+    def record_flags(self, am: ActiveMessage) -> int:
+        """:meth:`flags` for the records qmgr writes itself, with no delivery request
+        (a recipient it defers when even the retry transport is dead, the
+        double-bounce discard): it appends them to the trace service when this flag
+        is set, as the agents do, and then calls :meth:`after_reply` with no entry."""
         if am.tflags & DEL_REQ_FLAG_MTA_VRFY:
             return 0
         qid = am.queue_id
@@ -187,7 +196,9 @@ class DeliveryEvents(NoEvents):
     # -- the reply ---------------------------------------------------------------------------
 
     def after_reply(self, am: ActiveMessage, entry: Entry | None) -> None:
-        """A request's reply came: queue the events of the records it added."""
+        """A request's reply came: queue the events of the records it added. With no
+        entry: qmgr appended records itself (:meth:`record_flags`), whose events carry
+        no transport, next hop or site (no agent was asked)."""
         if am.tflags & DEL_REQ_FLAG_MTA_VRFY:
             return
         lines = self._read(am, entry, am.queue_id)

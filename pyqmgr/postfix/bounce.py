@@ -4,11 +4,28 @@ qmgr never writes notices itself: at the end of a message it asks ``private/boun
 flush the bounce log, ``private/defer`` to return expired mail or send a delay warning,
 and ``private/trace`` to send a delivery report. Each is one request per connection;
 failure of any kind is status -1, which leaves the message deferred so nothing is lost.
+
+The records qmgr writes itself (a recipient deferred when even the retry transport is
+dead, the double-bounce discard) go through :func:`append`; with a trace flag the
+client, not the bounce daemon, also appends the record to ``private/trace``
+(``trace_append()`` in Postfix's ``global/trace.c``, called by ``sent()``,
+``defer_append()`` and ``bounce_append()``: the bounce daemon's append service ignores
+the flags): :func:`trace_append` and :func:`trace_append_now` are that call.
 """
 
 from __future__ import annotations
 
-from pyqmgr.postfix.attr import AttrError, AttrValue, encode, expect, to_int
+import socket
+
+from pyqmgr.postfix.attr import (
+    AttrError,
+    AttrParser,
+    AttrValue,
+    check_announcement,
+    encode,
+    expect,
+    to_int,
+)
 from pyqmgr.postfix.mail_connect import AttrConnection, PrematureDisconnect, ServiceUnavailable
 
 PROTOCOL = "delivery_status_protocol"
@@ -75,7 +92,72 @@ async def append(
     dsn_orcpt: str, dsn_notify: int, status: str, action: str, reason: str,
 ) -> int:
     """Append one recipient record to a bounce/defer/trace log (``defer_append``)."""
-    attrs: list[tuple[str, AttrValue]] = [
+    return await _request(f"private/{service}", _append_attrs(
+        flags, queue_id, orig_addr, address, offset, dsn_orcpt, dsn_notify, status, action,
+        reason))
+
+
+#: The relay of a record qmgr writes itself (``NO_RELAY_AGENT``): its trace record's
+#: reason gets no "delivery via" prefix.
+NO_RELAY = "none"
+
+
+def trace_reason(relay: str, reason: str) -> str:
+    """The reason as ``trace_append()`` records it: ``delivery via RELAY: `` first,
+    unless the relay is ``none``."""
+    return reason if relay == NO_RELAY else f"delivery via {relay}: {reason}"
+
+
+async def trace_append(
+    flags: int, queue_id: str, orig_addr: str, address: str, offset: int, dsn_orcpt: str,
+    dsn_notify: int, relay: str, status: str, action: str, reason: str,
+) -> int:
+    """``trace_append()``: the record to ``private/trace``; 0, or -1 on any failure."""
+    return await append("trace", flags, queue_id, orig_addr, address, offset, dsn_orcpt,
+                        dsn_notify, status, action, trace_reason(relay, reason))
+
+
+def append_now(
+    service: str, flags: int, queue_id: str, orig_addr: str, address: str, offset: int,
+    dsn_orcpt: str, dsn_notify: int, status: str, action: str, reason: str,
+    timeout: float = 60.0,
+) -> int:
+    """:func:`append` in a blocking call, for code that cannot wait: stock's qmgr
+    makes its appends synchronously (``sent()`` of the double-bounce discard, while it
+    resolves a message's recipients, and the ``defer_append()`` when that fails). A
+    rare call: the discard's, and only with a trace flag. For the trace service, the
+    reason is :func:`trace_reason`'s. Bounded by ``timeout`` seconds (stock waits for
+    ever); 0, or -1 on any failure."""
+    attrs = _append_attrs(flags, queue_id, orig_addr, address, offset, dsn_orcpt,
+                          dsn_notify, status, action, reason)
+    parser = AttrParser()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(f"private/{service}")
+
+            def read_list() -> list[tuple[str, str]]:
+                while (got := parser.pop()) is None:
+                    data = sock.recv(4096)
+                    if not data:
+                        raise EOFError("premature end-of-input")
+                    parser.feed(data)
+                return got
+
+            check_announcement(read_list(), PROTOCOL)
+            sock.sendall(encode(attrs))
+            (status_text,) = expect(read_list(), ("status",), f"private/{service}")
+            return to_int(status_text, "status")
+    except (AttrError, EOFError, OSError):
+        return -1
+
+
+def _append_attrs(
+    flags: int, queue_id: str, orig_addr: str, address: str, offset: int, dsn_orcpt: str,
+    dsn_notify: int, status: str, action: str, reason: str,
+) -> list[tuple[str, AttrValue]]:
+    """A BOUNCE_CMD_APPEND request (``rcpt_print`` and ``dsn_print``'s attributes)."""
+    return [
         ("nrequest", BOUNCE_CMD_APPEND),
         ("flags", flags),
         ("queue_id", queue_id),
@@ -92,7 +174,6 @@ async def append(
         ("action", action),
         ("reason", reason),
     ]
-    return await _request(f"private/{service}", attrs)
 
 
-__all__ = ["append", "notify"]
+__all__ = ["NO_RELAY", "append", "append_now", "notify", "trace_append", "trace_reason"]

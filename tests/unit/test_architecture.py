@@ -35,7 +35,7 @@ MAX_FUNCTION = 80
 #: The exceptions: classes and functions over the limits, with their length in lines and
 #: why they are still whole. Few, and only ever shorter.
 KNOWN_OVERSIZE: dict[str, tuple[int, str]] = {
-    "daemon/active.py:ActiveQueue": (458, (
+    "daemon/active.py:ActiveQueue": (443, (
         "a message's whole way through active/ (move in, open, read, route, finish, "
         "defer, bounce, hold), as qmgr_active.c and qmgr_message.c's I/O halves; its "
         "steps share the open queue file and its counters")),
