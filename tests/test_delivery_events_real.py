@@ -327,8 +327,8 @@ def test_events_of_qmgr_itself_and_of_every_agent(postfix_instance):
     run, each with its event: the retry agent's deferral (defer_transports), then,
     with the retry service out of master.cf, qmgr's own deferral; qmgr's discard of
     mail to double-bounce; the error agent's bounce; virtual(8)'s delivery and its
-    unknown user; pipe(8)'s success, failure and temporary failure (exit 75); local(8)
-    to a command and to a file (aliases), and the notices to the local sender."""
+    unknown user; pipe(8)'s success, failure and temporary failure (exit 75); discard(8);
+    local(8) to a command and to a file (aliases), and the notices to the local sender."""
     t0 = time.monotonic()
     user = pwd.getpwnam("pyqmgrtest")
     pipe = "unix - n n - - pipe user=pyqmgrtest argv="
@@ -336,7 +336,7 @@ def test_events_of_qmgr_itself_and_of_every_agent(postfix_instance):
         start=False, qmgr="pyqmgr",
         transports={"slow.example": "slowx:[127.0.0.1]:9", "err.example": "error:5.1.1 nope",
                     "pipeok.example": "pipeok:", "pipefail.example": "pipefail:",
-                    "pipetemp.example": "pipetemp:"},
+                    "pipetemp.example": "pipetemp:", "disc.example": "discard:"},
         master_cf_extra=["slowx unix - - n - - smtp", f"pipeok {pipe}/bin/true",
                          f"pipefail {pipe}/bin/false", f"pipetemp {pipe}/bin/sh -c {{exit 75}}"],
         main_cf={"minimal_backoff_time": "3600s", "maximal_backoff_time": "3600s",
@@ -357,18 +357,19 @@ def test_events_of_qmgr_itself_and_of_every_agent(postfix_instance):
     local = sender.partition("@")[2]
     rcpts = ["d1@slow.example", "e1@err.example", "v1@virt.example", "v2@virt.example",
              "p1@pipeok.example", "p2@pipefail.example", "p3@pipetemp.example",
-             f"topipe@{local}", f"tofile@{local}", f"double-bounce@{local}"]
+             f"topipe@{local}", f"tofile@{local}", f"double-bounce@{local}",
+             "x1@disc.example"]
     qids = dict(zip(rcpts, pf.smtp_send([(sender, [r]) for r in rcpts]), strict=True))
-    # Each of the 10 and the notice of the 3 bounces (to the local sender).
-    pf.wait_until(lambda: len(status_lines(pf, ALL_PROGRAMS)) >= 11
+    # Each of the 11 and the notices of the 3 bounces (to the local sender).
+    pf.wait_until(lambda: len(status_lines(pf, ALL_PROGRAMS)) >= 14
                   and not pf.queue_files("active") and not pf.queue_files("incoming"),
                   60, "every recipient tried once")
     # The retry service gone: qmgr defers the next one to the deferred transport itself.
     pf.postconf("-MX", "retry/unix")
     pf.reload()
     (qids["d2@slow.example"],) = pf.smtp_send([(sender, ["d2@slow.example"])])
-    pf.wait_until(lambda: len(status_lines(pf, ALL_PROGRAMS)) >= 12
-                  and len({e["key"] for e in read_events(path)}) >= 12, 60,
+    pf.wait_until(lambda: len(status_lines(pf, ALL_PROGRAMS)) >= 15
+                  and len({e["key"] for e in read_events(path)}) >= 15, 60,
                   "qmgr's own deferral and every event")
     time.sleep(0.5)  # an event too many would come now
     events = _events_equal_the_maillog(pf, path)
@@ -381,6 +382,7 @@ def test_events_of_qmgr_itself_and_of_every_agent(postfix_instance):
             ("p2@pipefail.example", "bounced", "pipefail"),
             ("p3@pipetemp.example", "deferred", "pipetemp"),
             (f"topipe@{local}", "sent", "local"), (f"tofile@{local}", "sent", "local"),
+            ("x1@disc.example", "sent", "discard"),
             # qmgr's own: no agent, so no transport, next hop or relay.
             (f"double-bounce@{local}", "sent", ""), ("d2@slow.example", "deferred", "")}
     assert got == want, f"missing: {want - got}; unexpected: {got - want}"
