@@ -19,8 +19,10 @@ import pytest
 
 from pyqmgr.testbed import dns
 from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.instance_base import free_port
 from pyqmgr.testbed.sink import SinkServer
 from tests.test_control import cli
+from tests.test_metrics_real import scrape, wait_for_exporter
 
 pytestmark = pytest.mark.skipif(not dns.available(), reason="needs unbound (./dev installs it)")
 
@@ -81,8 +83,9 @@ def _warmup_run(postfix_instance, sink
     srv: SinkServer = sink(latency=0.05)
     day = _today()
     with dns.DnsServer(["test"], RECORDS) as server:
+        port = free_port()
         pf = _instance(postfix_instance, server, srv.port, f"0 {PLAN}\n30 warm\n",
-                       {"src1_source_warmup_start": day})
+                       {"src1_source_warmup_start": day, "metrics_listen": f"127.0.0.1:{port}"})
         # The domain's first message goes to a warm source and has its MX looked up;
         # from then on its site is known (and kept across the reload).
         pf.smtp_send([("s@relay.test", [f"r0@{DOMAIN}"])])
@@ -110,6 +113,17 @@ def _warmup_run(postfix_instance, sink
         assert status["pools"]["bulk"][0] == {"source": "src1", "weight": 1, "age_days": 0,
                                               "allowance": PLAN}
         assert "source pool bulk: src1 (cold, day 0, 100 a site this day), src2, src3" in text
+        wait_for_exporter(pf, port)
+        metrics = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
+                   for ln in scrape(port).splitlines() if ln.startswith("pyqmgr_source_")}
+        print("metrics:", metrics)
+        assert metrics['pyqmgr_source_warmup_counted{source="src1"}'] == \
+            status["counts"][0]["counted"], metrics
+        assert metrics['pyqmgr_source_allowance{source="src1"}'] == PLAN
+        assert metrics['pyqmgr_source_age_days{source="src1"}'] == 0
+        assert {k for k in metrics if k.startswith("pyqmgr_source_pool_weight")} == {
+            f'pyqmgr_source_pool_weight{{pool="bulk",source="{m}"}}' for m in SOURCES}
+        assert 'pyqmgr_source_allowance{source="src2"}' not in metrics, "src2 is warm"
         state_path = os.path.join(pf.data_dir, "pyqmgr", "sources.json")
         with open(state_path) as f:
             state = f.read()

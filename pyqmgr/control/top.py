@@ -115,6 +115,7 @@ def frame(current: dict[str, object], previous: dict[str, object] | None,
     out.append(("", False))
     out += _class_lines(current, previous)
     out += _site_lines(current, previous)
+    out += _source_lines(current, previous)
 
     gone = len(set(before_d) - {_key(d) for d in destinations}) if previous else 0
     if not destinations:
@@ -183,6 +184,39 @@ def _site_lines(current: dict[str, object],
     lines = _table(["SITE", "TRANSPORT", "DESTS", "IN FLIGHT/LIMIT", "±", "STATE", "RULE"],
                    rows)
     return [(lines[0], False), *zip(lines[1:], changed, strict=True), ("", False)]
+
+
+def _source_lines(current: dict[str, object],
+                  previous: dict[str, object] | None) -> list[tuple[str, bool]]:
+    """Source pools' warm-up (issue #46; only while pools are on): each cold source's
+    count at a site this window against its allowance, with the change since the last
+    refresh (the largest 100 counts, as ``pyqmgr status``)."""
+    sources = current.get("sources")
+    if not isinstance(sources, dict):
+        return []
+    allowance: dict[str, object] = {}
+    pools = sources.get("pools")
+    for members in (pools.values() if isinstance(pools, dict) else ()):
+        for m in _dicts(members):
+            allowance[str(m.get("source"))] = m.get("allowance")
+    old = previous.get("sources") if previous is not None else None
+    before = {(str(c.get("source")), str(c.get("site"))): c
+              for c in _dicts(old.get("counts"))} if isinstance(old, dict) else {}
+    window = str(sources.get("window") or "day").upper()
+    rows, changed = [], []
+    for c in _dicts(sources.get("counts")):
+        was = before.get((str(c.get("source")), str(c.get("site"))))
+        rows.append([_fmt(c.get("source")), _fmt(c.get("site")),
+                     f"{_fmt(c.get('counted'))}/{_fmt(allowance.get(str(c.get('source'))))}",
+                     _delta(c, was, "counted"), _fmt(c.get("left"))])
+        changed.append(was is not None and c.get("counted") != was.get("counted"))
+    head = (f"sources: {_fmt(sources.get('waited'))} recipients waited, "
+            f"{_fmt(sources.get('unknown_site'))} went warm before their site was known")
+    if not rows:
+        return [(head, False), ("", False)]
+    lines = _table(["SOURCE", "SITE", f"THIS {window}/ALLOWANCE", "±", "LEFT"], rows)
+    return [(head, False), (lines[0], False), *zip(lines[1:], changed, strict=True),
+            ("", False)]
 
 
 def _moved(now: dict[str, object], before: dict[str, object]) -> bool:

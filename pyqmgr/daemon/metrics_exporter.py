@@ -62,6 +62,7 @@ from pyqmgr.daemon.metrics import (
 )
 from pyqmgr.daemon.metrics_census import Census, take, walk
 from pyqmgr.daemon.metrics_http import MetricsHttpServer
+from pyqmgr.daemon.metrics_sources import SourcesCollector
 from pyqmgr.events.metrics import EventsCollector
 from pyqmgr.events.tracker import DeliveryEvents
 from pyqmgr.postfix.maillog_client import MailLog
@@ -69,6 +70,7 @@ from pyqmgr.scheduler.core import Scheduler
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.fleet import Fleet
+    from pyqmgr.daemon.sources import Sources
 
 __all__ = ["OTHER", "Exporter", "Exposition", "Pacer", "SchedulerCollector", "registry_for",
            "start"]
@@ -377,13 +379,16 @@ def registry_for(source: Source, stats: DeliveryStats, destination_limit: int,
 
 
 def _registry(collector: SchedulerCollector, process: bool,
-              fleet: Fleet | None, events: object = None) -> CollectorRegistry:
+              fleet: Fleet | None, events: object = None,
+              sources: Sources | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(collector)
     if fleet is not None:
         registry.register(FleetCollector(fleet))
     if isinstance(events, DeliveryEvents):  # delivery events on (NoEvents: off)
         registry.register(EventsCollector(events))
+    if sources is not None:
+        registry.register(SourcesCollector(sources))
     if process:
         ProcessCollector(registry=registry)
     return registry
@@ -394,9 +399,10 @@ class Exposition:
 
     def __init__(self, source: Source, stats: DeliveryStats, destination_limit: int,
                  site_limit: int = DEFAULT_SITE_LIMIT, process: bool = True,
-                 fleet: Fleet | None = None, events: object = None) -> None:
+                 fleet: Fleet | None = None, events: object = None,
+                 sources: Sources | None = None) -> None:
         self.collector = SchedulerCollector(source, stats, destination_limit, site_limit)
-        self.registry = _registry(self.collector, process, fleet, events)
+        self.registry = _registry(self.collector, process, fleet, events, sources)
 
     def walk(self) -> Generator[None, None, Census]:
         return self.collector.walk()
@@ -599,6 +605,7 @@ def start(qmgr: Source, stats: DeliveryStats, settings: MetricsSettings,
     stats.tenant_limit = settings.tenant_limit
     exporter = Exporter(settings, Exposition(
         qmgr, stats, settings.destination_limit, settings.site_limit,
-        fleet=getattr(qmgr, "fleet", None), events=getattr(qmgr, "events", None)), log)
+        fleet=getattr(qmgr, "fleet", None), events=getattr(qmgr, "events", None),
+        sources=getattr(getattr(qmgr, "active", None), "sources", None)), log)
     exporter.start()
     return exporter

@@ -173,6 +173,9 @@ class SourceBook:
         self.counts: dict[tuple[str, str], int] = {}
         #: (source, site) -> of those, the ones an agent took (the snapshot's).
         self.left: dict[tuple[str, str], int] = {}
+        #: source -> its counts over every site, kept as they change (the metrics'
+        #: per-source series, read without a walk over the pairs).
+        self.totals: dict[str, int] = {}
         #: Reservations by recipient (any hashable the daemon keys a recipient by).
         self.reservations: dict[object, Reservation] = {}
         #: Recipients that waited (overflow wait) and went warm for want of a site.
@@ -192,6 +195,7 @@ class SourceBook:
             self.window = window
             self.counts.clear()
             self.left.clear()
+            self.totals.clear()
             self.reservations.clear()
 
     def age_days(self, source: str, now: float) -> int | None:
@@ -256,6 +260,7 @@ class SourceBook:
         elif self.allowance(member, now) is not None:
             pair = (member, site)
             self.counts[pair] = self.counts.get(pair, 0) + 1
+            self.totals[member] = self.totals.get(member, 0) + 1
             self.reservations[key] = Reservation(member, site, self.window)
         return member
 
@@ -285,6 +290,7 @@ class SourceBook:
             return
         pair = (r.source, r.site)
         self.counts[pair] -= 1
+        self.totals[r.source] -= 1
         if r.left:
             self.left[pair] -= 1
 
@@ -309,6 +315,7 @@ class SourceBook:
                 pair = (source, site)
                 self.counts[pair] = self.counts.get(pair, 0) + n
                 self.left[pair] = self.left.get(pair, 0) + n
+                self.totals[source] = self.totals.get(source, 0) + n
                 kept += 1
         return kept
 

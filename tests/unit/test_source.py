@@ -177,3 +177,46 @@ def test_start_date_parses_as_utc_midnight() -> None:
     assert parse_start("2026-11-20") % DAY == 0
     with pytest.raises(ValueError):
         parse_start("20.11.2026")
+
+
+def test_totals_follow_every_count_per_source() -> None:
+    """The metrics read a cold source's count over every site from ``totals``, kept as
+    the pairs change: it must equal their sum after each transition."""
+    b = book()
+    now = day(0)
+
+    def summed() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (source, _), n in b.counts.items():
+            out[source] = out.get(source, 0) + n
+        return out
+
+    keys = [k for k in range(60) if b.choose("bulk", "google", now, k) == "src1"]
+    keys += [k for k in range(60, 90) if b.choose("bulk", "yahoo", now, k) == "src1"]
+    assert b.totals == summed() == {"src1": 20}
+    b.ended(keys[0], sent=False)   # given back
+    b.ended(keys[1], sent=True)    # kept
+    assert b.totals == summed() == {"src1": 19}
+    fresh = book()
+    assert fresh.restore([("src1", "google", 7), ("src1", "yahoo", 2)], int(now // DAY),
+                         DAY, now) == 2
+    assert fresh.totals == {"src1": 9}
+    got = choose_many(b, 6, day(1))  # the window rolls over: counted afresh
+    assert b.totals == summed() == {"src1": got["src1"]} and got["src1"] > 0
+
+
+def test_top_shows_a_cold_sources_count_against_its_allowance() -> None:
+    """``pyqmgr top`` (issue #46: sources seen everywhere): a row per cold source and
+    site, this window's count of the allowance and its change since the last refresh."""
+    from pyqmgr.control.top import frame
+
+    b = book()
+    now = day(0)
+    choose_many(b, 9, now)
+    before = {"sources": b.status(now)}
+    choose_many(b, 9, now)
+    lines = [text for text, _ in frame({"sources": b.status(now)}, before, "name")]
+    (row,) = [ln for ln in lines if ln.startswith("src1")]
+    assert row.split()[:4] == ["src1", "google", "6/10", "+3"], row
+    assert any(ln.startswith("SOURCE") and "THIS DAY/ALLOWANCE" in ln for ln in lines)
+    assert not any(ln.startswith("SOURCE") for ln, _ in frame({}, None, "name"))
