@@ -113,6 +113,14 @@ def _warmup_run(postfix_instance, sink
         assert status["pools"]["bulk"][0] == {"source": "src1", "weight": 1, "age_days": 0,
                                               "allowance": PLAN}
         assert "source pool bulk: src1 (cold, day 0, 100 a site this day), src2, src3" in text
+        explained = json.loads(cli(pf, "explain", f"src1:{DOMAIN}", "--json").stdout)
+        print("explain src1:", explained)
+        (warmup,) = [r for r in explained["reasons"] if r.get("setting") ==
+                     "source_warmup_plan"]
+        assert warmup["counted"] == status["counts"][0]["counted"], warmup
+        assert warmup["allowance"] == PLAN and warmup["site"] == status["counts"][0]["site"]
+        assert "src1 is a cold source of pool bulk (weight 1 of 3), day 0 of its plan" in \
+            cli(pf, "explain", f"src1:{DOMAIN}").stdout
         wait_for_exporter(pf, port)
         metrics = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
                    for ln in scrape(port).splitlines() if ln.startswith("pyqmgr_source_")}
@@ -306,6 +314,7 @@ def test_one_source_suspended_at_one_site_holds_only_its_mail_there(postfix_inst
         (suspension,) = status["suspensions"]
         with open(os.path.join(pf.data_dir, "pyqmgr", "suspensions.json")) as f:
             (record,) = json.load(f)["suspensions"]
+        explained = cli(pf, "explain", f"src1:{DOMAIN}").stdout
         errors = {
             "empty": _control_error(pf, "suspend", "src1:site:"),
             "unknown": _control_error(pf, "suspend", f"src9:site:{SITE}"),
@@ -324,6 +333,7 @@ def test_one_source_suspended_at_one_site_holds_only_its_mail_there(postfix_inst
     for what, text in errors.items():
         print(f"  {what}: {text.strip()}")
     assert held_then == 0, "src1's mail to the site waits"
+    assert "src1 is a warm source of pool bulk (weight 1 of 3)" in explained, explained
     assert src1["queued_entries"] == HELD_EACH and src1["state"] == "held", src1
     assert src1["suspended"]["target"] == f"site {SITE} in transport src1", src1
     assert suspension["target"] == f"site {SITE} in transport src1"

@@ -69,6 +69,7 @@ from pyqmgr.control.protocol import (
 from pyqmgr.daemon import queued
 from pyqmgr.daemon.bounded_server import BoundedServer, OneReplyConnection
 from pyqmgr.daemon.delegation import annotate
+from pyqmgr.daemon.explain_sources import source_reasons
 from pyqmgr.daemon.owned_dir import owned_directory
 from pyqmgr.postfix.config import ConfigError, QmgrConfig
 from pyqmgr.postfix.maillog_client import MailLog
@@ -600,6 +601,10 @@ def explain_reply(qmgr: Qmgr, target: str, now: float) -> dict[str, object]:
         reasons = reply.get("reasons")
         if extra and isinstance(reasons, list):
             reasons.extend(extra)
+    sources = qmgr.active.sources
+    if sources is not None:  # a pool member's share or warm-up (#46)
+        reply = source_reasons(sources.book, target, reply, sources.clock(),
+                               sources._site)  # noqa: SLF001 - routing's own naming
     return reply
 
 
