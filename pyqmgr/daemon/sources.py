@@ -1,10 +1,11 @@
 """Source pools in the daemon (issue #46): the choice at routing and the state file.
 
-The core's :class:`~pyqmgr.scheduler.source.SourceBook` picks a pool's member; this
-module asks it from :meth:`ActiveQueue.route` (one call per recipient whose
-transport is a ``source_pool_transports`` one), puts the scope kinds that tell it
-when a cold source's delivery starts and ends on the member transports' chains
-(:func:`pyqmgr.scheduler.source.source_kinds`, beside the book), and keeps the window's counts in
+The core's :class:`~pyqmgr.scheduler.source.SourceBook` picks a pool's member;
+:meth:`ActiveQueue.route` asks it through
+:class:`~pyqmgr.scheduler.source_route.SourceRouter` (one call per recipient whose
+transport is a ``source_pool_transports`` one: the steps the simulator takes too),
+which puts the scope kinds that tell it when a cold source's delivery starts and
+ends on the member transports' chains. This module keeps the window's counts in
 ``$data_directory/pyqmgr/sources.json``, beside the operators' suspensions and
 through the same directory descriptor, opened as root before the chroot
 (:mod:`.suspensions`): written atomically, at most once a second while deliveries
@@ -30,14 +31,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pyqmgr.scheduler.core import RETRY
-from pyqmgr.scheduler.source import source_kinds
-from pyqmgr.scheduler.structures import site_domain
+from pyqmgr.scheduler.source_route import MAX_DOMAINS, SourceRouter
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.daemon.suspensions import StateFile
-    from pyqmgr.scheduler.message import Message, Recipient
     from pyqmgr.settings.classes import Classifier
     from pyqmgr.settings.sources import SourceSettings
 
@@ -47,9 +45,6 @@ FORMAT_VERSION = 1
 MAX_STATE_BYTES = 8 << 20
 #: A started delivery's count reaches the file within this (kill -9 loses at most it).
 SAVE_DELAY = 1.0
-#: Domains whose site is remembered (and kept in the state file) at most.
-MAX_DOMAINS = 10_000
-MISSING = object()
 
 
 def sources_for(host: QmgrCore, settings: SourceSettings | None, state: StateFile | None,
@@ -60,103 +55,17 @@ def sources_for(host: QmgrCore, settings: SourceSettings | None, state: StateFil
     return Sources(host, settings, state, list(classes.classes) if classes else None)
 
 
-class Sources:
-    """The pools' choice per recipient and the counts' state file."""
+class Sources(SourceRouter):
+    """The pools' choice per recipient (:class:`SourceRouter`) and the counts' state
+    file."""
 
     def __init__(self, host: QmgrCore, settings: SourceSettings, state: StateFile | None,
                  class_names: list[str] | None, clock: Callable[[], float] = time.time) -> None:
         self.host = host
-        self.settings = settings
-        self.book = settings.book()
-        self.transports = settings.transports
         self.state = state
-        self.class_names = class_names or []
-        self.clock = clock
         self._save_at: asyncio.TimerHandle | None = None
-        #: Each pool domain's site as last known, kept across restarts: a new qmgr's
-        #: site table knows none until its first lookups answer, and the mail it
-        #: recovers from active/ is routed at once (it would all go warm).
-        self.domain_sites: dict[str, str] = {}
-        #: The cold sources' counts are per MX site only when every cold source's
-        #: transport is grouped by site (site_grouping, site_transports); else per
-        #: domain: no lookup would ever name their sites, and the mail would all go warm.
-        table = host.scheduler.sites
-        self.by_site = table is not None and all(
-            table.limits(m) is not None for m in self.book.starts)
-        #: Each (tenant, class rank)'s pool, or None (source_pool_maps, asked once).
-        self.pools: dict[tuple[str, int], str | None] = {}
-        # Only cold sources count: a warm one's deliveries pass no extra step. A todo
-        # entry moved to the retry transport (its source or destination dead) takes its
-        # recipients along: their count is given back when that entry ends. (Made
-        # now: a transport, once made, lasts the process.)
-        self.kind, retried = source_kinds(self.book, self._dirty)
-        if self.book.starts:
-            for member in self.book.starts:
-                host.scheduler.transport(member).chain += (self.kind,)
-            host.scheduler.transport(RETRY).chain += (retried,)
-
-    # -- routing ------------------------------------------------------------------------
-
-    def route(self, message: Message, rcpt: Recipient, transport: str,
-              nexthop: str) -> tuple[str, str]:
-        """The recipient's transport and next hop: a pool member's, or the retry
-        transport's with the reason when it must wait; unchanged when no pool."""
-        if transport not in self.transports:
-            return transport, nexthop
-        pool = self._pool(message.tenant, message.rank)
-        if pool is None:
-            return transport, nexthop
-        site = self._site(nexthop)
-        member = self.book.choose(pool, site, self.clock(), rcpt, self._dead(pool))
-        if member is None:
-            where = f"at site {site}" if site is not None else "for a site not known yet"
-            return RETRY, (f"4.7.0 source pool {pool}: no source may take more mail "
-                           f"{where} this {self._window()} (source_warmup_plan)")
-        return member, nexthop
-
-    def _pool(self, tenant: str, rank: int) -> str | None:
-        """The pool of a tenant and class, asked of source_pool_maps once a process
-        (a proxy: table is a round trip to proxymap: not one a recipient)."""
-        key = (tenant, rank)
-        got = self.pools.get(key, MISSING)
-        if got is MISSING:
-            classes = self.class_names
-            got = self.settings.pool_for(tenant, classes[rank] if rank < len(classes) else "")
-            if len(self.pools) >= MAX_DOMAINS:
-                self.pools.clear()
-            self.pools[key] = got
-        return got  # type: ignore[return-value]
-
-    def _dead(self, pool: str) -> list[str]:
-        """The pool's members whose transport is dead (its agent unreachable): their
-        share goes to the others meanwhile, unless all are (then the mail goes on to
-        wait at a member, as stock's would at its transport)."""
-        transports = self.host.scheduler.transports
-        members = self.book.pools[pool].members
-        dead = [m for m in members if (t := transports.get(m)) is not None and t.throttled]
-        return dead if len(dead) < len(members) else []
-
-    def _window(self) -> str:
-        return self.book.plan.window_name if self.book.plan is not None else "day"
-
-    def _site(self, nexthop: str) -> str | None:
-        domain = site_domain(nexthop)
-        if domain is None:
-            return nexthop.lower()
-        table = self.host.scheduler.sites
-        if table is None or not self.by_site:
-            return domain
-        pin = table.pinned.get(domain)
-        if pin is not None:
-            return pin
-        known = table.known.get(domain)
-        if known is None:
-            return self.domain_sites.get(domain)
-        if self.domain_sites.get(domain) != known[0] and (
-                domain in self.domain_sites or len(self.domain_sites) < MAX_DOMAINS):
-            self.domain_sites[domain] = known[0]
-            self._dirty()
-        return known[0]
+        super().__init__(settings.book(), settings, class_names, host.scheduler, clock,
+                         self._dirty)
 
     # -- the state file -------------------------------------------------------------------
 
