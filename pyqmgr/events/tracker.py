@@ -18,6 +18,10 @@ flush at the end of each pass mails the report and removes the log. Its events a
 those its log holds: all of them for ``sendmail -v``, the NOTIFY=SUCCESS recipients'
 deliveries for DSN.
 
+A read may meet records of the message's other requests still out (their agents
+wrote them before this reply was read): each request is noted as out from its flag
+to its reply, and such a record gets its own request's transport, next hop and site.
+
 Hot path: one ``open``/``pread``/``close`` of a few hundred bytes per delivery
 request, and one dict entry per message in the active queue (and per deferred
 message whose log was read, its read offset: a qmgr that reads a log again after
@@ -103,6 +107,9 @@ class _Log:
     #: that queue's site, compared by identity, the message's class rank and tenant).
     line: EventLine | None = None
     scope: tuple[object, object, int, str] = (None, None, -1, "")
+    #: The message's requests out with agents (their flag asked for, no reply read
+    #: yet): a read may meet their records before their replies.
+    out: list[Entry] | None = None
 
 
 class NoEvents:
@@ -166,8 +173,17 @@ class DeliveryEvents(NoEvents):
         reading now repeats (they carry the keys they had).
         A message that arrived after this process started has no such bytes (no
         earlier qmgr delivered it): its log is not looked for.
+        The request is noted as out until its reply is read (:meth:`_owners`).
         """
-        return self.record_flags(entry.message.owner)
+        am: ActiveMessage = entry.message.owner
+        flags = self.record_flags(am)
+        log = self.logs.get(am.queue_id)
+        if log is not None:
+            if log.out is None:
+                log.out = [entry]
+            elif entry not in log.out:
+                log.out.append(entry)
+        return flags
 
     def record_flags(self, am: ActiveMessage) -> int:
         """:meth:`flags` for the records qmgr writes itself, with no delivery request
@@ -219,23 +235,51 @@ class DeliveryEvents(NoEvents):
             log = self.logs[qid] = _Log(self._path(qid))
         path = log.path
         line = self._line(log, am, entry, qid) if ctx is None else EventLine(ctx)
+        owners = self._owners(log, am, entry) if log.out is not None else None
         lines: list[bytes] = []
         try:
             if log.cursor.offset < log.old_bytes:
-                lines = self._events(line, log, read_more(path, log.cursor, stop=log.old_bytes))
+                lines = self._events(line, log, read_more(path, log.cursor, stop=log.old_bytes),
+                                     owners)
                 self.stats.repeated += len(lines)
-            lines += self._events(line, log, read_more(path, log.cursor))
+            lines += self._events(line, log, read_more(path, log.cursor), owners)
         except OSError as exc:
             self.stats.read_errors += 1
             self.warn(f"{qid}: {path}: {exc.strerror or exc}; its events wait")
         return lines
 
-    def _events(self, line: EventLine, log: _Log, piece: TracePiece) -> list[bytes]:
+    def _owners(self, log: _Log, am: ActiveMessage | None,
+                entry: Entry | None) -> dict[int, Entry] | None:
+        """The other requests of the message still out, by their recipients' offsets:
+        a record of theirs that this read meets (their agent wrote it before this
+        reply was read) gets their transport, next hop and site, not this request's.
+        None, the common case, when no other request is out."""
+        out = log.out
+        assert out is not None
+        if entry is not None and entry in out:
+            out.remove(entry)
+        # An entry no longer busy is back in its queue or done: its reply will not come.
+        others = [e for e in out if e.busy]
+        log.out = others or None
+        if not others or am is None:
+            return None
+        owners: dict[int, Entry] = {}
+        for other in others:
+            for rcpt in other.recipients:
+                owners[rcpt.offset] = other
+        if entry is not None:
+            for rcpt in entry.recipients:
+                owners.pop(rcpt.offset, None)
+        return owners or None
+
+    def _events(self, line: EventLine, log: _Log, piece: TracePiece,
+                owners: dict[int, Entry] | None = None) -> list[bytes]:
         for text in piece.warnings:
             self.stats.bad_records += 1
             self.warn(text)
         now = time.time()
         lines = []
+        made: dict[int, EventLine] | None = None
         for rec in piece.entries:
             self.stats.records += 1
             rkey = str(rec.offset) if rec.offset > 0 else rec.recipient
@@ -250,9 +294,22 @@ class DeliveryEvents(NoEvents):
             category = ""
             if self.categorize is not None:
                 category = self.categorize(rec.status, rec.reason)
-            lines.append(line.line(rec, ordinal, now, category))
+            own = line
+            if owners is not None and (other := owners.get(rec.offset)) is not None:
+                if made is None:
+                    made = {}
+                own = self._other_line(other, made)
+            lines.append(own.line(rec, ordinal, now, category))
         self.stats.events += len(lines)
         return lines
+
+    def _other_line(self, other: Entry, made: dict[int, EventLine]) -> EventLine:
+        """Another request's encoded fields, made once a read."""
+        line = made.get(id(other))
+        if line is None:
+            am: ActiveMessage = other.message.owner
+            line = made[id(other)] = EventLine(self._context(am, other, am.queue_id))
+        return line
 
     def _line(self, log: _Log, am: ActiveMessage | None, entry: Entry | None,
               qid: str) -> EventLine:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +19,9 @@ from pyqmgr.postfix.deliver_request import (
     DEL_REQ_FLAG_RECORD,
 )
 from pyqmgr.postfix.sent import DSN_NOTIFY_DELAY, DSN_NOTIFY_SUCCESS, trace_appends
+from tests.unit.test_delivery_events import _events, _lines, _message, _wait, queue_dir, record
+
+__all__ = ["queue_dir"]  # the fixture, imported for the tests below
 
 FAILURE = 1 << 2  # DSN_NOTIFY_FAILURE
 
@@ -85,3 +89,44 @@ def test_append_now_sends_the_record_and_returns_the_status(tmp_path, monkeypatc
     assert [name for name, _ in got[0]][:3] == ["nrequest", "flags", "queue_id"]
     assert (fields["flags"], fields["recipient"], fields["offset"], fields["reason"]) == (
         str(DEL_REQ_FLAG_RECORD), "a@b", "42", "discarded")
+
+
+# -- whose record: a read meets the records of the message's other requests ----------------
+
+
+def _out(am: SimpleNamespace, transport: str, nexthop: str, *offsets: int) -> SimpleNamespace:
+    """A request out with an agent: its queue and its recipients' offsets."""
+    queue = SimpleNamespace(transport=SimpleNamespace(name=transport), nexthop=nexthop,
+                            site=None)
+    return SimpleNamespace(message=SimpleNamespace(owner=am), queue=queue, busy=True,
+                           recipients=[SimpleNamespace(offset=o) for o in offsets])
+
+
+def test_a_record_of_another_request_out_carries_that_requests_transport(queue_dir):
+    """Two requests of one message out at once: the second agent's record is written
+    before the first one's reply is read. Each event carries its own request's
+    transport and next hop; a record of qmgr's own (no request) carries none, and a
+    request put back in its queue (no longer busy) is forgotten."""
+    events, writer = _events(queue_dir)
+    writer.start()
+    am = _message("ABC123")
+    gmail = _out(am, "out1", "gmail.com", 100)
+    yahoo = _out(am, "out2", "yahoo.com", 200, 300)
+    back = _out(am, "out3", "aol.com", 400)
+    for entry in (gmail, yahoo, back):
+        events.flags(entry)
+    back.busy = False  # its request never left: the entry went back to its queue
+    log = queue_dir / "trace" / "ABC123"
+    log.write_bytes(record("a@gmail.com", 100) + record("b@yahoo.com", 200))
+    events.after_reply(am, gmail)
+    with open(log, "ab") as f:
+        f.write(record("c@yahoo.com", 300) + record("d@aol.com", 400, "4.3.0", "delayed"))
+    events.after_reply(am, None)  # qmgr's own record of d@aol.com, with yahoo's still out
+    events.after_reply(am, yahoo)  # nothing left to read
+    events.message_left(am)
+    _wait(lambda: len(_lines(queue_dir)) == 4, "four events")
+    writer.stop()
+    got = [(e["recipient"], e["transport"], e["nexthop"]) for e in _lines(queue_dir)]
+    assert got == [("a@gmail.com", "out1", "gmail.com"), ("b@yahoo.com", "out2", "yahoo.com"),
+                   ("c@yahoo.com", "out2", "yahoo.com"), ("d@aol.com", "", "")]
+    assert events.logs.get("ABC123") is None or events.logs["ABC123"].out is None
