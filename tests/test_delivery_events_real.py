@@ -411,3 +411,14 @@ def test_events_of_qmgr_itself_and_of_every_agent(postfix_instance):
     assert own[f"double-bounce@{local}"]["reply"] == (
         "undeliverable postmaster notification discarded")
     assert not pf.maillog.lines("postfix/qmgr", contains="service failure")
+    # The deferred three once more: each one's second record is its attempt 2, whoever
+    # writes it (a deferred transport goes to smtp on a flush, or qmgr defers it again).
+    pf.flush()
+    pf.wait_until(lambda: len(status_lines(pf, ALL_PROGRAMS)) >= 23
+                  and len({e["key"] for e in read_events(path)}) >= 23, 60,
+                  "the deferred three tried again and their events")
+    retried = [e for e in _events_equal_the_maillog(pf, path) if e["status"] == "deferred"]
+    print("attempts:", sorted((e["recipient"], e["attempt"], e["transport"]) for e in retried))
+    again = {(e["recipient"], e["attempt"]) for e in retried}
+    assert again == {(r, n) for r in ("d1@slow.example", "d2@slow.example",
+                                      "p3@pipetemp.example") for n in (1, 2)}, again
