@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyqmgr.scheduler.scope import ScopeKind, nothing, nothing_to_settle
+from pyqmgr.scheduler.source_credits import DRY_RETRY, FULL, UNSURE, Credits
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.structures import Entry
@@ -157,6 +158,9 @@ class Reservation:
     window: int
     #: An agent took it (counted in the snapshot).
     left: bool = False
+    #: A fleet's credit paid for it (:mod:`.source_credits`): given back, it is one
+    #: to spend again.
+    credited: bool = False
 
 
 class SourceBook:
@@ -182,6 +186,15 @@ class SourceBook:
         self.waited = 0
         self.unknown_site = 0
         self.members = frozenset(m for p in pools.values() for m in p.members)
+        #: A fleet's credits (:meth:`share`); None: the counts are this server's alone.
+        self.credits: Credits | None = None
+
+    def share(self) -> Credits:
+        """Count against the fleet's credits from now on (``shared_state``): a cold
+        source takes a recipient at a site only with a credit for it in hand."""
+        if self.credits is None:
+            self.credits = Credits()
+        return self.credits
 
     # -- windows and ages ---------------------------------------------------------------
 
@@ -197,6 +210,8 @@ class SourceBook:
             self.left.clear()
             self.totals.clear()
             self.reservations.clear()
+            if self.credits is not None:
+                self.credits.clear()
 
     def age_days(self, source: str, now: float) -> int | None:
         """The source's age on ``now``'s day (0 on its first day); None: warm."""
@@ -235,13 +250,23 @@ class SourceBook:
             if allowance is not None:
                 if site is None:
                     continue
-                if self.counts.get((member, site), 0) >= allowance:
-                    # Beyond its allowance a cold source's share goes to the warm
-                    # members, or (overflow wait) keeps its turn and its mail waits.
-                    if not wait:
+                pair = (member, site)
+                counted = self.counts.get(pair, 0)
+                if counted < allowance and pair not in self.counts and (
+                        len(self.counts) >= MAX_COUNTS):
+                    continue
+                if self.credits is not None and allowance > 0:
+                    # The fleet's count: a credit in hand, none left fleet-wide (full),
+                    # or none yet (passed over, as before a site is known).
+                    said = self.credits.check(pair, allowance, counted, now)
+                    if said == UNSURE:
                         continue
-                    full = True
-                elif (member, site) not in self.counts and len(self.counts) >= MAX_COUNTS:
+                    full = said == FULL
+                else:
+                    full = counted >= allowance
+                # Beyond its allowance a cold source's share goes to the warm members,
+                # or (overflow wait) keeps its turn and its mail waits.
+                if full and not wait:
                     continue
             scores[i] += weights[i]
             total += weights[i]
@@ -261,7 +286,9 @@ class SourceBook:
             pair = (member, site)
             self.counts[pair] = self.counts.get(pair, 0) + 1
             self.totals[member] = self.totals.get(member, 0) + 1
-            self.reservations[key] = Reservation(member, site, self.window)
+            self.reservations[key] = Reservation(
+                member, site, self.window,
+                credited=self.credits.take(pair) if self.credits is not None else False)
         return member
 
     # -- a reservation's life -------------------------------------------------------------
@@ -293,6 +320,35 @@ class SourceBook:
         self.totals[r.source] -= 1
         if r.left:
             self.left[pair] -= 1
+        if self.credits is not None:
+            self.credits.give(pair, r.credited)
+
+    # -- a fleet's credits (:mod:`.source_credits`) ----------------------------------------
+
+    def credited(self, source: str, site: str, window: int, granted: int, now: float,
+                 retry: float = DRY_RETRY) -> None:
+        """The fleet's answer for (source, site) in ``window``: ``granted`` credits (0:
+        none left; asked again after ``retry`` seconds). An answer for a window past is
+        dropped: its key expires with what it counted."""
+        self.roll(now)
+        if self.credits is not None and window == self.window:
+            self.credits.answered((source, site), granted, now, retry)
+
+    def unused(self) -> list[tuple[str, str, int]]:
+        """What this server gives back to the fleet as it exits: each pair's credits
+        held and its credited reservations that never left (the next qmgr routes those
+        recipients again and counts them then). Nothing is held after."""
+        credits = self.credits
+        if credits is None:
+            return []
+        back = dict(credits.held)
+        credits.held.clear()
+        for r in self.reservations.values():
+            if r.credited and not r.left and r.window == self.window:
+                r.credited = False
+                pair = (r.source, r.site)
+                back[pair] = back.get(pair, 0) + 1
+        return [(s, site, n) for (s, site), n in sorted(back.items()) if n > 0]
 
     # -- what survives a restart -----------------------------------------------------------
 
@@ -334,6 +390,8 @@ class SourceBook:
                         "left": self.left.get((s, site), 0)} for (s, site), n in top],
             "count_pairs": len(self.counts),
             "waited": self.waited, "unknown_site": self.unknown_site,
+            "shared": self.credits is not None,
+            **(self.credits.status(limit) if self.credits is not None else {}),
         }
 
 
