@@ -85,6 +85,8 @@ class SourceRouter:
         site = self._site(nexthop)
         member = self.book.choose(pool, site, self.clock(), rcpt, self._dead(pool))
         if member is None:
+            if site is None:
+                self._look_up(nexthop)
             where = f"at site {site}" if site is not None else "for a site not known yet"
             return RETRY, (f"4.7.0 source pool {pool}: no source may take more mail "
                            f"{where} this {self._window()} (source_warmup_plan)")
@@ -111,6 +113,15 @@ class SourceRouter:
         members = self.book.pools[pool].members
         dead = [m for m in members if (t := transports.get(m)) is not None and t.throttled]
         return dead if len(dead) < len(members) else []
+
+    def _look_up(self, nexthop: str) -> None:
+        """A pool with no warm member waits for the domain's site: ask the core for
+        the lookup (the next decisions' ``resolve``), which no queue of its would
+        ever ask, as its mail all goes to the retry transport meanwhile."""
+        table = self.scheduler.sites
+        domain = site_domain(nexthop)
+        if table is not None and domain is not None and self.by_site:
+            table.name_of(domain, self.scheduler.now, self.scheduler.out.resolve)
 
     def _window(self) -> str:
         return self.book.plan.window_name if self.book.plan is not None else "day"
