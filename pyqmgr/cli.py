@@ -177,6 +177,12 @@ def _simulate(args: argparse.Namespace) -> int:
         scenario = load(args.scenario)
         if args.policy:
             scenario.pyqmgr_cf["scheduler_policy"] = args.policy
+        for item in args.set or ():
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip():
+                raise ScenarioError(f"--set {item!r}: write NAME=VALUE, a pyqmgr.cf "
+                                    "parameter and its value")
+            scenario.pyqmgr_cf[name.strip()] = value.strip()
         lacking = extras.missing("plot") if args.plot else None
         if lacking is not None:
             print(f"pyqmgr simulate: --plot {lacking}", file=sys.stderr)
@@ -758,14 +764,18 @@ def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "with the scheduler policy, then a table per destination: recipients sent,\n"
             "deferred (and bounced), the deferral rate, the mean deliveries in flight while\n"
             "any was, and the largest concurrency window reached; then the policy service's\n"
-            "and the deferred queue's figures when the scenario models them.\n\n"
+            "and the deferred queue's figures when the scenario models them, and with\n"
+            "source pools (docs/sources.md) each source's recipients per site, the cold\n"
+            "sources' counts against their warm-up plan and what the servers refused.\n\n"
             "--trace adds every delivery (start, end, where, message, recipients, outcome,\n"
             "the window when it was chosen) and a line per change of a destination's\n"
             "window or deliveries in flight. --json prints all of it as one JSON document."),
         epilog=(
             "example:\n"
             "  pyqmgr simulate scenarios/limiter-421-feedback-1-over-n.toml\n"
-            "  pyqmgr simulate scenarios/preemption.toml --policy oqmgr --trace | less\n\n"
+            "  pyqmgr simulate scenarios/preemption.toml --policy oqmgr --trace | less\n"
+            "  pyqmgr simulate scenarios/warmup-plan.toml \\\n"
+            "      --set source_warmup_plan=warmup-plan-steep\n\n"
             "exit status: 0 done, 1 a bad scenario file or --policy (the message names the\n"
             "file and line), or --plot without the plot extra (matplotlib)"))
     p.add_argument("scenario", help="a scenario TOML file (see scenarios/)")
@@ -776,7 +786,7 @@ def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="print one JSON document instead (keys: scenario, title, seed, "
                         "policy, simulated_seconds, deliveries, decisions, destinations with "
                         "sent, deferred, bounced, deferral_rate, mean_concurrency, "
-                        "max_window; policy_service, deferred_queue; trace, with --trace: "
+                        "max_window; policy_service, deferred_queue, sources; trace, with --trace: "
                         "deliveries and windows)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the picture of the run and print its path: deliveries in "
@@ -787,6 +797,11 @@ def _add_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         "extra, matplotlib: pip install '.[plot]' in a checkout, "
                         "'pyqmgr[plot]' from a package")
     p.add_argument("--seed", type=int, help="override the scenario's random seed")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="a pyqmgr.cf parameter for this run, over the scenario's [pyqmgr_cf] "
+                        "(repeat): A/B one setting, e.g. --set "
+                        "source_warmup_plan=warmup-plan-steep (a path relative to the "
+                        "scenario file)")
     p.add_argument("--policy", metavar="NAME",
                    help="scheduler_policy for every transport, overriding the scenario's: "
                         "nqmgr (stock), oqmgr, finch, zmailer, or module:/path/file.py")

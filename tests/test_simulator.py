@@ -275,10 +275,11 @@ def test_cli_json_keys_and_the_trace(tmp_path):
     doc = json.loads(proc.stdout)
     assert list(doc) == ["scenario", "title", "seed", "policy", "simulated_seconds",
                          "deliveries", "decisions", "destinations", "policy_service",
-                         "deferred_queue", "trace"]
+                         "deferred_queue", "sources", "trace"]
     assert doc["title"] == "some recipients bounce" and doc["seed"] == 3
     assert doc["policy"] == {"scheduler_policy": "oqmgr"}
     assert doc["policy_service"] is None and doc["deferred_queue"] is None
+    assert doc["sources"] is None
     a = doc["destinations"]["a.example"]
     assert list(a) == ["sent", "deferred", "bounced", "deferral_rate", "mean_concurrency",
                        "max_window"]

@@ -29,7 +29,7 @@ def scenario_classifier(sc: Scenario, section: str) -> Classifier | None:
     values = dict(sc.pyqmgr_cf)
     for name, value in values.items():
         if name.endswith("_maps"):
-            values[name] = ", ".join(_absolute(spec.strip(), sc.base_dir)
+            values[name] = ", ".join(absolute_spec(spec.strip(), sc.base_dir)
                                      for spec in value.split(",") if spec.strip())
     warnings: list[str] = []
     try:
@@ -60,7 +60,7 @@ def scenario_tenant_limits(sc: Scenario, section: str) -> TenantLimitTable | Non
         raise ScenarioError(str(exc).replace(": parameter ", ".", 1)) from None
 
 
-def _absolute(spec: str, base: str) -> str:
+def absolute_spec(spec: str, base: str) -> str:
     kind, sep, name = spec.partition(":")
     if sep and kind not in ("inline", "static") and name and not os.path.isabs(name):
         return f"{kind}:{os.path.normpath(os.path.join(base, name))}"

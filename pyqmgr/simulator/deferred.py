@@ -162,6 +162,10 @@ class DeferredQueue:
         again.tries = msg.tries
         again.children = msg.children
         again.bounce = msg.bounce
+        # Its class and tenant, as the daemon reads them off the queue file again
+        # (a source pool's choice goes by them).
+        again.sched.rank, again.sched.tenant = msg.sched.rank, msg.sched.tenant
+        again.sched.weight = msg.sched.weight
         again.sched.owner = again
         self.host.result.retries.append((self.host.now, qid, how))
         self.host._let_in(again, feed=False)

@@ -59,6 +59,7 @@ from pyqmgr.simulator.scenario import (
     parse_script,
 )
 from pyqmgr.simulator.sites import answer, scenario_sites
+from pyqmgr.simulator.sources import SimSources, scenario_sources
 
 #: The scenario file's section with pyqmgr.cf's parameters, as errors name it.
 PYQMGR_CF_SECTION = "pyqmgr_cf"
@@ -128,6 +129,8 @@ class Engine:
         #: Each destination's server: sessions open and connections waiting.
         #: The destinations' servers: sessions, listen queues, rate limits.
         self.remote = Remote(self, self.rng)
+        self.sources: SimSources | None = scenario_sources(  # issue #46, or None
+            scenario, PYQMGR_CF_SECTION, self.sched, self.cfg, self.classes, self)
         self.result = Result()
         self._last_end: float | None = None
         self._serial = itertools.count(1)
@@ -151,7 +154,6 @@ class Engine:
         self.fleet: FleetRun | None = None
         self.node = 0
         self.server = "sim.example"
-
 
     # -- clock --------------------------------------------------------------------
 
@@ -184,6 +186,7 @@ class Engine:
         # after the mail is gone and would stretch the figure with idle time.
         self.result.end_time = self._last_end if self._last_end is not None else self.now
         self.result.still_deferred = len(self.deferred_queue.deferred)
+        self.result.sources = self.sources.summary() if self.sources is not None else None
         return self.result
 
     # -- messages -------------------------------------------------------------------
@@ -278,7 +281,7 @@ class Engine:
         msg.pos += len(batch)
         msg.sched.rcpt_unread = len(msg.routes) - msg.pos
         msg.sched.more = msg.sched.rcpt_unread > 0
-        return batch
+        return batch if self.sources is None else self.sources.route(msg.sched, batch)
 
     def _refill(self, message: Message, limit: int) -> list[Route]:
         return self._read(message.owner, limit)
@@ -463,6 +466,8 @@ class Engine:
                         self._deferred_rcpt(entry.message.owner, rcpt)
                 self.apply(self.sched.done(entry, 1, hop, False, self.now))
             self._last_end = self.now
+            if self.sources is not None:
+                self.sources.finished(entry, dest, outcome, replies)
             if self.record:
                 res.deliveries.append(Delivery(start, self.now, name, dest,
                                                entry.message.queue_id, n, outcome, window,

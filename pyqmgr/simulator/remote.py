@@ -37,6 +37,19 @@ class Host(Protocol):
                 replies: list[str] | None = None) -> Callable[[], None]: ...
 
 
+class Provider(Protocol):
+    """The servers' rules per source (simulator/sources.py's ProviderRules)."""
+
+    def refusal(self, dest: Destination, source: str, recipients: int,
+                now: float) -> str | None: ...
+
+
+def said(dest: Destination, text: str) -> Dsn:
+    """The hop status of a reply the server gave at once (a provider's 421)."""
+    status = text.split()[1] if len(text.split()) > 1 else "4.7.0"
+    return Dsn(status, f"host {dest.host}[192.0.2.1] said: {text}")
+
+
 def server_of(dest: Destination) -> str:
     """The server a destination's sessions go to: its MX host's (destinations that
     name one host share it, issue #33), else its own."""
@@ -52,6 +65,8 @@ class Remote:
         #: so that a seed draws the same sequence as before.
         self.rng = rng
         self.servers: dict[str, SimServer] = {}
+        #: The servers' rules per source (simulator/sources.py), None: no pools.
+        self.provider: Provider | None = None
 
     def connect(self, entry: Entry, start: float, window: int, dest: Destination,
                 msg: SimMessage) -> None:
@@ -69,6 +84,14 @@ class Remote:
             hop = Dsn("4.4.1", f"connect to {dest.host}[192.0.2.1]:25: Connection refused")
             self._end(0.0, entry, start, window, dest.name, "deferred", hop, False)
             return
+        provider = self.provider
+        if provider is not None and dest.sources:
+            text = provider.refusal(dest, entry.queue.transport.name, len(entry.recipients),
+                                    self.host.now)
+            if text is not None:
+                self._end(dest.reject_time, entry, start, window, dest.name, "deferred",
+                          said(dest, text), False)
+                return
         server = self.servers.setdefault(server_of(dest), SimServer())
         if dest.rate_limit > 0:
             # A provider's rate limiting: more than rate_limit sessions in the last
@@ -77,10 +100,8 @@ class Remote:
             while starts and starts[0] <= self.host.now - 1.0:
                 starts.popleft()
             if len(starts) >= dest.rate_limit:
-                text = dest.rate_reply
-                status = text.split()[1] if len(text.split()) > 1 else "4.7.0"
-                hop = Dsn(status, f"host {dest.host}[192.0.2.1] said: {text}")
-                self._end(dest.reject_time, entry, start, window, dest.name, "deferred", hop, False)
+                self._end(dest.reject_time, entry, start, window, dest.name, "deferred",
+                          said(dest, dest.rate_reply), False)
                 return
             starts.append(self.host.now)
         if not dest.server_limit or server.sessions < dest.server_limit:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pyqmgr.simulator.engine import Result
 from pyqmgr.simulator.scenario import Scenario
+from pyqmgr.simulator.sources import summary_lines
 
 
 def policies(sc: Scenario) -> dict[str, str]:
@@ -70,6 +71,8 @@ def summary(sc: Scenario, res: Result) -> list[str]:
                    f"{sum(res.rejected.values())}")
     if sc.retry_deferred:
         out += deferred(res)
+    if res.sources is not None:
+        out += summary_lines(res.sources)
     return out
 
 
@@ -158,7 +161,8 @@ def as_json(sc: Scenario, res: Result, trace: bool = False, *, scenario: str = "
         "seed": sc.seed if seed is None else seed, "policy": policies(sc),
         "simulated_seconds": _time(res.end_time), "deliveries": len(res.deliveries),
         "decisions": res.decisions, "destinations": destinations,
-        "policy_service": policy_service, "deferred_queue": deferred_queue, "trace": None}
+        "policy_service": policy_service, "deferred_queue": deferred_queue,
+        "sources": res.sources, "trace": None}
     if trace:
         doc["trace"] = {
             "deliveries": [{"start": _time(d.start), "end": _time(d.end),

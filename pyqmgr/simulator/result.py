@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyqmgr.scheduler.queue import Queue
@@ -63,6 +63,8 @@ class Result:
     held_back: dict[str, int] = field(default_factory=dict)
     held: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    #: Source pools and warm-up (simulator/sources.py's summary), None: off.
+    sources: dict[str, Any] | None = None
 
     def sample(self, now: float, queue: Queue, in_flight: int) -> None:
         """Record a destination's window and busy count if either changed.

@@ -9,6 +9,9 @@ A key the format does not know is an error, so a typo is not silently a default.
 title = "what the experiment shows"
 seed = 1                   # random numbers: latencies, 4xx/5xx draws, sizes
 duration = 3600            # simulate: stop the clock here at the latest (seconds)
+date = 2026-12-01          # simulate: the UTC date (or date-time) the clock's 0 stands
+                           # for: warm-up plans count a source's age and their windows
+                           # from it (default: the newest cold source's first day)
 
 [main_cf]                  # any main.cf parameter, as text, read with stock's rules
 smtp_destination_concurrency_limit = "20"
@@ -21,6 +24,8 @@ policy = "nqmgr"           # scheduler_policy: nqmgr, oqmgr, finch, zmailer, mod
 [pyqmgr_cf]                # any pyqmgr.cf parameter, as text (transport forms too)
 smtp_finch_scale_max_concurrency = "10"
 smtp_destination_rate = "5/1s"   # shaping; a response_rules path is relative to this file
+source_pools = "bulk"      # source pools (docs/sources.md): each member a [transports.NAME];
+bulk_sources = "src1 src2 src3"  # a table or plan path is relative to this file
 
 [transports.smtp]
 process_limit = 100        # master.cf maxproc of the service (compare: other names
@@ -58,6 +63,14 @@ rcpt_4xx = 0.0             # share of recipients answered rcpt_4xx_reply at RCPT
 rcpt_4xx_reply = "450 4.2.0 mailbox busy, try again later"
 rcpt_5xx = 0.0             # share of recipients answered rcpt_5xx_reply (they bounce)
 rcpt_5xx_reply = "550 5.1.1 no such user"
+
+[destinations."example.com".sources.src1]   # simulate: the server's rules for mail
+day_limit = 150            # from one source (a pool member, docs/sources.md), counted
+                           # per server (MX host) and source: recipients a UTC day;
+                           # a session that starts beyond them gets day_reply
+day_reply = "421 4.7.28 ..."  # (default: Gmail's text for a new IP's volume)
+rate_limit = 0             # sessions a second from this source; beyond, rate_reply
+rate_reply = "421 4.7.28 ..."
 
 [deferred]                 # simulate: the deferred queue (off: deferred recipients are
 retry = true               # only counted). Deferred recipients come back: a retry time
@@ -133,13 +146,15 @@ size = 2000                # compare: message size in bytes, a number or a dist 
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
+import datetime
 import math
 import os
 import random
 import re
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -285,6 +300,26 @@ class Latency:
         return self.value
 
 
+#: What a provider answers a source past its day's limit (Gmail's text for a new IP).
+DAY_REPLY = ("421 4.7.28 Our system has detected an unusual rate of unsolicited mail "
+             "originating from your IP address; try again later")
+
+
+@dataclass(frozen=True)
+class SourceRule:
+    """A destination's server's rules for mail from one source (a sending address),
+    counted per server (MX host) and source: a provider keeps reputation per IP."""
+
+    #: Sessions a second from this source (0: no limit); beyond, ``rate_reply``.
+    rate_limit: float = 0.0
+    rate_reply: str = ("421 4.7.28 Our system has detected an unusual rate of mail "
+                       "from your IP address; try again later")
+    #: Recipients a UTC day from this source (0: no limit); a session that starts
+    #: once they are taken is answered ``day_reply``.
+    day_limit: int = 0
+    day_reply: str = DAY_REPLY
+
+
 @dataclass(frozen=True)
 class Destination:
     name: str
@@ -321,6 +356,8 @@ class Destination:
     #: its server, and with sites on its site (pyqmgr/simulator/sites.py). Empty: a
     #: server of its own.
     mx: str = ""
+    #: The server's rules for one source (issue #46): [destinations.NAME.sources.SRC].
+    sources: Mapping[str, SourceRule] = field(default_factory=dict, hash=False)
 
     @property
     def host(self) -> str:
@@ -458,13 +495,16 @@ class Scenario:
     trace: list[TraceMessage] = field(default_factory=list)
     #: Servers of one fleet sharing their limits ([fleet] servers; 1: no fleet).
     fleet_servers: int = 1
+    #: The Unix time the virtual clock's 0 stands for (``date``: warm-up plans count
+    #: a source's age and their windows in UTC days from it); None: not given.
+    date: float | None = None
 
 
 # -- typed reads that name the key ----------------------------------------------------
 
 _TOP = {"title", "seed", "duration", "main_cf", "scheduler", "pyqmgr_cf", "transports",
         "destinations", "deferred", "messages", "compare", "delegation", "arrivals",
-        "fleet"}
+        "fleet", "date"}
 _FLEET = {"servers"}
 #: The most servers a fleet simulation runs.
 MAX_FLEET_SERVERS = 64
@@ -473,7 +513,8 @@ _TRANSPORT = {"process_limit", "handoff"}
 _DESTINATION = {"transport", "latency", "server_limit", "overload", "backlog",
                 "reject_time", "timeout", "dead", "dead_until", "dead_until_low",
                 "rate_limit", "rate_reply", "rcpt_4xx", "rcpt_4xx_reply", "rcpt_5xx",
-                "rcpt_5xx_reply", "mx"}
+                "rcpt_5xx_reply", "mx", "sources"}
+_SOURCE_RULE = {"rate_limit", "rate_reply", "day_limit", "day_reply"}
 _MESSAGE = {"at", "count", "every", "recipients", "destination", "name", "class",
             "sender", "size"}
 _DEFERRED = {"retry", "scan_phase"}
@@ -651,12 +692,32 @@ def parse(data: dict[str, Any], base_dir: str = ".") -> Scenario:
     _known(fleet, _FLEET, ("fleet",))
     sc.fleet_servers = int(_number(fleet, "servers", ("fleet",), 1, low=1,
                                    high=MAX_FLEET_SERVERS, integer=True))
+    if "date" in data:
+        sc.date = _date(data["date"])
     if "delegation" in data:
         delegation = data["delegation"]
         if not isinstance(delegation, dict):
             raise ScenarioError("delegation must be a table", ("delegation",))
         sc.delegation = _delegation(delegation, base_dir)
     return sc
+
+
+def _date(value: Any) -> float:
+    """``date``: a TOML date or date-time (UTC unless it has an offset), or the same
+    as a string."""
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            value = None
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return value.timestamp()
+    if isinstance(value, datetime.date):
+        return float(calendar.timegm(value.timetuple()))
+    raise ScenarioError("date must be a date or a date and time in UTC, such as 2026-12-01 "
+                        "or 2026-12-01T06:00:00Z", ("date",))
 
 
 def _destination(name: str, d: Any) -> Destination:
@@ -713,7 +774,31 @@ def _destination(name: str, d: Any) -> Destination:
         replies["rate_reply"], dead_until, dead_mode,
         shares["rcpt_4xx"], replies["rcpt_4xx_reply"], shares["rcpt_5xx"],
         replies["rcpt_5xx_reply"], "timeout" in d, dead_until_low,
-        _string(d, "mx", key, "").strip().rstrip(".").lower())
+        _string(d, "mx", key, "").strip().rstrip(".").lower(),
+        _source_rules(_table(d, "sources", key), key + ("sources",)))
+
+
+def _source_rules(table: dict[str, Any], key: Key) -> dict[str, SourceRule]:
+    """``[destinations.NAME.sources.SRC]``: the server's rules for one source."""
+    out = {}
+    for source, rule in table.items():
+        where = key + (source,)
+        if not isinstance(rule, dict):
+            raise ScenarioError(f"{_dotted(where)} must be a table", where)
+        _known(rule, _SOURCE_RULE, where)
+        replies = {}
+        for reply in ("rate_reply", "day_reply"):
+            text = _string(rule, reply, where, getattr(SourceRule, reply))
+            if not re.match(r"^4\d\d [^\r\n]*$", text):
+                raise ScenarioError(f"{_dotted(where + (reply,))} must be an SMTP reply "
+                                    "starting with a 4xx code, such as "
+                                    f"{getattr(SourceRule, reply)!r}", where + (reply,))
+            replies[reply] = text
+        out[source] = SourceRule(_number(rule, "rate_limit", where, 0, low=0),
+                                 replies["rate_reply"],
+                                 _number(rule, "day_limit", where, 0, low=0, integer=True),
+                                 replies["day_reply"])
+    return out
 
 
 def _message(i: int, m: Any, sc: Scenario) -> MessageSpec:
