@@ -143,12 +143,36 @@ def _sources_lines(sources: object) -> list[str]:
                  f"{_fmt(sources.get('unknown_site'))} went warm before their site was known"
                  + (f"; counts kept in {sources['state_file']}"
                     if sources.get("state_file") else ""))
+    if sources.get("shared"):
+        lines.append(_shared_warmup_line(sources))
     counts = _dicts(sources.get("counts"))
     if counts:
-        lines += _table(["SOURCE", "SITE", f"COUNTED THIS {window.upper()}", "LEFT"],
+        fleet = {(f.get("source"), f.get("site")): f.get("counted")
+                 for f in _dicts(sources.get("fleet_counts"))}
+        held = {(f.get("source"), f.get("site")): f.get("credits")
+                for f in _dicts(sources.get("credits"))}
+        shared = bool(sources.get("shared"))
+        lines += _table(["SOURCE", "SITE", f"COUNTED THIS {window.upper()}", "LEFT"]
+                        + (["FLEET", "CREDITS"] if shared else []),
                         [[_fmt(c.get("source")), _fmt(c.get("site")), _fmt(c.get("counted")),
-                          _fmt(c.get("left"))] for c in counts])
+                          _fmt(c.get("left"))]
+                         + ([_fmt(fleet.get((c.get("source"), c.get("site")), "-")),
+                             _fmt(held.get((c.get("source"), c.get("site")), 0))]
+                            if shared else []) for c in counts])
     return [*lines, ""]
+
+
+def _shared_warmup_line(sources: dict[str, object]) -> str:
+    """A fleet's warm-up (issue #46): the counts are the fleet's, the credits held."""
+    line = (f"warm-up counts: the fleet's (shared_state), {_fmt(sources.get('credits_held'))}"
+            f" credits held here; {_fmt(sources.get('credits_asked'))} asked, "
+            f"{_fmt(sources.get('credits_granted'))} granted")
+    if sources.get("fleet_unavailable"):
+        line += ("; Redis not answering: " + (
+            "counting here alone" if sources.get("away") else "taking no more credits")
+            + f" (shared_state_failure = {_fmt(sources.get('fleet_failure'))}), "
+            f"{_fmt(sources.get('owed'))} owed to the fleet's count")
+    return line
 
 
 def _classes_lines(reply: dict[str, object]) -> list[str]:

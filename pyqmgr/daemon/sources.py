@@ -13,8 +13,13 @@ start, and on the way out.
 
 A state file that cannot be read, does not parse or is of another plan's window is a
 warning and counts start from zero: a cold source may then send up to one more
-window's plan that window (the docs say so). Fleets share nothing here yet: each
-node counts its own.
+window's plan that window (the docs say so).
+
+In a fleet (``shared_state``) the servers share each cold source's count at a site:
+the book counts against credits taken from Redis in chunks
+(:mod:`pyqmgr.daemon.fleet.warmup`), asked for after a choice that ran low, never
+waited for. The state file still keeps this server's own counts (status, and the
+count ``shared_state_failure = local`` falls back to).
 
 The site a cold source's count is kept at is the one the site table knows for the
 domain (an earlier MX lookup, or a pin); with site_grouping off, a domain is its own
@@ -34,8 +39,10 @@ from typing import TYPE_CHECKING
 from pyqmgr.scheduler.source_route import MAX_DOMAINS, SourceRouter
 
 if TYPE_CHECKING:
+    from pyqmgr.daemon.fleet.warmup import FleetWarmup
     from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.daemon.suspensions import StateFile
+    from pyqmgr.scheduler.message import Message, Recipient
     from pyqmgr.settings.classes import Classifier
     from pyqmgr.settings.sources import SourceSettings
 
@@ -66,6 +73,23 @@ class Sources(SourceRouter):
         self._save_at: asyncio.TimerHandle | None = None
         super().__init__(settings.book(), settings, class_names, host.scheduler, clock,
                          self._dirty)
+        #: The fleet's share of the counts (shared_state with a cold source); None: the
+        #: counts are this server's alone.
+        self.warmup: FleetWarmup | None = None
+        fleet = getattr(host, "fleet", None)
+        if fleet is not None and self.book.starts and self.book.plan is not None:
+            from pyqmgr.daemon.fleet.warmup import FleetWarmup  # a fleet's only
+
+            self.warmup = FleetWarmup(host, fleet, self.book, clock)
+
+    def route(self, message: Message, rcpt: Recipient, transport: str,
+              nexthop: str) -> tuple[str, str]:
+        """The router's choice; in a fleet, then the credits it ran low of asked for
+        (after the choice, never waited for)."""
+        got = super().route(message, rcpt, transport, nexthop)
+        if self.warmup is not None:
+            self.warmup.poke()
+        return got
 
     # -- the state file -------------------------------------------------------------------
 
@@ -125,6 +149,7 @@ class Sources(SourceRouter):
     def status(self) -> dict[str, object]:
         """What ``pyqmgr status`` shows: the pools, the window's counts, the file."""
         return {**self.book.status(self.clock()),
+                **(self.warmup.status() if self.warmup is not None else {}),
                 "state_file": (os.path.join(self.state.path, STATE_FILE)
                                if self.state is not None and self.book.plan is not None
                                else None)}

@@ -496,6 +496,11 @@ class Shared:
             raise RedisUnavailable(f"unexpected reply to the holders script: {reply!r:.80}")
         return [m.decode("utf-8", "replace") for m in reply if isinstance(m, bytes)]
 
+    async def run(self, script: str, keys: list[str], args: list[object]) -> Reply:
+        """Another module's script (the warm-up's credits, :mod:`.warmup`), sent as
+        this module's own are."""
+        return await self._script(script, keys, args)
+
     async def _script(self, script: str, keys: list[str], args: list[object]) -> Reply:
         """EVALSHA; EVAL when the server does not have the script (a restart, a
         failover, another shard), which also leaves it cached there."""

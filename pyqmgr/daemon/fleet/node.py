@@ -39,7 +39,7 @@ import contextlib
 import time
 from collections import Counter as Tally
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from pyqmgr.daemon.fleet.news import FleetNews
@@ -152,6 +152,9 @@ class Fleet:
         self.news = FleetNews(host, self.shared, settings, self.counters, clock)
         #: This server's record in the fleet's roster, and the others' (issue #35).
         self.roster = FleetRoster(self)
+        #: What other parts give back to the fleet at exit, within the same bound (the
+        #: warm-up's credits, :mod:`.warmup`).
+        self.at_exit: list[Callable[[], Awaitable[None]]] = []
 
     # -- asking -------------------------------------------------------------------------
 
@@ -474,7 +477,8 @@ class Fleet:
         self.spares.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(self.roster.leave(), *(
-                self._release(t, q, lease, more=False) for t, q, lease in held)), timeout)
+                self._release(t, q, lease, more=False) for t, q, lease in held),
+                *(part() for part in self.at_exit)), timeout)
 
     def close(self) -> None:
         for task in self._tasks:

@@ -1,0 +1,140 @@
+"""The warm-up's counts shared by a fleet, on real Postfix (issue #46 item 2).
+
+Two Postfix servers with pyqmgr, one Redis between them (``shared_state``), each with
+the same pool of three sources bound to the same addresses 127.0.0.21-23 (as two
+relays behind one NAT, or a floating IP, send from one address) and the same plan: a
+cold src1 with 100 messages a day at the site. The sink sees every message from both
+and counts them per client address. Without the fleet's count each server would send
+its own 100 from 127.0.0.21; with it, the two together send the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from pyqmgr.control.client import request
+from pyqmgr.control.render import status_lines
+from pyqmgr.testbed import dns
+from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.redis import RedisServer
+from pyqmgr.testbed.sink import SinkServer
+from tests.test_sources_real import DOMAIN, RECORDS, SOURCES, _master_cf, _today
+
+pytestmark = pytest.mark.skipif(not dns.available(), reason="needs unbound (./dev installs it)")
+
+PLAN = 100
+PER_SERVER = 200  # src1's share of 400 by weight would be 133: the plan binds
+
+
+def _server(postfix_instance, redis: RedisServer, dns_server: dns.DnsServer, port: int,
+            node: str) -> PostfixInstance:
+    pf: PostfixInstance = postfix_instance(
+        start=False, qmgr="pyqmgr", master_cf_extra=_master_cf(),
+        transports={DOMAIN: f"smtp:{DOMAIN}:{port}"},
+        main_cf={"smtp_host_lookup": "dns", "minimal_backoff_time": "3600s",
+                 "maximal_backoff_time": "3600s"})
+    plan_path = os.path.join(pf.config_dir, "pyqmgr-warmup")
+    with open(plan_path, "w") as f:
+        f.write(f"0 {PLAN}\n30 warm\n")
+    pf.write_pyqmgr_cf({
+        "site_grouping": "mx", "message_classes": "bulk", "source_pools": "bulk",
+        "bulk_sources": " ".join(SOURCES), "source_pool_maps": "inline:{ bulk=bulk }",
+        "source_warmup_plan": plan_path, "src1_source_warmup_start": _today(),
+        "shared_state": redis.url, "shared_state_node": node})
+    pf.start(prefix=dns_server.start_prefix())
+    return pf
+
+
+def _sent_and_deferred(pf: PostfixInstance) -> tuple[int, int]:
+    lines = pf.maillog.lines()
+    return (sum(1 for ln in lines if "status=sent" in ln.text),
+            sum(1 for ln in lines if "status=deferred" in ln.text))
+
+
+def _send_both(servers: list[PostfixInstance]) -> None:
+    errors: list[BaseException] = []
+
+    def send(i: int, pf: PostfixInstance) -> None:
+        try:
+            pf.smtp_send_many([("s@relay.test", [f"n{i}r{k}@{DOMAIN}"])
+                               for k in range(1, PER_SERVER)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(i, pf)) for i, pf in enumerate(servers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _fleet_run(postfix_instance, sink, redis_server) -> tuple[dict[str, int], dict, str, int,
+                                                              list[int], str]:
+    redis: RedisServer = redis_server()
+    srv: SinkServer = sink(latency=0.02)
+    day = _today()
+    with dns.DnsServer(["test"], RECORDS) as dns_server:
+        servers = [_server(postfix_instance, redis, dns_server, srv.port, f"node{i}")
+                   for i in range(2)]
+        # Each server's first message goes warm and has the MX looked up: the site.
+        for i, pf in enumerate(servers):
+            pf.smtp_send([("s@relay.test", [f"n{i}r0@{DOMAIN}"])])
+        servers[0].wait_until(lambda: srv.snapshot().messages == 2, 20, "the first two")
+        _send_both(servers)
+        total = 2 * PER_SERVER
+        servers[0].wait_until(lambda: sum(_sent_and_deferred(pf)[0] for pf in servers)
+                              >= total, 40, f"{total} messages sent")
+        deferred = [_sent_and_deferred(pf)[1] for pf in servers]
+        replies = [request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status",
+                           timeout=10) for pf in servers]
+        text = "\n".join(ln for ln in status_lines(replies[0])
+                         if "warm-up" in ln or "src1" in ln or "SOURCE" in ln)
+        for pf in servers:
+            pf.stop()
+        # Both gave back what they held at exit: the fleet's count is what was sent.
+        keys = redis.command("KEYS", "pyqmgr:*warmup*")
+        assert isinstance(keys, list) and len(keys) == 1, keys
+        fleet_count = redis.command("GET", keys[0].decode())
+        key = keys[0].decode()
+    assert isinstance(fleet_count, bytes)
+    by_client = dict(srv.snapshot().messages_by_client)
+    status = [r["sources"] for r in replies]
+    return (by_client, {"status": status, "deferred": deferred}, text, int(fleet_count),
+            [s["credits_granted"] for s in status], key if day == _today() else "")
+
+
+def test_two_servers_share_a_cold_sources_plan(postfix_instance, sink, redis_server) -> None:
+    started = time.monotonic()
+    by_client, got, text, fleet_count, granted, key = _fleet_run(postfix_instance, sink,
+                                                                 redis_server)
+    if not key:  # the UTC day changed mid-run: the plan's window rolled over
+        by_client, got, text, fleet_count, granted, key = _fleet_run(
+            postfix_instance, sink, redis_server)
+    cold = by_client.get(SOURCES["src1"], 0)
+    per_server = [next((c["counted"] for c in s["counts"] if c["source"] == "src1"), 0)
+                  for s in got["status"]]
+    print(f"\n2 servers x {PER_SERVER} messages to {DOMAIN}, src1 cold with a plan of "
+          f"{PLAN} a day shared through Redis: messages by source address {by_client}; "
+          f"src1 counted {per_server[0]} + {per_server[1]} by the servers, credits granted "
+          f"{granted[0]} + {granted[1]}, the fleet's count after both stopped "
+          f"{fleet_count} ({key}); {time.monotonic() - started:.1f} s")
+    print("node0's pyqmgr status says:\n" + text)
+    assert abs(cold - PLAN) <= PLAN * 0.02, by_client
+    assert cold <= PLAN, "the fleet never passes the plan"
+    assert all(n > 0 for n in per_server), "both servers sent from the cold address"
+    assert sum(per_server) == cold
+    assert sum(by_client.values()) == 2 * PER_SERVER and got["deferred"] == [0, 0]
+    assert by_client[SOURCES["src2"]] + by_client[SOURCES["src3"]] == 2 * PER_SERVER - cold
+    assert fleet_count == cold, "credits held at exit went back to the fleet"
+    for s in got["status"]:
+        assert s["shared"] is True and s["fleet_unavailable"] is False
+    assert "warm-up counts: the fleet's (shared_state)" in text
+    assert "FLEET" in text and "CREDITS" in text
+    _ = json.dumps(got)  # the status reply is JSON all through
