@@ -65,8 +65,9 @@ class Contender:
 
 
 def parse_contender(text: str, base: str | None = None) -> Contender:
-    """A contender from its text; relative response_rules paths in its settings start
-    at ``base`` (the workload's directory, for contenders the file names) or here."""
+    """A contender from its text; relative response_rules and warm-up plan paths in
+    its settings start at ``base`` (the workload's directory, for contenders the file
+    names) or here."""
     text = text.strip()
     head, sep, rest = text.partition(":")
     if head in ("stock", "oqmgr"):
@@ -93,7 +94,8 @@ def parse_contender(text: str, base: str | None = None) -> Contender:
             raise ContenderError(f"{text!r}: {pair.strip()!r} is not name=value (a "
                                  "pyqmgr.cf parameter and its value)")
         value = value.strip()
-        if name.endswith(RULES) and value and not os.path.isabs(value):
+        if (name.endswith(RULES) or name == "source_warmup_plan") and value \
+                and not os.path.isabs(value):
             value = os.path.normpath(os.path.join(base or os.getcwd(), value))
         settings[name] = value
     return Contender(text, "pyqmgr", policy or None, settings)

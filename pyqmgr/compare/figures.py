@@ -163,7 +163,10 @@ def sink_replies(sink: dict[str, Any], cfg: dict[str, Any]) -> dict[str, int]:
         out[code(cfg.get("rate_reply", RATE_LIMITED))] += sink["refused_rate"]
     for c, n in sink.get("replies", {}).items():
         if c.startswith("4"):
-            out[code(cfg.get("rcpt_4xx_reply", c))] += n
+            # The destination's reply with that code: its rcpt_4xx_reply, or a source's
+            # day_reply (a 421 4.7.28 past its quota, compare/sources.py).
+            texts = [cfg.get("rcpt_4xx_reply", c), *cfg.get("day_replies", [])]
+            out[code(next((t for t in texts if t.split()[:1] == [c]), c))] += n
     return dict(sorted(out.items()))
 
 
@@ -397,4 +400,6 @@ def run_figures(record: dict[str, Any], maillog: str) -> dict[str, Any]:
         "submission_errors": len(record.get("submission_errors", [])),
         # What the maillog shows did not take effect (pyqmgr.compare.evidence).
         "not_in_effect": not_in_effect(record, maillog),
+        # Each sink's count per source address (issue #46; compare/sources.py).
+        "sources": record.get("sources"),
     }

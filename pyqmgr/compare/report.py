@@ -29,6 +29,7 @@ import html
 from typing import Any
 
 from pyqmgr.compare.plots import plots
+from pyqmgr.compare.sources import markdown_lines
 
 THRESHOLDS = {
     "latency_ratio": 1.5, "latency_seconds": 0.1,
@@ -316,6 +317,7 @@ def markdown(report: dict[str, Any]) -> str:
     if hosts:
         out += ["", "## MX hosts (one server behind several destinations)", ""]
         out += _table(HOSTS, hosts)
+    out += markdown_lines(report)
     labels = report["contenders"]
     out += ["", "## Delivery order similarity (1: the same order)", ""]
     out += _table(["", *labels], [[a] + [f"{report['similarity'][a][b]:.3f}" for b in labels]

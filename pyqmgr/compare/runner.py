@@ -49,11 +49,19 @@ from pyqmgr.compare.contender import Contender
 from pyqmgr.compare.figures import DeliveryLine, parse_delivery
 from pyqmgr.compare.plan import Arrival, Plan, parse_address
 from pyqmgr.compare.servers import Servers, fleet_cf
+from pyqmgr.compare.sources import (
+    master_cf_line,
+    plan_root,
+    quotas,
+    real_cf,
+    source_addresses,
+)
+from pyqmgr.compare.sources import record as sources_record
 from pyqmgr.install import InstallError
 from pyqmgr.output import open_new, output_dir
 from pyqmgr.simulator.scenario import Destination, parse_script
 from pyqmgr.testbed import dns
-from pyqmgr.testbed.instance import PostfixInstance, TestbedError
+from pyqmgr.testbed.instance import BASE_ENV, PostfixInstance, TestbedError
 
 if TYPE_CHECKING:
     # Imported where a sink is made: the sink needs aiosmtpd (the testbed extra), and
@@ -482,6 +490,12 @@ def _make_hosts(plan: Plan) -> dict[str, _Host]:
     for name, key in _host_of(plan).items():
         if key not in hosts:
             hosts[key] = _Host([plan.destinations[name]], seed, plan.scripts)
+    # A provider's rules per source address (issue #46): its sink's quotas.
+    addresses = source_addresses(plan.scenario)
+    for h in hosts.values():
+        if h.sink is not None:
+            for d in h.dests.values():
+                h.sink.client_quotas.update(quotas(d, addresses))
     return hosts
 
 
@@ -521,15 +535,20 @@ def _configuration(plan: Plan, contender: Contender, hosts: dict[str, _Host],
     most = max(len(a.recipients) for a in plan.arrivals)
     if most > 1000 and "smtpd_recipient_limit" not in main_cf:
         main_cf["smtpd_recipient_limit"] = str(most)
-    extra = [f"{t} unix - - n - {n or '-'} smtp"
+    addresses = source_addresses(plan.scenario)
+    extra = [master_cf_line(t, n, addresses.get(t))
              for t, n in plan.process_limits.items() if t != "smtp"]
     if filt is not None:
         main_cf.update(filt.main_cf())
         extra += filt.master_cf()
     pyqmgr_cf = contender.pyqmgr_cf(plan.scenario)
+    if pyqmgr_cf is not None and addresses:
+        pyqmgr_cf = real_cf(pyqmgr_cf, plan.scenario)
+    record["source_addresses"] = addresses
     record["destinations"] = {
         name: {"rate_reply": d.rate_reply, "rcpt_4xx_reply": d.rcpt_4xx_reply,
-               "rcpt_5xx_reply": d.rcpt_5xx_reply}
+               "rcpt_5xx_reply": d.rcpt_5xx_reply,
+               "day_replies": sorted({r.day_reply for r in d.sources.values()})}
         for name, d in plan.destinations.items()}
     record.update({"main_cf": main_cf, "pyqmgr_cf": pyqmgr_cf, "transports": transports,
                    "master_cf_extra": extra, "process_limits": plan.process_limits})
@@ -587,6 +606,9 @@ def _record_remote(record: dict[str, Any], hosts: dict[str, _Host],
                 **h.record(t0, wall0), "domains": sorted(h.dests)}
         else:
             record["sinks"][key] = h.record(t0, wall0)
+    if record.get("source_addresses"):
+        record["sources"] = sources_record(record["source_addresses"], {
+            key: h.sink.snapshot() for key, h in hosts.items() if h.sink is not None})
     if filt is not None:
         record["content_filter"] = {"port": filt.port, "reinjected": filt.reinjected,
                                     "errors": filt.errors[:20]}
@@ -623,6 +645,19 @@ def _tear_down(run_dir: str, record: dict[str, Any], keep: bool, hosts: dict[str
         finally:
             with open_new(os.path.join(run_dir, "run.json")) as f:
                 json.dump(record, f, indent=1)
+
+
+def _instance(plan: Plan, qmgr: str, config: tuple[dict[str, str], dict[str, str], list[str]],
+              pyqmgr_cf: dict[str, str] | None, base_dir: str | None) -> PostfixInstance:
+    """One server of the run, with the warm-up plan in its configuration directory."""
+    main_cf, transports, extra = config
+    root = None
+    if pyqmgr_cf is not None:
+        root, pyqmgr_cf = plan_root(pyqmgr_cf, plan.scenario,
+                                    base_dir or os.environ.get(BASE_ENV) or "/tmp")
+    return PostfixInstance(qmgr=qmgr, main_cf=main_cf, transports=transports,
+                           master_cf_extra=extra, pyqmgr_cf=pyqmgr_cf, base_dir=base_dir,
+                           root=root)
 
 
 def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float,
@@ -667,10 +702,8 @@ def run_contender(plan: Plan, contender: Contender, run_dir: str, timeout: float
             redis = servers.redis = RedisServer()
             redis.start()
         for k in range(n):
-            servers.pfs.append(PostfixInstance(
-                qmgr=contender.qmgr, main_cf=main_cf, transports=transports,
-                master_cf_extra=extra, pyqmgr_cf=fleet_cf(pyqmgr_cf, redis, k),
-                base_dir=base_dir))
+            servers.pfs.append(_instance(plan, contender.qmgr, (main_cf, transports, extra),
+                                         fleet_cf(pyqmgr_cf, redis, k), base_dir))
         if plan.process_limits.get("smtp"):
             for pf in servers.pfs:
                 pf.postconf("-F", f"smtp/unix/process_limit={plan.process_limits['smtp']}")

@@ -64,13 +64,14 @@ rcpt_4xx_reply = "450 4.2.0 mailbox busy, try again later"
 rcpt_5xx = 0.0             # share of recipients answered rcpt_5xx_reply (they bounce)
 rcpt_5xx_reply = "550 5.1.1 no such user"
 
-[destinations."example.com".sources.src1]   # simulate: the server's rules for mail
-day_limit = 150            # from one source (a pool member, docs/sources.md), counted
-                           # per server (MX host) and source: recipients a UTC day;
-                           # a session that starts beyond them gets day_reply
+[destinations."example.com".sources.src1]   # the server's rules for mail from one
+day_limit = 150            # source (a pool member, docs/sources.md), counted per server
+                           # (MX host) and source: recipients a UTC day; a session
+                           # that starts beyond them gets day_reply (compare: the
+                           # sink's quota for the source's address, judged at RCPT)
 day_reply = "421 4.7.28 ..."  # (default: Gmail's text for a new IP's volume)
-rate_limit = 0             # sessions a second from this source; beyond, rate_reply
-rate_reply = "421 4.7.28 ..."
+rate_limit = 0             # simulate: sessions a second from this source; beyond,
+rate_reply = "421 4.7.28 ..."  # rate_reply
 
 [deferred]                 # simulate: the deferred queue (off: deferred recipients are
 retry = true               # only counted). Deferred recipients come back: a retry time

@@ -80,6 +80,9 @@ class SinkStats:
     sessions_by_client: Counter[str] = field(default_factory=Counter)
     refused_by_client: Counter[str] = field(default_factory=Counter)
     messages_by_client: Counter[str] = field(default_factory=Counter)
+    #: Recipients refused at RCPT because their client had used its quota
+    #: (``client_quotas``).
+    over_quota_by_client: Counter[str] = field(default_factory=Counter)
 
     def mean_concurrency(self) -> float:
         """Time-weighted mean of sessions open while any was open."""
@@ -130,6 +133,10 @@ class _Handler:
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope,
                           address: str, rcpt_options: list[str]) -> str:
         sink = self.sink
+        over = sink.quota_reply(session.peer[0] if session.peer else "?")
+        if over is not None:
+            sink._record_reply(address, over)
+            return over
         if sink.latency_at == "rcpt":
             delay = sink.latency_for(address)
             if delay > 0:
@@ -292,6 +299,10 @@ class SinkServer(LoopThreadServer):
         self.greeting_refusal: str | None = None
         #: The same for one client address (a provider that blocks one source).
         self.client_refusals: dict[str, str] = {}
+        #: Client address -> (messages, reply): past that many messages accepted
+        #: from it, its recipients get the reply at RCPT (a provider's day limit for
+        #: a new sending address: Gmail's 421 4.7.28).
+        self.client_quotas: dict[str, tuple[int, str]] = {}
         #: Session start times in the last second, per client (the rate limit).
         self._starts: dict[str, list[float]] = {}
         self.port: int = port or 0
@@ -330,6 +341,17 @@ class SinkServer(LoopThreadServer):
         return lookup(self.data_replies, address)
 
     # -- bookkeeping (called on the loop thread) --------------------------------------
+
+    def quota_reply(self, client: str) -> str | None:
+        """The reply for a recipient from a client past its quota; None: within it."""
+        quota = self.client_quotas.get(client)
+        if quota is None:
+            return None
+        with self.lock:
+            if self.stats.messages_by_client[client] < quota[0]:
+                return None
+            self.stats.over_quota_by_client[client] += 1
+        return quota[1]
 
     def _session_opened(self, client: str, proto: _SinkSMTP) -> str | None:
         """Count a new session; the greeting that refuses it, or None to serve it."""
