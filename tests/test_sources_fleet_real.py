@@ -28,7 +28,10 @@ from tests.test_sources_real import DOMAIN, RECORDS, SOURCES, _master_cf, _today
 pytestmark = pytest.mark.skipif(not dns.available(), reason="needs unbound (./dev installs it)")
 
 PLAN = 100
-PER_SERVER = 200  # src1's share of 400 by weight would be 133: the plan binds
+PER_SERVER = 300  # src1's share of 600 by weight would be 200: the plan binds midway
+#: Messages each server has before node0's reload: src1's share of them, 40, is under
+#: the plan, so the reload comes while the fleet still grants.
+FIRST = 60
 
 
 def _server(postfix_instance, redis: RedisServer, dns_server: dns.DnsServer, port: int,
@@ -36,8 +39,9 @@ def _server(postfix_instance, redis: RedisServer, dns_server: dns.DnsServer, por
     pf: PostfixInstance = postfix_instance(
         start=False, qmgr="pyqmgr", master_cf_extra=_master_cf(),
         transports={DOMAIN: f"smtp:{DOMAIN}:{port}"},
+        # Two sessions a source: the run lasts long enough for a reload midway.
         main_cf={"smtp_host_lookup": "dns", "minimal_backoff_time": "3600s",
-                 "maximal_backoff_time": "3600s"})
+                 "maximal_backoff_time": "3600s", "default_destination_concurrency_limit": "2"})
     plan_path = os.path.join(pf.config_dir, "pyqmgr-warmup")
     with open(plan_path, "w") as f:
         f.write(f"0 {PLAN}\n30 warm\n")
@@ -56,13 +60,23 @@ def _sent_and_deferred(pf: PostfixInstance) -> tuple[int, int]:
             sum(1 for ln in lines if "status=deferred" in ln.text))
 
 
-def _send_both(servers: list[PostfixInstance]) -> None:
+def _fleet_count(redis: RedisServer) -> int:
+    """The fleet's count of src1 at the site (the one warm-up key of the run)."""
+    keys = redis.command("KEYS", "pyqmgr:*warmup*")
+    assert isinstance(keys, list) and len(keys) <= 1, keys
+    value = redis.command("GET", keys[0].decode()) if keys else b"0"
+    assert isinstance(value, bytes), value
+    return int(value)
+
+
+def _send_both(servers: list[PostfixInstance], first: int, last: int) -> None:
+    """Messages ``first`` to ``last`` - 1 to each server at once, as busy relays get."""
     errors: list[BaseException] = []
 
     def send(i: int, pf: PostfixInstance) -> None:
         try:
             pf.smtp_send_many([("s@relay.test", [f"n{i}r{k}@{DOMAIN}"])
-                               for k in range(1, PER_SERVER)])
+                               for k in range(first, last)])
         except BaseException as exc:
             errors.append(exc)
 
@@ -78,7 +92,7 @@ def _send_both(servers: list[PostfixInstance]) -> None:
 def _fleet_run(postfix_instance, sink, redis_server) -> tuple[dict[str, int], dict, str, int,
                                                               list[int], str]:
     redis: RedisServer = redis_server()
-    srv: SinkServer = sink(latency=0.02)
+    srv: SinkServer = sink(latency=0.05)
     day = _today()
     with dns.DnsServer(["test"], RECORDS) as dns_server:
         servers = [_server(postfix_instance, redis, dns_server, srv.port, f"node{i}")
@@ -87,7 +101,20 @@ def _fleet_run(postfix_instance, sink, redis_server) -> tuple[dict[str, int], di
         for i, pf in enumerate(servers):
             pf.smtp_send([("s@relay.test", [f"n{i}r0@{DOMAIN}"])])
         servers[0].wait_until(lambda: srv.snapshot().messages == 2, 20, "the first two")
-        _send_both(servers)
+        _send_both(servers, 1, FIRST)
+        # node0 reloads midway: its qmgr gives back the credits it holds and the
+        # recipients it never sent, and the new one asks afresh. Then the second
+        # half of the mail comes to both.
+        cold = SOURCES["src1"]
+        servers[0].wait_until(lambda: srv.snapshot().messages_by_client[cold] >= PLAN // 4,
+                              40, f"{PLAN // 4} messages from the cold source")
+        before = _fleet_count(redis)
+        first = servers[0].qmgr_pid()
+        at_reload = srv.snapshot().messages_by_client[cold]
+        servers[0].reload()
+        servers[0].wait_until(lambda: servers[0].qmgr_pid() != first, 20,
+                              "a new qmgr after the reload")
+        _send_both(servers, FIRST, PER_SERVER)
         total = 2 * PER_SERVER
         servers[0].wait_until(lambda: sum(_sent_and_deferred(pf)[0] for pf in servers)
                               >= total, 40, f"{total} messages sent")
@@ -101,12 +128,15 @@ def _fleet_run(postfix_instance, sink, redis_server) -> tuple[dict[str, int], di
         # Both gave back what they held at exit: the fleet's count is what was sent.
         keys = redis.command("KEYS", "pyqmgr:*warmup*")
         assert isinstance(keys, list) and len(keys) == 1, keys
-        fleet_count = redis.command("GET", keys[0].decode())
+        fleet_count = _fleet_count(redis)
         key = keys[0].decode()
-    assert isinstance(fleet_count, bytes)
     by_client = dict(srv.snapshot().messages_by_client)
     status = [r["sources"] for r in replies]
-    return (by_client, {"status": status, "deferred": deferred}, text, int(fleet_count),
+    twice = {r: [m.peer for m in srv.messages() if r in m.recipients]
+             for r, n in srv.snapshot().delivered.items() if n > 1}
+    return (by_client, {"status": status, "deferred": deferred, "at_reload": at_reload,
+                        "twice": twice, "fleet_at_reload": before},
+            text, fleet_count,
             [s["credits_granted"] for s in status], key if day == _today() else "")
 
 
@@ -124,7 +154,9 @@ def test_two_servers_share_a_cold_sources_plan(postfix_instance, sink, redis_ser
           f"{PLAN} a day shared through Redis: messages by source address {by_client}; "
           f"src1 counted {per_server[0]} + {per_server[1]} by the servers, credits granted "
           f"{granted[0]} + {granted[1]}, the fleet's count after both stopped "
-          f"{fleet_count} ({key}); {time.monotonic() - started:.1f} s")
+          f"{fleet_count} ({key}); node0 reloaded when src1 had sent {got['at_reload']} "
+          f"(the fleet's count {got['fleet_at_reload']}); "
+          f"{time.monotonic() - started:.1f} s")
     print("node0's pyqmgr status says:\n" + text)
     assert abs(cold - PLAN) <= PLAN * 0.02, by_client
     assert cold <= PLAN, "the fleet never passes the plan"
@@ -132,7 +164,9 @@ def test_two_servers_share_a_cold_sources_plan(postfix_instance, sink, redis_ser
     assert sum(per_server) == cold
     assert sum(by_client.values()) == 2 * PER_SERVER and got["deferred"] == [0, 0]
     assert by_client[SOURCES["src2"]] + by_client[SOURCES["src3"]] == 2 * PER_SERVER - cold
-    assert fleet_count == cold, "credits held at exit went back to the fleet"
+    assert got["fleet_at_reload"] < PLAN, "the reload came while the fleet still granted"
+    assert got["twice"] == {}, "a recipient delivered twice"
+    assert fleet_count == cold, "credits held at exit (and the reload) went back to the fleet"
     for s in got["status"]:
         assert s["shared"] is True and s["fleet_unavailable"] is False
     assert "warm-up counts: the fleet's (shared_state)" in text

@@ -36,10 +36,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pyqmgr.daemon.fleet.warmup import FleetWarmup
 from pyqmgr.scheduler.source_route import MAX_DOMAINS, SourceRouter
 
 if TYPE_CHECKING:
-    from pyqmgr.daemon.fleet.warmup import FleetWarmup
     from pyqmgr.daemon.host import QmgrCore
     from pyqmgr.daemon.suspensions import StateFile
     from pyqmgr.scheduler.message import Message, Recipient
@@ -78,8 +78,6 @@ class Sources(SourceRouter):
         self.warmup: FleetWarmup | None = None
         fleet = getattr(host, "fleet", None)
         if fleet is not None and self.book.starts and self.book.plan is not None:
-            from pyqmgr.daemon.fleet.warmup import FleetWarmup  # a fleet's only
-
             self.warmup = FleetWarmup(host, fleet, self.book, clock)
 
     def route(self, message: Message, rcpt: Recipient, transport: str,

@@ -326,13 +326,14 @@ class SourceBook:
     # -- a fleet's credits (:mod:`.source_credits`) ----------------------------------------
 
     def credited(self, source: str, site: str, window: int, granted: int, now: float,
-                 retry: float = DRY_RETRY) -> None:
+                 retry: float = DRY_RETRY, room: int | None = None) -> None:
         """The fleet's answer for (source, site) in ``window``: ``granted`` credits (0:
-        none left; asked again after ``retry`` seconds). An answer for a window past is
-        dropped: its key expires with what it counted."""
+        none left; asked again after ``retry`` seconds), ``room`` left to grant after
+        (None: no answer). An answer for a window past is dropped: its key expires
+        with what it counted."""
         self.roll(now)
         if self.credits is not None and window == self.window:
-            self.credits.answered((source, site), granted, now, retry)
+            self.credits.answered((source, site), granted, now, retry, room)
 
     def unused(self) -> list[tuple[str, str, int]]:
         """What this server gives back to the fleet as it exits: each pair's credits

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from pyqmgr.scheduler.source import DAY, HOUR, OVERFLOW_WAIT, Pool, SourceBook, WarmupPlan
-from pyqmgr.scheduler.source_credits import DRY_RETRY, credit_chunk
+from pyqmgr.scheduler.source_credits import DRY_RETRY, IDLE_RETURN, credit_chunk
 from pyqmgr.settings.sources import parse_start
 
 START = parse_start("2026-11-20")
@@ -164,7 +164,8 @@ def test_the_fleet_away_counts_here_and_owes_what_it_took() -> None:
 def test_two_servers_sharing_one_count_never_pass_the_plan() -> None:
     """Two books, each asking a shared count as the Lua script grants, the answers
     coming in any order: the cold source never passes the plan, every credit granted
-    is spent or held, and with mail enough on both it sends exactly the plan."""
+    is spent or held, at most one a server once the fleet's allowance is nearly
+    granted, and with mail enough on both it sends exactly the plan."""
     rng = random.Random(46)
     allowance = 100
     fleet_count = 0
@@ -175,9 +176,10 @@ def test_two_servers_sharing_one_count_never_pass_the_plan() -> None:
         nonlocal fleet_count
         source, site, allow, owed = ask
         fleet_count += owed
-        grant = max(0, min(credit_chunk(allow), allow - fleet_count))
+        assert b.credits is not None
+        grant = max(0, min(b.credits.want((source, site), allow), allow - fleet_count))
         fleet_count += grant
-        b.credited(source, site, b.window, grant, NOW)
+        b.credited(source, site, b.window, grant, NOW, room=allow - fleet_count)
 
     def deliver(book: SourceBook, key: tuple[str, int], fail: float) -> None:
         if book.choose("bulk", "google", NOW, key) == "src1":
@@ -200,7 +202,45 @@ def test_two_servers_sharing_one_count_never_pass_the_plan() -> None:
     cold = sum(b.counts.get(PAIR, 0) for b in books)
     held = sum(b.credits.held.get(PAIR, 0) for b in books if b.credits is not None)
     assert fleet_count == allowance and cold + held == allowance
-    assert held <= 2 * 2 * credit_chunk(allowance), "two chunks a server at most"
+    assert held <= 2, "near the end of the allowance, one credit a server at most"
     for step in range(100):  # mail goes on: the credits held are spent
         deliver(books[step % 2], ("n", step), 0.0)
     assert sum(b.counts.get(PAIR, 0) for b in books) == allowance
+
+
+def test_credits_no_mail_asked_for_lately_are_taken_out_to_give_back() -> None:
+    book = shared_book()
+    credits = book.credits
+    assert credits is not None
+    route(book, 1)
+    credits.drain()
+    book.credited("src1", "google", book.window, 4, NOW)
+    route(book, 3, tag="j")  # one of them cold: mail came for the pair at NOW
+    assert credits.held[PAIR] == 3
+    assert credits.idle([PAIR], NOW + IDLE_RETURN / 2) == []
+    assert credits.idle([PAIR], NOW + IDLE_RETURN) == [("src1", "google", 3)]
+    assert PAIR not in credits.held and credits.idle([PAIR], NOW + 9) == []
+
+
+def test_near_the_end_of_the_allowance_one_credit_at_a_time_and_only_when_none() -> None:
+    book = shared_book()
+    credits = book.credits
+    assert credits is not None
+    route(book, 1)
+    credits.drain()
+    assert credits.want(PAIR, 100) == 2
+    book.credited("src1", "google", book.window, 2, NOW, room=60)
+    route(book, 3, tag="k")
+    assert credits.drain(), "far from the end: the next chunk asked with one in hand"
+    book.credited("src1", "google", book.window, 2, NOW, room=8)  # 4 chunks left
+    assert credits.near_end(PAIR, 100) and credits.want(PAIR, 100) == 1
+    held = credits.held[PAIR]
+    assert held == 3
+    i = 0
+    while credits.held.get(PAIR, 0) > 0:
+        book.choose("bulk", "google", NOW, ("l", i))
+        i += 1
+        assert not credits.wanted, "no question while a credit is in hand"
+    assert i <= 3 * held
+    route(book, 3, tag="m")  # the next cold turn finds none: one question
+    assert credits.drain() == [("src1", "google", 100, 0)]

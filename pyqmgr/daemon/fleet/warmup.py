@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from pyqmgr.fleet.settings import FAILURE, HOLD
 from pyqmgr.fleet.warmup import WarmupCredits
-from pyqmgr.scheduler.source_credits import credit_chunk
+from pyqmgr.scheduler.source_credits import IDLE_RETURN
 
 if TYPE_CHECKING:
     from pyqmgr.daemon.fleet.node import Fleet
@@ -53,6 +53,10 @@ class FleetWarmup:
         #: (source, site) -> the fleet's count at the last answer, for status.
         self.fleet_counts: dict[tuple[str, str], int] = {}
         self.counters: Counter[str] = Counter()
+        #: Pairs whose whole allowance the fleet has granted: their credits go back
+        #: when no mail asks for them (:meth:`_sweep`).
+        self.exhausted: set[tuple[str, str]] = set()
+        self._sweeping = False
         fleet.at_exit.append(self.give_back)
 
     def poke(self) -> None:
@@ -73,9 +77,9 @@ class FleetWarmup:
         assert plan is not None
         self.counters["asked"] += 1
         try:
-            granted, count = await self.redis.take(source, site, window, plan.window,
-                                                   allowance, credit_chunk(allowance),
-                                                   owed, self.clock())
+            granted, count = await self.redis.take(
+                source, site, window, plan.window, allowance,
+                self.credits.want((source, site), allowance), owed, self.clock())
         except Exception as exc:  # noqa: BLE001 - RedisUnavailable, or a bug: no credit
             self._failed(source, site, window, owed, str(exc))
             return
@@ -88,7 +92,35 @@ class FleetWarmup:
         pair = (source, site)
         if pair in self.fleet_counts or len(self.fleet_counts) < SEEN_MEMORY:
             self.fleet_counts[pair] = count
-        self.book.credited(source, site, window, granted, self.clock())
+        self.book.credited(source, site, window, granted, self.clock(),
+                           room=max(0, allowance - count))
+        if count >= allowance and window == self.book.window:
+            self.exhausted.add(pair)
+            if not self._sweeping:
+                self._sweeping = True
+                asyncio.get_running_loop().call_later(IDLE_RETURN, self._sweep)
+
+    def _sweep(self) -> None:
+        """Credits of exhausted pairs that no mail asked for lately go back to the
+        fleet, for servers whose mail goes on; the sweep runs while any are held."""
+        self._sweeping = False
+        plan, window, now = self.book.plan, self.book.window, self.clock()
+        if plan is None:
+            return
+        for source, site, n in self.credits.idle(self.exhausted, now):
+            self.counters["given_back"] += n
+            self.host.spawn(self._give(source, site, window, plan.window, n, now))
+        self.exhausted = {p for p in self.exhausted if self.credits.held.get(p, 0) > 0}
+        if self.exhausted:
+            self._sweeping = True
+            asyncio.get_running_loop().call_later(IDLE_RETURN, self._sweep)
+
+    async def _give(self, source: str, site: str, window: int, seconds: float, n: int,
+                    now: float) -> None:
+        try:
+            await self.redis.give_back(source, site, window, seconds, n, now)
+        except Exception:  # noqa: BLE001 - lost to this window: the plan is not passed
+            self.counters["errors"] += 1
 
     def _failed(self, source: str, site: str, window: int, owed: int, why: str) -> None:
         """No answer: ``local`` counts here from now on, ``hold`` takes nothing more."""
