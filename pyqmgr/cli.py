@@ -288,6 +288,7 @@ def _replay(args: argparse.Namespace) -> int:
     from pyqmgr.postfix.config import ConfigError
     from pyqmgr.replay import GAP, Options, replay
     from pyqmgr.replay import report as replay_report
+    from pyqmgr.replay.sources import read_pools
     from pyqmgr.replay.workload import write
     from pyqmgr.simulator.scenario import Scenario
 
@@ -300,7 +301,8 @@ def _replay(args: argparse.Namespace) -> int:
             return fail(f"{path}: no such file")
     try:
         contenders = parse_contenders(args.contenders or ["stock"])
-        main_cf, limits = _replay_config(args.config_dir, args.settings)
+        pools, settings = read_pools(args.config_dir, args.settings)
+        main_cf, limits = _replay_config(args.config_dir, settings)
     except (ContenderError, ConfigError, ValueError) as exc:
         return fail(str(exc))
     if args.compare:
@@ -315,7 +317,7 @@ def _replay(args: argparse.Namespace) -> int:
                    args.hash_key.encode() if args.hash_key else None, args.year,
                    args.instance or [], args.seed, args.runs,
                    args.gap if args.gap is not None else GAP, args.fit_on or [],
-                   sites=args.sites)
+                   sites=args.sites, pools=pools)
     progress = None
     if sys.stderr.isatty() and not args.json:
         def progress(text: str) -> None:
@@ -832,9 +834,13 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                         "pyqmgr:POLICY[,name=value...]; default stock")
     p.add_argument("--config-dir", metavar="DIR",
                    help="the logged instance's config_directory: its main.cf (backoff "
-                        "times, concurrency limits...) and master.cf process limits")
+                        "times, concurrency limits...), master.cf process limits and "
+                        "pyqmgr.cf's source pools (their members' refusals are read per "
+                        "source and server, and replayed through the pools)")
     p.add_argument("-o", dest="settings", action="append", default=[],
-                   metavar="NAME=VALUE", help="a main.cf setting for the simulation "
+                   metavar="NAME=VALUE", help="a main.cf setting for the simulation, or a "
+                                              "pool's pyqmgr.cf setting (source_pools, "
+                                              "NAME_sources, source_warmup_plan...) "
                                               "(repeat; over --config-dir's)")
     p.add_argument("--instance", action="append", metavar="NAME",
                    help="replay only this instance: HOST/SYSLOG_NAME or SYSLOG_NAME "

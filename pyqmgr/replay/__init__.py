@@ -9,6 +9,7 @@ each run's figures against the log's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from pyqmgr.compare.contender import Contender
 from pyqmgr.postfix.maillog import Reader
 from pyqmgr.replay.derive import GAP, Derived, Deriver, relay_nexthop
 from pyqmgr.replay.report import as_dict, log_figures, sim_figures, sim_ranges
+from pyqmgr.replay.sources import members, sim_rows, without_pools
 from pyqmgr.replay.timing import retry_timing
 from pyqmgr.replay.workload import build, sites_of
 from pyqmgr.simulator.engine import simulate
@@ -47,6 +49,10 @@ class Options:
     #: Group destinations by the servers their relay= fields name (issue #33): each
     #: workload destination names its server as ``mx``.
     sites: bool = False
+    #: The logged relay's source pools (pyqmgr.cf's, :func:`.sources.pool_settings`):
+    #: its members' tries are read per source and server, and replayed through the
+    #: pools (sites on: the rules are per server). Empty: no pools, as before.
+    pools: dict[str, str] = field(default_factory=dict)
 
 
 #: One simulation is one draw of the replayed system's chance (agent hand-offs,
@@ -70,8 +76,10 @@ Progress = Callable[[str], None]
 def derive(paths: list[str], opts: Options,
            progress: Progress | None = None) -> tuple[Reader, dict[str, Derived]]:
     reader = Reader(paths, opts.year)
+    pool = frozenset(members(opts.pools))
     deriver = Deriver(opts.hash_addresses, opts.hash_key, opts.seed, opts.gap,
-                      relay_nexthop(opts.main_cf.get("relayhost", "")), opts.sites)
+                      relay_nexthop(opts.main_cf.get("relayhost", "")),
+                      opts.sites or bool(pool), pool)
     if progress is None:
         deriver.feed(reader)
     else:
@@ -115,7 +123,7 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
         "instances": []}
     for name, derived in sorted(instances.items()):
         sc, models, names = build(derived, opts.main_cf, opts.process_limits, opts.seed,
-                                  fits, fitted_on)
+                                  fits, fitted_on, opts.pools)
         if workloads is not None:
             workloads[name] = sc
         inst: dict[str, Any] = {
@@ -136,19 +144,32 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
             said = timing.warning()
             if said is not None:
                 inst["warnings"].append(said)
-        if opts.sites:
+        if opts.sites or derived.source_report is not None:
             inst["sites"] = sites_of(sc)
+        if derived.source_report is not None:
+            inst["sources"] = derived.source_report
         if sc.trace:
             k = runs_for(sc, opts.runs)
+            pools = sc.pyqmgr_cf
             for contender in opts.contenders:
-                sc.pyqmgr_cf = contender.simulator_policy(sc)
+                # Postfix's own queue managers have no pools: trivial-rewrite's
+                # transport, the default address, no server's rule for a source.
+                run_sc = sc if contender.qmgr == "pyqmgr" or not pools else \
+                    without_pools(sc)
+                run_sc.pyqmgr_cf = contender.simulator_policy(run_sc)
                 t0 = time.monotonic()
                 results = []
                 for i in range(k):
                     if progress is not None:
                         progress(f"{name}: simulating {len(sc.trace):,} messages under "
                                  f"{contender.label}" + (f" ({i + 1}/{k})" if k > 1 else ""))
-                    results.append(simulate(sc, seed=opts.seed + i, record=False))
+                    results.append(simulate(run_sc, seed=opts.seed + i, record=False))
+                if run_sc is sc:
+                    sc.pyqmgr_cf = pools
+                if derived.source_report is not None:
+                    derived.source_report["figures"][contender.label] = sim_rows(
+                        [r.sources for r in results if r.sources is not None],
+                        functools.partial(_server_of, sc))
                 inst["figures"][contender.label] = as_dict(sim_figures(results))
                 inst["ranges"][contender.label] = sim_ranges(results)
                 inst["runs"][contender.label] = {
@@ -158,9 +179,15 @@ def replay(paths: list[str], opts: Options, progress: Progress | None = None,
                                       + sum(r.bounced.values()) for r in results) // k,
                     "decisions": sum(r.decisions for r in results) // k,
                     "expired": round(sum(r.expired for r in results) / k)}
-            sc.pyqmgr_cf = {}
         report["instances"].append(inst)
     return report
+
+
+def _server_of(sc: Scenario, site: str) -> str:
+    """The server of a simulated site: its destination's MX host where the site is a
+    destination (sites off), else the site as named (the MX host)."""
+    dest = sc.destinations.get(site)
+    return (dest.mx or site) if dest is not None else site
 
 
 def fit(opts: Options, progress: Progress | None = None) -> dict[str, Destination]:

@@ -58,7 +58,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pyqmgr.postfix.mail_queue import queue_id_usec
 from pyqmgr.postfix.maillog import (
@@ -70,6 +70,7 @@ from pyqmgr.postfix.maillog import (
     queue_id,
 )
 from pyqmgr.replay.sites import Relays
+from pyqmgr.replay.sources import SourceLog
 from pyqmgr.simulator.scenario import DEFAULT_SENDER_DOMAIN, TraceMessage, is_sender
 
 T = TypeVar("T")
@@ -193,6 +194,12 @@ class Derived:
     #: The servers each destination's relay= fields named (``replay --sites``); None
     #: unless asked for, so that a replay without it reads and writes as before.
     relays: Relays | None = None
+    #: What each pool member's tries met (``replay`` given the relay's pools);
+    #: None otherwise, so that a replay without pools reads as before.
+    sources: SourceLog | None = None
+    #: The pools' part of the report, once the workload is built (``--json``'s
+    #: ``sources``): the pools, the cold sources, the rules read and the log's rows.
+    source_report: dict[str, Any] | None = None
 
 
 #: A delivery line as kept: (time, pid, service, program, to, delay, c, d, status,
@@ -397,8 +404,10 @@ class Deriver:
 
     def __init__(self, hash_addresses: bool = True, key: bytes | None = None,
                  seed: int = 1, gap: float = GAP, relayhost: str = "",
-                 sites: bool = False) -> None:
+                 sites: bool = False, sources: frozenset[str] = frozenset()) -> None:
         self.hash = hash_addresses
+        #: The pools' members (master.cf services): their tries are kept per source.
+        self.sources = sources
         #: Count the servers relay= names per destination (``replay --sites``).
         self.sites = sites
         #: main.cf's relayhost, as a nexthop (``[host]:port``): the smtp transport's
@@ -432,7 +441,8 @@ class Deriver:
             st = self._stretches[inst] = _Stretch(line.time, 1)
             st.host, st.instance = line.host, line.instance
             st.derived = self.instances[inst] = Derived(
-                inst, relays=Relays() if self.sites else None)
+                inst, relays=Relays() if self.sites else None,
+                sources=SourceLog(self.sources) if self.sources else None)
         elif line.time - st.last > self.gap:
             # A silence: what was queued stays as it stands, and the log goes on as
             # another stretch (its queued mail is mail queued before it).
@@ -443,7 +453,8 @@ class Deriver:
             st = self._stretches[inst] = _Stretch(line.time, number)
             st.host, st.instance = line.host, line.instance
             new = st.derived = self.instances[key] = Derived(
-                key, relays=Relays() if self.sites else None)
+                key, relays=Relays() if self.sites else None,
+                sources=SourceLog(self.sources) if self.sources else None)
             hours = (line.time - old.end) / 3600
             warning = (f"no line for {hours:.1f} hours: the log is cut there and each "
                        "stretch replayed on its own")
@@ -688,6 +699,15 @@ class Deriver:
         tries.tried.add(to)
         script = tries.rcpts.setdefault(key_to, [])
         tries.by_rcpt[key_to] = domain
+        sources = derived.sources
+        if sources is not None and service in sources.members and \
+                program in SESSION_AGENTS and sources.tried(
+                    service, domain, code or "C", detail, dsn, end - c - d,
+                    (pid, round((end - c - d) * 10)) not in tries.sessions,
+                    code is None and refusal_kind(detail) == "rate limit"):
+            # A provider's refusal of this source: the server's rule for the source
+            # plays it in the simulation, whichever source a plan picks then.
+            return
         if code == "s" or code == "d" or code == "b":
             start = end - c - d
             key = (pid, round(start * 10))

@@ -14,6 +14,7 @@ from typing import Any
 
 from pyqmgr.compare.figures import percentile
 from pyqmgr.replay.derive import Derived
+from pyqmgr.replay.sources import text_lines
 from pyqmgr.simulator.engine import Result
 
 
@@ -218,4 +219,6 @@ def _instance(inst: dict[str, Any], rows: int) -> list[str]:
                                         run.get("expired") else "") + ")")
     if "compare_report" in inst:
         out.append(f"the runs on Postfix side by side: {inst['compare_report']}")
+    if "sources" in inst:
+        out += text_lines(inst["sources"], rows)
     return out

@@ -10,6 +10,7 @@ to the TOML (``arrivals = "arrivals.csv"``), one message a line.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import os
 import random
@@ -25,6 +26,7 @@ from pyqmgr.postfix.config import QmgrConfig
 from pyqmgr.postfix.maillog import delay_quantum
 from pyqmgr.replay.derive import Derived, Observed
 from pyqmgr.replay.sites import group, nexthop_host
+from pyqmgr.replay.sources import apply, by_server, cold, log_rows, members, rule_of
 from pyqmgr.simulator.engine import simulate
 from pyqmgr.simulator.scenario import (
     CompareSettings,
@@ -442,12 +444,15 @@ def _plays_refusals(dest: Destination) -> bool:
 
 def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, int],
           seed: int = 1, fits: dict[str, Destination] | None = None,
-          fitted_on: str = "") -> tuple[Scenario, list[Model], dict[str, str]]:
+          fitted_on: str = "", pools: dict[str, str] | None = None
+          ) -> tuple[Scenario, list[Model], dict[str, str]]:
     """The scenario; what was inferred per destination; workload name -> log domain.
 
     ``fits`` (log domain -> destination) are limits fitted on another log
     (``fitted_on``): they are taken as they are, so that this log's figures are held
     against a model that never saw them; a destination they lack is fitted here.
+    ``pools``: the relay's pool settings (:mod:`.sources`), whose members become
+    transports and whose servers' rules per source are read off the log.
     """
     names = {dom: scenario_name(dom, "filter" if obs.content_filter else "relay")
              for dom, obs in derived.destinations.items()}
@@ -455,6 +460,11 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
                   main_cf=dict(main_cf), process_limits=dict(process_limits),
                   retry_deferred=True)
     _lifetimes(derived, sc.main_cf)
+    cfg = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
+                               hostname="replay.example")
+    for member in members(pools or {}):
+        # Each source is a master.cf service of the scenario ([transports.NAME]).
+        sc.process_limits.setdefault(member, cfg.default_process_limit)
     models = _destinations(sc, derived, names, main_cf)
     if derived.relays is not None:
         # Before the limits are fitted: they are fitted on the servers as shared.
@@ -464,9 +474,7 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
     # The simulation ends where the log does: mail still deferred then is so in both.
     origin = derived.origin
     sc.duration = max(derived.end - origin, 0.0) + 1.0
-    period = QmgrConfig.from_text("".join(f"{k} = {v}\n" for k, v in main_cf.items()),
-                                  hostname="replay.example").queue_run_delay
-    sc.scan_phase = round(scan_phase(derived.rescans, origin, period), 3)
+    sc.scan_phase = round(scan_phase(derived.rescans, origin, cfg.queue_run_delay), 3)
     domains = {name: dom for dom, name in names.items()}
     for model in models:
         obs = derived.destinations[domains[model.destination]]
@@ -475,7 +483,36 @@ def build(derived: Derived, main_cf: dict[str, str], process_limits: dict[str, i
             _carry(sc, model, fit, fitted_on)
         else:
             _fit(sc, model, obs, fitted_on if fits is not None else None)
+    if pools and derived.sources is not None:
+        # After the limits are fitted (under stock, which has no pools).
+        _pools(sc, derived, names, pools)
     return sc, models, domains
+
+
+def _pools(sc: Scenario, derived: Derived, names: dict[str, str],
+           pools: dict[str, str]) -> None:
+    """The relay's pools into the scenario, with each server's rule per source as
+    the log shows it; the report's part in ``derived.source_report``."""
+    assert derived.sources is not None
+
+    def server_of(domain: str) -> str:
+        name = names.get(domain, domain)
+        dest = sc.destinations.get(name)
+        return (dest.mx or name) if dest is not None else name
+
+    per = by_server(derived.sources, server_of)
+    rules = [rule_of(s, server, seen, derived.origin, session_rate)
+             for (s, server), seen in per.items()]
+    apply(sc, pools, rules, derived.origin)
+    derived.source_report = {
+        "pools": {p: [m for m, q in members(pools).items() if q == p]
+                  for p in dict.fromkeys(members(pools).values())},
+        "cold": cold(pools),
+        "rules": [{"source": r.source, "server": r.server,
+                   "day_limit": r.rule.day_limit, "day_reply": r.rule.day_reply,
+                   "rate_limit": r.rule.rate_limit, "rate_reply": r.rule.rate_reply,
+                   "notes": r.notes} for r in rules if r.rule is not None],
+        "figures": {"log": log_rows(per)}}
 
 
 def _destinations(sc: Scenario, derived: Derived, names: dict[str, str],
@@ -652,10 +689,16 @@ def write(sc: Scenario, directory: str) -> str:
     out = [f"title = {_q(sc.title)}",
            "# Derived by pyqmgr replay: edit it as any workload; arrivals.csv holds the",
            "# messages (at,size,class,sender,recipients as DOMAIN[*N][=SCRIPT],measured).",
-           f"seed = {sc.seed}", f"duration = {sc.duration:.3f}", 'arrivals = "arrivals.csv"',
-           "", "[deferred]", "retry = true", f"scan_phase = {sc.scan_phase:g}", "",
-           "[main_cf]"]
+           f"seed = {sc.seed}", f"duration = {sc.duration:.3f}", 'arrivals = "arrivals.csv"']
+    if sc.date is not None:
+        # The log's first second: a warm-up plan's day is the day the log was written.
+        out.append("date = " + datetime.datetime.fromtimestamp(
+            sc.date, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    out += ["", "[deferred]", "retry = true", f"scan_phase = {sc.scan_phase:g}", "",
+            "[main_cf]"]
     out += [f"{k} = {_q(v)}" for k, v in sorted(sc.main_cf.items())]
+    if sc.pyqmgr_cf:
+        out += ["", "[pyqmgr_cf]"] + [f"{k} = {_q(v)}" for k, v in sc.pyqmgr_cf.items()]
     if sc.compare.main_cf or sc.compare.timeout != CompareSettings().timeout:
         out += ["", "[compare]", f"timeout = {sc.compare.timeout:g}"]
         if sc.compare.main_cf:
@@ -695,6 +738,13 @@ def write(sc: Scenario, directory: str) -> str:
             out.append(f"rcpt_5xx_reply = {_q(d.rcpt_5xx_reply)}")
         if d.mx:
             out.append(f"mx = {_q(d.mx)}")
+        for source, rule in sorted(d.sources.items()):
+            out += [f"[destinations.{_q(name)}.sources.{_q(source)}]"]
+            if rule.day_limit:
+                out += [f"day_limit = {rule.day_limit}", f"day_reply = {_q(rule.day_reply)}"]
+            if rule.rate_limit:
+                out += [f"rate_limit = {rule.rate_limit:g}",
+                        f"rate_reply = {_q(rule.rate_reply)}"]
     path = os.path.join(directory, "workload.toml")
     with open_new(path, encoding="utf-8") as f:
         f.write("\n".join(out) + "\n")
