@@ -36,6 +36,8 @@ MODULE_OF = {"dnspython": "dns"}
 #: or is the test bed's (its Redis servers are driven with redis-py, the fleet extra).
 NEEDS_AN_EXTRA = {"pyqmgr.demo", "pyqmgr.testbed.sink", "pyqmgr.testbed.content_filter",
                   "pyqmgr.daemon.metrics_exporter", "pyqmgr.daemon.fleet.metrics",
+                  # The metrics' collectors of source pools and delivery events (#46).
+                  "pyqmgr.daemon.metrics_sources", "pyqmgr.events.metrics",
                   "pyqmgr.testbed.redis", "pyqmgr.testbed.redis_common",
                   "pyqmgr.testbed.redis_cluster", "pyqmgr.testbed.redis_sentinel",
                   "pyqmgr.testbed.redis_tls", "pyqmgr.testbed.valkey"}
