@@ -604,7 +604,7 @@ def explain_reply(qmgr: Qmgr, target: str, now: float) -> dict[str, object]:
     sources = qmgr.active.sources
     if sources is not None:  # a pool member's share or warm-up (#46)
         reply = source_reasons(sources.book, target, reply, sources.clock(),
-                               sources._site)  # noqa: SLF001 - routing's own naming
+                               sources.site_of)
     return reply
 
 

@@ -82,7 +82,7 @@ class SourceRouter:
         pool = self._pool(message.tenant, message.rank)
         if pool is None:
             return transport, nexthop
-        site = self._site(nexthop)
+        site = self.site_of(nexthop)
         member = self.book.choose(pool, site, self.clock(), rcpt, self._dead(pool))
         if member is None:
             if site is None:
@@ -126,7 +126,7 @@ class SourceRouter:
     def _window(self) -> str:
         return self.book.plan.window_name if self.book.plan is not None else "day"
 
-    def _site(self, nexthop: str) -> str | None:
+    def site_of(self, nexthop: str) -> str | None:
         """The site a cold source's count is kept at; None: not known yet."""
         domain = site_domain(nexthop)
         if domain is None:
