@@ -49,7 +49,8 @@ def test_two_plans_on_real_postfix_as_the_simulator_predicts(tmp_path):
     print(f"\ncompare took {took:.1f} s\n" + summary[summary.index("## Sources"):])
     assert record["source_addresses"] == {"src1": "127.0.0.21", "src2": "127.0.0.22",
                                           "src3": "127.0.0.23"}
-    assert "src1 unix - - n - 10 smtp -o smtp_bind_address=127.0.0.21" in \
+    assert ("src1 unix - - n - 10 smtp -o smtp_bind_address=127.0.0.21"
+            " -o syslog_name=postfix/src1") in \
         record["master_cf_extra"]
     gentle = gentle_run["sources"]["by_source"]
     assert gentle["src1"][SITE] == {"messages": GENTLE, "sessions": GENTLE, "over_quota": 0}, \

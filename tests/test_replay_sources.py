@@ -279,18 +279,12 @@ sender = "news@lists.example"
 def record(out: str, plan: str) -> str:
     """Run WORKLOAD under ``plan`` on real Postfix (``pyqmgr compare``, time scale
     0.05, 30 s at most), each source's service logging under its own name as an
-    admin's master.cf gives it (``-o syslog_name=postfix/src1``); the maillog's path.
+    admin's master.cf gives it (``-o syslog_name=postfix/src1``: compare's
+    master_cf_line does); the maillog's path.
     Run it from the checkout (``python -m``): pyqmgr refuses to be installed with a
     directory others may write, such as /tmp, on its Python path."""
-    from pyqmgr.compare import compare, runner
+    from pyqmgr.compare import compare
 
-    named = runner.master_cf_line
-
-    def line(name: str, limit: int, address: str | None) -> str:
-        text = named(name, limit, address)
-        return text + (f" -o syslog_name=postfix/{name}" if address else "")
-
-    runner.master_cf_line = line  # type: ignore[assignment]
     os.makedirs(out, exist_ok=True)
     Path(out, "plan").write_text(plan)
     Path(out, "workload.toml").write_text(WORKLOAD)

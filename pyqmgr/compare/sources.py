@@ -60,9 +60,12 @@ def source_addresses(sc: Scenario) -> dict[str, str]:
 
 
 def master_cf_line(name: str, limit: int, address: str | None) -> str:
-    """A transport's master.cf line: an smtp service, bound to its address if a source."""
+    """A transport's master.cf line: an smtp service, bound to its address if a
+    source, and then logging under its own name (``postfix/src1/smtp``), as an admin's
+    pool does, so that ``pyqmgr replay`` of the run's maillog tells the sources apart."""
     line = f"{name} unix - - n - {limit or '-'} smtp"
-    return line + (f" -o smtp_bind_address={address}" if address else "")
+    return line + (f" -o smtp_bind_address={address} -o syslog_name=postfix/{name}"
+                   if address else "")
 
 
 def quotas(dest: Destination, addresses: dict[str, str]) -> dict[str, tuple[int, str]]:
