@@ -136,9 +136,12 @@ def test_events_equal_the_maillog_across_kill_and_reload(postfix_instance, sink)
                   2 * WAIT, "every recipient tried once")
     # The notices to the sender (delivered to the sink) come and go too; then every
     # status= line's event must follow within a second or so.
-    pf.wait_until(lambda: not pf.queue_files("active") and not pf.queue_files("incoming")
-                  and len({e["key"] for e in read_events(path)}) >= settled(), 60,
-                  "an event for every status= line")
+    try:
+        pf.wait_until(lambda: not pf.queue_files("active") and not pf.queue_files("incoming")
+                      and len({e["key"] for e in read_events(path)}) >= settled(), 60,
+                      "an event for every status= line")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{_missing_events(pf, path)}") from None
     events = read_events(path)
     lines = status_lines(pf)
     by_key = {}
@@ -158,6 +161,26 @@ def test_events_equal_the_maillog_across_kill_and_reload(postfix_instance, sink)
     # Each sent message's trace log goes once its events are written; deferred keep theirs.
     pf.wait_until(lambda: len(_trace_logs(pf)) <= len(pf.queue_files("deferred")), 30,
                   "no trace log left of a message that left the queue")
+
+
+def _missing_events(pf: PostfixInstance, path: str) -> str:
+    """What a timed-out wait for the events lacked: the status= lines with no event
+    (queue id, recipient, status), where those messages are now, the trace logs left,
+    and the qmgr's own lines about events (start-up reads, warnings), so that a rare
+    failure says why without being run again."""
+    by_key: dict[object, dict[str, object]] = {}
+    for e in read_events(path):
+        by_key.setdefault(e["key"], e)
+    missing = Counter(status_lines(pf)) - Counter(
+        (e["queue_id"], e["recipient"], e["status"]) for e in by_key.values())
+    qids = sorted({qid for qid, _, _ in missing})
+    where = {qid: [q for q in ("incoming", "active", "deferred", "hold")
+                   if qid in pf.queue_files(q)] for qid in qids[:20]}
+    said = [ln.text for ln in pf.maillog.lines("postfix/qmgr")
+            if "event" in ln.text or ln.severity in ("warning", "fatal")]
+    return (f"{sum(missing.values())} status= lines have no event: "
+            f"{list(missing.items())[:20]}\nwhere their messages are: {where}\n"
+            f"trace logs left: {len(_trace_logs(pf))}\nqmgr said: {said[-20:]}")
 
 
 def _trace_logs(pf: PostfixInstance) -> list[str]:
