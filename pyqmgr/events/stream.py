@@ -132,7 +132,7 @@ class EventStream:
         loop = asyncio.new_event_loop()
         try:
             asyncio.set_event_loop(loop)
-            client = self._client(loop)
+            client = self._client()
             while self._next():
                 with self._cond:
                     chunk = [self._pending[i] for i in range(min(CHUNK, len(self._pending)))]
@@ -155,7 +155,7 @@ class EventStream:
         finally:
             loop.close()
 
-    def _client(self, loop: asyncio.AbstractEventLoop) -> Any:
+    def _client(self) -> Any:
         try:
             return self.make_client()
         except Exception as exc:  # a bad endpoint was refused at start-up already
