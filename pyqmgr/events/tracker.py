@@ -343,13 +343,25 @@ class DeliveryEvents(NoEvents):
     def message_left(self, am: ActiveMessage) -> None:
         """The message left the active queue (removed, deferred, held...). Once the
         events queued before are on disk, :meth:`_settle` removes its log if the
-        message is gone. Each reply's read took what its request added (a message
-        leaves after its last reply): there is nothing more to read here."""
+        message is gone.
+
+        Each reply's read took what its request added (a message leaves after its
+        last reply), but a message older than this process may have records no reply
+        here announced: an agent of the last qmgr, still delivering when this one
+        started (its file "still being delivered"), appends its outcome after this
+        qmgr's start-up read and replies to the dead process; this qmgr then finds the
+        recipient done and the message with nothing left to deliver. Its log is read
+        once more here (one ``open``/``pread``, for such messages only), so that the
+        removal below never takes unread records with it."""
         qid = am.queue_id
         if self.own_trace(am):
             # Stock's trace flush removed the log (or keeps it for the next pass).
             self.logs.pop(qid, None)
             return
+        if am.qf.arrival_time[0] <= self.started and not am.tflags & DEL_REQ_FLAG_MTA_VRFY:
+            lines = self._read(am, None, qid)
+            if lines and not self.writer.submit(lines):
+                self._held(qid)
         log = self.logs.get(qid)
         if log is not None and log.held:
             # Some of its events were not queued (the writer's queue was full): the log
