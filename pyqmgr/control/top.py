@@ -212,11 +212,36 @@ def _source_lines(current: dict[str, object],
         changed.append(was is not None and c.get("counted") != was.get("counted"))
     head = (f"sources: {_fmt(sources.get('waited'))} recipients waited, "
             f"{_fmt(sources.get('unknown_site'))} went warm before their site was known")
+    fleet = _fleet_credit_line(sources, old if isinstance(old, dict) else None)
     if not rows:
-        return [(head, False), ("", False)]
+        return [(head, False), *fleet, ("", False)]
     lines = _table(["SOURCE", "SITE", f"THIS {window}/ALLOWANCE", "±", "LEFT"], rows)
-    return [(head, False), (lines[0], False), *zip(lines[1:], changed, strict=True),
+    return [(head, False), *fleet, (lines[0], False), *zip(lines[1:], changed, strict=True),
             ("", False)]
+
+
+def _fleet_credit_line(sources: dict[str, object],
+                       old: dict[str, object] | None) -> list[tuple[str, bool]]:
+    """A fleet's warm-up (``shared_state``; only when the reply has its credits): the
+    credits this server holds with their change, what it owes, and whether Redis
+    answers (then the counts are the fleet's) or ``shared_state_failure`` is in force."""
+    if "credits_held" not in sources:
+        return []
+    line = (f"fleet credits: {_fmt(sources.get('credits_held'))} held here"
+            + (f" ({d})" if (d := _delta(sources, old, "credits_held")) else "")
+            + f", {_fmt(sources.get('owed'))} owed; {_fmt(sources.get('credits_asked'))}"
+            f" asked, {_fmt(sources.get('credits_granted'))} granted, "
+            f"{_fmt(sources.get('credits_given_back'))} given back; ")
+    if sources.get("fleet_unavailable"):
+        line += (f"fleet UNAVAILABLE (shared_state_failure = "
+                 f"{_fmt(sources.get('fleet_failure'))}: "
+                 + ("counting here alone)" if sources.get("away") else
+                    "no credits beyond those held)"))
+    else:
+        line += "Redis answers"
+    moved = old is not None and any(sources.get(k) != old.get(k) for k in (
+        "credits_held", "owed", "fleet_unavailable"))
+    return [(line, moved)]
 
 
 def _moved(now: dict[str, object], before: dict[str, object]) -> bool:

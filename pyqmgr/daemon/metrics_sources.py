@@ -6,6 +6,12 @@ site, kept as it changes), so a scrape costs one step per cold source whatever t
 number of sites. Labels are bounded by master.cf (a source is one of its services);
 per site counts are in ``pyqmgr status`` and ``pyqmgr top`` (the largest 100). Each
 source's deliveries are its transport's series already (``transport="out11"``).
+
+In a fleet (``shared_state`` with a cold source) the credits this server holds and
+owes are summed per source from the pairs it holds (:class:`pyqmgr.scheduler.
+source_credits.Credits`), a step per pair held: per site credits are in ``pyqmgr
+status``. The questions to Redis and their answers are counted by
+:class:`pyqmgr.daemon.fleet.warmup.FleetWarmup` as they happen.
 """
 
 from __future__ import annotations
@@ -16,7 +22,18 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
+    from pyqmgr.daemon.fleet.warmup import FleetWarmup
     from pyqmgr.daemon.sources import Sources
+
+#: FleetWarmup's counters, each a series ``pyqmgr_source_fleet_credits_<key>_total``.
+FLEET_COUNTERS = (
+    ("asked", "Questions for credits this server put to the fleet (shared_state)."),
+    ("granted", "Credits the fleet granted this server."),
+    ("given_back", "Credits this server gave back to the fleet: unused "
+     "once the allowance was granted, or held at exit."),
+    ("errors", "Questions to the fleet for credits, or credits given back, "
+     "that met no answer from Redis."),
+)
 
 
 class SourcesCollector:
@@ -58,6 +75,37 @@ class SourcesCollector:
         yield CounterMetricFamily(
             "pyqmgr_source_unknown_site", "Recipients that went to a warm source because "
             "their site was not known yet.", value=book.unknown_site)
+        if self.sources.warmup is not None:
+            yield from fleet_metrics(self.sources.warmup, sorted(book.starts))
+
+
+def fleet_metrics(warmup: FleetWarmup, cold: list[str]) -> Iterator[Metric]:
+    """A fleet's warm-up credits: held and owed per cold source (each listed, 0 when
+    none), the questions' counters, and whether Redis answers."""
+    credits = warmup.credits
+    held = dict.fromkeys(cold, 0)
+    for (source, _), n in credits.held.items():
+        held[source] = held.get(source, 0) + n
+    owed = dict.fromkeys(cold, 0)
+    for (source, _), n in credits.spent.items():
+        owed[source] = owed.get(source, 0) + n
+    for what, values, text in (
+            ("held", held, "Credits this server holds for a cold source, over every site "
+             "(each site's: pyqmgr status)."),
+            ("owed", owed, "Recipients a cold source took while Redis did not answer, "
+             "not yet added to the fleet's count.")):
+        family = GaugeMetricFamily(f"pyqmgr_source_fleet_credits_{what}", text,
+                                   labels=["source"])
+        for source, n in sorted(values.items()):
+            family.add_metric([source], n)
+        yield family
+    for key, text in FLEET_COUNTERS:
+        yield CounterMetricFamily(f"pyqmgr_source_fleet_credits_{key}", text,
+                                  value=warmup.counters[key])
+    yield GaugeMetricFamily(
+        "pyqmgr_source_fleet_unavailable", "1 while the fleet's Redis does not answer "
+        "the warm-up's questions (shared_state_failure is in force).",
+        value=1 if warmup.down else 0)
 
 
 __all__ = ["SourcesCollector"]
