@@ -459,6 +459,15 @@ def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
                     # Its old site held it (a lookup's wait): its policy hears that it
                     # may deliver, as for any gate that opens.
                     t.policy.resumed(queue)
+        if old == domain and not site.members and site.gate is not None \
+                and site.gate.kind == LOOKUP_GATE:
+            # The domain's own site, made only to hold it for this answer, and left
+            # empty by it: it goes now, not at its wait's end (a new domain's site
+            # came back at that tick to open, tell its policy and go: issue #44's
+            # cost of a new domain).
+            site.gate = None
+            table.due.pop(site, None)
+            _forget_if_neutral(core, site)
 
 
 # -- the site as a scope of its members' deliveries (:mod:`.scope`) -------------------

@@ -268,6 +268,24 @@ def test_a_new_domain_waits_for_its_first_lookup_until_the_answer():
     assert len(drain(s, 0.05)) == 2, "then the site's limit"
 
 
+def test_an_answered_new_domains_own_site_goes_at_once():
+    """The site made only to hold a new domain for its lookup goes with the answer,
+    not at its wait's end: nothing of it is left for a tick to open and drop, and its
+    policy hears of no site opening (issue #44: the cost of a new domain)."""
+    s = waiting_sched()
+    mail(s, "a.example", 1)
+    table = s.sites
+    assert table is not None and ("smtp", "a.example") in table.sites
+    opened: list[object] = []
+    policy = s.transport("smtp").policy
+    real = policy.site_opened
+    policy.site_opened = lambda site: (opened.append(site.name), real(site))  # type: ignore[method-assign]
+    s.site_learnt("a.example", "google", 3600.0, 0.05)
+    assert ("smtp", "a.example") not in table.sites and set(table.due) == set()
+    s.tick(0.3)
+    assert "a.example" not in opened and [k for k in table.sites] == [("smtp", "google")]
+
+
 def test_a_burst_of_new_domains_asks_for_a_wake_up_per_50_ms_not_each():
     """Each new domain's wait ends on the 50 ms grid (site.wait_end): 100 domains
     seen a millisecond apart ask for three deadlines, each at most 50 ms past its
