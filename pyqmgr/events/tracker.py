@@ -229,7 +229,11 @@ class DeliveryEvents(NoEvents):
                   "is kept and read again by the next qmgr")
 
     def _read(self, am: ActiveMessage | None, entry: Entry | None, qid: str,
-              ctx: Context | None = None) -> list[bytes]:
+              ctx: Context | None = None,
+              by_rcpt: dict[str, EventLine] | None = None) -> list[bytes]:
+        """The events of the records added to ``qid``'s log since the last read. With
+        ``ctx`` (a log read at start-up): that context for every record, but one of
+        ``by_rcpt`` for a recipient that has one (its last event written)."""
         log = self.logs.get(qid)
         if log is None:
             log = self.logs[qid] = _Log(self._path(qid))
@@ -240,9 +244,9 @@ class DeliveryEvents(NoEvents):
         try:
             if log.cursor.offset < log.old_bytes:
                 lines = self._events(line, log, read_more(path, log.cursor, stop=log.old_bytes),
-                                     owners)
+                                     owners, by_rcpt)
                 self.stats.repeated += len(lines)
-            lines += self._events(line, log, read_more(path, log.cursor), owners)
+            lines += self._events(line, log, read_more(path, log.cursor), owners, by_rcpt)
         except OSError as exc:
             self.stats.read_errors += 1
             self.warn(f"{qid}: {path}: {exc.strerror or exc}; its events wait")
@@ -273,7 +277,8 @@ class DeliveryEvents(NoEvents):
         return owners or None
 
     def _events(self, line: EventLine, log: _Log, piece: TracePiece,
-                owners: dict[int, Entry] | None = None) -> list[bytes]:
+                owners: dict[int, Entry] | None = None,
+                by_rcpt: dict[str, EventLine] | None = None) -> list[bytes]:
         for text in piece.warnings:
             self.stats.bad_records += 1
             self.warn(text)
@@ -299,6 +304,8 @@ class DeliveryEvents(NoEvents):
                 if made is None:
                     made = {}
                 own = self._other_line(other, made)
+            elif by_rcpt:
+                own = by_rcpt.get(rec.recipient, line)
             lines.append(own.line(rec, ordinal, now, category))
         self.stats.events += len(lines)
         return lines
@@ -402,7 +409,9 @@ class DeliveryEvents(NoEvents):
         removal and its log's) is read, its events written and the log removed after;
         what the message was (its arrival: the keys' part, its sender) comes from its
         last event in the events file when there is one (so that repeats carry the keys
-        they had), else the log alone says it (no event of it was written before).
+        they had), else the log alone says it (no event of it was written before); a
+        recipient with an event of its own there gets that event's transport, next hop
+        and site (a message to two destinations: each its own request's).
 
         A log of a queued message changed less than :data:`SUSPECT` seconds before the
         events file last was (or after it) may hold records whose events were queued
@@ -425,7 +434,10 @@ class DeliveryEvents(NoEvents):
         last = self.writer.recent(set(gone)) if gone else {}
         for qid in gone:
             self.logs[qid] = _Log(self._path(qid), old_bytes=1 << 62)
-            lines = self._read(None, None, qid, _context_of(qid, last.get(qid)))
+            seen = last.get(qid, {})
+            mine = {rcpt: EventLine(_context_of(qid, event))
+                    for rcpt, event in seen.items() if rcpt}
+            lines = self._read(None, None, qid, _context_of(qid, seen.get("")), mine)
             self.writer.submit(lines, lambda q=qid: self._settle(q))  # type: ignore[misc]
         for qid, where in suspects:
             self.logs[qid] = _Log(self._path(qid), old_bytes=1 << 62)
@@ -460,7 +472,7 @@ def _envelope_context(qid: str, path: str) -> Context:
 
 
 def _context_of(qid: str, event: dict[str, object] | None) -> Context:
-    """A gone message's context, from its last event written (None: none was)."""
+    """A gone message's context, from an event of it written before (None: none was)."""
     if event is None:
         return Context(qid, "", 0.0)
 

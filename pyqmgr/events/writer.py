@@ -152,11 +152,14 @@ class EventWriter:
         except OSError:
             return 0.0
 
-    def recent(self, qids: set[str], limit: int = 8 << 20) -> dict[str, dict[str, object]]:
-        """The last event written of each of ``qids``, from the file's last ``limit``
-        bytes (and the newest rotated file's): at start-up, before the thread runs, so
-        that the events of a trace log left by a kill -9 get the keys they had."""
-        found: dict[str, dict[str, object]] = {}
+    def recent(self, qids: set[str],
+               limit: int = 8 << 20) -> dict[str, dict[str, dict[str, object]]]:
+        """The last event written of each of ``qids`` and of each of their recipients
+        (``found[qid][recipient]``; ``found[qid][""]``: the message's last of all), from
+        the file's last ``limit`` bytes (and the newest rotated file's): at start-up,
+        before the thread runs, so that the events of a trace log left by a kill -9 get
+        the keys they had, and each recipient its own request's transport."""
+        found: dict[str, dict[str, dict[str, object]]] = {}
         needles = {qid: f'"queue_id":"{qid}"'.encode() for qid in qids}
         for name in (f"{self.name}.1", self.name):
             try:
@@ -174,7 +177,11 @@ class EventWriter:
                         with contextlib.suppress(ValueError):
                             obj = json.loads(line)
                             if isinstance(obj, dict):
-                                found[qid] = obj
+                                mine = found.setdefault(qid, {})
+                                mine[""] = obj
+                                rcpt = obj.get("recipient")
+                                if isinstance(rcpt, str) and rcpt:
+                                    mine[rcpt] = obj
         return found
 
     # -- the thread ------------------------------------------------------------------------

@@ -221,7 +221,9 @@ def test_recent_finds_a_messages_last_event(tmp_path):
     (tmp_path / "events.jsonl").write_bytes(b"".join(lines) + b"not json\n")
     found = w.recent({CTX.queue_id, "NOTHERE"})
     assert set(found) == {CTX.queue_id}
-    assert found[CTX.queue_id]["attempt"] == 2 and found[CTX.queue_id]["arrival"] == CTX.arrival
+    last = found[CTX.queue_id][""]
+    assert last["attempt"] == 2 and last["arrival"] == CTX.arrival
+    assert found[CTX.queue_id]["a@x"] is last
 
 
 # -- the reader in the daemon --------------------------------------------------------------
@@ -325,6 +327,37 @@ def test_a_leftover_log_repeats_the_keys_its_events_had(queue_dir):
     first, repeat = _lines(queue_dir)
     assert first["key"] == repeat["key"] and repeat["sender"] == "s@example.org"
     assert again.stats.repeated == 1
+
+
+def test_a_leftover_logs_recipients_keep_their_own_requests_transport(queue_dir):
+    """A message to two destinations, killed before its log went: at start-up each
+    recipient's repeat carries its own request's transport and next hop, read off its
+    own last event, and a recipient with none written the message's last one's."""
+    events, writer = _events(queue_dir)
+    writer.start()
+    am = _message("JKL012")
+    one, two = _entry(am), _entry(am)
+    two.queue = SimpleNamespace(transport=SimpleNamespace(name="relay"),
+                                nexthop="other.example", site=None)
+    events.flags(one)
+    (queue_dir / "trace" / "JKL012").write_bytes(record("a@x", 100))
+    events.after_reply(am, one)
+    events.flags(two)
+    with open(queue_dir / "trace" / "JKL012", "ab") as f:
+        f.write(record("b@y", 200))
+    events.after_reply(am, two)
+    _wait(lambda: len(_lines(queue_dir)) == 2, "two events")
+    writer.stop()
+    with open(queue_dir / "trace" / "JKL012", "ab") as f:
+        f.write(record("c@y", 300))  # written, its event not, when qmgr was killed
+    again, writer2 = _events(queue_dir)
+    writer2.start()
+    assert again.leftovers() == 1
+    _wait(lambda: len(_lines(queue_dir)) == 5, "the repeats and the new one")
+    writer2.stop()
+    got = [(e["recipient"], e["transport"], e["nexthop"]) for e in _lines(queue_dir)[2:]]
+    assert got == [("a@x", "smtp", "example.com"), ("b@y", "relay", "other.example"),
+                   ("c@y", "relay", "other.example")]
 
 
 def test_a_message_that_asked_for_a_trace_gets_no_flag(queue_dir):
