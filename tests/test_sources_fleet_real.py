@@ -21,8 +21,10 @@ from pyqmgr.control.client import request
 from pyqmgr.control.render import status_lines
 from pyqmgr.testbed import dns
 from pyqmgr.testbed.instance import PostfixInstance
+from pyqmgr.testbed.instance_base import free_port
 from pyqmgr.testbed.redis import RedisServer
 from pyqmgr.testbed.sink import SinkServer
+from tests.test_metrics_real import scrape, wait_for_exporter
 from tests.test_sources_real import DOMAIN, RECORDS, SOURCES, _master_cf, _today
 
 pytestmark = pytest.mark.skipif(not dns.available(), reason="needs unbound (./dev installs it)")
@@ -35,7 +37,7 @@ FIRST = 60
 
 
 def _server(postfix_instance, redis: RedisServer, dns_server: dns.DnsServer, port: int,
-            node: str) -> PostfixInstance:
+            node: str, metrics_port: int) -> PostfixInstance:
     pf: PostfixInstance = postfix_instance(
         start=False, qmgr="pyqmgr", master_cf_extra=_master_cf(),
         transports={DOMAIN: f"smtp:{DOMAIN}:{port}"},
@@ -49,7 +51,8 @@ def _server(postfix_instance, redis: RedisServer, dns_server: dns.DnsServer, por
         "site_grouping": "mx", "message_classes": "bulk", "source_pools": "bulk",
         "bulk_sources": " ".join(SOURCES), "source_pool_maps": "inline:{ bulk=bulk }",
         "source_warmup_plan": plan_path, "src1_source_warmup_start": _today(),
-        "shared_state": redis.url, "shared_state_node": node})
+        "shared_state": redis.url, "shared_state_node": node,
+        "metrics_listen": f"127.0.0.1:{metrics_port}"})
     pf.start(prefix=dns_server.start_prefix())
     return pf
 
@@ -67,6 +70,13 @@ def _fleet_count(redis: RedisServer) -> int:
     value = redis.command("GET", keys[0].decode()) if keys else b"0"
     assert isinstance(value, bytes), value
     return int(value)
+
+
+def _fleet_metrics(pf: PostfixInstance, port: int) -> dict[str, float]:
+    """One scrape's fleet credit series (the exporter is up long before the run ends)."""
+    wait_for_exporter(pf, port, 10)
+    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
+            for ln in scrape(port).splitlines() if ln.startswith("pyqmgr_source_fleet_")}
 
 
 def _send_both(servers: list[PostfixInstance], first: int, last: int) -> None:
@@ -95,8 +105,9 @@ def _fleet_run(postfix_instance, sink, redis_server) -> tuple[dict[str, int], di
     srv: SinkServer = sink(latency=0.05)
     day = _today()
     with dns.DnsServer(["test"], RECORDS) as dns_server:
-        servers = [_server(postfix_instance, redis, dns_server, srv.port, f"node{i}")
-                   for i in range(2)]
+        ports = [free_port() for _ in range(2)]
+        servers = [_server(postfix_instance, redis, dns_server, srv.port, f"node{i}", port)
+                   for i, port in enumerate(ports)]
         # Each server's first message goes warm and has the MX looked up: the site.
         for i, pf in enumerate(servers):
             pf.smtp_send([("s@relay.test", [f"n{i}r0@{DOMAIN}"])])
@@ -121,6 +132,9 @@ def _fleet_run(postfix_instance, sink, redis_server) -> tuple[dict[str, int], di
         deferred = [_sent_and_deferred(pf)[1] for pf in servers]
         replies = [request(os.path.join(pf.queue_dir, "pyqmgr", "control"), "status",
                            timeout=10) for pf in servers]
+        scraped = time.monotonic()
+        metrics = [_fleet_metrics(pf, port) for pf, port in zip(servers, ports, strict=True)]
+        scraped = time.monotonic() - scraped
         text = "\n".join(ln for ln in status_lines(replies[0])
                          if "warm-up" in ln or "src1" in ln or "SOURCE" in ln)
         for pf in servers:
@@ -135,7 +149,8 @@ def _fleet_run(postfix_instance, sink, redis_server) -> tuple[dict[str, int], di
     twice = {r: [m.peer for m in srv.messages() if r in m.recipients]
              for r, n in srv.snapshot().delivered.items() if n > 1}
     return (by_client, {"status": status, "deferred": deferred, "at_reload": at_reload,
-                        "twice": twice, "fleet_at_reload": before},
+                        "twice": twice, "fleet_at_reload": before, "metrics": metrics,
+                        "scrape_seconds": round(scraped, 3)},
             text, fleet_count,
             [s["credits_granted"] for s in status], key if day == _today() else "")
 
@@ -171,4 +186,17 @@ def test_two_servers_share_a_cold_sources_plan(postfix_instance, sink, redis_ser
         assert s["shared"] is True and s["fleet_unavailable"] is False
     assert "warm-up counts: the fleet's (shared_state)" in text
     assert "FLEET" in text and "CREDITS" in text
+    # The metrics say what status says: after the last recipient nothing asks, so the
+    # counters stand still; credits held may go back meanwhile (held + given back stays).
+    # The reloaded node0's new qmgr may find the plan all granted already (0 granted).
+    print(f"metrics ({got['scrape_seconds']} s for both scrapes):", got["metrics"])
+    assert sum(m["pyqmgr_source_fleet_credits_granted_total"] for m in got["metrics"]) > 0
+    for s, m in zip(got["status"], got["metrics"], strict=True):
+        assert m["pyqmgr_source_fleet_credits_granted_total"] == s["credits_granted"], m
+        assert m["pyqmgr_source_fleet_credits_asked_total"] == s["credits_asked"], m
+        assert m['pyqmgr_source_fleet_credits_held{source="src1"}'] + \
+            m["pyqmgr_source_fleet_credits_given_back_total"] == \
+            s["credits_held"] + s["credits_given_back"], (m, s)
+        assert m["pyqmgr_source_fleet_unavailable"] == int(s["fleet_unavailable"]) == 0
+        assert m["pyqmgr_source_fleet_credits_errors_total"] == s["credits_errors"], m
     _ = json.dumps(got)  # the status reply is JSON all through
