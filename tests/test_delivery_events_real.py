@@ -102,16 +102,7 @@ def test_events_equal_the_maillog_across_kill_and_reload(postfix_instance, sink)
     killed = pf.qmgr_pid()
     os.kill(killed, signal.SIGKILL)
 
-    def restarted() -> bool:
-        # master starts a qmgr again on a trigger (or its 300 s wakeup), after its
-        # throttle (service_throttle_time) if the dead one had served none.
-        if [pid for pid in pf.pids("qmgr") if pid != killed]:
-            return True
-        pf.run(["postkick", "-c", pf.config_dir, "public", "qmgr", "I"], check=False)
-        time.sleep(1)
-        return False
-
-    pf.wait_until(restarted, 120, "a new qmgr after the kill")
+    _wait_for_new_qmgr(pf, killed, 120, "a new qmgr after the kill", pause=1.0)
     pf.wait_until(lambda: settled() >= total * 2 // 3, WAIT, "two thirds tried")
     pf.reload()
     touched = [time.monotonic()]
@@ -183,14 +174,7 @@ def test_a_delivery_the_last_qmgr_asked_for_has_its_event(postfix_instance, sink
     old = pf.qmgr_pid()
     pf.reload()
 
-    def restarted() -> bool:
-        if [pid for pid in pf.pids("qmgr") if pid != old]:
-            return True
-        pf.run(["postkick", "-c", pf.config_dir, "public", "qmgr", "I"], check=False)
-        time.sleep(0.5)
-        return False
-
-    pf.wait_until(restarted, 30, "a new qmgr after the reload")
+    _wait_for_new_qmgr(pf, old, 30, "a new qmgr after the reload", pause=0.5)
     assert not pf.maillog.lines("postfix/smtp", contains="status=sent"), (
         "the delivery ended before the new qmgr started: the test proves nothing")
     pf.wait_until(lambda: bool(pf.maillog.lines("postfix/smtp", contains="status=sent")),
@@ -215,6 +199,22 @@ def test_a_delivery_the_last_qmgr_asked_for_has_its_event(postfix_instance, sink
     except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{_missing_events(pf, path)}") from None
     _events_equal_the_maillog(pf, path)
+
+
+def _wait_for_new_qmgr(pf: PostfixInstance, old: int, timeout: float, what: str,
+                       pause: float) -> None:
+    """Wait for a qmgr other than ``old``: master starts one again on a trigger (or
+    its 300 s wakeup), after its throttle (service_throttle_time) if the dead one had
+    served none, so each look that finds none kicks it and waits ``pause``."""
+
+    def restarted() -> bool:
+        if [pid for pid in pf.pids("qmgr") if pid != old]:
+            return True
+        pf.run(["postkick", "-c", pf.config_dir, "public", "qmgr", "I"], check=False)
+        time.sleep(pause)
+        return False
+
+    pf.wait_until(restarted, timeout, what)
 
 
 def _missing_events(pf: PostfixInstance, path: str) -> str:
