@@ -286,10 +286,18 @@ def test_each_workload_shows_what_it_is_there_for(reports):
     # Both oqmgrs serve the quiet destinations in turn, and as fast as each other.
     # (Not their order's similarity: arrivals interleave with deliveries here, and
     # the message-level order moved between 0.54 and 0.78 from run to run.)
+    # The median is the policy's; the p95 is the 5th-slowest of 100 quiet messages at
+    # 0.05 s a delivery, where a moment without a CPU shows: a clean clone's lane 2 had
+    # {'stock': 10.05, 'oqmgr': 4.4, 'pyqmgr:oqmgr': 5.8} where this machine alone gives
+    # 4.2 and 4.2 (3 of 3) and 4.4-4.5 and 4.5 beside three CPU hogs (3 of 3). So the
+    # p95s are held to stay clear of stock's and within 1.4x of each other.
     gw = reports["inbound-gateway"][1]
     quiet = {c: r["classes"]["quiet"]["p95"] for c, r in gw["runs"].items()}
-    assert quiet["oqmgr"] < quiet["stock"] / 1.5, quiet
-    assert quiet["pyqmgr:oqmgr"] == pytest.approx(quiet["oqmgr"], rel=0.25), quiet
+    median = {c: r["classes"]["quiet"]["p50"] for c, r in gw["runs"].items()}
+    for oqmgr in ("oqmgr", "pyqmgr:oqmgr"):
+        assert quiet[oqmgr] < quiet["stock"] / 1.5, quiet
+    assert median["pyqmgr:oqmgr"] == pytest.approx(median["oqmgr"], rel=0.25), median
+    assert quiet["pyqmgr:oqmgr"] == pytest.approx(quiet["oqmgr"], rel=0.4), quiet
 
     # The agents are used (the sink may briefly count a few more sessions than 42
     # processes: a server sees a session close after the client has moved on).
