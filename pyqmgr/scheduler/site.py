@@ -427,16 +427,18 @@ def _close(core: Core, site: Site) -> None:
                            f"site {site.name} holds {site.busy} of {site.limit} sessions"))
 
 
-def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
+def site_learnt(core: Core, domain: str, name: str, until: float) -> list[Queue]:
     """The driver found the domain's site: its queues move there, with what they
-    have in flight (a site that fills closes, one that empties opens)."""
+    have in flight (a site that fills closes, one that empties opens). Returns the
+    queues that moved (the tenants' counts follow them, :mod:`.tenant_hold`)."""
+    moved: list[Queue] = []
     table = core.sites
     if table is None:
-        return
+        return moved
     domain = domain.lower()
     if domain in table.pinned:
         table.asked.discard(domain)
-        return
+        return moved
     old = table.learn(domain, name, until)
     # The domain's queues are at the site named ``old`` in each transport with sites:
     # a look-up per transport, not a walk over every site.
@@ -454,6 +456,7 @@ def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
                 site_leave(core, queue)
                 _join(core, queue, table.site(transport, name, limits))
                 regate(core, queue)
+                moved.append(queue)
                 t = queue.transport
                 if held and queue.gate is None and not t.broken:
                     # Its old site held it (a lookup's wait): its policy hears that it
@@ -468,6 +471,7 @@ def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
             site.gate = None
             table.due.pop(site, None)
             _forget_if_neutral(core, site)
+    return moved
 
 
 # -- the site as a scope of its members' deliveries (:mod:`.scope`) -------------------

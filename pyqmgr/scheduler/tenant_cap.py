@@ -155,8 +155,9 @@ def recount(caps: TenantCaps, queue: Queue) -> list[Entry]:
     scope = site_scope(caps, queue)
     if scope is None or not caps.site_limit:
         return []
-    for entry, old in list(caps.site_of.items()):
-        if entry.queue is queue and old != scope:
+    for entry in caps.at_queue.get(queue, ()):
+        old = caps.site_of[entry]
+        if old != scope:
             tenant = entry.message.tenant
             _less(caps, (tenant, old))
             caps.counts[(tenant, scope)] = caps.counts.get((tenant, scope), 0) + 1
@@ -202,6 +203,7 @@ def made(queue: Queue, entry: Entry, now: float) -> None:
                 caps.next_at = {k: at for k, at in caps.next_at.items() if at > now}
     if scope is not None and caps.site_limit:
         caps.site_of[entry] = scope
+        caps.at_queue.setdefault(queue, {})[entry] = None
 
 
 def ended(caps: TenantCaps, entry: Entry) -> str | None:
@@ -213,6 +215,11 @@ def ended(caps: TenantCaps, entry: Entry) -> str | None:
     scope = caps.site_of.pop(entry, None)
     if scope is not None:
         _less(caps, (tenant, scope))
+        mine = caps.at_queue.get(entry.queue)
+        if mine is not None:
+            mine.pop(entry, None)
+            if not mine:
+                del caps.at_queue[entry.queue]
     return scope
 
 

@@ -29,7 +29,7 @@ from pyqmgr.scheduler.decisions import DeferRecipient
 from pyqmgr.scheduler.entry import entry_done, entry_move_todo
 from pyqmgr.scheduler.held import HELD, STAGED, covers, held_queue_for, holding
 from pyqmgr.scheduler.queue import error_queue, queue_obtain
-from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn, site_domain
+from pyqmgr.scheduler.structures import ERROR, RETRY, Dsn
 from pyqmgr.scheduler.suspension import Suspension, Target
 from pyqmgr.scheduler.tenant_scope import tenant_release
 
@@ -126,22 +126,15 @@ def site_learnt(core: Core, domain: str, name: str, until: float) -> None:
     domain's own site, count at the real one; those over a tenant's site limit there
     go back to staging (found at once by a real run: 14 sessions at a site whose two
     tenants were capped at 2 each)."""
-    site.site_learnt(core, domain, name, until)
-    table = core.sites
-    if table is None:
-        return
-    domain = domain.lower()
-    for t in list(core.transports.values()):
-        caps = t.tenant_caps
-        found = table.sites.get((t.name, name)) if caps is not None else None
-        if caps is None or found is None or not caps.site_limit:
+    for queue in site.site_learnt(core, domain, name, until):
+        # The queues that moved, not every member of the site found (a provider's
+        # site of 10,000 domains was walked at each new domain's answer: issue #44).
+        caps = queue.transport.tenant_caps
+        if caps is None or not caps.site_limit or queue.site is None:
             continue
-        for queue in list(found.members):
-            if queue.site is not found or site_domain(queue.nexthop) != domain:
-                continue
-            for entry in tenant_cap.recount(caps, queue):
-                staging = tenant_cap.staging_queue(core, caps, entry.message.tenant, queue)
-                entry_move_todo(core, staging, entry)
+        for entry in tenant_cap.recount(caps, queue):
+            staging = tenant_cap.staging_queue(core, caps, entry.message.tenant, queue)
+            entry_move_todo(core, staging, entry)
 
 
 def _unstage(core: Core, staging: Queue) -> int:

@@ -262,3 +262,48 @@ def test_mail_made_while_the_mx_lookup_ran_moves_to_the_site_found():
         s.done(entry, 0, None, False, 0.3)
     rest = selected(s, 0.3)
     assert len(rest) == 2 and staged(s) == 0
+
+
+class _NoWalk(dict):
+    """A TenantCaps.site_of that fails a walk over every entry counted at any site."""
+
+    def items(self):  # type: ignore[override]
+        raise AssertionError("an answer walked every entry counted at a site")
+
+    def __iter__(self):  # type: ignore[override]
+        raise AssertionError("an answer walked every entry counted at a site")
+
+
+def test_an_answer_recounts_its_own_domains_entries_alone():
+    """Issue #44: a lookup's answer moved the domain's tenants' entries by walking
+    every entry counted at any site (10,000 waiting at a provider's site, and 1,000
+    new domains answered, were ten million steps). Now it visits the domain's queue's
+    own entries: 2,000 of another domain stay counted where they are, acme's two at
+    a.example move to google, and their ends count down google's."""
+    p = {"destination_recipient_limit": 1, "initial_destination_concurrency": 20,
+         "destination_concurrency_limit": 20}
+    limits = SiteLimits(0, "smtp_site_concurrency_limit")
+    table = SiteTable(lambda t: limits if t == "smtp" else None,
+                      pinned={"big.example": "google"})
+    s = Scheduler(lambda n: Params(**p),  # type: ignore[arg-type]
+                  policies=PolicyTable(load("nqmgr")), sites=table,
+                  tenant_limits=tenant_table({"tenant_site_concurrency_limit": "5000"}))
+    for i in range(2000):
+        add(s, f"b{i}", "bulk", "big.example")
+    add(s, "a0", "acme", "a.example")
+    add(s, "a1", "acme", "a.example")
+    caps = s.transports["smtp"].tenant_caps
+    assert caps is not None
+    assert caps.counts == {("bulk", "site google"): 2000, ("acme", "site a.example"): 2}
+    caps.site_of = _NoWalk(caps.site_of)
+    s.site_learnt("a.example", "google", 3600.0, 0.1)
+    assert caps.counts == {("bulk", "site google"): 2000, ("acme", "site google"): 2}
+    assert staged(s) == 0
+    queue = s.transports["smtp"].queues["a.example"]
+    assert len(caps.at_queue[queue]) == 2
+    out = [e for e in selected(s, 0.2) if e.queue is queue]
+    assert len(out) == 2
+    for entry in out:
+        s.done(entry, 0, None, False, 0.3)
+    assert caps.counts[("bulk", "site google")] == 2000  # todo and busy alike
+    assert ("acme", "site google") not in caps.counts and queue not in caps.at_queue
