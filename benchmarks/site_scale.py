@@ -330,6 +330,15 @@ def check(on: dict[tuple[int, int], Cell], off: dict[tuple[int, int], Cell]) -> 
     count_worst = max(by_count)
     ratio = {k: on[k].cpu / off[k].cpu for k in on}
     worst = max(ratio, key=ratio.__getitem__)
+    if len(counts) > 1:
+        # The same spread with sites off (a figure, no bar): the part of the across-
+        # domains bar that is the mail and the machine, not a site's new domain.
+        for q in sizes:
+            lo, hi = off[(counts[0], q)].cpu, off[(counts[-1], q)].cpu
+            with_sites = on[(counts[-1], q)].cpu / on[(counts[0], q)].cpu
+            print(f"figure: sites off, {q:,} queued: {counts[-1]:,} domains "
+                  f"{hi * 1e3:.3f} ms against {counts[0]:,} domains {lo * 1e3:.3f} ms, "
+                  f"{hi / lo:.2f}x (sites on {with_sites:.2f}x)", flush=True)
     return [
         DEFERRED.check(all(c.deferred < 0.01 * k[1] for k, c in on.items()),
                        f"at most {on[worst_deferred].deferred} of {worst_deferred[1]:,} "
