@@ -35,6 +35,7 @@ The benchmark fails only if a drain fails.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -76,6 +77,17 @@ def drain(qmgr: str, files: list[bytes], n: int) -> Drain:
         return _run(pf, qmgr, n)
 
 
+def least_cpu(drains: list[Drain]) -> float:
+    """The least CPU after the first removal of the rounds that have one.
+
+    Beside the suite's lanes the maillog's watcher may see stock's first ``removed``
+    line only after its whole 1 KB drain (0.3 s): that round measured nothing (0 s,
+    seen in a clean clone's CI, where the ratio then divided by it). Such a round is
+    left out; none left gives NaN, printed as such."""
+    measured = [d.drain_cpu for d in drains if d.drain_cpu > 0]
+    return min(measured) if measured else math.nan
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=400)
@@ -96,13 +108,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"({d.drain_cpu / args.messages * 1e6:6.0f} us a message after the "
                   f"first removed)", flush=True)
     wall = {c: statistics.median(d.wall for d in runs[c]) for c in CONTENDERS}
-    per = {c: min(d.drain_cpu for d in runs[c]) / args.messages for c in CONTENDERS}
+    per = {c: least_cpu(runs[c]) / args.messages for c in CONTENDERS}
     for c in CONTENDERS:
         print(f"{c:11s} median drain {wall[c]:6.2f} s, qmgr CPU {per[c] * 1e6:6.0f} us "
               "a message (least of the rounds)", flush=True)
     time_ratio = wall["pyqmgr-4MB"] / wall["stock-4MB"]
     body = {q: per[f"{q}-4MB"] - per[f"{q}-1KB"] for q in ("stock", "pyqmgr")}
-    ratio = {q: per[f"{q}-4MB"] / per[f"{q}-1KB"] for q in ("stock", "pyqmgr")}
+    ratio = {q: per[f"{q}-4MB"] / per[f"{q}-1KB"] if per[f"{q}-1KB"] > 0 else math.nan
+             for q in ("stock", "pyqmgr")}
     print(f"what 4 MB adds a message: stock {body['stock'] * 1e6:.0f} us, pyqmgr "
           f"{body['pyqmgr'] * 1e6:.0f} us; 4 MB / 1 KB: stock {ratio['stock']:.2f}x, "
           f"pyqmgr {ratio['pyqmgr']:.2f}x; pyqmgr/stock drain time, 4 MB: "

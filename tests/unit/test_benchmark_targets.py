@@ -133,3 +133,18 @@ def test_sitescale_targets() -> None:
     assert check(cells(now, deferred=9), cells(off))[0] is True, "9 of 1,000: 0.9%"
     assert check(cells(now, deferred=10), cells(off))[0] is False, "10 of 1,000: 1%"
     assert check(cells(now, refused=1), cells(off))[1] is False
+
+
+def test_big_leaves_out_a_round_whose_first_removal_was_seen_after_the_drain() -> None:
+    """A clean clone's CI: beside the lanes the watcher saw stock's first removal only
+    after its 1 KB drain ended, the round measured 0 s, and the ratio divided by it."""
+    import math
+
+    from benchmarks.big_messages import least_cpu
+    from benchmarks.drain import Drain
+
+    def d(cpu: float, startup: float) -> Drain:
+        return Drain(0.3, cpu, 0.0, 0.1, startup)
+
+    assert least_cpu([d(0.08, 0.08), d(0.08, 0.006), d(0.09, 0.012)]) == pytest.approx(0.074)
+    assert math.isnan(least_cpu([d(0.08, 0.08)]))
