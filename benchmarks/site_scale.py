@@ -298,12 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                             for _ in range(REPEATS if n <= 1000 else 1)]
                     if before and not sites:
                         runs = before + runs
-                        least = replace(runs[0], cpu=sum(r.cpu for r in runs) / len(runs))
+                        counted = replace(runs[0], cpu=sum(r.cpu for r in runs) / len(runs))
                     else:
                         # The least CPU counts; every run's deferrals and refusals do.
-                        least = min(runs, key=lambda r: r.cpu)
+                        counted = min(runs, key=lambda r: r.cpu)
                     c = into[(count, n)] = replace(
-                        least,
+                        counted,
                         deferred=max(r.deferred for r in runs),
                         refused=sum(r.refused for r in runs),
                         peak=max(r.peak for r in runs))

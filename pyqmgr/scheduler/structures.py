@@ -501,7 +501,7 @@ class TenantCaps:
     ``tenant_rate``, ``tenant_site_rate``); the verbs are in :mod:`.tenant_cap`."""
 
     __slots__ = ("limit", "site_limit", "spacing", "site_spacing", "counts", "next_at",
-                 "site_of", "at_queue", "staged_at", "timed", "armed")
+                 "site_of", "staged_at", "timed", "armed")
 
     def __init__(self, limit: int, site_limit: int = 0, spacing: float = 0.0,
                  site_spacing: float = 0.0) -> None:
@@ -515,11 +515,10 @@ class TenantCaps:
         self.counts: dict[tuple[str, str], int] = {}
         #: (tenant, scope) -> when its rate lets its next entry in.
         self.next_at: dict[tuple[str, str], float] = {}
-        #: Entries counted at a site: the site scope they count in.
-        self.site_of: dict[Entry, str] = {}
-        #: The same entries by their queue, so that a domain's lookup answer recounts
-        #: its own queue's entries, not every entry counted at any site.
-        self.at_queue: dict[Queue, dict[Entry, None]] = {}
+        #: Entries counted at a site, by their queue: the site scope each counts in.
+        #: By queue, so that a domain's lookup answer recounts its own queue's
+        #: entries, not every entry counted at any site.
+        self.site_of: dict[Queue, dict[Entry, str]] = {}
         #: (tenant, site scope) -> its staging queues with mail for the site, by name.
         self.staged_at: dict[tuple[str, str], dict[str, Queue]] = {}
         #: Rate slots to wake for: (when, staging queue name), a heap; and the one

@@ -155,18 +155,18 @@ def recount(caps: TenantCaps, queue: Queue) -> list[Entry]:
     scope = site_scope(caps, queue)
     if scope is None or not caps.site_limit:
         return []
-    for entry in caps.at_queue.get(queue, ()):
-        old = caps.site_of[entry]
+    mine = caps.site_of.get(queue, {})
+    for entry, old in mine.items():
         if old != scope:
             tenant = entry.message.tenant
             _less(caps, (tenant, old))
             caps.counts[(tenant, scope)] = caps.counts.get((tenant, scope), 0) + 1
-            caps.site_of[entry] = scope
+            mine[entry] = scope
     over: list[Entry] = []
     extra: dict[str, int] = {}
     for entry in reversed(list(queue.todo)):
         tenant = entry.message.tenant
-        if not tenant or caps.site_of.get(entry) != scope:
+        if not tenant or mine.get(entry) != scope:
             continue
         if extra.get(tenant, 0) + caps.site_limit < caps.counts.get((tenant, scope), 0):
             extra[tenant] = extra.get(tenant, 0) + 1
@@ -202,8 +202,7 @@ def made(queue: Queue, entry: Entry, now: float) -> None:
             if len(caps.next_at) > NEXT_KEPT:
                 caps.next_at = {k: at for k, at in caps.next_at.items() if at > now}
     if scope is not None and caps.site_limit:
-        caps.site_of[entry] = scope
-        caps.at_queue.setdefault(queue, {})[entry] = None
+        caps.site_of.setdefault(queue, {})[entry] = scope
 
 
 def ended(caps: TenantCaps, entry: Entry) -> str | None:
@@ -212,14 +211,12 @@ def ended(caps: TenantCaps, entry: Entry) -> str | None:
     tenant = entry.message.tenant
     if caps.limit:
         _less(caps, (tenant, entry.queue.name))
-    scope = caps.site_of.pop(entry, None)
+    mine = caps.site_of.get(entry.queue)
+    scope = mine.pop(entry, None) if mine is not None else None
     if scope is not None:
         _less(caps, (tenant, scope))
-        mine = caps.at_queue.get(entry.queue)
-        if mine is not None:
-            mine.pop(entry, None)
-            if not mine:
-                del caps.at_queue[entry.queue]
+        if not mine:
+            del caps.site_of[entry.queue]
     return scope
 
 

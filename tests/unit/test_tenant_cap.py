@@ -300,10 +300,10 @@ def test_an_answer_recounts_its_own_domains_entries_alone():
     assert caps.counts == {("bulk", "site google"): 2000, ("acme", "site google"): 2}
     assert staged(s) == 0
     queue = s.transports["smtp"].queues["a.example"]
-    assert len(caps.at_queue[queue]) == 2
+    assert len(caps.site_of[queue]) == 2
     out = [e for e in selected(s, 0.2) if e.queue is queue]
     assert len(out) == 2
     for entry in out:
         s.done(entry, 0, None, False, 0.3)
     assert caps.counts[("bulk", "site google")] == 2000  # todo and busy alike
-    assert ("acme", "site google") not in caps.counts and queue not in caps.at_queue
+    assert ("acme", "site google") not in caps.counts and queue not in caps.site_of
